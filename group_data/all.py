@@ -1,0 +1,26 @@
+"""Defaults for every node of a sparkfleet cluster: one flat place, one line per setting.
+
+Every key here is validated by the config model (sparkfleet/config.py and roles/*/schema.py);
+an unknown key stops the deploy before any host is touched. Per-node values (rank,
+fabric_address, ssh_hostname) live in the inventory. `python -m sparkfleet config inventory.py`
+prints what each node ends up with. The README lists every key with its default.
+"""
+
+# --- roles/fabric: the ConnectX-7 link ---------------------------------------------------------
+# The CX7 port cabled to the peer; each physical port also shows a twin (enP2p1s0f0np0) we leave alone.
+fabric_netdev = "enp1s0f0np0"
+# Jumbo frames: NVIDIA's NCCL guide measures ~20-24 GB/s bus bandwidth with 9000 and ~3 GB/s without.
+fabric_mtu = 9000
+# DGX OS networking is netplan with the NetworkManager renderer.
+netplan_renderer = "NetworkManager"
+# RDMA device behind fabric_netdev (ibdev2netdev: "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)").
+rdma_hca = "rocep1s0f0"
+
+# --- roles/preflight: hard requirements checked before anything changes --------------------------
+gpu_expected = True
+preflight_allowed_archs = ["aarch64"]
+preflight_data_dir = "/var/lib/sparkfleet"
+# Weights (~164 GiB for the field report's model), the overlay image and kernel caches.
+preflight_min_free_disk_gib = 200.0
+# A DGX Spark reports ~121.69 GiB MemTotal.
+preflight_min_mem_total_gib = 100.0

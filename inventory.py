@@ -1,0 +1,13 @@
+"""Your two DGX Sparks. Edit the addresses, then: pyinfra inventory.py deploy.py
+
+ssh_hostname is the management address (how this machine reaches the node); fabric_address is
+the node's address on the CX7 link, one subnet for all nodes. Rank 0 is the head.
+Shared settings live in group_data/all.py.
+"""
+from sparkfleet.inventory import sparks
+
+spark_hosts = sparks(
+    __file__,
+    ("spark-a", {"ssh_hostname": "spark-a.local", "ssh_user": "root", "rank": 0, "fabric_address": "10.77.77.1/30"}),
+    ("spark-b", {"ssh_hostname": "spark-b.local", "ssh_user": "root", "rank": 1, "fabric_address": "10.77.77.2/30"}),
+)

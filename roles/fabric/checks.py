@@ -1,0 +1,104 @@
+"""Is the fabric as the data says, on every node? And is it proven to carry jumbo frames?
+
+pyinfra reads facts at prepare time, before any operation. So the verdict is taken there, for
+all nodes at once: when every node already has its netplan file and its live link as declared,
+the jumbo-frame proof runs as a read-only fact (a converged deploy changes nothing); otherwise
+the proof runs as an operation after `netplan apply` has run on every node.
+"""
+from dataclasses import dataclass, field
+from hashlib import sha1
+
+from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import Sha1File
+
+from roles.fabric.facts import FabricLink, FabricPing, ping_command
+from roles.fabric.schema import NETPLAN_FILE
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.render import render
+
+
+def netplan_text(node) -> str:
+    return render("fabric", NETPLAN_FILE, node=node)
+
+
+def link_drift(node, link: dict | None) -> list[str]:
+    """How the live link differs from the data (empty when it matches)."""
+    if link is None:
+        return [f"{node.fabric_netdev} missing"]
+    drift = []
+    if link["mtu"] != node.fabric_mtu:
+        drift.append(f"mtu {link['mtu']} (want {node.fabric_mtu})")
+    if not link["up"]:
+        drift.append("link down")
+    if str(node.fabric_address) not in link["ipv4"]:
+        drift.append(f"address {', '.join(link['ipv4']) or 'none'} (want {node.fabric_address})")
+    return drift
+
+
+def link_failure(node, node_mtu, peer, peer_mtu) -> str:
+    return (
+        f"fabric: {node.name} ({node.fabric_netdev} mtu {node_mtu}) cannot reach {peer.name} at "
+        f"{peer.fabric_ip} ({peer.fabric_netdev} mtu {peer_mtu}) with unfragmented "
+        f"{node.ping_payload}-byte pings (ping -M do -s {node.ping_payload}); both ends need mtu {node.fabric_mtu}"
+    )
+
+
+@dataclass
+class FabricState:
+    converged: bool
+    drift: dict[str, list[str]] = field(default_factory=dict)  # node name -> differences
+    file_current: dict[str, bool] = field(default_factory=dict)
+
+
+def _fabric_state(state) -> FabricState:
+    cluster = cluster_from_state(state)
+    hosts = {h.name: h for h in active_hosts(state)}
+    result = FabricState(converged=True)
+    links = {}
+    for name, node_host in hosts.items():
+        node = cluster.node(name)
+        links[name] = node_host.get_fact(FabricLink, netdev=node.fabric_netdev)
+        result.drift[name] = link_drift(node, links[name])
+        want = sha1(netplan_text(node).encode()).hexdigest()
+        result.file_current[name] = node_host.get_fact(Sha1File, path=NETPLAN_FILE) == want
+        if result.drift[name] or not result.file_current[name]:
+            result.converged = False
+    if result.converged:
+        # Nothing will change: prove the link now, read-only, before any operation runs.
+        failures = []
+        for name, node_host in hosts.items():
+            node = cluster.node(name)
+            for peer in cluster.peers(node):
+                if not node_host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload):
+                    peer_mtu = links[peer.name]["mtu"] if links.get(peer.name) else "unknown"
+                    failures.append(link_failure(node, links[name]["mtu"], peer, peer_mtu))
+        if failures:
+            raise DeployError("\n".join(failures))
+    return result
+
+
+def fabric_state(state) -> FabricState:
+    return once_per_run(state, "fabric", lambda: _fabric_state(state))
+
+
+def _live_mtu(node_host, netdev: str):
+    ok, output = node_host.run_shell_command(StringCommand(f"cat /sys/class/net/{netdev}/mtu"))
+    return output.stdout.strip() if ok else "unknown"
+
+
+def prove_jumbo_frames(node, peers) -> None:
+    """Operation body: ping every peer unfragmented at full MTU, naming both ends on failure."""
+    from pyinfra import host, state  # the executing host, set by pyinfra while the operation runs
+
+    failures = []
+    for peer in peers:
+        ok, _ = host.run_shell_command(StringCommand(ping_command(peer.fabric_ip, node.ping_payload, settle_seconds=10)))
+        if not ok:
+            peer_host = state.inventory.get_host(peer.name)
+            failures.append(
+                link_failure(node, _live_mtu(host, node.fabric_netdev), peer, _live_mtu(peer_host, peer.fabric_netdev))
+            )
+    if failures:
+        raise DeployError("\n".join(failures))

@@ -1,0 +1,42 @@
+"""Data keys of roles/fabric: the ConnectX-7 point-to-point link between the nodes."""
+from ipaddress import IPv4Interface
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+JUMBO_MTU = 9000
+
+
+class FabricData(BaseModel):
+    fabric_netdev: str = Field(
+        "enp1s0f0np0",
+        pattern=r"^[A-Za-z0-9_.-]{1,15}$",
+        description="The CX7 netdev cabled to the peer (`ibdev2netdev` shows it).",
+    )
+    fabric_address: IPv4Interface = Field(
+        description="This node's static fabric address with prefix, e.g. 10.77.77.1/30. Required per node.",
+    )
+    fabric_mtu: int = Field(
+        JUMBO_MTU,
+        ge=1280,
+        le=9216,
+        description="Link MTU. 9000 (jumbo frames): NCCL bus bandwidth drops from ~20 GB/s to ~3 GB/s without.",
+    )
+    fabric_mtu_reason: str | None = Field(
+        None,
+        description=f"Required when fabric_mtu is not {JUMBO_MTU}: why the smaller MTU is on purpose.",
+    )
+    netplan_renderer: Literal["NetworkManager", "networkd"] = Field(
+        "NetworkManager",
+        description="netplan renderer: NetworkManager on DGX OS, networkd on plain Debian/Ubuntu servers.",
+    )
+    rdma_hca: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_]+$",
+        description="RDMA device of the fabric port (e.g. rocep1s0f0), or none for TCP sockets only.",
+    )
+
+# The systemd unit behind each netplan renderer; it must be running for `netplan apply` to work.
+RENDERER_UNITS = {"NetworkManager": "NetworkManager", "networkd": "systemd-networkd"}
+
+NETPLAN_FILE = "/etc/netplan/40-sparkfleet-fabric.yaml"

@@ -1,0 +1,108 @@
+"""Hard requirements a node must meet before sparkfleet changes anything, and the facts table."""
+from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
+
+from roles.fabric.schema import RENDERER_UNITS
+from roles.preflight.facts import NodeFacts
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+
+
+def requirement_failures(node, facts: dict) -> list[str]:
+    """Every hard requirement `node` fails, each naming the host, the number found and the number needed."""
+    failures = []
+    arch = facts.get("arch", "unknown")
+    if arch not in node.preflight_allowed_archs:
+        failures.append(
+            f"{node.name}: architecture {arch}; allowed (preflight_allowed_archs): "
+            f"{', '.join(node.preflight_allowed_archs)}"
+        )
+    mem = facts.get("mem_total_gib")
+    if mem is None or mem < node.preflight_min_mem_total_gib:
+        found = "unknown" if mem is None else f"{mem:.2f} GiB"
+        failures.append(
+            f"{node.name}: MemTotal {found}; needs >= {node.preflight_min_mem_total_gib:.2f} GiB "
+            f"(preflight_min_mem_total_gib)"
+        )
+    free = facts.get("disk_free_gib")
+    if free is None or free < node.preflight_min_free_disk_gib:
+        found = "unknown" if free is None else f"{free:.1f} GiB"
+        failures.append(
+            f"{node.name}: {found} free on {facts.get('disk_path', node.preflight_data_dir)} "
+            f"(for {node.preflight_data_dir}); needs >= {node.preflight_min_free_disk_gib:.1f} GiB "
+            f"(preflight_min_free_disk_gib)"
+        )
+    if node.gpu_expected and not facts.get("gpu"):
+        failures.append(
+            f"{node.name}: no GPU visible to nvidia-smi, but gpu_expected is true (a DGX Spark shows NVIDIA GB10)"
+        )
+    if "netdev_mtu" not in facts:
+        failures.append(
+            f"{node.name}: fabric netdev {node.fabric_netdev} does not exist (fabric_netdev); "
+            f"check the cable and `ibdev2netdev`"
+        )
+    if not facts.get("netplan"):
+        failures.append(f"{node.name}: netplan is not installed; the fabric is configured with netplan")
+    unit = RENDERER_UNITS[node.netplan_renderer]
+    if facts.get("renderer_state") != "active":
+        failures.append(
+            f"{node.name}: {unit} is {facts.get('renderer_state') or 'unknown'}, but netplan_renderer is "
+            f"{node.netplan_renderer}; the renderer's service must be active"
+        )
+    return failures
+
+
+def _gib(value) -> str:
+    return "?" if value is None else f"{value:.1f}"
+
+
+def facts_table(rows: list[tuple]) -> str:
+    """One compact table: a row per node, sorted by rank. rows: (node, facts, failures)."""
+    header = ("host", "rank", "os", "kernel", "arch", "mem GiB total/avail", "free GiB", "gpu", "fabric", "verdict")
+    lines = [header]
+    for node, facts, failures in sorted(rows, key=lambda r: r[0].rank):
+        fabric = (
+            f"{node.fabric_netdev} mtu {facts['netdev_mtu']} {facts['netdev_state']}"
+            if "netdev_mtu" in facts
+            else f"{node.fabric_netdev} missing"
+        )
+        lines.append(
+            (
+                node.name,
+                str(node.rank),
+                facts.get("os", "?"),
+                facts.get("kernel", "?"),
+                facts.get("arch", "?"),
+                f"{_gib(facts.get('mem_total_gib'))}/{_gib(facts.get('mem_available_gib'))}",
+                f"{_gib(facts.get('disk_free_gib'))} {facts.get('disk_path', '')}".strip(),
+                facts.get("gpu") or "none",
+                fabric,
+                "ok" if not failures else f"FAIL ({len(failures)})",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def _gather_and_check(state) -> dict[str, dict]:
+    cluster = cluster_from_state(state)
+    rows = []
+    for node_host in active_hosts(state):
+        node = cluster.node(node_host.name)
+        facts = node_host.get_fact(
+            NodeFacts,
+            data_dir=node.preflight_data_dir,
+            netdev=node.fabric_netdev,
+            renderer_unit=RENDERER_UNITS[node.netplan_renderer],
+        )
+        rows.append((node, facts, requirement_failures(node, facts)))
+    logger.info("--> sparkfleet preflight:\n" + facts_table(rows) + "\n")
+    failures = [f for _, _, fs in rows for f in fs]
+    if failures:
+        raise DeployError("preflight failed, nothing was changed:\n  " + "\n  ".join(failures))
+    return {node.name: facts for node, facts, _ in rows}
+
+
+def gather_and_check(state) -> dict[str, dict]:
+    """Every active node's facts by name; raises DeployError (before any change) on a hard failure."""
+    return once_per_run(state, "preflight", lambda: _gather_and_check(state))

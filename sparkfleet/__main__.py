@@ -1,0 +1,35 @@
+"""sparkfleet command line: `python -m sparkfleet config INVENTORY` prints the validated config per host."""
+import argparse
+import sys
+
+import yaml
+
+from sparkfleet.config import ConfigError
+from sparkfleet.inventory import load_cluster
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparkfleet")
+    sub = parser.add_subparsers(dest="command", required=True)
+    show = sub.add_parser("config", help="print the merged, validated config of every host")
+    show.add_argument("inventory", help="inventory file, e.g. inventory.py or lab/inventory.py")
+    show.add_argument("--host", help="only this host")
+    args = parser.parse_args(argv)
+
+    try:
+        cluster = load_cluster(args.inventory)
+    except ConfigError as err:
+        print(f"sparkfleet: {args.inventory}: {err}", file=sys.stderr)
+        return 2
+    data = cluster.as_data()
+    if args.host:
+        if args.host not in data:
+            print(f"sparkfleet: no host {args.host!r} in {args.inventory} ({', '.join(data)})", file=sys.stderr)
+            return 2
+        data = {args.host: data[args.host]}
+    yaml.safe_dump(data, sys.stdout, sort_keys=False, default_flow_style=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

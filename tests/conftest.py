@@ -1,0 +1,31 @@
+"""Test options shared by every suite.
+
+- tests/unit: no machine needed.
+- tests/state: testinfra checks of real machines (or the lab); need --hosts, and --inventory for
+  the expected values (the same inventory the deploy used).
+- tests/e2e: the lab end to end (boots nothing itself; `make test` brings the lab up); need --lab.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--inventory",
+        default=os.environ.get("SPARKFLEET_INVENTORY", str(REPO / "inventory.py")),
+        help="sparkfleet inventory the state checks take their expected values from",
+    )
+    parser.addoption("--lab", action="store_true", help="run the lab end-to-end tests (make lab-up first)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO).parts
+        if parts[:2] == ("tests", "state") and not config.getoption("hosts"):
+            item.add_marker(pytest.mark.skip(reason="state checks need --hosts=ssh://... (real Sparks or the lab)"))
+        if parts[:2] == ("tests", "e2e") and not config.getoption("lab"):
+            item.add_marker(pytest.mark.skip(reason="lab end-to-end needs --lab (make test runs it)"))

@@ -1,0 +1,31 @@
+"""Builders for unit tests: node data as an inventory would give it."""
+import copy
+
+SSH = {"ssh_user": "root", "ssh_key": "/tmp/key", "ssh_strict_host_key_checking": "yes"}
+
+SHARED = {
+    "fabric_netdev": "enp1s0f0np0",
+    "fabric_mtu": 9000,
+    "netplan_renderer": "NetworkManager",
+    "rdma_hca": "rocep1s0f0",
+}
+
+
+def pair(**overrides_by_host):
+    """Two valid nodes; overrides_by_host={"spark-b": {"rank": 0}} changes one host's data."""
+    hosts = {
+        "spark-a": {**SSH, **SHARED, "ssh_hostname": "10.0.0.11", "rank": 0, "fabric_address": "10.77.77.1/30"},
+        "spark-b": {**SSH, **SHARED, "ssh_hostname": "10.0.0.12", "rank": 1, "fabric_address": "10.77.77.2/30"},
+    }
+    hosts = copy.deepcopy(hosts)
+    for name, changes in overrides_by_host.items():
+        hosts.setdefault(name, {})
+        for key, value in changes.items():
+            if value is DELETE:
+                hosts[name].pop(key, None)
+            else:
+                hosts[name][key] = value
+    return list(hosts.items())
+
+
+DELETE = object()

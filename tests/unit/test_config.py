@@ -1,0 +1,158 @@
+"""The config model: every invariant, valid and invalid; every error names host, key and value."""
+import pytest
+
+from sparkfleet.config import ConfigError, build_cluster
+from tests.unit.helpers import DELETE, SHARED, SSH, pair
+
+
+def problems(hosts) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        build_cluster(hosts)
+    return err.value.problems
+
+
+def test_valid_pair_builds_with_head_and_worker():
+    cluster = build_cluster(pair())
+    assert cluster.head.name == "spark-a"
+    assert [w.name for w in cluster.workers] == ["spark-b"]
+    assert cluster.node("spark-b").fabric_ip == "10.77.77.2"
+    assert cluster.node("spark-b").ping_payload == 8972
+    assert cluster.node("spark-a").management_address == "10.0.0.11"
+    assert [p.name for p in cluster.peers(cluster.head)] == ["spark-b"]
+
+
+def test_defaults_fill_keys_not_given():
+    hosts = [(n, {k: v for k, v in d.items() if k not in SHARED}) for n, d in pair()]
+    node = build_cluster(hosts).node("spark-a")
+    assert (node.fabric_netdev, node.fabric_mtu, node.netplan_renderer, node.rdma_hca) == (
+        "enp1s0f0np0", 9000, "NetworkManager", None)
+    assert node.gpu_expected is True
+
+
+def test_management_address_falls_back_to_the_name():
+    hosts = pair(**{"spark-a": {"ssh_hostname": DELETE}})
+    assert build_cluster(hosts).node("spark-a").management_address == "spark-a"
+
+
+def test_ranks_are_sorted_whatever_the_inventory_order():
+    cluster = build_cluster(list(reversed(pair())))
+    assert [n.rank for n in cluster.nodes] == [0, 1]
+
+
+def test_two_rank_zero_nodes_are_refused_naming_both():
+    [msg] = problems(pair(**{"spark-b": {"rank": 0}}))
+    assert "spark-a, spark-b" in msg and "'rank'" in msg and "exactly one node must have rank 0" in msg
+
+
+def test_no_rank_zero_is_refused():
+    msgs = problems(pair(**{"spark-a": {"rank": 2}}))
+    assert any("rank 0 on 0 nodes" in m or "= 0 on 0 nodes" in m for m in msgs)
+    assert any(m.startswith("spark-a: key 'rank' = 2") and "0..1" in m for m in msgs)
+
+
+def test_rank_gap_is_refused_naming_host_and_missing_rank():
+    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 3, "fabric_address": "10.77.77.3/29"}})
+    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29")}) for n, d in hosts]
+    [msg] = problems(hosts)
+    assert msg.startswith("spark-c: key 'rank' = 3") and "missing: 2" in msg
+
+
+def test_duplicate_worker_rank_is_refused():
+    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 1, "fabric_address": "10.77.77.3/29"}})
+    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29")}) for n, d in hosts]
+    msgs = problems(hosts)
+    assert any("spark-b, spark-c: key 'rank' = 1 on 2 nodes" in m for m in msgs)
+
+
+def test_negative_rank_is_refused_by_the_schema():
+    [msg] = problems(pair(**{"spark-b": {"rank": -1}}))
+    assert msg.startswith("spark-b: key 'rank' = -1") and "greater than or equal to 0" in msg
+
+
+def test_duplicate_fabric_address_is_refused():
+    [msg] = problems(pair(**{"spark-b": {"fabric_address": "10.77.77.1/30"}}))
+    assert "spark-a, spark-b: key 'fabric_address' = 10.77.77.1" in msg and "unique" in msg
+
+
+def test_fabric_addresses_in_two_subnets_are_refused():
+    [msg] = problems(pair(**{"spark-b": {"fabric_address": "10.77.78.2/30"}}))
+    assert "'fabric_address'" in msg and "one subnet" in msg
+    assert "spark-a in 10.77.77.0/30" in msg and "spark-b in 10.77.78.0/30" in msg
+
+
+def test_network_address_is_refused():
+    [msg] = problems(pair(**{"spark-b": {"fabric_address": "10.77.77.0/30"}}))
+    assert msg.startswith("spark-b: key 'fabric_address' = 10.77.77.0/30") and "network or broadcast" in msg
+
+
+def test_malformed_fabric_address_is_refused():
+    [msg] = problems(pair(**{"spark-b": {"fabric_address": "10.77.77.300/30"}}))
+    assert msg.startswith("spark-b: key 'fabric_address' = '10.77.77.300/30'")
+
+
+def test_missing_fabric_address_is_refused():
+    [msg] = problems(pair(**{"spark-b": {"fabric_address": DELETE}}))
+    assert msg.startswith("spark-b: key 'fabric_address' is required")
+
+
+def test_mtu_other_than_9000_needs_a_reason():
+    hosts = pair(**{"spark-a": {"fabric_mtu": 1500}, "spark-b": {"fabric_mtu": 1500}})
+    msgs = problems(hosts)
+    assert len(msgs) == 2
+    assert msgs[0].startswith("spark-a: key 'fabric_mtu' = 1500") and "fabric_mtu_reason" in msgs[0]
+
+
+def test_mtu_other_than_9000_is_accepted_with_a_reason():
+    reason = {"fabric_mtu": 4200, "fabric_mtu_reason": "switch in the path tops out at 4200"}
+    cluster = build_cluster(pair(**{"spark-a": reason, "spark-b": reason}))
+    assert {n.fabric_mtu for n in cluster.nodes} == {4200}
+
+
+def test_mtu_differing_between_nodes_is_refused():
+    reason = {"fabric_mtu": 4200, "fabric_mtu_reason": "on purpose"}
+    [msg] = problems(pair(**{"spark-b": reason}))
+    assert "'fabric_mtu' differs" in msg and "spark-a=9000" in msg and "spark-b=4200" in msg
+
+
+def test_mtu_out_of_range_is_refused():
+    [msg] = problems(pair(**{"spark-b": {"fabric_mtu": 100000, "fabric_mtu_reason": "x"}}))
+    assert msg.startswith("spark-b: key 'fabric_mtu' = 100000") and "9216" in msg
+
+
+def test_unknown_key_is_refused_naming_host_key_and_allowed_keys():
+    [msg] = problems(pair(**{"spark-b": {"fabirc_mtu": 9000}}))
+    assert msg.startswith("spark-b: unknown key 'fabirc_mtu' = 9000")
+    assert "fabric_mtu" in msg and "netplan_renderer" in msg and "rank" in msg
+
+
+def test_bad_renderer_names_the_allowed_values():
+    [msg] = problems(pair(**{"spark-a": {"netplan_renderer": "ifupdown"}}))
+    assert msg.startswith("spark-a: key 'netplan_renderer' = 'ifupdown'")
+    assert "'NetworkManager' or 'networkd'" in msg
+
+
+def test_derived_keys_cannot_be_set():
+    [msg] = problems(pair(**{"spark-a": {"management_address": "1.2.3.4"}}))
+    assert msg.startswith("spark-a: key 'management_address' is derived")
+
+
+def test_pyinfra_keys_pass_through():
+    cluster = build_cluster(pair(**{"spark-a": {"_sudo": True, "ssh_port": 2222}}))
+    assert cluster.node("spark-a").rank == 0
+
+
+def test_single_node_is_refused():
+    [msg] = problems(pair()[:1])
+    assert msg.startswith("spark-a: a cluster needs at least 2 nodes")
+
+
+def test_every_problem_is_reported_at_once():
+    msgs = problems(pair(**{"spark-a": {"bogus": 1}, "spark-b": {"netplan_renderer": "x"}}))
+    assert [m.split(":")[0] for m in msgs] == ["spark-a", "spark-b"]
+
+
+def test_as_data_is_plain_and_complete():
+    data = build_cluster(pair()).as_data()
+    assert list(data) == ["spark-a", "spark-b"]
+    assert data["spark-b"]["fabric_address"] == "10.77.77.2/30"
+    assert list(data["spark-a"])[:3] == ["name", "rank", "management_address"]
