@@ -1,0 +1,67 @@
+# sparkfleet: every entry point. `make demo` and `make test` do all the set-up on a fresh
+# Debian/Ubuntu machine (as root: the lab boots systemd-nspawn hosts).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SFL_LAB_STATE ?= /var/lib/sparkfleet-lab
+export SFL_LAB_STATE
+LAB_INVENTORY := lab/inventory.py
+LAB_HOSTS := ssh://spark-a,ssh://spark-b
+STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
+
+.PHONY: help install demo test unit lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean
+
+help:
+	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
+	@echo "make test        unit tests and the lab end-to-end (what CI runs)"
+	@echo "make lab-up | lab-down | lab-status | lab-reset"
+	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
+
+# The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
+	@$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/pip install -q --disable-pip-version-check -e .
+	@touch $@
+
+lab-up: install
+	bash lab/lab.sh up
+lab-down:
+	bash lab/lab.sh down
+lab-status:
+	bash lab/lab.sh status
+lab-reset: install
+	bash lab/lab.sh reset
+
+deploy-lab: install
+	$(BIN)/pyinfra -y $(LAB_INVENTORY) deploy.py
+
+verify-lab: install
+	$(STATE_CHECKS) -v
+
+show-lab:
+	@bash lab/lab.sh status
+	@for h in spark-a spark-b; do \
+	  echo "== $$h"; ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'ip -br addr show dev enp1s0f0np0; ip -d link show dev enp1s0f0np0 | grep -o "mtu [0-9]*" | head -1'; \
+	done
+	@echo "== jumbo frames spark-a -> spark-b:"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'ping -M do -s 8972 -c 2 -q 198.19.77.2 | tail -2'
+
+config: install
+	$(BIN)/python -m sparkfleet config $(or $(INVENTORY),inventory.py)
+
+demo: install lab-up deploy-lab verify-lab show-lab
+
+unit: install
+	$(BIN)/pytest tests/unit -q
+
+# Fresh lab hosts every run, so the first deploy really starts from nothing.
+test: install lab-reset
+	$(BIN)/pytest tests -q --lab -p no:cacheprovider
+
+bench: install lab-up
+	$(BIN)/python bench/noop.py
+
+clean: lab-down
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,22 @@
+"""The two-Spark lab as a sparkfleet inventory (lab mode: no GPU, no RDMA).
+
+Same schema as ../inventory.py; the lab's own group_data/all.py (beside this file) overrides the
+renderer and GPU expectation. Brought up by `make lab-up`.
+"""
+import os
+
+from sparkfleet.inventory import sparks
+
+_state = os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab")
+_ssh = {
+    "ssh_user": "root",
+    "ssh_key": f"{_state}/id_ed25519",
+    "ssh_known_hosts_file": f"{_state}/known_hosts",
+    "ssh_strict_host_key_checking": "yes",
+}
+
+spark_hosts = sparks(
+    __file__,
+    ("spark-a", {**_ssh, "ssh_hostname": "198.18.0.11", "rank": 0, "fabric_address": "198.19.77.1/30"}),
+    ("spark-b", {**_ssh, "ssh_hostname": "198.18.0.12", "rank": 1, "fabric_address": "198.19.77.2/30"}),
+)

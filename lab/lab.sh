@@ -1,0 +1,701 @@
+#!/usr/bin/env bash
+# The sparkfleet lab: two DGX Spark stand-ins (spark-a, spark-b) as systemd-nspawn containers on one
+# Linux machine. Debian bookworm + systemd + sshd + Docker + netplan (networkd), no GPU, no RDMA.
+#
+#   lab.sh up       build/boot the lab (idempotent; recovers from killed hosts)
+#   lab.sh down     stop the hosts, delete them and everything the lab put on the machine
+#   lab.sh status   one line per host; exit 0 only when both hosts are fully up
+#   lab.sh reset    down, then up
+#
+# Management network: bridge sfl-mgmt0 (198.18.0.1/24) <-> host0 in each host (spark-a .11, spark-b .12).
+# Fabric: one veth pair, one end in each host as enp1s0f0np0 (MTU 1500, no address, link down; the
+# deploy configures it). Outside the machine the hosts reach only the Debian mirror (tcp 80/443, NAT).
+# Hosts are cattle: `down` deletes them; the debootstrapped base rootfs stays cached.
+set -euo pipefail
+
+SELF=$(readlink -f "$0")
+SFL_LAB_STATE=${SFL_LAB_STATE:-/var/lib/sparkfleet-lab}
+SFL_LAB_CACHE=${SFL_LAB_CACHE:-/var/cache/sparkfleet-lab}
+export SFL_LAB_STATE SFL_LAB_CACHE
+
+# Bump LAB_VERSION to force a rebuild of the cached base rootfs.
+LAB_VERSION=1
+SUITE=bookworm
+MIRROR_URL=http://deb.debian.org/debian
+MIRROR_HOST=deb.debian.org
+DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+PACKAGES=systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,python3,docker.io,netplan.io,rsync,ca-certificates,procps,git,iperf3,curl,sudo,less
+
+HOSTS=(spark-a spark-b)
+declare -A MGMT_IP=([spark-a]=198.18.0.11 [spark-b]=198.18.0.12)
+declare -A FAB_VETH=([spark-a]=sfl-fab-a [spark-b]=sfl-fab-b) # machine-side names before the move
+BRIDGE=sfl-mgmt0
+BRIDGE_IP=198.18.0.1
+LAB_NET=198.18.0.0/24
+LAB_PREFIX=24
+FABRIC_IF=enp1s0f0np0
+CHAIN_FWD=SFL-LAB-FWD
+CHAIN_NAT=SFL-LAB-NAT
+BOOT_TIMEOUT=${SFL_LAB_BOOT_TIMEOUT:-90}
+STOP_TIMEOUT=${SFL_LAB_STOP_TIMEOUT:-30}
+
+RUN_DIR=$SFL_LAB_STATE/run
+LOG_DIR=$SFL_LAB_STATE/log
+HOSTS_DIR=$SFL_LAB_STATE/hosts
+SSH_KEY=$SFL_LAB_STATE/id_ed25519
+KNOWN_HOSTS=$SFL_LAB_STATE/known_hosts
+SSH_CONFIG=$SFL_LAB_STATE/ssh_config
+IPFWD_ORIG=$RUN_DIR/ip_forward.orig
+
+say() { printf 'lab: %s\n' "$*"; }
+warn() { printf 'lab: WARNING: %s\n' "$*" >&2; }
+die() { printf 'lab: ERROR: %s\n' "$*" >&2; exit 1; }
+
+check_paths() {
+  local p
+  for p in "$SFL_LAB_STATE" "$SFL_LAB_CACHE"; do
+    [[ $p == /?* && $p != *..* ]] || die "SFL_LAB_STATE/SFL_LAB_CACHE must be absolute paths (got '$p')"
+  done
+  [[ $(id -u) == 0 ]] || die "must run as root"
+}
+
+lock() {
+  mkdir -p "$SFL_LAB_STATE"
+  exec 9>"$SFL_LAB_STATE/lock"
+  flock -n 9 || die "another lab.sh is running (lock $SFL_LAB_STATE/lock)"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# processes
+
+# alive and not a zombie
+pid_alive() {
+  local st
+  [[ -n ${1:-} ]] || return 1
+  st=$(sed -E 's/^.*\) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [[ -n $st && $st != Z && $st != X ]]
+}
+
+is_nspawn_for() { # pid name
+  [[ $(cat "/proc/$1/comm" 2>/dev/null) == systemd-nspawn ]] || return 1
+  tr '\0' '\n' 2>/dev/null <"/proc/$1/cmdline" | grep -qxF -- "$HOSTS_DIR/$2"
+}
+
+# pid of the systemd-nspawn running this host (pid file first, then a scan), or nothing
+nspawn_pid() {
+  local name=$1 pid p
+  if [[ -s $RUN_DIR/$name.pid ]]; then
+    pid=$(<"$RUN_DIR/$name.pid")
+    if pid_alive "$pid" && is_nspawn_for "$pid" "$name"; then echo "$pid"; return 0; fi
+  fi
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    if is_nspawn_for "$pid" "$name" && pid_alive "$pid"; then echo "$pid"; return 0; fi
+  done
+  return 0
+}
+
+# the host's PID 1 (systemd), found by the SFL_LAB_HOST marker nspawn puts in its environment;
+# also finds a container left running after its nspawn was killed
+leader_pids() {
+  local name=$1 p
+  for p in /proc/[0-9]*; do
+    [[ $(cat "$p/comm" 2>/dev/null) == systemd ]] || continue
+    [[ $(awk '/^NSpid:/ {print $NF}' "$p/status" 2>/dev/null) == 1 ]] || continue
+    tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -qxF "SFL_LAB_HOST=$name" || continue
+    pid_alive "${p#/proc/}" && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+wait_gone() { # timeout pid...
+  local end=$((SECONDS + $1)) p any
+  shift
+  while :; do
+    any=
+    for p in "$@"; do pid_alive "$p" && any=1; done
+    [[ -z $any ]] && return 0
+    ((SECONDS >= end)) && return 1
+    sleep 0.5
+  done
+}
+
+stop_host() {
+  local name=$1 npid leaders l
+  npid=$(nspawn_pid "$name")
+  leaders=$(leader_pids "$name")
+  [[ -z $npid && -z $leaders ]] && return 0
+  say "$name: powering off (nspawn ${npid:-gone}, pid 1 ${leaders:-gone})"
+  # shellcheck disable=SC2086
+  if [[ -n $leaders ]]; then
+    for l in $leaders; do timeout 10 nsenter -t "$l" -a systemctl poweroff >/dev/null 2>&1 || true; done
+  else
+    kill -TERM "$npid" 2>/dev/null || true # nspawn turns SIGTERM into a container poweroff
+  fi
+  # shellcheck disable=SC2086
+  if ! wait_gone "$STOP_TIMEOUT" $npid $leaders; then
+    warn "$name did not power off within ${STOP_TIMEOUT}s; killing it"
+    # shellcheck disable=SC2086
+    kill -KILL $leaders $npid 2>/dev/null || true
+    # shellcheck disable=SC2086
+    wait_gone 15 $npid $leaders || die "$name: could not kill pids $npid $leaders"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# machine prerequisites
+
+ensure_prereqs() {
+  local -A pkg_of=([systemd-nspawn]=systemd-container [debootstrap]=debootstrap [ip]=iproute2
+    [iptables]=iptables [iptables-restore]=iptables [ssh]=openssh-client [ssh-keygen]=openssh-client
+    [ping]=iputils-ping [nsenter]=util-linux [unshare]=util-linux [flock]=util-linux)
+  local c need=()
+  for c in "${!pkg_of[@]}"; do
+    command -v "$c" >/dev/null 2>&1 || need+=("${pkg_of[$c]}")
+  done
+  [[ -e $DEBIAN_KEYRING ]] || need+=(debian-archive-keyring)
+  ((${#need[@]})) || return 0
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  say "installing on the machine: ${need[*]}"
+  mkdir -p "$LOG_DIR"
+  if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}"; } \
+    >"$LOG_DIR/apt.log" 2>&1; then
+    tail -n 20 "$LOG_DIR/apt.log" >&2
+    die "apt-get install ${need[*]} failed (log $LOG_DIR/apt.log)"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# base rootfs (cached)
+
+safe_rmtree() {
+  local d=$1 m
+  [[ -e $d || -L $d ]] || return 0
+  case $d in
+    "$HOSTS_DIR"/?* | "$SFL_LAB_CACHE"/.build-?*) ;;
+    *) die "refusing to remove $d" ;;
+  esac
+  # anything still mounted below (e.g. /proc from an interrupted debootstrap) goes first
+  while read -r m; do
+    [[ -n $m ]] && { umount -l "$m" 2>/dev/null || true; }
+  done < <(awk -v d="$d" 'index($2, d "/") == 1 || $2 == d {print $2}' /proc/self/mounts | sort -r)
+  rm -rf --one-file-system -- "$d" || die "could not remove $d"
+}
+
+# runs on the machine against a finished debootstrap in $1 (via chroot); part of the cache key
+customize_base() {
+  local d=$1 f
+  chroot "$d" systemctl enable systemd-networkd.service ssh.service docker.service
+  # No udev in a container: `netplan apply` runs `udevadm trigger` and `udevadm settle`. The shim
+  # belongs to the lab only. (/bin is an alias of /usr/bin; divert both names dpkg may use.)
+  chroot "$d" dpkg-divert --local --rename --add /usr/bin/udevadm
+  chroot "$d" dpkg-divert --local --rename --divert /usr/bin/udevadm.distrib --add /bin/udevadm
+  cat >"$d/usr/bin/udevadm" <<'EOF'
+#!/bin/sh
+# sparkfleet lab shim (lab hosts are nspawn containers without udev): `netplan apply` runs
+# `udevadm trigger` and `udevadm settle`; they succeed as no-ops here. Anything else goes to
+# the real udevadm (dpkg-diverted to /usr/bin/udevadm.distrib) when it is installed.
+case "${1:-}" in
+  trigger|settle) exit 0 ;;
+esac
+if [ -x /usr/bin/udevadm.distrib ]; then
+  exec /usr/bin/udevadm.distrib "$@"
+fi
+echo "udevadm: no udev in this lab host" >&2
+exit 1
+EOF
+  chmod 0755 "$d/usr/bin/udevadm"
+  # per-host identity is created per host
+  : >"$d/etc/machine-id"
+  if [[ -f $d/var/lib/dbus/machine-id && ! -L $d/var/lib/dbus/machine-id ]]; then
+    ln -sf /etc/machine-id "$d/var/lib/dbus/machine-id"
+  fi
+  rm -f "$d"/etc/ssh/ssh_host_*
+  echo sfl-lab-base >"$d/etc/hostname"
+  printf '127.0.0.1\tlocalhost\n' >"$d/etc/hosts"
+  mkdir -p "$d/etc/ssh/sshd_config.d"
+  cat >"$d/etc/ssh/sshd_config.d/sfl-lab.conf" <<'EOF'
+# sparkfleet lab: root by key only; one host key (generated per host, listed in the lab's known_hosts)
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+HostKey /etc/ssh/ssh_host_ed25519_key
+UseDNS no
+EOF
+  # no DNS in the lab; the mirror's address is in /etc/hosts
+  rm -f "$d/etc/resolv.conf"
+  printf '# sparkfleet lab: no DNS server; %s is in /etc/hosts\n' "$MIRROR_HOST" >"$d/etc/resolv.conf"
+  chroot "$d" apt-get clean
+  for f in "$d"/var/log/*.log "$d"/var/log/apt/*; do [[ -f $f ]] && : >"$f"; done
+  return 0
+}
+
+base_key() {
+  { echo "$LAB_VERSION"; echo "$SUITE"; echo "$MIRROR_URL"; echo "$PACKAGES"; declare -f customize_base; } |
+    sha256sum | cut -c1-12
+}
+
+ensure_base() {
+  local key tmp t0 log=$LOG_DIR/base-build.log
+  key=$(base_key)
+  BASE=$SFL_LAB_CACHE/rootfs-$key
+  if [[ -d $BASE ]]; then
+    say "base rootfs: cached ($BASE)"
+    return 0
+  fi
+  mkdir -p "$SFL_LAB_CACHE" "$LOG_DIR"
+  for tmp in "$SFL_LAB_CACHE"/.build-*; do safe_rmtree "$tmp"; done # interrupted builds
+  tmp=$SFL_LAB_CACHE/.build-$key
+  say "base rootfs: building $BASE (debootstrap $SUITE, takes a minute or two; log $log)"
+  t0=$SECONDS
+  mkdir -p "$tmp"
+  if ! debootstrap --variant=minbase --keyring="$DEBIAN_KEYRING" --include="$PACKAGES" \
+    "$SUITE" "$tmp" "$MIRROR_URL" >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    safe_rmtree "$tmp"
+    die "debootstrap failed (log $log)"
+  fi
+  if ! customize_base "$tmp" >>"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    safe_rmtree "$tmp"
+    die "base customization failed (log $log)"
+  fi
+  mv -T "$tmp" "$BASE"
+  say "base rootfs: built in $((SECONDS - t0))s ($(du -sh "$BASE" | cut -f1))"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# hosts
+
+ensure_keypair() {
+  [[ -s $SSH_KEY && -s $SSH_KEY.pub ]] && return 0
+  rm -f "$SSH_KEY" "$SSH_KEY.pub"
+  ssh-keygen -q -t ed25519 -N '' -C sparkfleet-lab -f "$SSH_KEY"
+  say "ssh key: generated $SSH_KEY"
+}
+
+resolve_mirror() {
+  mapfile -t MIRROR_IPS < <(getent ahostsv4 "$MIRROR_HOST" | awk '{print $1}' | sort -u)
+  ((${#MIRROR_IPS[@]})) || die "cannot resolve $MIRROR_HOST on the machine"
+  say "mirror: $MIRROR_HOST = ${MIRROR_IPS[*]}"
+}
+
+# rewrite only the mirror lines of a host's /etc/hosts (the deploy may own the rest)
+update_hosts_mirror() {
+  local root=$1 f=$1/etc/hosts ip tmp
+  [[ -L $f ]] && { warn "$f is a symlink; not updating the mirror address"; return 0; }
+  tmp=$(mktemp)
+  grep -v '# sfl-lab-mirror$' "$f" >"$tmp" 2>/dev/null || true
+  for ip in "${MIRROR_IPS[@]}"; do printf '%s\t%s\t# sfl-lab-mirror\n' "$ip" "$MIRROR_HOST" >>"$tmp"; done
+  cat "$tmp" >"$f"
+  rm -f "$tmp"
+}
+
+create_host() {
+  local name=$1 root=$HOSTS_DIR/$1 tmp=$HOSTS_DIR/.$1.tmp h
+  safe_rmtree "$tmp"
+  cp -a "$BASE" "$tmp"
+  echo "$name" >"$tmp/etc/hostname"
+  {
+    printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
+    for h in "${HOSTS[@]}"; do printf '%s\t%s\n' "${MGMT_IP[$h]}" "$h"; done
+  } >"$tmp/etc/hosts"
+  update_hosts_mirror "$tmp"
+  od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$tmp/etc/machine-id"
+  echo >>"$tmp/etc/machine-id"
+  chmod 0444 "$tmp/etc/machine-id"
+  install -d -m 0700 "$tmp/root/.ssh"
+  install -m 0600 "$SSH_KEY.pub" "$tmp/root/.ssh/authorized_keys"
+  cat >"$tmp/etc/systemd/network/10-sfl-lab-host0.network" <<EOF
+# sparkfleet lab management interface (nspawn host0 on the machine's bridge $BRIDGE)
+[Match]
+Name=host0
+
+[Network]
+Address=${MGMT_IP[$name]}/$LAB_PREFIX
+Gateway=$BRIDGE_IP
+LinkLocalAddressing=no
+IPv6AcceptRA=no
+EOF
+  ssh-keygen -q -t ed25519 -N '' -C "root@$name" -f "$tmp/etc/ssh/ssh_host_ed25519_key"
+  mv -T "$tmp" "$root"
+}
+
+write_ssh_files() {
+  local name pub tmp
+  tmp=$(mktemp)
+  for name in "${HOSTS[@]}"; do
+    pub=$HOSTS_DIR/$name/etc/ssh/ssh_host_ed25519_key.pub
+    [[ -s $pub ]] || continue
+    printf '%s,%s %s\n' "$name" "${MGMT_IP[$name]}" "$(cut -d' ' -f1-2 "$pub")" >>"$tmp"
+  done
+  install -m 0644 "$tmp" "$KNOWN_HOSTS"
+  : >"$tmp"
+  for name in "${HOSTS[@]}"; do
+    cat >>"$tmp" <<EOF
+Host $name
+  HostName ${MGMT_IP[$name]}
+  User root
+  IdentityFile $SSH_KEY
+  IdentitiesOnly yes
+  StrictHostKeyChecking yes
+  UserKnownHostsFile $KNOWN_HOSTS
+  LogLevel ERROR
+
+EOF
+  done
+  install -m 0644 "$tmp" "$SSH_CONFIG"
+  rm -f "$tmp"
+}
+
+ssh_lab() { # name cmd... (bounded)
+  local name=$1
+  shift
+  timeout 40 ssh -F "$SSH_CONFIG" -o BatchMode=yes -o ConnectTimeout=3 "$name" "$@"
+}
+
+# --- cgroups. With --bind=/sys/fs/cgroup of the machine's whole tree, both hosts' systemd (which
+# run in a cgroup namespace and so think they sit at the root) would manage the machine's root
+# cgroups together (same system.slice/ssh.service, ...). On cgroup v1/hybrid each host gets instead
+# its own subtree sfl-lab/NAME in every hierarchy (below the current cgroup there), and its
+# /sys/fs/cgroup is a bind of a private tmpfs holding writable binds of exactly those subtrees
+# (the container's cgroup-namespace roots), so systemd and Docker in the host see a normal,
+# writable, host-local cgroup tree. On a pure cgroup v2 machine nspawn's own namespaced (and
+# writable) cgroup2 mount is used instead; binding the machine's whole tree there would let the
+# hosts' systemd manage the machine's own units (that path is untested on the lab's build machine).
+cgroup_v1() { [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == tmpfs ]]; }
+
+# this process's cgroup hierarchies: MOUNTPOINT TAB FSTYPE TAB SUPEROPTS TAB PATH
+cgroup_hierarchies() {
+  local mp fst so path p ctrls c all cs
+  while read -r mp fst so; do
+    path=
+    if [[ $fst == cgroup2 ]]; then
+      path=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
+    else
+      while IFS=: read -r _ ctrls p; do
+        [[ -n $ctrls ]] || continue
+        all=1
+        IFS=, read -ra cs <<<"$ctrls"
+        for c in "${cs[@]}"; do [[ ,$so, == *,$c,* ]] || all=; done
+        if [[ -n $all ]]; then path=$p; break; fi
+      done </proc/self/cgroup
+    fi
+    [[ -n $path ]] && printf '%s\t%s\t%s\t%s\n' "$mp" "$fst" "$so" "$path"
+  done < <(awk '{ for (i = 7; $i != "-"; i++); f = $(i + 1)
+    if ($4 == "/" && (f == "cgroup" || f == "cgroup2") && index($5, "/sys/fs/cgroup/") == 1) print $5, f, $(i + 3) }' \
+    /proc/self/mountinfo)
+  return 0
+}
+
+cgroup_cleanup() {
+  local mp d
+  while IFS=$'\t' read -r mp _; do
+    while read -r d; do
+      find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    done < <(find "$mp" -maxdepth 6 -type d -name sfl-lab -prune -print 2>/dev/null)
+  done < <(cgroup_hierarchies)
+  return 0
+}
+
+boot_host() {
+  local name=$1
+  (
+    exec unshare -m --propagation private "$BASH" "$SELF" __launch "$name"
+  ) >"$LOG_DIR/$name.log" 2>&1 </dev/null 9>&- &
+  echo $! >"$RUN_DIR/$name.pid"
+}
+
+# internal: runs in a private mount namespace with the pid that becomes systemd-nspawn
+cmd_launch() {
+  local name=$1 stage=$RUN_DIR/cgroup-$1 mp fst so path d src lvl e
+  local cgbind=()
+  if cgroup_v1; then
+    mkdir -p "$stage"
+    mount -t tmpfs -o mode=0755,size=1m sfl-lab-cgroup "$stage"
+    for e in /sys/fs/cgroup/*; do # co-mounted controllers (cpu -> cpu,cpuacct)
+      if [[ -L $e ]]; then ln -s "$(readlink "$e")" "$stage/${e##*/}"; fi
+    done
+    while IFS=$'\t' read -r mp fst so path; do
+      d=$mp${path%/}/sfl-lab/$name
+      mkdir -p "$d"
+      if [[ -e $d/cpuset.cpus ]]; then
+        for lvl in "${d%/*}" "$d"; do
+          [[ -n $(<"$lvl/cpuset.cpus") ]] || cat "${lvl%/*}/cpuset.cpus" >"$lvl/cpuset.cpus"
+          [[ -n $(<"$lvl/cpuset.mems") ]] || cat "${lvl%/*}/cpuset.mems" >"$lvl/cpuset.mems"
+        done
+      fi
+      echo $$ >"$d/cgroup.procs"
+      src=$d
+      # nspawn puts the container into NAME/payload in the hierarchies systemd tracks with
+      if [[ $fst == cgroup2 || ,$so, == *,name=systemd,* ]]; then
+        mkdir -p "$d/payload"
+        src=$d/payload
+      fi
+      mkdir -p "$stage/${mp#/sys/fs/cgroup/}"
+      mount --bind "$src" "$stage/${mp#/sys/fs/cgroup/}"
+    done < <(cgroup_hierarchies)
+    mount -o remount,ro "$stage"
+    cgbind=(--bind="$stage:/sys/fs/cgroup")
+  fi
+  exec setsid nohup systemd-nspawn -D "$HOSTS_DIR/$name" -M "$name" -b --register=no --keep-unit \
+    --network-bridge="$BRIDGE" --capability=all \
+    --system-call-filter='@keyring bpf add_key keyctl' ${cgbind[@]+"${cgbind[@]}"} \
+    --console=passive --resolv-conf=off --timezone=off --link-journal=no \
+    --setenv=SFL_LAB_HOST="$name"
+}
+
+fail_host() { # name message
+  warn "$1: $2"
+  if [[ -s $LOG_DIR/$1.log ]]; then
+    echo "---- last lines of $LOG_DIR/$1.log" >&2
+    tail -n 25 "$LOG_DIR/$1.log" >&2
+  fi
+  die "$1 is not up"
+}
+
+# waits for the host's PID 1 to appear; sets LEADER[name]
+declare -A LEADER=()
+wait_leader() {
+  local name=$1 end=$((SECONDS + 20)) l npid
+  while :; do
+    npid=$(nspawn_pid "$name")
+    l=$(leader_pids "$name")
+    if [[ -n $npid && -n $l && $l != *[[:space:]]* ]]; then LEADER[$name]=$l; return 0; fi
+    [[ -z $npid ]] && fail_host "$name" "systemd-nspawn exited"
+    ((SECONDS >= end)) && fail_host "$name" "no container PID 1 after 20s"
+    sleep 0.3
+  done
+}
+
+wait_ready() { # name deadline
+  local name=$1 end=$2 state failed ver
+  while :; do
+    state=$(ssh_lab "$name" systemctl is-system-running --wait 2>/dev/null) || true
+    case $state in running | degraded) break ;; esac
+    [[ -n $(nspawn_pid "$name") ]] || fail_host "$name" "systemd-nspawn exited during boot"
+    ((SECONDS >= end)) && fail_host "$name" "not ready after ${BOOT_TIMEOUT}s (systemd: ${state:-no ssh})"
+    sleep 1
+  done
+  if [[ $state == degraded ]]; then
+    failed=$(ssh_lab "$name" systemctl list-units --failed --no-legend --plain 2>/dev/null | awk '{print $1}' | xargs)
+    warn "$name: systemd degraded; failed units: ${failed:-?}"
+  fi
+  while :; do
+    ver=$(ssh_lab "$name" docker info --format '{{.ServerVersion}}/{{.Driver}}' 2>/dev/null) && break
+    ((SECONDS >= end)) && fail_host "$name" "docker info fails over ssh"
+    sleep 1
+  done
+  say "$name: ready (${MGMT_IP[$name]}, systemd $state, docker $ver)"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# machine network
+
+ensure_bridge() {
+  if ! ip link show dev "$BRIDGE" >/dev/null 2>&1; then
+    ip link add name "$BRIDGE" type bridge
+    say "bridge: created $BRIDGE $BRIDGE_IP/$LAB_PREFIX"
+  fi
+  ip addr replace "$BRIDGE_IP/$LAB_PREFIX" dev "$BRIDGE"
+  ip link set dev "$BRIDGE" up
+}
+
+ensure_firewall() {
+  local ip
+  [[ -f $IPFWD_ORIG ]] || cat /proc/sys/net/ipv4/ip_forward >"$IPFWD_ORIG"
+  echo 1 >/proc/sys/net/ipv4/ip_forward
+  # chains are (re)built atomically; the hooks are added once
+  {
+    echo '*filter'
+    echo ":$CHAIN_FWD - [0:0]"
+    echo "-A $CHAIN_FWD -i $BRIDGE -o $BRIDGE -j ACCEPT" # host <-> host (bridge netfilter)
+    echo "-A $CHAIN_FWD -o $BRIDGE -d $LAB_NET -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+    for ip in "${MIRROR_IPS[@]}"; do
+      echo "-A $CHAIN_FWD -i $BRIDGE -s $LAB_NET -d $ip/32 -p tcp -m multiport --dports 80,443 -j ACCEPT"
+    done
+    echo "-A $CHAIN_FWD -i $BRIDGE -j DROP"
+    echo "-A $CHAIN_FWD -o $BRIDGE -j DROP"
+    echo COMMIT
+    echo '*nat'
+    echo ":$CHAIN_NAT - [0:0]"
+    for ip in "${MIRROR_IPS[@]}"; do
+      echo "-A $CHAIN_NAT -s $LAB_NET -d $ip/32 -p tcp -m multiport --dports 80,443 -j MASQUERADE"
+    done
+    echo COMMIT
+  } | iptables-restore -w --noflush
+  iptables -w -C FORWARD -j "$CHAIN_FWD" 2>/dev/null || iptables -w -I FORWARD 1 -j "$CHAIN_FWD"
+  iptables -w -t nat -C POSTROUTING -j "$CHAIN_NAT" 2>/dev/null ||
+    iptables -w -t nat -I POSTROUTING 1 -j "$CHAIN_NAT"
+  say "firewall: ip_forward on; $LAB_NET may reach only ${MIRROR_IPS[*]} tcp/80,443 ($CHAIN_FWD, $CHAIN_NAT)"
+}
+
+# "IDX: NAME@ifPEER: ..." -> "IDX PEER"
+fabric_link() { # leader
+  local l
+  l=$(nsenter -t "$1" -n ip -o link show dev "$FABRIC_IF" 2>/dev/null) || return 1
+  [[ $l =~ ^([0-9]+):\ $FABRIC_IF@if([0-9]+): ]] || return 1
+  echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]}"
+}
+
+ensure_fabric() {
+  local la=${LEADER[spark-a]} lb=${LEADER[spark-b]} a b
+  if a=$(fabric_link "$la") && b=$(fabric_link "$lb") &&
+    [[ ${a#* } == "${b%% *}" && ${b#* } == "${a%% *}" ]]; then
+    say "fabric: $FABRIC_IF pair present"
+    return 0
+  fi
+  nsenter -t "$la" -n ip link del dev "$FABRIC_IF" 2>/dev/null || true
+  nsenter -t "$lb" -n ip link del dev "$FABRIC_IF" 2>/dev/null || true
+  ip link del dev "${FAB_VETH[spark-a]}" 2>/dev/null || true
+  ip link del dev "${FAB_VETH[spark-b]}" 2>/dev/null || true
+  ip link add name "${FAB_VETH[spark-a]}" type veth peer name "${FAB_VETH[spark-b]}"
+  ip link set dev "${FAB_VETH[spark-a]}" netns "$la"
+  ip link set dev "${FAB_VETH[spark-b]}" netns "$lb"
+  nsenter -t "$la" -n ip link set dev "${FAB_VETH[spark-a]}" name "$FABRIC_IF"
+  nsenter -t "$lb" -n ip link set dev "${FAB_VETH[spark-b]}" name "$FABRIC_IF"
+  say "fabric: created veth pair, $FABRIC_IF in spark-a and spark-b (mtu 1500, no address, down)"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# subcommands
+
+cmd_up() {
+  local name npid leaders end t0=$SECONDS
+  ensure_prereqs
+  lock
+  mkdir -p "$RUN_DIR" "$LOG_DIR" "$HOSTS_DIR"
+  ensure_keypair
+  ensure_base
+  resolve_mirror
+  ensure_bridge
+  ensure_firewall
+  for name in "${HOSTS[@]}"; do
+    npid=$(nspawn_pid "$name")
+    leaders=$(leader_pids "$name")
+    if [[ -n $npid && -n $leaders ]]; then
+      echo "$npid" >"$RUN_DIR/$name.pid"
+      update_hosts_mirror "$HOSTS_DIR/$name"
+      # the bridge may have been recreated under a running host
+      ip link set dev "vb-$name" master "$BRIDGE" up 2>/dev/null || true
+      say "$name: already running (pid $npid)"
+      continue
+    fi
+    if [[ -n $npid || -n $leaders ]]; then
+      stop_host "$name"
+    fi
+    ip link del dev "vb-$name" 2>/dev/null || true
+    if [[ -d $HOSTS_DIR/$name && -s $HOSTS_DIR/$name/etc/ssh/ssh_host_ed25519_key.pub ]]; then
+      say "$name: reusing existing rootfs"
+      update_hosts_mirror "$HOSTS_DIR/$name"
+    else
+      safe_rmtree "$HOSTS_DIR/$name"
+      create_host "$name"
+      say "$name: created rootfs $HOSTS_DIR/$name"
+    fi
+    boot_host "$name"
+    say "$name: booting (pid $(<"$RUN_DIR/$name.pid"), log $LOG_DIR/$name.log)"
+  done
+  write_ssh_files
+  end=$((SECONDS + BOOT_TIMEOUT))
+  for name in "${HOSTS[@]}"; do wait_leader "$name"; done
+  ensure_fabric
+  for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
+  say "up in $((SECONDS - t0))s; ssh -F $SSH_CONFIG spark-a"
+}
+
+cmd_down() {
+  local name d v did=
+  check_paths
+  lock
+  for name in "${HOSTS[@]}"; do
+    if [[ -n $(nspawn_pid "$name") || -n $(leader_pids "$name") ]]; then
+      stop_host "$name"
+      did=1
+    fi
+  done
+  for v in "${FAB_VETH[@]}" "${HOSTS[@]/#/vb-}" "$BRIDGE"; do
+    if ip link show dev "$v" >/dev/null 2>&1; then
+      ip link del dev "$v" && say "removed link $v" && did=1
+    fi
+  done
+  if command -v iptables >/dev/null 2>&1; then
+    while iptables -w -D FORWARD -j "$CHAIN_FWD" 2>/dev/null; do did=1; done
+    while iptables -w -t nat -D POSTROUTING -j "$CHAIN_NAT" 2>/dev/null; do did=1; done
+    if iptables -w -n -L "$CHAIN_FWD" >/dev/null 2>&1; then
+      iptables -w -F "$CHAIN_FWD" && iptables -w -X "$CHAIN_FWD"
+      did=1
+    fi
+    if iptables -w -t nat -n -L "$CHAIN_NAT" >/dev/null 2>&1; then
+      iptables -w -t nat -F "$CHAIN_NAT" && iptables -w -t nat -X "$CHAIN_NAT"
+      did=1
+    fi
+  fi
+  if [[ -s $IPFWD_ORIG ]]; then
+    cat "$IPFWD_ORIG" >/proc/sys/net/ipv4/ip_forward
+    say "ip_forward restored to $(<"$IPFWD_ORIG")"
+    did=1
+  fi
+  cgroup_cleanup
+  for d in "$HOSTS_DIR"/* "$HOSTS_DIR"/.*.tmp "$SFL_LAB_CACHE"/.build-*; do
+    [[ -e $d ]] || continue
+    safe_rmtree "$d"
+    say "removed $d"
+    did=1
+  done
+  rm -rf --one-file-system "$RUN_DIR" "$KNOWN_HOSTS"
+  if [[ -n $did ]]; then say "down"; fi
+  return 0
+}
+
+cmd_status() {
+  local name npid leader out ssh_ok sys dock fab l rc=0 ok
+  for name in "${HOSTS[@]}"; do
+    npid=$(nspawn_pid "$name")
+    leader=$(leader_pids "$name")
+    if [[ -z $npid || -z $leader ]]; then
+      printf '%s: not running%s\n' "$name" "${leader:+ (orphaned pid 1 $leader without nspawn)}"
+      rc=1
+      continue
+    fi
+    ok=1
+    out=$(ssh_lab "$name" 'echo ssh-ok; systemctl is-system-running;
+      docker info --format "{{.ServerVersion}}" >/dev/null 2>&1 && echo docker-ok || echo docker-failed' 2>/dev/null) || true
+    ssh_ok=failed sys=? dock=?
+    if [[ $(sed -n 1p <<<"$out") == ssh-ok ]]; then
+      ssh_ok=ok
+      sys=$(sed -n 2p <<<"$out")
+      dock=$(sed -n 3p <<<"$out")
+      dock=${dock#docker-}
+    fi
+    [[ $ssh_ok == ok && $dock == ok && ($sys == running || $sys == degraded) ]] || ok=
+    l=$(nsenter -t "$leader" -n ip -o link show dev "$FABRIC_IF" 2>/dev/null) || l=
+    if [[ $l =~ \ mtu\ ([0-9]+)\ .*\ state\ ([A-Z]+)\  ]]; then
+      fab="$FABRIC_IF present (mtu ${BASH_REMATCH[1]}, ${BASH_REMATCH[2]})"
+    else
+      fab="$FABRIC_IF MISSING"
+      ok=
+    fi
+    printf '%s: running (pid %s), ssh %s, systemd %s, docker %s, fabric %s\n' \
+      "$name" "$npid" "$ssh_ok" "$sys" "$dock" "$fab"
+    [[ -n $ok ]] || rc=1
+  done
+  return "$rc"
+}
+
+main() {
+  local cmd=${1:-}
+  case $cmd in
+    up) check_paths; cmd_up ;;
+    down) cmd_down ;;
+    status) check_paths; cmd_status ;;
+    reset) cmd_down; exec 9>&-; cmd_up ;;
+    __launch) cmd_launch "$2" ;;
+    *)
+      echo "usage: $0 up|down|status|reset   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
+      exit 2
+      ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,61 @@
+"""Drive the lab from tests and benchmarks: deploy, state checks, commands on a lab host."""
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+LAB_STATE = Path(os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab"))
+SSH_CONFIG = LAB_STATE / "ssh_config"
+INVENTORY = "lab/inventory.py"
+HOSTS = ("spark-a", "spark-b")
+
+_OP = re.compile(r"^--> Starting operation: (?:\S+ \| )?(?P<name>.*?)\s*$")
+_RESULT = re.compile(r"^\s*\[(?P<host>[^\]]+)\] (?P<result>Success|No changes|Error.*)\s*$")
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+
+    def results(self) -> list[tuple[str, str, str]]:
+        """(operation, host, 'Success' | 'No changes' | 'Error...') for every operation result printed."""
+        out, op = [], None
+        for line in self.output.splitlines():
+            if m := _OP.match(line):
+                op = m["name"]
+            elif (m := _RESULT.match(line)) and op:
+                out.append((op, m["host"], m["result"]))
+        return out
+
+    def changed(self) -> list[tuple[str, str]]:
+        """(operation, host) of every operation that changed something ('Success' in pyinfra's words)."""
+        return [(op, host) for op, host, result in self.results() if result == "Success"]
+
+
+def run(cmd: list[str], timeout=900, **kw) -> Run:
+    result = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, **kw)
+    return Run(result.returncode, result.stdout)
+
+
+def deploy(*extra: str) -> Run:
+    return run([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py", *extra])
+
+
+def state_checks(*extra: str) -> Run:
+    hosts = ",".join(f"ssh://{h}" for h in HOSTS)
+    return run([
+        str(BIN / "pytest"), "tests/state", "-q", "-p", "no:cacheprovider", f"--hosts={hosts}",
+        f"--ssh-config={SSH_CONFIG}", f"--inventory={INVENTORY}", *extra,
+    ])
+
+
+def on(host: str, command: str, check=True) -> str:
+    result = subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, command], capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{host}: `{command}` failed ({result.returncode}): {result.stdout}{result.stderr}")
+    return result.stdout
