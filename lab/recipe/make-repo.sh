@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with two
+# commits on `main`, tagged v1 and v2, from lab/recipe/{Dockerfile,start.sh} and lab/standin/vllm.
+#   v1 "recipe v1": Dockerfile, start.sh, vllm
+#   v2 "recipe v2": v1 + NOTES, one more Dockerfile layer (COPY NOTES), start.sh CG_ESTIMATE 0 -> 1
+#                   (the field report's recipe update that flipped that default)
+# Deterministic: fixed names, emails and dates, no user/system git config, no hooks, no signing, so
+# the hashes are the same on every machine. They are pinned in lab/recipe/COMMITS; a different
+# result fails loudly. After changing the sources on purpose: make-repo.sh --update DEST.
+#
+#   make-repo.sh [--update] DEST     prints "v1 <sha>" and "v2 <sha>"; needs only git
+set -euo pipefail
+
+die() { printf 'make-repo: ERROR: %s\n' "$*" >&2; exit 1; }
+
+UPDATE=0
+DEST=
+for arg in "$@"; do
+  case $arg in
+    --update) UPDATE=1 ;;
+    -*) die "unknown option $arg (usage: make-repo.sh [--update] DEST)" ;;
+    *) [[ -z $DEST ]] || die "one DEST only (usage: make-repo.sh [--update] DEST)"; DEST=$arg ;;
+  esac
+done
+[[ -n $DEST ]] || die "usage: make-repo.sh [--update] DEST"
+[[ $DEST != / ]] || die "refusing DEST=/"
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+COMMITS=$HERE/COMMITS
+SOURCES=("$HERE/Dockerfile" "$HERE/start.sh" "$HERE/../standin/vllm")
+for f in "${SOURCES[@]}"; do [[ -f $f ]] || die "missing source $f"; done
+
+# Nothing from the caller's git setup may reach the objects.
+unset GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_NAMESPACE \
+  GIT_CONFIG GIT_CONFIG_PARAMETERS GIT_CONFIG_COUNT
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null LC_ALL=C TZ=UTC
+export GIT_AUTHOR_NAME="sparkfleet lab" GIT_AUTHOR_EMAIL="lab@sparkfleet.invalid"
+export GIT_COMMITTER_NAME="sparkfleet lab" GIT_COMMITTER_EMAIL="lab@sparkfleet.invalid"
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+rm -rf "$DEST"
+mkdir -p "$(dirname "$DEST")"
+git -c init.defaultBranch=main init -q --bare --template= --object-format=sha1 "$DEST"
+DEST=$(cd "$DEST" && pwd)
+export GIT_DIR=$DEST GIT_INDEX_FILE=$WORK/index
+# Let clients fetch a pinned commit by its hash (git fetch origin <sha>).
+git config uploadpack.allowReachableSHA1InWant true
+
+# commit TAG MESSAGE DATE [PARENT]: commit the files in $WORK/tree (plumbing only: no hooks run).
+commit() {
+  local tag=$1 msg=$2 date=$3 parent=${4:-} f mode tree sha
+  rm -f "$GIT_INDEX_FILE"
+  for f in Dockerfile NOTES start.sh vllm; do
+    [[ -f $WORK/tree/$f ]] || continue
+    case $f in start.sh | vllm) mode=100755 ;; *) mode=100644 ;; esac
+    git update-index --add --cacheinfo "$mode,$(git hash-object -w "$WORK/tree/$f"),$f"
+  done
+  tree=$(git write-tree)
+  sha=$(GIT_AUTHOR_DATE=$date GIT_COMMITTER_DATE=$date \
+    git commit-tree --no-gpg-sign -m "$msg" ${parent:+-p "$parent"} "$tree")
+  git update-ref refs/heads/main "$sha"
+  git tag "$tag" "$sha"
+  printf '%s\n' "$sha"
+}
+
+mkdir "$WORK/tree"
+cp "$HERE/Dockerfile" "$HERE/start.sh" "$WORK/tree/"
+cp "$HERE/../standin/vllm" "$WORK/tree/vllm"
+V1=$(commit v1 "recipe v1" "2025-01-06T12:00:00+0000")
+
+# v2 from v1: one more layer at the end of the Dockerfile, and the flipped CG_ESTIMATE default.
+cat >"$WORK/tree/NOTES" <<'EOF'
+sparkfleet lab recipe v2
+
+- start.sh: CG_ESTIMATE now defaults to 1 (CUDA-graph KV deduction on), as in the field report's
+  recipe update; a deploy that pins CG_ESTIMATE=0 must keep it and report the drift.
+- Dockerfile: adds this file as a layer.
+EOF
+printf 'COPY NOTES /opt/recipe/NOTES\n' >>"$WORK/tree/Dockerfile"
+sed -i 's/^: "\${CG_ESTIMATE:=0}"$/: "${CG_ESTIMATE:=1}"/' "$WORK/tree/start.sh"
+grep -qx ': "${CG_ESTIMATE:=1}"' "$WORK/tree/start.sh" \
+  || die "start.sh has no line ': \"\${CG_ESTIMATE:=0}\"' to flip for v2"
+V2=$(commit v2 "recipe v2" "2025-02-03T12:00:00+0000" "$V1")
+git symbolic-ref HEAD refs/heads/main
+
+RESULT=$(printf 'v1 %s\nv2 %s\n' "$V1" "$V2")
+printf '%s\n' "$RESULT"
+if [[ $UPDATE == 1 ]]; then
+  printf '%s\n' "$RESULT" >"$COMMITS"
+  printf 'make-repo: wrote %s\n' "$COMMITS" >&2
+elif [[ ! -f $COMMITS ]] || [[ $(cat "$COMMITS") != "$RESULT" ]]; then
+  {
+    printf 'make-repo: ERROR: the commits built differ from the pinned ones in %s\n' "$COMMITS"
+    printf '  pinned:\n%s\n  built:\n%s\n' "$(sed 's/^/    /' "$COMMITS" 2>/dev/null || echo '    (none)')" \
+      "$(sed 's/^/    /' <<<"$RESULT")"
+    printf '  The recipe sources (lab/recipe/Dockerfile, start.sh, lab/standin/vllm) or this script changed.\n'
+    printf '  If on purpose: rerun with --update (make-repo.sh --update DEST), commit COMMITS, and update\n'
+    printf '  anything else that pins these hashes.\n'
+  } >&2
+  exit 1
+fi

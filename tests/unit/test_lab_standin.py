@@ -1,0 +1,259 @@
+"""The lab's vLLM stand-in (lab/standin/vllm) and its recipe repository (lab/recipe/make-repo.sh).
+
+The stand-in runs as a subprocess on 127.0.0.1 with free ports; nothing here imports lab/ code.
+Every wait is bounded, and every process a test starts is killed when the test ends.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM = REPO / "lab" / "standin" / "vllm"
+MAKE_REPO = REPO / "lab" / "recipe" / "make-repo.sh"
+COMMITS = REPO / "lab" / "recipe" / "COMMITS"
+MODEL = "org/lab-model"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SFL_STANDIN_"))}
+    e.update({"VLLM_HOST_IP": "127.0.0.1", "SFL_STANDIN_JOIN_TIMEOUT_S": "10", **extra})
+    return {k: v for k, v in e.items() if v is not None}
+
+
+def get(port, path):
+    """(status, parsed JSON body), or (None, None) while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+    except (urllib.error.URLError, ConnectionError):
+        return None, None
+
+
+def wait_for(predicate, timeout=5.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def run():
+    """run(*args, **env) starts the stand-in; all started processes are killed at teardown."""
+    procs = []
+
+    def start(*args, **extra_env):
+        p = subprocess.Popen([sys.executable, str(VLLM), *args], env=env(**extra_env), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=5)
+
+
+@pytest.fixture
+def ports():
+    return {"http": free_port(), "master": free_port()}
+
+
+def head_args(ports, *extra):
+    return ["serve", MODEL, "--host", "127.0.0.1", "--port", str(ports["http"]), "--served-model-name", "lab",
+            "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
+            "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(ports["master"]),
+            "--max-model-len", "4096", "--gpu-memory-utilization", "0.79", "--kv-cache-dtype", "fp8_ds_mla",
+            "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}', *extra]
+
+
+def worker_args(ports, model=MODEL, rank="1"):
+    return ["serve", model, "--headless", "--node-rank", rank, "--nnodes", "2", "--tensor-parallel-size", "2",
+            "--distributed-executor-backend", "mp", "--master-addr", "127.0.0.1",
+            "--master-port", str(ports["master"])]
+
+
+def start_pair(run, ports):
+    head = run(*head_args(ports))
+    wait_for(lambda: get(ports["http"], "/health")[0], what="the head's HTTP server")
+    worker = run(*worker_args(ports))
+    wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after the worker joined")
+    return head, worker
+
+
+def test_head_waits_for_the_worker_then_serves(run, ports):
+    head = run(*head_args(ports))
+    status, body = wait_for(lambda: get(ports["http"], "/health")[0] and get(ports["http"], "/health"),
+                            what="the head's HTTP server")
+    assert status == 503 and body["missing"] == [1]
+    assert get(ports["http"], "/v1/models")[0] == 503
+
+    worker = run(*worker_args(ports))
+    wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after the worker joined")
+    assert get(ports["http"], "/health") == (200, {"status": "ok", "ranks": 2})
+    status, models = get(ports["http"], "/v1/models")
+    assert status == 200
+    assert models["data"] == [{"id": "lab", "object": "model", "owned_by": "sparkfleet-lab-standin",
+                               "max_model_len": 4096}]
+    status, ranks = get(ports["http"], "/ranks")
+    assert status == 200
+    rank1 = [r for r in ranks if r["rank"] == 1]
+    assert len(rank1) == 1 and rank1[0]["host_ip"] == "127.0.0.1" and rank1[0]["peer_ip"] == "127.0.0.1"
+
+    head.send_signal(signal.SIGTERM)
+    assert head.wait(timeout=5) == 0
+    assert worker.wait(timeout=5) != 0  # its head went away
+    out = head.communicate(timeout=5)[0]
+    assert "standin[rank 0]: argv: vllm serve org/lab-model" in out
+    assert "standin[rank 0]: rank 1 joined from 127.0.0.1" in out
+    assert f"standin[rank 0]: all 2 ranks joined; serving {MODEL} on 127.0.0.1:{ports['http']}" in out
+
+
+def test_worker_sigterm_exits_0(run, ports):
+    _, worker = start_pair(run, ports)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0
+
+
+def test_killing_the_worker_stops_the_head(run, ports):
+    head, worker = start_pair(run, ports)
+    worker.kill()
+    assert head.wait(timeout=5) == 1
+    assert "rank 1 (127.0.0.1) dropped its connection" in head.communicate(timeout=5)[0]
+
+
+def test_killing_the_head_stops_the_worker(run, ports):
+    head, worker = start_pair(run, ports)
+    head.kill()
+    assert worker.wait(timeout=5) == 1
+    assert "the head dropped the connection" in worker.communicate(timeout=5)[0]
+
+
+@pytest.mark.parametrize("model, rank, why", [
+    ("org/other-model", "1", "differs from the head's"),
+    (MODEL, "1", "rank 1 already joined"),
+])
+def test_head_refuses_a_wrong_model_or_a_duplicate_rank(run, ports, model, rank, why):
+    head, _ = start_pair(run, ports)
+    intruder = run(*worker_args(ports, model=model, rank=rank))
+    assert intruder.wait(timeout=5) == 1
+    assert why in intruder.communicate(timeout=5)[0]
+    assert head.poll() is None and get(ports["http"], "/health")[0] == 200
+
+
+def test_worker_gives_up_when_no_head_comes(run, ports):
+    worker = run(*worker_args(ports), SFL_STANDIN_JOIN_TIMEOUT_S="1")
+    assert worker.wait(timeout=5) == 1
+    assert "not reachable after 1 s" in worker.communicate(timeout=5)[0]
+
+
+def test_single_node_serves_at_once(run, ports):
+    run("serve", MODEL, "--host", "127.0.0.1", "--port", str(ports["http"]))
+    wait_for(lambda: get(ports["http"], "/v1/models")[0] == 200, what="/v1/models 200")
+    assert get(ports["http"], "/v1/models")[1]["data"][0]["id"] == MODEL  # no --served-model-name
+    assert get(ports["http"], "/v1/models")[1]["data"][0]["max_model_len"] is None
+
+
+@pytest.mark.parametrize("args, extra_env, message", [
+    (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+    (["--no-ple-offload-embedding"], {}, "unrecognized arguments: --no-ple-offload-embedding"),
+    (["--max-model"], {}, "unrecognized arguments: --max-model"),  # no abbreviations
+    (["--load-format", "dummy"], {}, "--load-format dummy is refused"),
+    (["--headless"], {}, "--headless on --node-rank 0"),
+    (["--distributed-executor-backend", "ray"], {}, "Ray's memory monitor"),
+    (["--node-rank", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "1"], {},
+     "without --headless"),
+    (["--headless", "--node-rank", "2", "--nnodes", "2"], {}, "--node-rank 2 is out of range"),
+    (["--nnodes", "2"], {}, "needs --master-addr and --master-port"),
+    (["--gpu-memory-utilization", "1.5"], {}, "must be in (0, 1]"),
+    (["--speculative-config", "[1, 2]"], {}, "must be a JSON object"),
+    (["--limit-mm-per-prompt", "{image"], {}, "not valid JSON"),
+    ([], {"VLLM_HOST_IP": None}, "VLLM_HOST_IP is not set"),
+])
+def test_refusals_exit_2_saying_why(args, extra_env, message):
+    p = subprocess.run([sys.executable, str(VLLM), "serve", MODEL, *args], env=env(**extra_env),
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert message in p.stderr
+
+
+@pytest.fixture(scope="module")
+def recipe_repos(tmp_path_factory):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    base = tmp_path_factory.mktemp("recipe")
+    runs = [subprocess.run(["bash", str(MAKE_REPO), str(base / name)], capture_output=True, text=True, timeout=60)
+            for name in ("a", "b")]
+    return base, runs
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "--git-dir", str(repo), *args], capture_output=True, text=True, check=True,
+                          timeout=10).stdout
+
+
+def test_make_repo_builds_the_pinned_commits_twice_the_same(recipe_repos):
+    base, runs = recipe_repos
+    pinned = COMMITS.read_text()
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == pinned
+    for name in ("a", "b"):
+        for line in pinned.splitlines():
+            tag, sha = line.split()
+            assert git(base / name, "rev-parse", f"{tag}^{{commit}}").strip() == sha
+        assert git(base / name, "rev-parse", "main").strip() == pinned.split()[3]
+
+
+def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
+    repo = recipe_repos[0] / "a"
+    v1, v2 = git(repo, "show", "v1:start.sh"), git(repo, "show", "v2:start.sh")
+    assert ': "${CG_ESTIMATE:=0}"' in v1.splitlines()
+    assert ': "${CG_ESTIMATE:=1}"' in v2.splitlines()
+    assert git(repo, "diff", "--stat", "v1", "v2", "--", "start.sh").count("|") == 1
+    d1, d2 = git(repo, "show", "v1:Dockerfile"), git(repo, "show", "v2:Dockerfile")
+    assert d2.startswith(d1) and d2[len(d1):] == "COPY NOTES /opt/recipe/NOTES\n"
+    assert git(repo, "show", "v1:vllm") == VLLM.read_text()
+    modes = {line.split()[3]: line.split()[0] for line in git(repo, "ls-tree", "v2").splitlines()}
+    assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755"}
+    assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v2", "recipe v1"]
+
+
+def test_make_repo_fails_loudly_when_the_pins_differ(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    recipe = tmp_path / "lab" / "recipe"
+    (tmp_path / "lab" / "standin").mkdir(parents=True)
+    shutil.copytree(MAKE_REPO.parent, recipe)
+    shutil.copy(VLLM, tmp_path / "lab" / "standin" / "vllm")
+    with open(recipe / "start.sh", "a") as f:
+        f.write("# changed\n")
+    r = subprocess.run(["bash", str(recipe / "make-repo.sh"), str(tmp_path / "repo")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert "differ from the pinned ones" in r.stderr and "--update" in r.stderr
+    r = subprocess.run(["bash", str(recipe / "make-repo.sh"), "--update", str(tmp_path / "repo")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (recipe / "COMMITS").read_text() == r.stdout != COMMITS.read_text()
