@@ -47,6 +47,8 @@ show-lab:
 	  echo "== $$h"; ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'ip -br addr show dev enp1s0f0np0; ip -d link show dev enp1s0f0np0 | grep -o "mtu [0-9]*" | head -1'; \
 	done
 	@echo "== jumbo frames spark-a -> spark-b:"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'ping -M do -s 8972 -c 2 -q 198.19.77.2 | tail -2'
+	@echo "== units:"; for h in spark-a spark-b; do ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'echo "$$(hostname): $$(systemctl is-active sparkfleet-head sparkfleet-worker 2>/dev/null | paste -sd/) $$(docker ps --format "{{.Names}} {{.Image}}")"'; done
+	@echo "== the pair answers (head, through the lab's stand-in engine): GET /v1/models"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'curl -fsS -m 10 http://127.0.0.1:8000/v1/models'; echo
 
 config: install
 	$(BIN)/python -m sparkfleet config $(or $(INVENTORY),inventory.py)

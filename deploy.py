@@ -10,3 +10,12 @@ local.include("roles/preflight/tasks.py")
 
 # 2. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
 local.include("roles/fabric/tasks.py")
+
+# 3. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
+local.include("roles/docker/tasks.py")
+
+# 4. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
+local.include("roles/image/tasks.py")
+
+# 5. The units: --headless workers first, then the head; /health awaited, endpoint printed.
+local.include("roles/serving/tasks.py")

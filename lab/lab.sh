@@ -46,6 +46,10 @@ SSH_KEY=$SFL_LAB_STATE/id_ed25519
 KNOWN_HOSTS=$SFL_LAB_STATE/known_hosts
 SSH_CONFIG=$SFL_LAB_STATE/ssh_config
 IPFWD_ORIG=$RUN_DIR/ip_forward.orig
+# The lab's recipe repository (lab/recipe), served read-only to the hosts by git daemon on the bridge.
+GIT_DIR_LAB=$SFL_LAB_STATE/git
+GIT_PID=$RUN_DIR/git-daemon.pid
+BASE_IMAGE=sparkfleet-lab/base:bookworm
 
 say() { printf 'lab: %s\n' "$*"; }
 warn() { printf 'lab: WARNING: %s\n' "$*" >&2; }
@@ -148,7 +152,7 @@ stop_host() {
 ensure_prereqs() {
   local -A pkg_of=([systemd-nspawn]=systemd-container [debootstrap]=debootstrap [ip]=iproute2
     [iptables]=iptables [iptables-restore]=iptables [ssh]=openssh-client [ssh-keygen]=openssh-client
-    [ping]=iputils-ping [nsenter]=util-linux [unshare]=util-linux [flock]=util-linux)
+    [ping]=iputils-ping [git]=git [nsenter]=util-linux [unshare]=util-linux [flock]=util-linux)
   local c need=()
   for c in "${!pkg_of[@]}"; do
     command -v "$c" >/dev/null 2>&1 || need+=("${pkg_of[$c]}")
@@ -557,6 +561,38 @@ ensure_fabric() {
   say "fabric: created veth pair, $FABRIC_IF in spark-a and spark-b (mtu 1500, no address, down)"
 }
 
+
+# The recipe repository the deploy checks out on the head: built deterministically from lab/recipe
+# (pinned hashes in lab/recipe/COMMITS) and served as git://198.18.0.1/recipe.git.
+ensure_recipe_repo() {
+  local here; here=$(dirname "$SELF")
+  mkdir -p "$GIT_DIR_LAB"
+  bash "$here/recipe/make-repo.sh" "$GIT_DIR_LAB/recipe.git" >/dev/null
+  if [[ -s $GIT_PID ]] && pid_alive "$(<"$GIT_PID")"; then
+    say "recipe: git://$BRIDGE_IP/recipe.git (git daemon already running)"
+    return 0
+  fi
+  # 9>&-: the daemon must not inherit (and so hold) the lab's lock.
+  git daemon --detach --reuseaddr --export-all --base-path="$GIT_DIR_LAB" --listen="$BRIDGE_IP" \
+    --port=9418 --pid-file="$GIT_PID" "$GIT_DIR_LAB" 9>&-
+  say "recipe: git://$BRIDGE_IP/recipe.git ($(tr '\n' ' ' <"$here/recipe/COMMITS"))"
+}
+
+stop_recipe_daemon() {
+  if [[ -s $GIT_PID ]] && pid_alive "$(<"$GIT_PID")"; then
+    kill "$(<"$GIT_PID")" && say "stopped git daemon" && return 0
+  fi
+  return 1
+}
+
+# The recipe's FROM image, as a registry would have given it: the lab's base rootfs, imported on the
+# head only (workers get the overlay image from the head's registry, as on real Sparks).
+ensure_base_image() {
+  if ssh_lab spark-a docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
+  tar -C "$BASE" -c . | ssh -F "$SSH_CONFIG" spark-a docker import - "$BASE_IMAGE" >/dev/null
+  say "spark-a: imported $BASE_IMAGE from the lab's base rootfs"
+}
+
 # ---------------------------------------------------------------------------------------------------
 # subcommands
 
@@ -601,6 +637,8 @@ cmd_up() {
   for name in "${HOSTS[@]}"; do wait_leader "$name"; done
   ensure_fabric
   for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
+  ensure_recipe_repo
+  ensure_base_image
   say "up in $((SECONDS - t0))s; ssh -F $SSH_CONFIG spark-a"
 }
 
@@ -636,6 +674,7 @@ cmd_down() {
     say "ip_forward restored to $(<"$IPFWD_ORIG")"
     did=1
   fi
+  stop_recipe_daemon && did=1
   cgroup_cleanup
   for d in "$HOSTS_DIR"/* "$HOSTS_DIR"/.*.tmp "$SFL_LAB_CACHE"/.build-*; do
     [[ -e $d ]] || continue

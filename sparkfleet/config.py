@@ -14,8 +14,10 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
+from roles.docker.schema import DockerData
 from roles.fabric.schema import JUMBO_MTU, FabricData
 from roles.preflight.schema import PreflightData
+from roles.serving.schema import ServingData, serving_problems
 
 # Keys that belong to pyinfra, not to sparkfleet: connection settings and global arguments.
 PYINFRA_KEYS = frozenset(_SSHConnectorData.__annotations__)
@@ -33,7 +35,7 @@ class ConfigError(Exception):
         super().__init__("invalid sparkfleet config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class NodeConfig(FabricData, PreflightData):
+class NodeConfig(ServingData, DockerData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -184,6 +186,8 @@ def _cluster_problems(nodes: list[NodeConfig]) -> list[str]:
     if len(mtus) > 1:
         found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in nodes)
         problems.append(f"key 'fabric_mtu' differs between nodes ({found}); both ends of a link need one MTU")
+    if nodes and not problems:
+        problems.extend(serving_problems(nodes))
     return problems
 
 

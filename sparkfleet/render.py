@@ -24,3 +24,10 @@ def render(role: str, target: str, **context) -> str:
     """The text of `target` (an absolute path on the node) as rendered by `role`."""
     assert target.startswith("/"), target
     return _env.get_template(f"{role}/templates{target}.j2").render(role=role, target=target, **context)
+
+
+def sha1_text(text: str) -> str:
+    """sha1 of a rendered file, as pyinfra's Sha1File fact reports the file on a node."""
+    from hashlib import sha1
+
+    return sha1(text.encode()).hexdigest()

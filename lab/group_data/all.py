@@ -6,3 +6,13 @@ rdma_hca = None
 preflight_allowed_archs = ["x86_64", "aarch64"]
 preflight_min_mem_total_gib = 4.0
 preflight_min_free_disk_gib = 5.0
+
+# Serving: the lab's own recipe repository (lab/recipe, served by `make lab-up`) at its v1 commit
+# (lab/recipe/COMMITS); the stand-in engine answers within seconds; nspawn keeps /proc/sys
+# read-only, so the page cache cannot be dropped from inside a lab host.
+serving_recipe_repository = "git://198.18.0.1/recipe.git"
+serving_recipe_commit = "b12b30420b6ba57d6e76e28159d226091a3b6d10"
+serving_health_timeout_s = 120
+serving_drop_caches = False
+# The lab machine's hard RLIMIT_MEMLOCK (8 MiB here) cannot be raised from inside it.
+serving_ulimit_memlock = "8388608"

@@ -6,8 +6,6 @@ the jumbo-frame proof runs as a read-only fact (a converged deploy changes nothi
 the proof runs as an operation after `netplan apply` has run on every node.
 """
 from dataclasses import dataclass, field
-from hashlib import sha1
-
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
@@ -16,7 +14,7 @@ from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.schema import NETPLAN_FILE
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
-from sparkfleet.render import render
+from sparkfleet.render import render, sha1_text
 
 
 def netplan_text(node) -> str:
@@ -61,7 +59,7 @@ def _fabric_state(state) -> FabricState:
         node = cluster.node(name)
         links[name] = node_host.get_fact(FabricLink, netdev=node.fabric_netdev)
         result.drift[name] = link_drift(node, links[name])
-        want = sha1(netplan_text(node).encode()).hexdigest()
+        want = sha1_text(netplan_text(node))
         result.file_current[name] = node_host.get_fact(Sha1File, path=NETPLAN_FILE) == want
         if result.drift[name] or not result.file_current[name]:
             result.converged = False

@@ -3,16 +3,14 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from sparkfleet.keyvalue import key_values
+
 KIB_PER_GIB = 1024 * 1024
 
 
 def parse_node_facts(lines: list[str]) -> dict:
     """key=value lines -> typed facts (sizes in GiB). Missing keys stay absent."""
-    raw = {}
-    for line in lines:
-        key, sep, value = line.partition("=")
-        if sep:
-            raw[key.strip()] = value.strip()
+    raw = key_values(lines)
     out: dict = {k: raw[k] for k in ("os", "kernel", "arch", "disk_path", "gpu", "netplan", "renderer_state") if k in raw}
     for key in ("mem_total", "mem_available", "disk_free"):
         if raw.get(f"{key}_kib", "").isdigit():

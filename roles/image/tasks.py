@@ -1,0 +1,105 @@
+"""roles/image: the recipe's overlay image, built once on the head and shipped to every node.
+
+The head checks the recipe out at the pinned commit and builds the image there, tagged with the
+commit; a registry on the head's fabric address serves it, so each worker pulls only the layers it
+lacks over the CX7 link. Every node must end with the same image ID. Older images stay (rollback).
+
+Operations that depend on another host's (push before pull, pull before the ID check) are defined
+on every host and gated with _if: pyinfra orders operations by merging each host's sequence, so
+an operation defined on one host alone has no order against the other hosts' operations.
+"""
+import shlex
+from io import StringIO
+
+from pyinfra import host, state
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, files, python, server, systemd
+
+from roles.docker.checks import registry_address
+from roles.image.checks import image_ids, recipe_dir, registry_ref, verify_same_image
+from roles.image.facts import RecipeCheckout
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.render import render
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+profile = node_profile(node)
+recipe = profile.recipe
+ids = image_ids(state, profile)  # prepare-time: which nodes have the image, and which ID
+head_id = ids.get(cluster.head.name)
+in_sync = head_id is not None and len(set(ids.values())) == 1
+on_head = node.is_head
+src = recipe_dir(node, profile)
+
+# 1. The recipe at its pinned commit on the head (a branch can move under us; a commit cannot).
+if on_head and not host.get_fact(Which, command="git"):
+    apt.packages(name="Install git", packages=["git"], update=True, cache_time=3600)
+checkout = (host.get_fact(RecipeCheckout, path=src) if on_head else None) or {}
+d, repo = shlex.quote(src), shlex.quote(recipe.repository)
+server.shell(
+    name=f"Check out the recipe at {recipe.commit}",
+    commands=[
+        f"mkdir -p {d} && cd {d} && {{ [ -d .git ] || git init --quiet; }}",
+        f"cd {d} && {{ git remote remove origin 2>/dev/null || true; }} && git remote add origin {repo}",
+        f"cd {d} && git fetch --quiet --tags origin",
+        f"cd {d} && git -c advice.detachedHead=false checkout --quiet --force --detach {recipe.commit} && git clean -fdxq",
+    ],
+    _if=lambda: on_head
+    and (not checkout.get("head", "").startswith(recipe.commit) or checkout.get("origin") != recipe.repository),
+)
+
+# 2. The registry, on the head's fabric address only.
+if on_head:
+    if not host.get_fact(Which, command="docker-registry"):
+        apt.packages(name="Install the image registry", packages=["docker-registry"], update=True, cache_time=3600)
+    registry_config = files.put(
+        name="Write the registry config (fabric address only)",
+        src=StringIO(render("image", "/etc/docker/registry/config.yml", address=registry_address(cluster))),
+        dest="/etc/docker/registry/config.yml",
+        mode="0644",
+    )
+    systemd.service(name="Enable and start the registry", service="docker-registry", running=True, enabled=True)
+    systemd.service(
+        name="Restart the registry (config changed)",
+        service="docker-registry",
+        restarted=True,
+        _if=registry_config.did_change,
+    )
+
+# 3. Build once on the head, tagged with the commit; push it to the registry for the workers.
+build_args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in sorted(recipe.build_args.items()))
+server.shell(
+    name=f"Build {profile.image_ref} on the head",
+    commands=[
+        f"cd {d} && docker build --quiet -f {shlex.quote(recipe.dockerfile)} {build_args}"
+        f" -t {shlex.quote(profile.image_ref)} {shlex.quote(recipe.context)}"
+    ],
+    _if=lambda: on_head and head_id is None,
+)
+server.shell(
+    name=f"Push {profile.image_ref} to the fabric registry",
+    commands=[
+        f"docker tag {profile.image_ref} {registry_ref(cluster, profile)}",
+        f"docker push {registry_ref(cluster, profile)}",
+    ],
+    _if=lambda: on_head and not in_sync,
+)
+
+# 4. Workers pull what they lack, over the fabric, and tag it with the plain name.
+server.shell(
+    name=f"Pull {profile.image_ref} from the head",
+    commands=[
+        f"docker pull {registry_ref(cluster, profile)}",
+        f"docker tag {registry_ref(cluster, profile)} {profile.image_ref}",
+    ],
+    _if=lambda: not on_head and (head_id is None or ids.get(node.name) != head_id),
+)
+
+# 5. The same image ID everywhere: true at prepare when in sync, checked after the pulls otherwise.
+python.call(
+    name="Check every node has the same image ID",
+    function=verify_same_image,
+    ref=profile.image_ref,
+    _if=lambda: on_head and not in_sync,
+)

@@ -1,0 +1,137 @@
+"""The serving pair as a whole: what each rank gets, whether the pair must restart, and the waits.
+
+A TP pair is one thing: a rank restarted alone leaves its peer hung while /health may stay green.
+So the restart decision is taken once, at prepare time, for the whole pair: when any rank's unit,
+environment or image changes, or any rank's unit or container is not running, the pair restarts,
+head stopped first, workers started first, head last.
+"""
+import time
+from dataclasses import dataclass, field
+
+from pyinfra import logger
+from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import Sha1File
+
+from roles.image.checks import image_ids
+from roles.serving.engine import env_file_path, exec_start, rank_env, unit_name
+from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, pick_gid_index
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.render import render, sha1_text
+
+
+def unit_path(node) -> str:
+    return f"/etc/systemd/system/{unit_name(node)}.service"
+
+
+def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str, str]]:
+    """{path on the node: (text, mode)} of what roles/serving writes on `node`."""
+    profile = node_profile(node)
+    env_file = env_file_path(node, node.serving_dir)
+    env = rank_env(profile, cluster, node, gid_index)
+    unit_text = render(
+        "serving",
+        unit_path(node),
+        node=node,
+        cluster=cluster,
+        profile=profile,
+        unit=unit_name(node),
+        env_file=env_file,
+        drop_caches=node.serving_drop_caches,
+        exec_start=exec_start(profile, cluster, node, env_file),
+    )
+    env_text = render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile, env=env)
+    return {env_file: (env_text, "0600"), unit_path(node): (unit_text, "0644")}
+
+
+def resolve_gid_index(node_host, node) -> int | None:
+    """This rank's RoCE v2 GID index, read from sysfs on every deploy; None without RDMA."""
+    if not node.rdma_hca:
+        return None
+    entries = node_host.get_fact(RoceGids, hca=node.rdma_hca)
+    index = pick_gid_index(entries, node.fabric_ip, node.fabric_netdev)
+    if index is None:
+        seen = "; ".join(f"{e['index']}: {e['gid']} {e['type']} {e['ndev']}" for e in entries) or "no GIDs"
+        raise DeployError(
+            f"{node.name}: no RoCE v2 GID for {node.fabric_ip} on {node.rdma_hca}/{node.fabric_netdev} "
+            f"(sysfs shows {seen}); is the fabric address up?"
+        )
+    return index
+
+
+@dataclass
+class PairState:
+    restart: bool
+    reasons: list[str] = field(default_factory=list)
+    files: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)  # node -> rendered files
+    healthy: bool = False
+
+
+def _pair_state(state) -> PairState:
+    cluster = cluster_from_state(state)
+    pair = PairState(restart=False)
+    profile = node_profile(cluster.head)
+    ids = image_ids(state, profile)
+    if ids.get(cluster.head.name) is None or len(set(ids.values())) != 1:
+        pair.reasons.append(f"image {profile.image_ref} is new or differs between nodes")
+    for node_host in active_hosts(state):
+        node = cluster.node(node_host.name)
+        files = rendered_files(cluster, node, resolve_gid_index(node_host, node))
+        pair.files[node.name] = files
+        for path, (text, _mode) in files.items():
+            if node_host.get_fact(Sha1File, path=path) != sha1_text(text):
+                pair.reasons.append(f"{node.name}: {path} changed")
+        unit = node_host.get_fact(UnitState, unit=unit_name(node))
+        if unit.get("active") != "active" or unit.get("container") != "running":
+            pair.reasons.append(
+                f"{node.name}: {unit_name(node)} is {unit.get('active') or 'unknown'}, "
+                f"container {unit.get('container') or 'unknown'}"
+            )
+    pair.restart = bool(pair.reasons)
+    if not pair.restart:
+        head_host = state.inventory.get_host(cluster.head.name)
+        pair.healthy = head_host.get_fact(HeadHealth, port=profile.port)
+    summary = "; ".join(pair.reasons) if pair.restart else ("unchanged, healthy" if pair.healthy else "unchanged, /health not 200")
+    logger.info(f"--> sparkfleet serving {profile.name} ({profile.image_ref}): {summary}")
+    return pair
+
+
+def pair_state(state) -> PairState:
+    return once_per_run(state, "serving-pair", lambda: _pair_state(state))
+
+
+def wait_for_container(unit: str, timeout_s: int = 120) -> None:
+    """Operation body: until the rank's container runs (the worker is up and dialling the head)."""
+    from pyinfra import host
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ok, out = host.run_shell_command(StringCommand(f"docker inspect --format '{{{{.State.Status}}}}' {unit}"))
+        if ok and out.stdout.strip() == "running":
+            return
+        time.sleep(2)
+    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 20 --no-pager"))
+    raise DeployError(f"{host.name}: {unit} container not running after {timeout_s} s:\n{log.stdout}")
+
+
+def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str) -> None:
+    """Operation body: poll the head's /health with progress, bounded; print the endpoint when up."""
+    from pyinfra import host
+
+    start = time.monotonic()
+    last_report = 0.0
+    code = ""
+    while (elapsed := time.monotonic() - start) < timeout_s:
+        ok, out = host.run_shell_command(StringCommand(health_command(port)))
+        code = out.stdout.strip() if ok else "no answer"
+        if code == "200":
+            logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}")
+            return
+        if elapsed - last_report >= 15:
+            logger.info(f"    [{host.name}] waiting for /health: {code or 'no answer'} ({elapsed:.0f} s of {timeout_s} s)")
+            last_report = elapsed
+        time.sleep(3)
+    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 30 --no-pager"))
+    raise DeployError(f"{host.name}: /health not 200 after {timeout_s} s (last: {code}):\n{log.stdout}")

@@ -1,0 +1,149 @@
+"""What each rank runs: the engine command line, its environment, and the container around it.
+
+Pure functions of (profile, cluster, node): the golden tests render exactly what a deploy writes.
+Engines are a table (ENGINES) so that another one (SGLang: no --headless, --dist-init-addr)
+plugs in beside vLLM without touching the units.
+"""
+import json
+import re
+from typing import Callable
+
+from roles.serving.schema import Profile
+
+# Never rendered, whatever a profile says: each hard-froze both machines in the field.
+FORBIDDEN_ARGS = ("--load-format dummy", "--no-ple-offload-embedding")
+
+
+def unit_name(node) -> str:
+    return "sparkfleet-head" if node.is_head else "sparkfleet-worker"
+
+
+def vllm_args(profile: Profile, cluster, node) -> list[str]:
+    """`vllm serve` for this rank: the mp backend across nodes, --headless on every rank > 0."""
+    args = ["vllm", "serve", profile.model, "--revision", profile.model_revision]
+    if profile.served_model_name:
+        args += ["--served-model-name", profile.served_model_name]
+    args += [
+        "--tensor-parallel-size", str(profile.tensor_parallel_size),
+        # Ray's memory monitor killed the head at 115.62/121.69 GB of unified memory; mp has none.
+        "--distributed-executor-backend", "mp",
+        "--nnodes", str(len(cluster.nodes)),
+        "--node-rank", str(node.rank),
+        "--master-addr", cluster.head.fabric_ip,
+        "--master-port", str(profile.master_port),
+    ]
+    if not node.is_head:
+        # Without it the follower crashes: "collective_rpc should not be called on follower node".
+        args.append("--headless")
+    args += [
+        "--gpu-memory-utilization", str(profile.gpu_memory_utilization),
+        "--max-model-len", str(profile.max_model_len),
+        "--max-num-batched-tokens", str(profile.max_num_batched_tokens),
+        "--kv-cache-dtype", profile.kv_cache_dtype,
+    ]
+    if profile.speculative:
+        spec = {"method": profile.speculative.method, "num_speculative_tokens": profile.speculative.num_speculative_tokens}
+        if profile.speculative.draft_model:
+            spec["model"] = profile.speculative.draft_model
+        if profile.speculative.draft_tensor_parallel_size:
+            spec["draft_tensor_parallel_size"] = profile.speculative.draft_tensor_parallel_size
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if profile.tool_call_parser:
+        args += ["--tool-call-parser", profile.tool_call_parser, "--enable-auto-tool-choice"]
+    if profile.reasoning_parser:
+        args += ["--reasoning-parser", profile.reasoning_parser]
+    if not profile.vision:
+        args += ["--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":"))]
+    if profile.trust_remote_code:
+        args.append("--trust-remote-code")
+    if node.is_head:
+        args += ["--host", "0.0.0.0", "--port", str(profile.port)]
+    return args
+
+
+ENGINES: dict[str, Callable] = {"vllm": vllm_args}
+
+
+def engine_args(profile: Profile, cluster, node) -> list[str]:
+    args = ENGINES[profile.engine](profile, cluster, node)
+    joined = " ".join(args)
+    for forbidden in FORBIDDEN_ARGS:
+        if forbidden in joined:
+            raise ValueError(f"{node.name}: refusing to render {forbidden!r} (it can hard-freeze both machines)")
+    return args
+
+
+def rank_env(profile: Profile, cluster, node, gid_index: int | None = None) -> dict[str, str]:
+    """The environment of one rank: the profile's pinned values, then what is this rank's own."""
+    env = dict(profile.env)
+    fabric = node.fabric_netdev
+    env.update(
+        {
+            "VLLM_HOST_IP": node.fabric_ip,
+            "MASTER_ADDR": cluster.head.fabric_ip,
+            "MASTER_PORT": str(profile.master_port),
+            # Every collective and the rendezvous on the CX7 link, never the management network.
+            "NCCL_SOCKET_IFNAME": fabric,
+            "GLOO_SOCKET_IFNAME": fabric,
+            "TP_SOCKET_IFNAME": fabric,
+        }
+    )
+    if node.rdma_hca:
+        if gid_index is None:
+            raise ValueError(
+                f"{node.name}: rdma_hca is {node.rdma_hca} but no RoCE v2 GID index was resolved; an empty "
+                f"NCCL_IB_GID_INDEX is read as 0 (the link-local GID)"
+            )
+        env.update(
+            {
+                "NCCL_IB_HCA": node.rdma_hca,
+                "NCCL_IB_GID_INDEX": str(gid_index),
+                "NCCL_IB_ADDR_FAMILY": "AF_INET",
+                "NCCL_IB_ROCE_VERSION_NUM": "2",
+            }
+        )
+    else:
+        env["NCCL_IB_DISABLE"] = "1"  # TCP sockets over the fabric netdev
+    return env
+
+
+def env_file_path(node, serving_dir: str) -> str:
+    return f"{serving_dir}/{unit_name(node)}.env"
+
+
+def docker_args(profile: Profile, node, env_file: str) -> list[str]:
+    c = profile.container
+    args = ["/usr/bin/docker", "run", "--rm", "--name", unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
+    if c.network_host:
+        args.append("--network=host")
+    if c.ipc_host:
+        args.append("--ipc=host")
+    args += [f"--shm-size={c.shm_size}", f"--ulimit=memlock={node.serving_ulimit_memlock}"]
+    if node.gpu_expected:
+        args.append("--gpus=all")
+    devices = list(c.devices) + (["/dev/infiniband"] if node.rdma_hca else [])
+    args += [f"--device={d}" for d in devices]
+    args += [f"--env-file={env_file}", profile.image_ref]
+    return args
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart word: '%' and '$' escaped for systemd, single-quoted when it has anything special."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if _SAFE.match(arg):
+        return escaped
+    return "'" + escaped.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def exec_start(profile: Profile, cluster, node, env_file: str) -> str:
+    """The ExecStart value: one docker option per line, then the image and the engine, one flag per line."""
+    lines: list[list[str]] = []
+    for word in docker_args(profile, node, env_file) + engine_args(profile, cluster, node):
+        if not lines or word.startswith("-") or word == profile.image_ref:
+            lines.append([word])
+        else:
+            lines[-1].append(word)
+    return " \\\n    ".join(" ".join(systemd_quote(w) for w in line) for line in lines)

@@ -1,0 +1,74 @@
+"""roles/serving: systemd units for the head and the --headless workers; the pair restarts as one.
+
+Order when the pair restarts: head stopped, workers restarted, each worker's container running,
+then the head started and its /health awaited (bounded, with progress); the endpoint is printed.
+"""
+from io import StringIO
+
+from pyinfra import host, state
+from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations.util import any_changed
+
+from roles.serving.checks import pair_state, wait_for_container, wait_for_health
+from roles.serving.engine import unit_name
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+profile = node_profile(node)
+unit = unit_name(node)
+pair = pair_state(state)  # prepare-time decision for the whole pair
+
+# 1. The rank's environment (root-only: it may carry secrets) and its unit.
+files.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root", mode="0700")
+written = [
+    files.put(
+        name=f"Write {path}",
+        src=StringIO(text),
+        dest=path,
+        user="root",
+        group="root",
+        mode=mode,
+    )
+    for path, (text, mode) in pair.files[node.name].items()
+]
+systemd.daemon_reload(name="Reload systemd (unit changed)", _if=any_changed(*written))
+
+# 2. Start at boot, or not, as the data says.
+systemd.service(name=f"Set {unit} start at boot to {node.serving_start_at_boot}", service=f"{unit}.service",
+                enabled=node.serving_start_at_boot)
+
+# 3. The pair restarts as one: head stopped first, workers started first, head last. Each step is
+# defined on every host (gated by _if) so that pyinfra orders it against the other hosts' steps.
+on_head, restart = node.is_head, pair.restart
+server.shell(
+    name="Stop the head (the pair restarts)",
+    commands=[f"systemctl stop {unit}.service"],
+    _if=lambda: on_head and restart,
+)
+server.shell(
+    name="Restart the workers (workers first)",
+    commands=[f"systemctl restart {unit}.service"],
+    _if=lambda: not on_head and restart,
+)
+python.call(
+    name="Wait for the worker containers",
+    function=wait_for_container,
+    unit=unit,
+    _if=lambda: not on_head and restart,
+)
+server.shell(
+    name="Start the head (every worker is up)",
+    commands=[f"systemctl restart {unit}.service"],
+    _if=lambda: on_head and restart,
+)
+python.call(
+    name="Wait for the head's /health",
+    function=wait_for_health,
+    unit=unit,
+    port=profile.port,
+    timeout_s=node.serving_health_timeout_s,
+    endpoint=f"http://{node.management_address}:{profile.port}/v1",
+    _if=lambda: on_head and (restart or not pair.healthy),
+)

@@ -1,0 +1,81 @@
+"""The lab pair end to end: serving through the stand-in, repair after a hand-stopped container,
+and a recipe bump that rebuilds once, ships only new layers over the fabric, restarts worker-first.
+
+Runs after test_lab_fabric.py (same lab, pair already deployed by it).
+"""
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.lab import REPO, deploy, on, state_checks
+
+pytestmark = pytest.mark.lab
+
+COMMITS = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if line.strip())
+IMAGE = "sparkfleet/glm-5.3-flash-exl3"
+
+
+def models() -> str:
+    return on("spark-a", "curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+
+
+def started_at(host: str, container: str) -> str:
+    return on(host, f"docker inspect --format '{{{{.State.StartedAt}}}}' {container}").strip()
+
+
+def fabric_rx_bytes(host: str) -> int:
+    return int(on(host, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serving_pair():
+    run = deploy()
+    assert run.returncode == 0, run.output
+    yield
+
+
+def test_the_pair_serves_the_profile_model_through_the_stand_in():
+    assert '"id": "glm-5.3-flash"' in models()
+
+
+def test_a_hand_stopped_worker_container_is_caught_and_the_pair_is_brought_back():
+    on("spark-b", "docker stop sparkfleet-worker")
+    checks = state_checks()
+    assert checks.returncode != 0
+    assert "FAILED tests/state/test_serving.py::test_the_rank_container_runs_the_profile_image[ssh://spark-b]" in checks.output
+    assert "spark-b: no container sparkfleet-worker" in checks.output or "spark-b: sparkfleet-worker is not active" in checks.output
+
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert ("Restart the workers (workers first)", "spark-b") in run.changed()
+    assert ("Start the head (every worker is up)", "spark-a") in run.changed()
+    assert state_checks().returncode == 0
+    assert deploy().changed() == []
+
+
+def test_a_recipe_bump_rebuilds_once_ships_only_new_layers_and_restarts_worker_first():
+    v1, v2 = COMMITS["v1"], COMMITS["v2"]
+    base_size = int(on("spark-a", f"docker image inspect --format '{{{{.Size}}}}' {IMAGE}:{v1}"))
+    rx_before = fabric_rx_bytes("spark-b")
+
+    run = deploy("--data", f"serving_recipe_commit={v2}")
+    assert run.returncode == 0, run.output
+    changed = run.changed()
+    assert (f"Build {IMAGE}:{v2} on the head", "spark-a") in changed
+    assert (f"Pull {IMAGE}:{v2} from the head", "spark-b") in changed
+    assert f"image {IMAGE}:{v2} is new" in run.output  # the deploy says what changed
+    shipped = fabric_rx_bytes("spark-b") - rx_before
+    # v2 adds one small layer on top of v1's: the base layers (hundreds of MB) do not cross again.
+    assert shipped < base_size / 20, f"{shipped} bytes crossed the fabric for a {base_size}-byte image"
+    assert started_at("spark-b", "sparkfleet-worker") < started_at("spark-a", "sparkfleet-head")
+    assert '"id": "glm-5.3-flash"' in models()
+
+    again = deploy("--data", f"serving_recipe_commit={v2}")
+    assert again.returncode == 0 and again.changed() == [], again.output
+
+    # Back to v1: its image was kept, so nothing is rebuilt or pulled; the pair restarts on it.
+    back = deploy()
+    assert back.returncode == 0, back.output
+    assert not [op for op, _ in back.changed() if op.startswith(("Build", "Pull"))], back.output
+    assert on("spark-b", "docker inspect --format '{{.Config.Image}}' sparkfleet-worker").strip() == f"{IMAGE}:{v1}"
+    assert state_checks().returncode == 0

@@ -1,0 +1,76 @@
+"""The Docker daemon config sparkfleet writes, and the check of what `docker info` reports.
+
+docker-info-lab.json is captured from a lab host after a deploy; the GPU variant adds what the
+NVIDIA container toolkit registers (runtime "nvidia", made the default by daemon.json).
+"""
+import copy
+import json
+from pathlib import Path
+
+from roles.docker.checks import daemon_config, docker_info_problems, registry_address
+from sparkfleet.config import build_cluster
+from tests.unit.helpers import pair
+
+LAB_INFO = json.loads((Path(__file__).parent / "fixtures/docker-info-lab.json").read_text())
+LAB = {"netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False}
+
+
+def lab_cluster():
+    c = build_cluster(pair(**{"spark-a": LAB, "spark-b": LAB}))
+    return c
+
+
+def lab_info_for(cluster):
+    """The captured info, re-keyed to this cluster's registry address."""
+    info = copy.deepcopy(LAB_INFO)
+    [entry] = [v for k, v in info["RegistryConfig"]["IndexConfigs"].items() if k != "docker.io"]
+    entry["Name"] = registry_address(cluster)
+    info["RegistryConfig"]["IndexConfigs"] = {entry["Name"]: entry}
+    return info
+
+
+def gpu_info(cluster):
+    info = lab_info_for(cluster)
+    info["Runtimes"]["nvidia"] = {"path": "nvidia-container-runtime"}
+    info["DefaultRuntime"] = "nvidia"
+    return info
+
+
+def test_daemon_config_rotates_logs_and_trusts_only_the_fabric_registry():
+    c = lab_cluster()
+    cfg = daemon_config(c.node("spark-b"), c)
+    assert cfg["log-driver"] == "json-file" and cfg["log-opts"] == {"max-size": "100m", "max-file": "5"}
+    assert cfg["insecure-registries"] == ["10.77.77.1:5000"] and cfg["live-restore"] is True
+    assert "default-runtime" not in cfg
+
+
+def test_gpu_nodes_get_the_nvidia_runtime_as_default():
+    c = build_cluster(pair())
+    cfg = daemon_config(c.head, c)
+    assert cfg["default-runtime"] == "nvidia" and cfg["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+
+
+def test_the_captured_lab_info_passes():
+    c = lab_cluster()
+    assert docker_info_problems(c.node("spark-b"), c, lab_info_for(c)) == []
+
+
+def test_a_missing_registry_or_rotation_is_reported():
+    c = lab_cluster()
+    info = lab_info_for(c)
+    info["RegistryConfig"]["IndexConfigs"] = {}
+    info["LoggingDriver"] = "journald"
+    problems = docker_info_problems(c.head, c, info)
+    assert any("10.77.77.1:5000" in p for p in problems) and any("journald" in p for p in problems)
+
+
+def test_gpu_node_without_the_nvidia_runtime_fails_and_with_it_passes():
+    c = build_cluster(pair())
+    assert docker_info_problems(c.head, c, gpu_info(c)) == []
+    problems = docker_info_problems(c.head, c, lab_info_for(c))
+    assert any("no nvidia runtime" in p for p in problems) and any("default runtime runc" in p for p in problems)
+
+
+def test_no_info_means_the_engine_is_down():
+    c = lab_cluster()
+    assert docker_info_problems(c.head, c, None) == ["spark-a: docker info failed (is the engine running?)"]
