@@ -74,3 +74,10 @@ def test_gpu_node_without_the_nvidia_runtime_fails_and_with_it_passes():
 def test_no_info_means_the_engine_is_down():
     c = lab_cluster()
     assert docker_info_problems(c.head, c, None) == ["spark-a: docker info failed (is the engine running?)"]
+
+
+def test_differing_image_ids_are_named_per_node():
+    from roles.image.checks import ids_differ_message
+
+    msg = ids_differ_message({"spark-a": "sha256:" + "a" * 64, "spark-b": None}, "img:abc1234")
+    assert msg.startswith("image img:abc1234 differs between nodes: spark-a=sha256:aaaaaaaaaaaa, spark-b=missing")
