@@ -8,14 +8,18 @@ from pyinfra import local
 # 1. Every node's facts in one table; hard requirements stop the deploy before any change.
 local.include("roles/preflight/tasks.py")
 
-# 2. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
+# 2. The field report's failure modes, checked before anything changes: memory admission and
+#    headroom, refused settings, the drafter license.
+local.include("roles/guards/tasks.py")
+
+# 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
 local.include("roles/fabric/tasks.py")
 
-# 3. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
+# 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
 local.include("roles/docker/tasks.py")
 
-# 4. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
+# 5. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
 local.include("roles/image/tasks.py")
 
-# 5. The units: --headless workers first, then the head; /health awaited, endpoint printed.
+# 6. The units: --headless workers first, then the head; /health awaited, endpoint printed.
 local.include("roles/serving/tasks.py")

@@ -24,3 +24,9 @@ preflight_data_dir = "/var/lib/sparkfleet"
 preflight_min_free_disk_gib = 200.0
 # A DGX Spark reports ~121.69 GiB MemTotal.
 preflight_min_mem_total_gib = 100.0
+
+# --- roles/guards: the field report's failure modes ---------------------------------------------
+# The shipped profile's DFlash2 drafter is CC-BY-NC-ND-4.0 (research/eval only), as in the report's
+# benchmarking; a production pair uses the MTP variant and deployment_purpose = "production".
+deployment_purpose = "research"
+drafter_license_acknowledged = "CC-BY-NC-ND-4.0"

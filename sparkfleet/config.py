@@ -16,6 +16,7 @@ from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
 from roles.docker.schema import DockerData
 from roles.fabric.schema import JUMBO_MTU, FabricData
+from roles.guards.schema import GuardsData
 from roles.preflight.schema import PreflightData
 from roles.serving.schema import ServingData, serving_problems
 
@@ -35,7 +36,7 @@ class ConfigError(Exception):
         super().__init__("invalid sparkfleet config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class NodeConfig(ServingData, DockerData, FabricData, PreflightData):
+class NodeConfig(GuardsData, ServingData, DockerData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

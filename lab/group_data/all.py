@@ -11,8 +11,11 @@ preflight_min_free_disk_gib = 5.0
 # (lab/recipe/COMMITS); the stand-in engine answers within seconds; nspawn keeps /proc/sys
 # read-only, so the page cache cannot be dropped from inside a lab host.
 serving_recipe_repository = "git://198.18.0.1/recipe.git"
-serving_recipe_commit = "b12b30420b6ba57d6e76e28159d226091a3b6d10"
+serving_recipe_commit = "0e5860df0d482083378b2ab6449b093c25e3b3d2"
 serving_health_timeout_s = 120
 serving_drop_caches = False
 # The lab machine's hard RLIMIT_MEMLOCK (8 MiB here) cannot be raised from inside it.
 serving_ulimit_memlock = "8388608"
+# The lab serves the shipped profile (DFlash2 drafter, CC-BY-NC-ND-4.0) for evaluation only.
+deployment_purpose = "research"
+drafter_license_acknowledged = "CC-BY-NC-ND-4.0"

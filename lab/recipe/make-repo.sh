@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with two
-# commits on `main`, tagged v1 and v2, from lab/recipe/{Dockerfile,start.sh} and lab/standin/vllm.
-#   v1 "recipe v1": Dockerfile, start.sh, vllm
+# commits on `main`, tagged v1 and v2, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
+# lab/standin/sglang/launch_server.py.
+#   v1 "recipe v1": Dockerfile, start.sh, vllm, sglang/launch_server.py
 #   v2 "recipe v2": v1 + NOTES, one more Dockerfile layer (COPY NOTES), start.sh CG_ESTIMATE 0 -> 1
+#                   and KV_SLOTMAP_PIN 0 -> 1
 #                   (the field report's recipe update that flipped that default)
 # Deterministic: fixed names, emails and dates, no user/system git config, no hooks, no signing, so
 # the hashes are the same on every machine. They are pinned in lab/recipe/COMMITS; a different
@@ -27,7 +29,8 @@ done
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 COMMITS=$HERE/COMMITS
-SOURCES=("$HERE/Dockerfile" "$HERE/start.sh" "$HERE/../standin/vllm")
+SOURCES=("$HERE/Dockerfile" "$HERE/start.sh" "$HERE/../standin/vllm"
+  "$HERE/../standin/sglang/launch_server.py")
 for f in "${SOURCES[@]}"; do [[ -f $f ]] || die "missing source $f"; done
 
 # Nothing from the caller's git setup may reach the objects.
@@ -52,7 +55,7 @@ git config uploadpack.allowReachableSHA1InWant true
 commit() {
   local tag=$1 msg=$2 date=$3 parent=${4:-} f mode tree sha
   rm -f "$GIT_INDEX_FILE"
-  for f in Dockerfile NOTES start.sh vllm; do
+  for f in Dockerfile NOTES start.sh vllm sglang/launch_server.py; do
     [[ -f $WORK/tree/$f ]] || continue
     case $f in start.sh | vllm) mode=100755 ;; *) mode=100644 ;; esac
     git update-index --add --cacheinfo "$mode,$(git hash-object -w "$WORK/tree/$f"),$f"
@@ -68,6 +71,8 @@ commit() {
 mkdir "$WORK/tree"
 cp "$HERE/Dockerfile" "$HERE/start.sh" "$WORK/tree/"
 cp "$HERE/../standin/vllm" "$WORK/tree/vllm"
+mkdir "$WORK/tree/sglang"
+cp "$HERE/../standin/sglang/launch_server.py" "$WORK/tree/sglang/launch_server.py"
 V1=$(commit v1 "recipe v1" "2025-01-06T12:00:00+0000")
 
 # v2 from v1: one more layer at the end of the Dockerfile, and the flipped CG_ESTIMATE default.
@@ -76,12 +81,17 @@ sparkfleet lab recipe v2
 
 - start.sh: CG_ESTIMATE now defaults to 1 (CUDA-graph KV deduction on), as in the field report's
   recipe update; a deploy that pins CG_ESTIMATE=0 must keep it and report the drift.
+- start.sh: KV_SLOTMAP_PIN now defaults to 1 (the report's "K-pool tail slotmap pin"): a default
+  the shipped profile does not pin, so a deploy must stop until it is pinned or acknowledged.
 - Dockerfile: adds this file as a layer.
 EOF
 printf 'COPY NOTES /opt/recipe/NOTES\n' >>"$WORK/tree/Dockerfile"
 sed -i 's/^: "\${CG_ESTIMATE:=0}"$/: "${CG_ESTIMATE:=1}"/' "$WORK/tree/start.sh"
 grep -qx ': "${CG_ESTIMATE:=1}"' "$WORK/tree/start.sh" \
   || die "start.sh has no line ': \"\${CG_ESTIMATE:=0}\"' to flip for v2"
+sed -i 's/^: "\${KV_SLOTMAP_PIN:=0}"$/: "${KV_SLOTMAP_PIN:=1}"/' "$WORK/tree/start.sh"
+grep -qx ': "${KV_SLOTMAP_PIN:=1}"' "$WORK/tree/start.sh" \
+  || die "start.sh has no line ': \"\${KV_SLOTMAP_PIN:=0}\"' to flip for v2"
 V2=$(commit v2 "recipe v2" "2025-02-03T12:00:00+0000" "$V1")
 git symbolic-ref HEAD refs/heads/main
 
@@ -95,7 +105,8 @@ elif [[ ! -f $COMMITS ]] || [[ $(cat "$COMMITS") != "$RESULT" ]]; then
     printf 'make-repo: ERROR: the commits built differ from the pinned ones in %s\n' "$COMMITS"
     printf '  pinned:\n%s\n  built:\n%s\n' "$(sed 's/^/    /' "$COMMITS" 2>/dev/null || echo '    (none)')" \
       "$(sed 's/^/    /' <<<"$RESULT")"
-    printf '  The recipe sources (lab/recipe/Dockerfile, start.sh, lab/standin/vllm) or this script changed.\n'
+    printf '  The recipe sources (lab/recipe/Dockerfile, start.sh, lab/standin/vllm,\n'
+    printf '  lab/standin/sglang/launch_server.py) or this script changed.\n'
     printf '  If on purpose: rerun with --update (make-repo.sh --update DEST), commit COMMITS, and update\n'
     printf '  anything else that pins these hashes.\n'
   } >&2

@@ -1,8 +1,9 @@
 """What each rank runs: the engine command line, its environment, and the container around it.
 
 Pure functions of (profile, cluster, node): the golden tests render exactly what a deploy writes.
-Engines are a table (ENGINES) so that another one (SGLang: no --headless, --dist-init-addr)
-plugs in beside vLLM without touching the units.
+Engines are a table (ENGINES): vLLM (mp backend, --headless on every rank > 0) and SGLang (the
+same command on every rank, joined over --dist-init-addr; it has no --headless). The units and
+the rank environment are the same for both.
 """
 import json
 import re
@@ -61,7 +62,49 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
     return args
 
 
-ENGINES: dict[str, Callable] = {"vllm": vllm_args}
+def sglang_args(profile: Profile, cluster, node) -> list[str]:
+    """`python3 -m sglang.launch_server` for this rank: every rank runs it with its --node-rank and
+    joins the head's --dist-init-addr; only rank 0 serves HTTP. Flag names as in SGLang's
+    python/sglang/srt/server_args.py."""
+    args = ["python3", "-m", "sglang.launch_server", "--model-path", profile.model,
+            "--revision", profile.model_revision]
+    if profile.served_model_name:
+        args += ["--served-model-name", profile.served_model_name]
+    args += [
+        # --tp-size is the flag's own name; the docs' `--tp` only works as an argparse abbreviation.
+        "--tp-size", str(profile.tensor_parallel_size),
+        "--dist-init-addr", f"{cluster.head.fabric_ip}:{profile.master_port}",
+        "--nnodes", str(len(cluster.nodes)),
+        "--node-rank", str(node.rank),
+        "--mem-fraction-static", str(profile.gpu_memory_utilization),
+        "--context-length", str(profile.max_model_len),
+        "--chunked-prefill-size", str(profile.max_num_batched_tokens),
+        "--kv-cache-dtype", profile.kv_cache_dtype,
+    ]
+    spec = profile.speculative
+    if spec:
+        args += [
+            "--speculative-algorithm", spec.method,
+            "--speculative-num-steps", str(spec.num_steps),
+            "--speculative-eagle-topk", str(spec.eagle_topk),
+            "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
+        ]
+        if spec.draft_model:
+            args += ["--speculative-draft-model-path", spec.draft_model]
+    if profile.tool_call_parser:
+        args += ["--tool-call-parser", profile.tool_call_parser]  # SGLang has no --enable-auto-tool-choice
+    if profile.reasoning_parser:
+        args += ["--reasoning-parser", profile.reasoning_parser]
+    # Both explicit: SGLang's own default depends on the checkpoint's architecture.
+    args.append("--enable-multimodal" if profile.vision else "--language-model-only")
+    if profile.trust_remote_code:
+        args.append("--trust-remote-code")
+    if node.is_head:
+        args += ["--host", "0.0.0.0", "--port", str(profile.port)]
+    return args
+
+
+ENGINES: dict[str, Callable] = {"vllm": vllm_args, "sglang": sglang_args}
 
 
 def engine_args(profile: Profile, cluster, node) -> list[str]:
@@ -113,7 +156,9 @@ def env_file_path(node, serving_dir: str) -> str:
 
 def docker_args(profile: Profile, node, env_file: str) -> list[str]:
     c = profile.container
-    args = ["/usr/bin/docker", "run", "--rm", "--name", unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
+    # --init: a real PID 1 in the container forwards signals, so `docker stop` never waits out the
+    # grace period on an engine that has not installed its SIGTERM handler yet.
+    args = ["/usr/bin/docker", "run", "--rm", "--init", "--name", unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
     if c.network_host:
         args.append("--network=host")
     if c.ipc_host:
@@ -139,10 +184,11 @@ def systemd_quote(arg: str) -> str:
 
 
 def exec_start(profile: Profile, cluster, node, env_file: str) -> str:
-    """The ExecStart value: one docker option per line, then the image and the engine, one flag per line."""
+    """The ExecStart value: one docker option per line, then the image and the engine's command
+    (`vllm serve MODEL`, `python3 -m sglang.launch_server`), one flag with its value per line."""
     lines: list[list[str]] = []
     for word in docker_args(profile, node, env_file) + engine_args(profile, cluster, node):
-        if not lines or word.startswith("-") or word == profile.image_ref:
+        if not lines or word.startswith("--") or word == profile.image_ref:
             lines.append([word])
         else:
             lines[-1].append(word)

@@ -5,12 +5,18 @@ engine, recipe repository at a pinned commit, model at a pinned revision, parall
 speculative decoding, memory settings, parsers, the pinned environment and container options.
 Nothing is left to an engine's or a recipe's default: a recipe update that flips a default
 (the field report's CG_ESTIMATE) cannot reach the pair unseen.
+
+Two engines read the same fields (roles/serving/engine.py renders them): vLLM and SGLang. Where
+they name a setting differently the profile keeps one field and the engine maps it
+(max_model_len -> SGLang --context-length, gpu_memory_utilization -> --mem-fraction-static,
+max_num_batched_tokens -> --chunked-prefill-size). A field an engine cannot use is refused when
+the profile loads, naming the engine, rather than silently dropped.
 """
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -28,10 +34,20 @@ class Recipe(_Strict):
 
 
 class Speculative(_Strict):
-    method: str = Field(description="speculative decoding method, as the engine names it (dflash2, mtp, nextn)")
-    num_speculative_tokens: int = Field(ge=1, description="k: tokens drafted per step")
+    method: str = Field(
+        description="speculative decoding method, exactly as the engine names it: vLLM's --speculative-config "
+        "method (dflash2, mtp), SGLang's --speculative-algorithm (NEXTN, EAGLE, ...)"
+    )
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, description="vLLM only (required there): k, tokens drafted per step"
+    )
+    num_steps: int | None = Field(None, ge=1, description="SGLang only (required there): --speculative-num-steps")
+    eagle_topk: int | None = Field(None, ge=1, description="SGLang only (required there): --speculative-eagle-topk")
+    num_draft_tokens: int | None = Field(
+        None, ge=1, description="SGLang only (required there): --speculative-num-draft-tokens"
+    )
     draft_model: str | None = Field(None, description="drafter model id, when the method uses one")
-    draft_tensor_parallel_size: int | None = Field(None, ge=1)
+    draft_tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM only: the drafter's TP size")
     draft_license: str | None = Field(None, description="SPDX id of the drafter's license")
 
 
@@ -45,7 +61,7 @@ class Container(_Strict):
 
 class Profile(_Strict):
     name: str
-    engine: Literal["vllm"]
+    engine: Literal["vllm", "sglang"]
     recipe: Recipe
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$", description="image repository; the tag is the recipe commit")
     model: str
@@ -54,12 +70,18 @@ class Profile(_Strict):
     tensor_parallel_size: int = Field(ge=1)
     speculative: Speculative | None = None
     kv_cache_dtype: str
-    max_model_len: int = Field(ge=1)
-    gpu_memory_utilization: float = Field(gt=0, le=1)
-    max_num_batched_tokens: int = Field(ge=1)
+    max_model_len: int = Field(ge=1, description="context length (SGLang: --context-length)")
+    gpu_memory_utilization: float = Field(
+        gt=0, le=1, description="share of MemTotal the engine may take (SGLang: --mem-fraction-static, which "
+        "covers weights and KV cache only, so the same number leaves less headroom there)"
+    )
+    max_num_batched_tokens: int = Field(ge=1, description="prefill chunk (SGLang: --chunked-prefill-size)")
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
-    vision: bool
+    vision: bool = Field(
+        description="true: images and video served; false: the vision path is turned off (vLLM "
+        "--limit-mm-per-prompt image 0 video 0, SGLang --language-model-only)"
+    )
     trust_remote_code: bool = False
     env: dict[str, str] = Field(description="the pinned environment, passed to every rank")
     container: Container = Container()
@@ -74,6 +96,13 @@ class Profile(_Strict):
             raise ValueError(f"empty values are read as unset or 0 (NCCL_IB_GID_INDEX= means index 0): {empty}")
         return env
 
+    @model_validator(mode="after")
+    def _engine_can_use_every_field(self) -> "Profile":
+        problems = ENGINE_RULES[self.engine](self)
+        if problems:
+            raise ValueError(f"engine {self.engine}: " + "; ".join(problems))
+        return self
+
     @property
     def image_ref(self) -> str:
         return f"{self.image}:{self.recipe.commit}"
@@ -81,6 +110,56 @@ class Profile(_Strict):
     @property
     def api_model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+# SGLang's names, from its python/sglang/srt/server_args.py (sgl-project/sglang): the builtin
+# --speculative-algorithm values and the --kv-cache-dtype choices.
+SGLANG_SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK")
+SGLANG_KV_CACHE_DTYPES = (
+    "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1",
+)
+SGLANG_ONLY_SPECULATIVE = ("num_steps", "eagle_topk", "num_draft_tokens")
+
+
+def _vllm_problems(p: Profile) -> list[str]:
+    problems = []
+    spec = p.speculative
+    if spec:
+        if spec.num_speculative_tokens is None:
+            problems.append("speculative.num_speculative_tokens is required (vLLM's k)")
+        for key in SGLANG_ONLY_SPECULATIVE:
+            if getattr(spec, key) is not None:
+                problems.append(f"speculative.{key} is SGLang's; vLLM takes speculative.num_speculative_tokens")
+    return problems
+
+
+def _sglang_problems(p: Profile) -> list[str]:
+    problems = []
+    spec = p.speculative
+    if spec:
+        if spec.method not in SGLANG_SPECULATIVE_ALGORITHMS:
+            problems.append(f"speculative.method {spec.method!r} is not an SGLang --speculative-algorithm "
+                            f"(one of {', '.join(SGLANG_SPECULATIVE_ALGORITHMS)})")
+        if spec.num_speculative_tokens is not None:
+            problems.append("speculative.num_speculative_tokens is vLLM's; SGLang takes speculative.num_steps, "
+                            "eagle_topk and num_draft_tokens")
+        missing = [k for k in SGLANG_ONLY_SPECULATIVE if getattr(spec, k) is None]
+        if missing:
+            problems.append(f"speculative.{', speculative.'.join(missing)} required (SGLang has no default the "
+                            f"pair may rely on)")
+        elif spec.eagle_topk == 1 and spec.num_draft_tokens != spec.num_steps + 1:
+            problems.append(f"speculative.num_draft_tokens {spec.num_draft_tokens} with eagle_topk 1 must be "
+                            f"num_steps + 1 = {spec.num_steps + 1} (SGLang silently replaces any other value)")
+        if spec.draft_tensor_parallel_size is not None:
+            problems.append("speculative.draft_tensor_parallel_size is vLLM's; SGLang runs the drafter at the "
+                            "target's TP")
+    if p.kv_cache_dtype not in SGLANG_KV_CACHE_DTYPES:
+        problems.append(f"kv_cache_dtype {p.kv_cache_dtype!r} is not an SGLang --kv-cache-dtype "
+                        f"(one of {', '.join(SGLANG_KV_CACHE_DTYPES)})")
+    return problems
+
+
+ENGINE_RULES = {"vllm": _vllm_problems, "sglang": _sglang_problems}
 
 
 def profile_names() -> list[str]:
@@ -98,7 +177,9 @@ def load_profile(name: str, recipe_overrides: dict | None = None) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        details = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"] for e in err.errors()
+        )
         raise ValueError(f"profile {name!r} ({path}): {details}") from None
 
 

@@ -36,8 +36,13 @@ written = [
 systemd.daemon_reload(name="Reload systemd (unit changed)", _if=any_changed(*written))
 
 # 2. Start at boot, or not, as the data says.
-systemd.service(name=f"Set {unit} start at boot to {node.serving_start_at_boot}", service=f"{unit}.service",
-                enabled=node.serving_start_at_boot)
+# running=None: pyinfra's default (running=True) would start the unit here, out of the pair's order.
+systemd.service(
+    name=f"Set {unit} start at boot to {node.serving_start_at_boot}",
+    service=f"{unit}.service",
+    running=None,
+    enabled=node.serving_start_at_boot,
+)
 
 # 3. The pair restarts as one: head stopped first, workers started first, head last. Each step is
 # defined on every host (gated by _if) so that pyinfra orders it against the other hosts' steps.

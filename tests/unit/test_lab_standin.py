@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / "lab" / "standin" / "vllm"
+SGLANG = REPO / "lab" / "standin" / "sglang" / "launch_server.py"
 MAKE_REPO = REPO / "lab" / "recipe" / "make-repo.sh"
 COMMITS = REPO / "lab" / "recipe" / "COMMITS"
 MODEL = "org/lab-model"
@@ -235,8 +236,10 @@ def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
     d1, d2 = git(repo, "show", "v1:Dockerfile"), git(repo, "show", "v2:Dockerfile")
     assert d2.startswith(d1) and d2[len(d1):] == "COPY NOTES /opt/recipe/NOTES\n"
     assert git(repo, "show", "v1:vllm") == VLLM.read_text()
-    modes = {line.split()[3]: line.split()[0] for line in git(repo, "ls-tree", "v2").splitlines()}
-    assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755"}
+    assert git(repo, "show", "v1:sglang/launch_server.py") == SGLANG.read_text()
+    modes = {line.split()[3]: line.split()[0] for line in git(repo, "ls-tree", "-r", "v2").splitlines()}
+    assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755",
+                     "sglang/launch_server.py": "100644"}
     assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v2", "recipe v1"]
 
 
@@ -247,6 +250,8 @@ def test_make_repo_fails_loudly_when_the_pins_differ(tmp_path):
     (tmp_path / "lab" / "standin").mkdir(parents=True)
     shutil.copytree(MAKE_REPO.parent, recipe)
     shutil.copy(VLLM, tmp_path / "lab" / "standin" / "vllm")
+    (tmp_path / "lab" / "standin" / "sglang").mkdir()
+    shutil.copy(SGLANG, tmp_path / "lab" / "standin" / "sglang" / "launch_server.py")
     with open(recipe / "start.sh", "a") as f:
         f.write("# changed\n")
     r = subprocess.run(["bash", str(recipe / "make-repo.sh"), str(tmp_path / "repo")], capture_output=True,

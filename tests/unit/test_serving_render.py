@@ -1,53 +1,77 @@
-"""Rendered units and environment files of the shipped profile, on both ranks, for real-hardware
-data (GPU, RDMA with a per-rank GID index) and for lab data; plus the engine command's rules."""
+"""Rendered units and environment files of every shipped profile, on both ranks, for real-hardware
+data (GPU, RDMA with a per-rank GID index) and for lab data; plus the engine commands' rules
+(vLLM: --headless worker; SGLang: the same command on every rank, joined over --dist-init-addr)."""
 import json
+import os
 import shlex
 
 import pytest
 
 from roles.serving.checks import rendered_files
 from roles.serving.engine import FORBIDDEN_ARGS, engine_args, systemd_quote
-from roles.serving.schema import load_profile
+from roles.serving.schema import load_profile, profile_names
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
-from tests.unit.test_templates import check_golden
+from tests.unit.test_templates import GOLDEN, check_golden
 
 LAB = {
     "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
-    "serving_recipe_commit": "b12b30420b6ba57d6e76e28159d226091a3b6d10", "serving_ulimit_memlock": "8388608",
+    "serving_recipe_commit": "0e5860df0d482083378b2ab6449b093c25e3b3d2", "serving_ulimit_memlock": "8388608",
 }
 # Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
 GIDS = {"spark-a": 3, "spark-b": 5}
+# The schema's default profile; its golden files keep their first names (kind-node-file), every
+# other profile's live in golden/<profile>/.
+DEFAULT_PROFILE = "glm-5.3-flash-exl3"
+PROFILES = profile_names()
+ENGINE = {name: load_profile(name).engine for name in PROFILES}
+VLLM_PROFILES = [n for n in PROFILES if ENGINE[n] == "vllm"]
+SGLANG_PROFILES = [n for n in PROFILES if ENGINE[n] == "sglang"]
 
 
-def cluster(kind):
-    return build_cluster(pair()) if kind == "spark" else build_cluster(pair(**{"spark-a": LAB, "spark-b": LAB}))
+def cluster(kind, profile=DEFAULT_PROFILE):
+    data = {"serving_profile": profile, **(LAB if kind == "lab" else {})}
+    return build_cluster(pair(**{"spark-a": data, "spark-b": data}))
 
 
-def files_of(kind, name):
-    c = cluster(kind)
+def files_of(kind, name, profile=DEFAULT_PROFILE):
+    c = cluster(kind, profile)
     node = c.node(name)
     return rendered_files(c, node, GIDS[name] if node.rdma_hca else None)
 
 
+def golden_name(kind, name, profile, path):
+    base = f"{kind}-{name}-{path.rsplit('/', 1)[1]}"
+    return base if profile == DEFAULT_PROFILE else f"{profile}/{base}"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("kind", ["spark", "lab"])
 @pytest.mark.parametrize("name", ["spark-a", "spark-b"])
-def test_units_and_env_match_golden(kind, name):
-    for path, (text, _mode) in files_of(kind, name).items():
-        check_golden(f"{kind}-{name}-{path.rsplit('/', 1)[1]}", text)
+def test_units_and_env_match_golden(kind, name, profile):
+    if os.environ.get("SPARKFLEET_UPDATE_GOLDEN") and profile != DEFAULT_PROFILE:
+        (GOLDEN / profile).mkdir(exist_ok=True)
+    for path, (text, _mode) in files_of(kind, name, profile).items():
+        check_golden(golden_name(kind, name, profile, path), text)
 
 
-def env_of(kind, name) -> dict:
-    [(text, mode)] = [v for p, v in files_of(kind, name).items() if p.endswith(".env")]
+def env_of(kind, name, profile=DEFAULT_PROFILE) -> dict:
+    [(text, mode)] = [v for p, v in files_of(kind, name, profile).items() if p.endswith(".env")]
     assert mode == "0600"
     return dict(l.split("=", 1) for l in text.splitlines() if l and not l.startswith("#"))
 
 
-def exec_words(kind, name) -> list[str]:
-    [(text, _)] = [v for p, v in files_of(kind, name).items() if p.endswith(".service")]
+def exec_words(kind, name, profile=DEFAULT_PROFILE) -> list[str]:
+    [(text, _)] = [v for p, v in files_of(kind, name, profile).items() if p.endswith(".service")]
     start = text.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0].replace("\\\n", " ")
     return shlex.split(start.replace("%%", "%").replace("$$", "$"))
+
+
+def engine_words(words: list[str], profile: str) -> list[str]:
+    """The engine's part of an ExecStart: what follows the image (tagged with the data's commit)."""
+    [image] = [w for w in words if w.startswith(load_profile(profile).image + ":")]
+    return words[words.index(image) + 1:]
 
 
 def test_worker_is_headless_with_its_rank_and_the_head_is_not():
@@ -125,3 +149,112 @@ def test_systemd_quoting_keeps_json_and_escapes_specifiers():
     assert systemd_quote('{"a":1}') == "'{\"a\":1}'"
     assert systemd_quote("50%") == "50%%" and systemd_quote("$HOME") == "'$$HOME'"
     assert systemd_quote("--port") == "--port"
+
+
+def flag(words, name):
+    return words[words.index(name) + 1]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_validates_and_pairs(profile):
+    p = load_profile(profile)
+    assert p.name == profile and p.tensor_parallel_size == 2
+    assert p.image_ref.endswith(":" + p.recipe.commit)
+    cluster("spark", profile)  # the pair's data accepts it (serving_problems: TP = node count)
+
+
+@pytest.mark.parametrize("profile", VLLM_PROFILES)
+@pytest.mark.parametrize("kind", ["spark", "lab"])
+def test_vllm_workers_are_headless(kind, profile):
+    head = engine_words(exec_words(kind, "spark-a", profile), profile)
+    worker = engine_words(exec_words(kind, "spark-b", profile), profile)
+    assert head[:2] == worker[:2] == ["vllm", "serve"]
+    assert "--headless" not in head and "--headless" in worker
+    for words, rank in ((head, "0"), (worker, "1")):
+        assert flag(words, "--node-rank") == rank and flag(words, "--master-addr") == "10.77.77.1"
+        assert "--dist-init-addr" not in words
+
+
+@pytest.mark.parametrize("profile", SGLANG_PROFILES)
+@pytest.mark.parametrize("kind", ["spark", "lab"])
+def test_sglang_every_rank_runs_the_same_command_joined_at_the_head(kind, profile):
+    p = load_profile(profile)
+    head = engine_words(exec_words(kind, "spark-a", profile), profile)
+    worker = engine_words(exec_words(kind, "spark-b", profile), profile)
+    for words, rank in ((head, "0"), (worker, "1")):
+        assert words[:3] == ["python3", "-m", "sglang.launch_server"]
+        assert "--headless" not in words  # SGLang has none: every rank runs launch_server
+        assert flag(words, "--dist-init-addr") == f"10.77.77.1:{p.master_port}"
+        assert flag(words, "--nnodes") == "2" and flag(words, "--node-rank") == rank
+        assert flag(words, "--tp-size") == "2" and flag(words, "--model-path") == p.model
+        # vLLM's names never reach SGLang (it would refuse them).
+        for vllm_only in ("--master-addr", "--master-port", "--distributed-executor-backend",
+                          "--tensor-parallel-size", "--enable-auto-tool-choice", "--speculative-config",
+                          "--gpu-memory-utilization", "--max-model-len", "--limit-mm-per-prompt"):
+            assert vllm_only not in words
+    # Only rank 0 serves HTTP; apart from that the ranks' commands are the same.
+    assert flag(head, "--host") == "0.0.0.0" and flag(head, "--port") == str(p.port)
+    assert "--port" not in worker and "--host" not in worker
+    assert without(head, "--node-rank", "--host", "--port") == without(worker, "--node-rank")
+
+
+def without(words, *flags):
+    """words without each flag and its value."""
+    words = list(words)
+    for name in flags:
+        i = words.index(name)
+        del words[i:i + 2]
+    return words
+
+
+@pytest.mark.parametrize("profile", SGLANG_PROFILES)
+def test_sglang_rank_env_is_the_same_shape_as_vllm(profile):
+    env = env_of("spark", "spark-b", profile)
+    assert env["VLLM_HOST_IP"] == "10.77.77.2" and env["MASTER_ADDR"] == "10.77.77.1"
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
+    assert env["NCCL_IB_GID_INDEX"] == "5" and env_of("spark", "spark-a", profile)["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_qwen_profile_is_the_report_card():
+    words = engine_words(exec_words("spark", "spark-a", "qwen3.8-flash-next"), "qwen3.8-flash-next")
+    assert [flag(words, f) for f in ("--speculative-algorithm", "--speculative-num-steps",
+                                     "--speculative-eagle-topk", "--speculative-num-draft-tokens")] == \
+        ["NEXTN", "3", "1", "4"]
+    assert "--speculative-draft-model-path" not in words  # NEXTN drafts with the model's own layer
+    assert flag(words, "--context-length") == "1048576"
+    assert "--enable-multimodal" in words and "--language-model-only" not in words  # vision on
+    assert "NVFP4" in flag(words, "--model-path")
+
+
+def test_deepseek_profile_is_the_report_card():
+    words = engine_words(exec_words("spark", "spark-a", "deepseek-v4-flash"), "deepseek-v4-flash")
+    assert json.loads(flag(words, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert flag(words, "--max-model-len") == "1048576" and flag(words, "--tensor-parallel-size") == "2"
+    assert json.loads(flag(words, "--limit-mm-per-prompt")) == {"image": 0, "video": 0}  # vision off
+    assert "--tool-call-parser" not in words and "--reasoning-parser" not in words  # not in the report
+    assert float(flag(words, "--gpu-memory-utilization")) < 0.84  # 0.84 failed the free-memory check
+    assert words[:2] == ["vllm", "serve"] and "NVFP4" in words[2]
+
+
+@pytest.mark.parametrize("kind", ["spark", "lab"])
+@pytest.mark.parametrize("name", ["spark-a", "spark-b"])
+def test_mtp_variant_is_the_dflash_card_without_the_drafter(kind, name):
+    dflash, mtp = load_profile("glm-5.3-flash-exl3"), load_profile("glm-5.3-flash-exl3-mtp")
+    assert mtp.speculative.draft_model is None and mtp.speculative.draft_license is None
+    assert mtp.image_ref == dflash.image_ref  # one image serves both
+    a, b = exec_words(kind, name), exec_words(kind, name, "glm-5.3-flash-exl3-mtp")
+    spec = json.loads(flag(b, "--speculative-config"))
+    assert spec == {"method": "mtp", "num_speculative_tokens": 1}  # no model, no draft TP
+    assert not any("DFlash" in w or "dflash" in w for w in b)
+    assert without(a, "--speculative-config") == without(b, "--speculative-config")  # all else the same
+    env_a, env_b = env_of(kind, name), env_of(kind, name, "glm-5.3-flash-exl3-mtp")
+    assert "DFLASH_DRAFT_TP" not in env_b
+    assert {k: v for k, v in env_a.items() if k != "DFLASH_DRAFT_TP"} == env_b
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_no_profile_renders_a_forbidden_argument(profile):
+    c = cluster("spark", profile)
+    for node in c.nodes:
+        joined = " ".join(engine_args(load_profile(profile), c, node))
+        assert not any(f in joined for f in FORBIDDEN_ARGS)

@@ -1,0 +1,60 @@
+"""Run every guard over live facts and the rendered pair; print one table; refuse with the numbers."""
+from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
+
+from roles.guards.checks import GIB, license_gate, memory_admission, parse_size, refused_settings, top_consumers
+from roles.guards.facts import ContainerMemory, ProcessMemory
+from roles.preflight.checks import gather_and_check
+from roles.serving.checks import pair_state
+from roles.serving.engine import engine_args, env_file_path, unit_name
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.keyvalue import key_values
+from sparkfleet.once import active_hosts, once_per_run
+
+
+def _guards(state) -> list[str]:
+    cluster = cluster_from_state(state)
+    facts = gather_and_check(state)
+    pair = pair_state(state)
+    problems, rows = [], []
+    for node_host in active_hosts(state):
+        node = cluster.node(node_host.name)
+        profile = node_profile(node)
+        f = facts[node.name]
+        env_text = pair.files[node.name][env_file_path(node, node.serving_dir)][0]
+        problems += refused_settings(
+            node.name, engine_args(profile, cluster, node), key_values(env_text.splitlines()),
+            node.is_head, profile.engine, node.allow_ray_backend,
+        )
+        consumers = top_consumers(node_host.get_fact(ProcessMemory))
+        engine_use = node_host.get_fact(ContainerMemory, container=unit_name(node))
+        total, free = f.get("mem_total_gib", 0.0), f.get("mem_available_gib", 0.0)
+        if engine_use is None:  # the engine will start from nothing: it must fit in what is free now
+            refusal = memory_admission(node.name, profile.gpu_memory_utilization, total, free, node.guard_min_headroom_gib)
+            verdict = "refused" if refusal else "fits"
+            if refusal:
+                problems.append(refusal)
+        else:
+            verdict = f"engine running ({parse_size(engine_use) / GIB:.2f} GiB)"
+        rows.append(
+            f"{node.name:<10} {profile.gpu_memory_utilization:.2f} x {total:.2f} = "
+            f"{profile.gpu_memory_utilization * total:6.2f} GiB needed, {free:6.2f} GiB free: {verdict}; "
+            f"largest outside the engine: " + (", ".join(f"{c} {g:.2f} GiB" for c, g in consumers) or "none")
+        )
+    head_profile = node_profile(cluster.head)
+    gate = license_gate(head_profile, cluster.head.deployment_purpose, cluster.head.drafter_license_acknowledged)
+    if gate:
+        problems.append(gate)
+    logger.info("--> sparkfleet guards:\n" + "\n".join(rows) + "\n")
+    return problems
+
+
+def guard_problems(state) -> list[str]:
+    return once_per_run(state, "guards", lambda: _guards(state))
+
+
+def run_guards(state) -> None:
+    problems = guard_problems(state)
+    if problems:
+        raise DeployError("guards refused the deploy, nothing was changed:\n  " + "\n  ".join(problems))

@@ -1,0 +1,96 @@
+"""Every guard with a case that passes and a case that fails; the report's numbers replayed."""
+import pytest
+
+from roles.guards.checks import flag_value, license_gate, memory_admission, parse_size, refused_settings, top_consumers
+from roles.serving.schema import load_profile
+
+
+# 1. Memory admission: the report's head, 121.69 GiB total, 101.46 GiB free.
+def test_utilization_084_with_101_46_free_is_refused_with_the_numbers():
+    msg = memory_admission("spark-a", 0.84, 121.69, 101.46)
+    assert msg is not None
+    assert "0.84 x 121.69 GiB = 102.22 GiB needed, 101.46 GiB free on spark-a" in msg
+
+
+def test_utilization_079_is_accepted():
+    assert memory_admission("spark-a", 0.79, 121.69, 101.46) is None
+
+
+def test_headroom_counts_on_top():
+    assert memory_admission("spark-b", 0.79, 121.69, 101.46, headroom_gib=6.0) is not None
+    assert "+ 6.00 GiB headroom" in memory_admission("spark-b", 0.79, 121.69, 101.46, headroom_gib=6.0)
+
+
+def test_sizes_parse_as_docker_prints_them():
+    assert parse_size("19.5MiB") == 19.5 * 1024**2 and parse_size("1GB") == 1e9 and parse_size("0B") == 0
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+# 2. Headroom: the largest consumers outside the engine (the report lost ~12 GB to polkitd).
+def test_top_consumers_skip_containers_and_sum_by_name():
+    lines = [
+        "12582912 0::/system.slice/polkit.service polkitd",
+        "9000000 12:memory:/docker/3f2a9c1b7e4d5a6b python3",
+        "204800 0::/system.slice/dockerd.service dockerd",
+        "102400 0::/user.slice bash",
+        "102400 0::/user.slice bash",
+    ]
+    top = top_consumers(lines)
+    assert [name for name, _ in top] == ["polkitd", "dockerd", "bash"]
+    assert top[0][1] == pytest.approx(12.0)
+
+
+# 4. Settings refused with a reason.
+OK_WORKER = ["vllm", "serve", "m", "--distributed-executor-backend", "mp", "--node-rank", "1", "--headless"]
+
+
+def test_a_clean_worker_passes():
+    assert refused_settings("spark-b", OK_WORKER, {"NCCL_IB_GID_INDEX": "3"}, False, "vllm", False) == []
+
+
+@pytest.mark.parametrize(
+    "args, env, fragment",
+    [
+        (OK_WORKER + ["--load-format", "dummy"], {}, "--load-format dummy"),
+        (OK_WORKER + ["--load-format=dummy"], {}, "--load-format dummy"),
+        (OK_WORKER + ["--no-ple-offload-embedding"], {}, "--no-ple-offload-embedding"),
+        (["vllm", "serve", "m", "--distributed-executor-backend", "ray", "--headless"], {}, "Ray's memory monitor"),
+        (["vllm", "serve", "m", "--node-rank", "1"], {}, "without --headless"),
+        (OK_WORKER, {"NCCL_IB_GID_INDEX": ""}, "NCCL_IB_GID_INDEX is empty"),
+    ],
+)
+def test_each_refused_setting_is_named(args, env, fragment):
+    [msg] = refused_settings("spark-b", args, env, False, "vllm", False)
+    assert msg.startswith("spark-b: ") and fragment in msg
+
+
+def test_ray_is_allowed_only_on_purpose():
+    args = ["vllm", "serve", "m", "--distributed-executor-backend", "ray", "--headless"]
+    assert refused_settings("spark-b", args, {}, False, "vllm", allow_ray=True) == []
+
+
+def test_sglang_workers_need_no_headless():
+    assert refused_settings("spark-b", ["python3", "-m", "sglang.launch_server"], {}, False, "sglang", False) == []
+
+
+def test_flag_value_reads_both_spellings():
+    assert flag_value(["--a", "1", "--b=2"], "--a") == "1" and flag_value(["--b=2"], "--b") == "2"
+    assert flag_value(["--a"], "--a") is None
+
+
+# 5. License gate.
+def test_dflash2_drafter_is_refused_in_production_naming_the_mtp_fallback():
+    msg = license_gate(load_profile("glm-5.3-flash-exl3"), "production", None)
+    assert "CC-BY-NC-ND-4.0" in msg and "MTP" in msg and "deployment_purpose is production" in msg
+
+
+def test_dflash2_drafter_needs_the_acknowledgement_for_research():
+    profile = load_profile("glm-5.3-flash-exl3")
+    assert "drafter_license_acknowledged: CC-BY-NC-ND-4.0" in license_gate(profile, "research", None)
+    assert license_gate(profile, "research", "CC-BY-NC-ND-4.0") is None
+
+
+def test_a_profile_without_a_restricted_drafter_passes_in_production():
+    profile = load_profile("glm-5.3-flash-exl3").model_copy(update={"speculative": None})
+    assert license_gate(profile, "production", None) is None

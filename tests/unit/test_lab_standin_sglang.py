@@ -1,0 +1,187 @@
+"""The lab's SGLang stand-in (lab/standin/sglang/launch_server.py), run as the lab image runs it:
+`python3 -m sglang.launch_server` with lab/standin on PYTHONPATH, on 127.0.0.1 with free ports and
+GLOO_SOCKET_IFNAME=lo. Every wait is bounded, and every process a test starts is killed when the
+test ends."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.unit.test_lab_standin import MODEL, free_port, get, wait_for
+from tests.unit.test_serving_engines import STANDIN
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SFL_STANDIN_", "GLOO_"))}
+    e.update({"PYTHONPATH": str(STANDIN), "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": "lo",
+              "SFL_STANDIN_JOIN_TIMEOUT_S": "10", **extra})
+    return {k: v for k, v in e.items() if v is not None}
+
+
+def command(*args):
+    return [sys.executable, "-m", "sglang.launch_server", *args]
+
+
+@pytest.fixture
+def run():
+    """run(*args, **env) starts the stand-in; all started processes are killed at teardown."""
+    procs = []
+
+    def start(*args, **extra_env):
+        p = subprocess.Popen(command(*args), env=env(**extra_env), text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=5)
+
+
+@pytest.fixture
+def ports():
+    return {"http": free_port(), "dist": free_port()}
+
+
+def rank_args(ports, rank, model=MODEL, nnodes="2", tp="2"):
+    """What sparkfleet renders for SGLang (qwen3.8-flash-next's flags), on 127.0.0.1."""
+    args = ["--model-path", model, "--revision", "main", "--served-model-name", "lab", "--tp-size", tp,
+            "--dist-init-addr", f"127.0.0.1:{ports['dist']}", "--nnodes", nnodes, "--node-rank", rank,
+            "--mem-fraction-static", "0.75", "--context-length", "4096", "--chunked-prefill-size", "8192",
+            "--kv-cache-dtype", "auto", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--tool-call-parser", "qwen25",
+            "--reasoning-parser", "qwen3", "--enable-multimodal", "--trust-remote-code"]
+    return args + (["--host", "127.0.0.1", "--port", str(ports["http"])] if rank == "0" else [])
+
+
+def start_pair(run, ports):
+    head = run(*rank_args(ports, "0"))
+    wait_for(lambda: get(ports["http"], "/health")[0], what="the head's HTTP server")
+    worker = run(*rank_args(ports, "1"))
+    wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after rank 1 joined")
+    return head, worker
+
+
+def test_head_waits_for_every_rank_then_serves(run, ports):
+    head = run(*rank_args(ports, "0"))
+    status, body = wait_for(lambda: get(ports["http"], "/health")[0] and get(ports["http"], "/health"),
+                            what="the head's HTTP server")
+    assert status == 503 and body["missing"] == [1]
+    assert get(ports["http"], "/v1/models")[0] == 503
+
+    worker = run(*rank_args(ports, "1"))
+    wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after rank 1 joined")
+    assert get(ports["http"], "/health") == (200, {"status": "ok", "ranks": 2})
+    assert get(ports["http"], "/v1/models") == (200, {"object": "list", "data": [
+        {"id": "lab", "object": "model", "owned_by": "sparkfleet-lab-standin", "max_model_len": 4096}]})
+    status, ranks = get(ports["http"], "/ranks")
+    assert status == 200 and [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[1]["host_ip"] == ranks[1]["peer_ip"] == "127.0.0.1"  # joined from GLOO_SOCKET_IFNAME's address
+
+    head.send_signal(signal.SIGTERM)
+    assert head.wait(timeout=5) == 0
+    assert worker.wait(timeout=5) == 1  # its head went away
+    out = head.communicate(timeout=5)[0]
+    assert "sglang-standin[rank 0]: argv: python3 -m sglang.launch_server --model-path org/lab-model" in out
+    assert f"all 2 ranks joined; serving {MODEL} on 127.0.0.1:{ports['http']}" in out
+    assert "joined head 127.0.0.1" in worker.communicate(timeout=5)[0]
+
+
+def test_ranks_above_0_serve_no_http_even_when_given_a_port(run, ports):
+    head = run(*rank_args(ports, "0"))
+    wait_for(lambda: get(ports["http"], "/health")[0], what="the head's HTTP server")
+    worker_port = free_port()  # SGLang accepts --host/--port on every rank; only rank 0 listens
+    worker = run(*rank_args(ports, "1"), "--host", "127.0.0.1", "--port", str(worker_port))
+    wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after rank 1 joined")
+    assert get(worker_port, "/health") == (None, None)
+    assert head.poll() is None and worker.poll() is None
+
+
+def test_worker_sigterm_exits_0(run, ports):
+    _, worker = start_pair(run, ports)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0
+
+
+def test_killing_the_worker_stops_the_head(run, ports):
+    head, worker = start_pair(run, ports)
+    worker.kill()
+    assert head.wait(timeout=5) == 1
+    assert "rank 1 (127.0.0.1) dropped its connection" in head.communicate(timeout=5)[0]
+
+
+def test_killing_the_head_stops_the_worker(run, ports):
+    head, worker = start_pair(run, ports)
+    head.kill()
+    assert worker.wait(timeout=5) == 1
+    assert "the head dropped the connection" in worker.communicate(timeout=5)[0]
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({"model": "org/other-model"}, "model 'org/other-model' differs from the head's"),
+    ({}, "rank 1 already joined"),
+])
+def test_head_refuses_a_wrong_model_or_a_duplicate_rank(run, ports, changes, why):
+    head, _ = start_pair(run, ports)
+    intruder = run(*rank_args(ports, "1", **changes))
+    assert intruder.wait(timeout=5) == 1
+    assert why in intruder.communicate(timeout=5)[0]
+    assert head.poll() is None and get(ports["http"], "/health")[0] == 200
+
+
+def test_head_refuses_a_rank_of_another_shape(run, ports):
+    run(*rank_args(ports, "0"))
+    wait_for(lambda: get(ports["http"], "/health")[0], what="the head's HTTP server")
+    other = run(*rank_args(ports, "1", nnodes="3", tp="3"))
+    assert other.wait(timeout=5) == 1
+    assert "nnodes 3 differs from the head's 2" in other.communicate(timeout=5)[0]
+    assert get(ports["http"], "/health")[1]["missing"] == [1]
+
+
+def test_worker_gives_up_when_no_head_comes(run, ports):
+    worker = run(*rank_args(ports, "1"), SFL_STANDIN_JOIN_TIMEOUT_S="1")
+    assert worker.wait(timeout=5) == 1
+    assert "not reachable after 1 s" in worker.communicate(timeout=5)[0]
+
+
+def test_single_node_serves_at_once(run, ports):
+    run("--model-path", MODEL, "--host", "127.0.0.1", "--port", str(ports["http"]), GLOO_SOCKET_IFNAME=None)
+    wait_for(lambda: get(ports["http"], "/v1/models")[0] == 200, what="/v1/models 200")
+    assert get(ports["http"], "/v1/models")[1]["data"][0]["id"] == MODEL  # no --served-model-name
+
+
+BASE = ["--model-path", MODEL]
+PAIR = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", "127.0.0.1:1"]
+SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+
+
+@pytest.mark.parametrize("args, extra_env, message", [
+    (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+    (["--headless"], {}, "unrecognized arguments: --headless"),  # SGLang has no --headless
+    (["--tp", "2"], {}, "unrecognized arguments: --tp 2"),  # no abbreviations: --tp-size
+    (["--tensor-parallel-size", "2"], {}, "unrecognized arguments"),  # vLLM's name
+    (["--master-addr", "127.0.0.1"], {}, "unrecognized arguments"),
+    (["--load-format", "dummy"], {}, "unrecognized arguments: --load-format dummy"),
+    (["--no-ple-offload-embedding"], {}, "unrecognized arguments"),
+    (["--kv-cache-dtype", "fp8_ds_mla"], {}, "invalid choice: 'fp8_ds_mla'"),
+    (["--speculative-algorithm", "mtp"], {}, "invalid choice: 'mtp'"),
+    (["--mem-fraction-static", "1.5"], {}, "must be in (0, 1)"),
+    (PAIR[:4], {}, "needs --dist-init-addr HOST:PORT"),
+    (["--nnodes", "2", "--dist-init-addr", "127.0.0.1"], {}, "must be HOST:PORT"),
+    (["--nnodes", "2", "--node-rank", "2", "--tp-size", "2"], {}, "--node-rank 2 is out of range"),
+    (["--nnodes", "2", "--tp-size", "3", "--dist-init-addr", "127.0.0.1:1"], {}, "not a multiple of --nnodes 2"),
+    (PAIR, {"GLOO_SOCKET_IFNAME": None}, "GLOO_SOCKET_IFNAME is not set"),
+    (PAIR, {"GLOO_SOCKET_IFNAME": "sfl-nonesuch0"}, "GLOO_SOCKET_IFNAME=sfl-nonesuch0: no IPv4 address"),
+    (SPEC, {}, "without --speculative-num-draft-tokens"),
+    (SPEC + ["--speculative-num-draft-tokens", "5"], {}, "silently replaces it by --speculative-num-steps + 1 = 4"),
+    (["--speculative-num-steps", "3"], {}, "--speculative-num-steps without --speculative-algorithm"),
+    (["--enable-multimodal", "--language-model-only"], {}, "contradict each other"),
+])
+def test_refusals_exit_2_saying_why(args, extra_env, message):
+    p = subprocess.run(command(*BASE, *args), env=env(**extra_env), capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert message in p.stderr
