@@ -10,13 +10,15 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean
+.PHONY: help install demo test unit lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean doctor rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
 	@echo "make test        unit tests and the lab end-to-end (what CI runs)"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
+	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
+	@echo "make rollback [INVENTORY=...]  serve the previous recipe commit again, no rebuild"
 
 # The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
 install: $(VENV)/.installed
@@ -52,6 +54,14 @@ show-lab:
 
 config: install
 	$(BIN)/python -m sparkfleet config $(or $(INVENTORY),inventory.py)
+
+# Read-only: every guard and check on live machines, one table; changes nothing.
+doctor: install
+	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) doctor.py
+
+# The previous recipe commit's image and units, for this run; data still names the newer commit.
+rollback: install
+	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) rollback.py
 
 demo: install lab-up deploy-lab verify-lab show-lab
 

@@ -68,8 +68,13 @@ def sparks(inventory_file: str, *hosts: HostEntry) -> list[HostEntry]:
     return [(name, dict(data)) for name, data in hosts]
 
 
-def load_cluster(inventory_file: str | os.PathLike, cwd: str | None = None) -> ClusterConfig:
-    """The validated cluster of an inventory file, outside pyinfra (tests, the config printer)."""
+def load_cluster(
+    inventory_file: str | os.PathLike, cwd: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> ClusterConfig:
+    """The validated cluster of an inventory file, outside pyinfra (tests, the config printer).
+
+    overrides apply to every host, last, as pyinfra's `--data KEY=VALUE` does.
+    """
     global _raise_config_errors
     _raise_config_errors = True
     try:
@@ -80,7 +85,8 @@ def load_cluster(inventory_file: str | os.PathLike, cwd: str | None = None) -> C
     for value in attrs.values():
         if isinstance(value, list) and value and all(isinstance(h, tuple) and len(h) == 2 for h in value):
             hosts.extend(value)
-    return build_cluster(merge_hosts(inventory_file, tuple(hosts), cwd))
+    merged = merge_hosts(inventory_file, tuple(hosts), cwd)
+    return build_cluster([(name, {**data, **dict(overrides or {})}) for name, data in merged])
 
 
 def cluster_from_state(state) -> ClusterConfig:

@@ -19,6 +19,13 @@ def pytest_addoption(parser):
         default=os.environ.get("SPARKFLEET_INVENTORY", str(REPO / "inventory.py")),
         help="sparkfleet inventory the state checks take their expected values from",
     )
+    parser.addoption(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a data key on every host, as pyinfra's --data does for the deploy",
+    )
     parser.addoption("--lab", action="store_true", help="run the lab end-to-end tests (make lab-up first)")
 
 

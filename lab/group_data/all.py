@@ -11,7 +11,7 @@ preflight_min_free_disk_gib = 5.0
 # (lab/recipe/COMMITS); the stand-in engine answers within seconds; nspawn keeps /proc/sys
 # read-only, so the page cache cannot be dropped from inside a lab host.
 serving_recipe_repository = "git://198.18.0.1/recipe.git"
-serving_recipe_commit = "0e5860df0d482083378b2ab6449b093c25e3b3d2"
+serving_recipe_commit = "ef00b100c63c0a221a8235907155ba67412355bf"
 serving_health_timeout_s = 120
 serving_drop_caches = False
 # The lab machine's hard RLIMIT_MEMLOCK (8 MiB here) cannot be raised from inside it.

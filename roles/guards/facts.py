@@ -23,3 +23,23 @@ class ContainerMemory(FactBase):
     def process(self, output):
         text = "".join(output).strip()
         return text.split("/")[0].strip() if "/" in text else None
+
+
+class ModelFiles(FactBase):
+    """{"config": config.json text or None, "weights_bytes": total *.safetensors size} of a model directory."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"if [ -f {p}/config.json ]; then echo '---config'; cat {p}/config.json; echo; echo '---end'; fi; "
+            f"echo weights_bytes=$(stat -c %s {p}/*.safetensors 2>/dev/null"
+            " | awk '{s += $1} END {printf \"%.0f\\n\", s}')"
+        )
+
+    def process(self, output):
+        lines = list(output)
+        config = None
+        if "---config" in lines and "---end" in lines:
+            config = "\n".join(lines[lines.index("---config") + 1 : lines.index("---end")])
+        size = next((l.split("=", 1)[1] for l in lines if l.startswith("weights_bytes=")), "0")
+        return {"config": config, "weights_bytes": int(size) if size.isdigit() else 0}

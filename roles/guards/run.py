@@ -3,7 +3,8 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from roles.guards.checks import GIB, license_gate, memory_admission, parse_size, refused_settings, top_consumers
-from roles.guards.facts import ContainerMemory, ProcessMemory
+from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
+from roles.guards.kv_budget import kv_budget
 from roles.preflight.checks import gather_and_check
 from roles.serving.checks import pair_state
 from roles.serving.engine import engine_args, env_file_path, unit_name
@@ -42,11 +43,52 @@ def _guards(state) -> list[str]:
             f"{profile.gpu_memory_utilization * total:6.2f} GiB needed, {free:6.2f} GiB free: {verdict}; "
             f"largest outside the engine: " + (", ".join(f"{c} {g:.2f} GiB" for c, g in consumers) or "none")
         )
+    problems += _kv_budget(state, cluster, facts, rows)
     head_profile = node_profile(cluster.head)
     gate = license_gate(head_profile, cluster.head.deployment_purpose, cluster.head.drafter_license_acknowledged)
     if gate:
         problems.append(gate)
     logger.info("--> sparkfleet guards:\n" + "\n".join(rows) + "\n")
+    return problems
+
+
+def model_dir(node, model: str) -> str:
+    """Where a model's files live on a node (the weights role fetches them there)."""
+    return f"{node.preflight_data_dir}/models/{model}"
+
+
+def _kv_budget(state, cluster, facts, rows) -> list[str]:
+    """The longest context that fits per rank, from config.json and the weights on the head."""
+    import json
+
+    head = state.inventory.get_host(cluster.head.name)
+    profile = node_profile(cluster.head)
+    model = head.get_fact(ModelFiles, path=model_dir(cluster.head, profile.model))
+    if not model["config"]:
+        rows.append(f"kv budget: not checked (no {model_dir(cluster.head, profile.model)}/config.json on the head yet)")
+        return []
+    drafter_bytes = 0
+    if profile.speculative and profile.speculative.draft_model:
+        drafter_bytes = head.get_fact(ModelFiles, path=model_dir(cluster.head, profile.speculative.draft_model))["weights_bytes"]
+    problems = []
+    for node in cluster.nodes:
+        if node.name not in facts:
+            continue
+        tokens, refusal = kv_budget(
+            node.name,
+            utilization=profile.gpu_memory_utilization,
+            mem_total_gib=facts[node.name].get("mem_total_gib", 0.0),
+            weights_gib=model["weights_bytes"] / GIB,
+            drafter_gib=drafter_bytes / GIB,
+            reserve_gib=node.guard_kv_reserve_gib,
+            config=json.loads(model["config"]),
+            kv_cache_dtype=profile.kv_cache_dtype,
+            tensor_parallel_size=profile.tensor_parallel_size,
+            max_model_len=profile.max_model_len,
+        )
+        rows.append(f"kv budget on {node.name}: ~{tokens} tokens fit (max_model_len {profile.max_model_len})")
+        if refusal:
+            problems.append(refusal)
     return problems
 
 

@@ -15,6 +15,13 @@ class GuardsData(BaseModel):
     allow_ray_backend: bool = Field(
         False, description="allow Ray as executor backend (its memory monitor killed the head on unified memory)"
     )
+    recipe_drift_acknowledged: list[str] = Field(
+        default_factory=list,
+        description="recipe launch defaults allowed to change upstream without a pin (names, e.g. KV_SLOTMAP_PIN)",
+    )
+    guard_kv_reserve_gib: float = Field(
+        4.0, ge=0, description="memory per rank the engine needs besides weights and KV cache (activations, graphs, NCCL)"
+    )
     guard_min_headroom_gib: float = Field(
         0.0, ge=0, description="memory to keep free beyond utilization x MemTotal when the pair starts"
     )

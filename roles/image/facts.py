@@ -29,3 +29,23 @@ class DockerImageId(FactBase):
     def process(self, output):
         lines = [line.strip() for line in output if line.strip().startswith("sha256:")]
         return lines[0] if lines else None
+
+
+class DeployedCommits(FactBase):
+    """Recipe commits a pair has served, oldest first, the current one last ([] when none)."""
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        return [line.strip() for line in output if line.strip()]
+
+
+class LocalImages(FactBase):
+    """Every local image as repository:tag."""
+
+    def command(self) -> str:
+        return "docker images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null || true"
+
+    def process(self, output):
+        return sorted({line.strip() for line in output if line.strip() and not line.endswith(":<none>")})

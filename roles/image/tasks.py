@@ -16,8 +16,9 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, python, server, systemd
 
 from roles.docker.checks import registry_address
-from roles.image.checks import image_ids, recipe_dir, registry_ref, verify_same_image
-from roles.image.facts import RecipeCheckout
+from roles.image.checks import check_recipe_drift, other_profile_images, history_path, image_ids, recipe_dir, registry_ref, verify_same_image
+from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout
+from roles.serving.engine import pinned_env
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
@@ -49,7 +50,21 @@ server.shell(
     and (not checkout.get("head", "").startswith(recipe.commit) or checkout.get("origin") != recipe.repository),
 )
 
-# 2. The registry, on the head's fabric address only.
+# 2. Upstream drift: every launch default that changed since the served commit, and whether we pin it.
+served = host.get_fact(DeployedCommits, path=history_path(node, profile)) if on_head else []
+python.call(
+    name="Check the recipe's launch defaults against the served commit",
+    function=check_recipe_drift,
+    src=d,
+    old=served[-1] if served else "",
+    new=recipe.commit,
+    launch_files=recipe.launch_files,
+    pinned=pinned_env(profile, node),
+    acknowledged=node.recipe_drift_acknowledged,
+    _if=lambda: on_head and bool(served) and not served[-1].startswith(recipe.commit),
+)
+
+# 3. The registry, on the head's fabric address only.
 if on_head:
     if not host.get_fact(Which, command="docker-registry"):
         apt.packages(name="Install the image registry", packages=["docker-registry"], update=True, cache_time=3600)
@@ -67,7 +82,7 @@ if on_head:
         _if=registry_config.did_change,
     )
 
-# 3. Build once on the head, tagged with the commit; push it to the registry for the workers.
+# 4. Build once on the head, tagged with the commit; push it to the registry for the workers.
 build_args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in sorted(recipe.build_args.items()))
 server.shell(
     name=f"Build {profile.image_ref} on the head",
@@ -86,7 +101,7 @@ server.shell(
     _if=lambda: on_head and not in_sync,
 )
 
-# 4. Workers pull what they lack, over the fabric, and tag it with the plain name.
+# 5. Workers pull what they lack, over the fabric, and tag it with the plain name.
 server.shell(
     name=f"Pull {profile.image_ref} from the head",
     commands=[
@@ -96,10 +111,22 @@ server.shell(
     _if=lambda: not on_head and (head_id is None or ids.get(node.name) != head_id),
 )
 
-# 5. The same image ID everywhere: true at prepare when in sync, checked after the pulls otherwise.
+# 6. The same image ID everywhere: true at prepare when in sync, checked after the pulls otherwise.
 python.call(
     name="Check every node has the same image ID",
     function=verify_same_image,
     ref=profile.image_ref,
     _if=lambda: on_head and not in_sync,
+)
+
+# 7. Other profiles' images stay for switching back, unless data says to prune them.
+stale = (
+    other_profile_images(host.get_fact(LocalImages), profile, registry_address(cluster))
+    if node.serving_prune_other_profiles
+    else []
+)
+server.shell(
+    name="Remove other profiles' images (serving_prune_other_profiles)",
+    commands=[f"docker rmi {' '.join(shlex.quote(ref) for ref in stale)}"] if stale else [],
+    _if=lambda: bool(stale),
 )

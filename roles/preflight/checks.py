@@ -84,7 +84,7 @@ def facts_table(rows: list[tuple]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def _gather_and_check(state) -> dict[str, dict]:
+def _rows(state) -> list[tuple]:
     cluster = cluster_from_state(state)
     rows = []
     for node_host in active_hosts(state):
@@ -96,6 +96,16 @@ def _gather_and_check(state) -> dict[str, dict]:
             renderer_unit=RENDERER_UNITS[node.netplan_renderer],
         )
         rows.append((node, facts, requirement_failures(node, facts)))
+    return rows
+
+
+def preflight_rows(state) -> list[tuple]:
+    """(node, facts, failures) for every active node; read-only, never raises on a failure."""
+    return once_per_run(state, "preflight-rows", lambda: _rows(state))
+
+
+def _gather_and_check(state) -> dict[str, dict]:
+    rows = preflight_rows(state)
     logger.info("--> sparkfleet preflight:\n" + facts_table(rows) + "\n")
     failures = [f for _, _, fs in rows for f in fs]
     if failures:

@@ -116,7 +116,24 @@ def wait_for_container(unit: str, timeout_s: int = 120) -> None:
     raise DeployError(f"{host.name}: {unit} container not running after {timeout_s} s:\n{log.stdout}")
 
 
-def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str) -> None:
+def check_engine_kv(host, unit: str, max_model_len: int) -> None:
+    """The engine's own KV-cache size (from its start-up log) must hold max_model_len tokens."""
+    from roles.guards.kv_budget import engine_kv_tokens
+
+    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -b --no-pager -o cat | tail -n 2000"))
+    tokens = engine_kv_tokens(log.stdout)
+    if tokens is None:
+        logger.info(f"    [{host.name}] the engine logged no 'GPU KV cache size'; KV budget not verified")
+    elif tokens < max_model_len:
+        raise DeployError(
+            f"{host.name}: the engine's KV cache holds {tokens} tokens < max_model_len {max_model_len}; "
+            f"one long request would not fit (lower max_model_len or raise gpu_memory_utilization)"
+        )
+    else:
+        logger.info(f"    [{host.name}] engine KV cache {tokens} tokens >= max_model_len {max_model_len}")
+
+
+def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int) -> None:
     """Operation body: poll the head's /health with progress, bounded; print the endpoint when up."""
     from pyinfra import host
 
@@ -128,6 +145,7 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str) -> None
         code = out.stdout.strip() if ok else "no answer"
         if code == "200":
             logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}")
+            check_engine_kv(host, unit, max_model_len)
             return
         if elapsed - last_report >= 15:
             logger.info(f"    [{host.name}] waiting for /health: {code or 'no answer'} ({elapsed:.0f} s of {timeout_s} s)")

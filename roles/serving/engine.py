@@ -116,9 +116,14 @@ def engine_args(profile: Profile, cluster, node) -> list[str]:
     return args
 
 
+def pinned_env(profile: Profile, node) -> dict[str, str]:
+    """Every value sparkfleet pins: the profile's environment, then the node data's pins."""
+    return {**profile.env, **node.serving_env_pins}
+
+
 def rank_env(profile: Profile, cluster, node, gid_index: int | None = None) -> dict[str, str]:
     """The environment of one rank: the profile's pinned values, then what is this rank's own."""
-    env = dict(profile.env)
+    env = pinned_env(profile, node)
     fabric = node.fabric_netdev
     env.update(
         {

@@ -21,6 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
 
+def refuse_empty_values(env: dict[str, str]) -> dict[str, str]:
+    """An exported empty value is read as unset or 0 (NCCL_IB_GID_INDEX= means GID index 0)."""
+    empty = sorted(k for k, v in env.items() if v == "")
+    if empty:
+        raise ValueError(f"empty values are read as unset or 0 (NCCL_IB_GID_INDEX= means index 0): {empty}")
+    return env
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,6 +39,9 @@ class Recipe(_Strict):
     dockerfile: str = Field("Dockerfile", description="the overlay image's Dockerfile, relative to the repository")
     context: str = Field(".", description="docker build context, relative to the repository")
     build_args: dict[str, str] = Field(default_factory=dict)
+    launch_files: tuple[str, ...] = Field(
+        ("start.sh",), description="the recipe's start script and env files, read for upstream default drift"
+    )
 
 
 class Speculative(_Strict):
@@ -88,13 +99,7 @@ class Profile(_Strict):
     port: int = Field(8000, ge=1, le=65535, description="OpenAI-compatible API port on the head")
     master_port: int = Field(29501, ge=1, le=65535, description="rendezvous port on the head's fabric address")
 
-    @field_validator("env")
-    @classmethod
-    def _no_empty_values(cls, env: dict[str, str]) -> dict[str, str]:
-        empty = sorted(k for k, v in env.items() if v == "")
-        if empty:
-            raise ValueError(f"empty values are read as unset or 0 (NCCL_IB_GID_INDEX= means index 0): {empty}")
-        return env
+    _no_empty_values = field_validator("env")(classmethod(lambda cls, env: refuse_empty_values(env)))
 
     @model_validator(mode="after")
     def _engine_can_use_every_field(self) -> "Profile":
@@ -200,6 +205,15 @@ class ServingData(BaseModel):
     serving_drop_caches: bool = Field(
         True, description="drop the page cache before start (unified memory: page cache counts as used)"
     )
+    serving_prune_other_profiles: bool = Field(
+        False, description="remove the images of profiles other than the served one (kept by default, for switching back)"
+    )
+    serving_env_pins: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment pinned in data on top of the profile's (e.g. a recipe default that drifted)",
+    )
+    _no_empty_pins = field_validator("serving_env_pins")(classmethod(lambda cls, env: refuse_empty_values(env)))
+
     serving_ulimit_memlock: str = Field(
         "-1",
         pattern=r"^(-1|[0-9]+(:[0-9]+)?)$",

@@ -9,6 +9,9 @@ from pyinfra import host, state
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
+from roles.image.checks import history_path
+from roles.image.facts import DeployedCommits
+
 from roles.serving.checks import pair_state, wait_for_container, wait_for_health
 from roles.serving.engine import unit_name
 from roles.serving.schema import node_profile
@@ -75,5 +78,19 @@ python.call(
     port=profile.port,
     timeout_s=node.serving_health_timeout_s,
     endpoint=f"http://{node.management_address}:{profile.port}/v1",
+    max_model_len=profile.max_model_len,
     _if=lambda: on_head and (restart or not pair.healthy),
+)
+
+# 4. Once the pair serves: the recipe commit it serves, last in the history (drift and rollback read it).
+history = history_path(node, profile)
+commit = profile.recipe.commit
+served = host.get_fact(DeployedCommits, path=history) if on_head else []
+server.shell(
+    name="Record the served recipe commit",
+    commands=[
+        f"mkdir -p $(dirname {history}) && touch {history}",
+        f"sed -i '/^{commit}$/d' {history} && echo {commit} >> {history}",
+    ],
+    _if=lambda: on_head and (not served or served[-1] != commit),
 )

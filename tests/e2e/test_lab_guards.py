@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.e2e.lab import deploy, on
+from tests.e2e.lab import BIN, INVENTORY, deploy, on, run
 
 pytestmark = pytest.mark.lab
 
@@ -30,3 +30,57 @@ def test_memory_admission_refuses_a_bring_up_that_does_not_fit_and_changes_nothi
     assert run.returncode == 0, run.output
     assert "fits" in run.output
     assert '"id": "glm-5.3-flash"' in on("spark-a", "curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+
+
+def doctor():
+    return run([str(BIN / "pyinfra"), "-y", INVENTORY, "doctor.py"])
+
+
+def test_the_doctor_passes_on_a_healthy_pair_and_changes_nothing():
+    result = doctor()
+    assert result.returncode == 0, result.output
+    assert "sparkfleet doctor (read-only)" in result.output and "checks passed" in result.output
+    assert result.results() == []
+
+
+def test_the_doctor_names_a_broken_link_and_leaves_it_as_it_is():
+    on("spark-b", "ip link set enp1s0f0np0 mtu 1500")
+    try:
+        result = doctor()
+        assert result.returncode != 0
+        assert "fabric     spark-b    FAIL spark-b: mtu 1500 (want 9000)" in result.output
+        assert "cannot reach spark-b at 198.19.77.2 (enp1s0f0np0 mtu 1500)" in result.output
+        assert result.results() == []
+        assert on("spark-b", "cat /sys/class/net/enp1s0f0np0/mtu").strip() == "1500"  # read-only
+    finally:
+        assert deploy().returncode == 0
+    assert doctor().returncode == 0
+
+
+def test_an_engine_kv_cache_below_max_model_len_fails_verification_with_the_numbers():
+    # The stand-in reports what SFL_STANDIN_KV_TOKENS says, as vLLM logs "GPU KV cache size: N tokens".
+    small = deploy("--data", 'serving_env_pins={"SFL_STANDIN_KV_TOKENS": "1000"}')
+    assert small.returncode != 0
+    assert "spark-a: the engine's KV cache holds 1000 tokens < max_model_len 640000" in small.output
+    fixed = deploy()
+    assert fixed.returncode == 0, fixed.output
+    assert "engine KV cache 1280000 tokens >= max_model_len 640000" in fixed.output
+
+
+def test_kv_budget_refuses_a_context_that_cannot_fit_from_config_json_and_weight_sizes():
+    # What the weights role leaves on the head: config.json and the safetensors (a sparse 2 GiB file
+    # stands in for the weights; only its size is read). A DeepSeek-V3-shaped MLA config.
+    model_dir = "/var/lib/sparkfleet/models/brandonmusic/GLM-5.3-Flash-tr3-4bpw"
+    config = '{"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_attention_heads": 128}'
+    on("spark-a", f"mkdir -p {model_dir} && echo '{config}' > {model_dir}/config.json && "
+                  f"truncate -s 2G {model_dir}/model-00001-of-00001.safetensors")
+    try:
+        run = deploy()
+        assert run.returncode != 0
+        assert re.search(r"kv budget on spark-a: 0\.79 x [0-9.]+ GiB - weights 2\.0/2 GiB - drafter 0\.0/2 GiB - "
+                         r"reserve 4\.0 GiB = [0-9.]+ GiB for KV at 40016 B/token = [0-9]+ tokens < max_model_len 640000",
+                         run.output), run.output
+        assert run.results() == []
+    finally:
+        on("spark-a", f"rm -rf /var/lib/sparkfleet/models")
+    assert deploy().returncode == 0

@@ -53,12 +53,28 @@ def test_a_hand_stopped_worker_container_is_caught_and_the_pair_is_brought_back(
     assert deploy().changed() == []
 
 
-def test_a_recipe_bump_rebuilds_once_ships_only_new_layers_and_restarts_worker_first():
+def container_image(host: str, container: str) -> str:
+    return on(host, f"docker inspect --format '{{{{.Config.Image}}}}' {container}").strip()
+
+
+def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only_new_layers():
     v1, v2 = COMMITS["v1"], COMMITS["v2"]
+    bump = ("--data", f"serving_recipe_commit={v2}")
+
+    # v2's start.sh flips CG_ESTIMATE (pinned by the profile) and KV_SLOTMAP_PIN (pinned nowhere).
+    stopped = deploy(*bump)
+    assert stopped.returncode != 0
+    assert "CG_ESTIMATE: 0 -> 1 (pinned by sparkfleet to 0)" in stopped.output
+    assert "KV_SLOTMAP_PIN: 0 -> 1 (NOT pinned)" in stopped.output
+    assert not [op for op, _ in stopped.changed() if op.startswith(("Build", "Pull", "Restart", "Start"))]
+    assert container_image("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
+    assert '"id": "glm-5.3-flash"' in models()  # the pair still serves v1
+
+    # Pinned in data, the bump proceeds: built once, only the new layer crosses, worker first.
+    pinned = (*bump, "--data", 'serving_env_pins={"KV_SLOTMAP_PIN": "1"}')
     base_size = int(on("spark-a", f"docker image inspect --format '{{{{.Size}}}}' {IMAGE}:{v1}"))
     rx_before = fabric_rx_bytes("spark-b")
-
-    run = deploy("--data", f"serving_recipe_commit={v2}")
+    run = deploy(*pinned)
     assert run.returncode == 0, run.output
     changed = run.changed()
     assert (f"Build {IMAGE}:{v2} on the head", "spark-a") in changed
@@ -68,14 +84,29 @@ def test_a_recipe_bump_rebuilds_once_ships_only_new_layers_and_restarts_worker_f
     # v2 adds one small layer on top of v1's: the base layers (hundreds of MB) do not cross again.
     assert shipped < base_size / 20, f"{shipped} bytes crossed the fabric for a {base_size}-byte image"
     assert started_at("spark-b", "sparkfleet-worker") < started_at("spark-a", "sparkfleet-head")
+    assert "KV_SLOTMAP_PIN=1" in on("spark-b", "cat /etc/sparkfleet/sparkfleet-worker.env")
     assert '"id": "glm-5.3-flash"' in models()
 
-    again = deploy("--data", f"serving_recipe_commit={v2}")
+    again = deploy(*pinned)
     assert again.returncode == 0 and again.changed() == [], again.output
 
-    # Back to v1: its image was kept, so nothing is rebuilt or pulled; the pair restarts on it.
-    back = deploy()
+    # Rollback: one command, back to v1's image (kept on every node), nothing rebuilt or pulled.
+    back = run_rollback(*pinned)
     assert back.returncode == 0, back.output
+    assert f"recipe {v2} -> {v1}" in back.output
     assert not [op for op, _ in back.changed() if op.startswith(("Build", "Pull"))], back.output
-    assert on("spark-b", "docker inspect --format '{{.Config.Image}}' sparkfleet-worker").strip() == f"{IMAGE}:{v1}"
+    assert container_image("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
+    assert container_image("spark-a", "sparkfleet-head") == f"{IMAGE}:{v1}"
+    assert '"id": "glm-5.3-flash"' in models()
+
+    # The data still says v1 without pins: a plain deploy settles there and the checks pass.
+    plain = deploy()
+    assert plain.returncode == 0, plain.output
     assert state_checks().returncode == 0
+    assert deploy().changed() == []
+
+
+def run_rollback(*extra):
+    from tests.e2e.lab import BIN, INVENTORY, run
+
+    return run([str(BIN / "pyinfra"), "-y", INVENTORY, "rollback.py", *extra])

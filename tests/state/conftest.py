@@ -6,7 +6,13 @@ from sparkfleet.inventory import load_cluster
 
 @pytest.fixture(scope="session")
 def cluster(request):
-    return load_cluster(request.config.getoption("inventory"))
+    from pyinfra_cli.util import parse_cli_arg
+
+    overrides = {}
+    for item in request.config.getoption("data"):
+        key, _, value = item.partition("=")
+        overrides[key] = parse_cli_arg(value)
+    return load_cluster(request.config.getoption("inventory"), overrides=overrides)
 
 
 @pytest.fixture

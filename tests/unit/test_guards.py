@@ -94,3 +94,49 @@ def test_dflash2_drafter_needs_the_acknowledgement_for_research():
 def test_a_profile_without_a_restricted_drafter_passes_in_production():
     profile = load_profile("glm-5.3-flash-exl3").model_copy(update={"speculative": None})
     assert license_gate(profile, "production", None) is None
+
+
+# 7. Recipe drift.
+from roles.guards.drift import drift_report, launch_defaults  # noqa: E402
+
+START_V1 = '''#!/bin/sh
+: "${CG_ESTIMATE:=0}"
+: ${MAX_NUM_BATCHED_TOKENS:=2048}
+export DFLASH_DRAFT_TP=${DFLASH_DRAFT_TP:-1}
+LANGUAGE_MODEL_ONLY="${LANGUAGE_MODEL_ONLY:-0}"
+PORT=8000
+exec vllm serve "$@"
+'''
+START_V2 = START_V1.replace('CG_ESTIMATE:=0', 'CG_ESTIMATE:=1').replace("PORT=8000", "PORT=8000\n: \"${KV_SLOTMAP_PIN:=1}\"")
+
+
+def test_launch_defaults_read_every_spelling():
+    assert launch_defaults(START_V1) == {
+        "CG_ESTIMATE": "0", "MAX_NUM_BATCHED_TOKENS": "2048", "DFLASH_DRAFT_TP": "1",
+        "LANGUAGE_MODEL_ONLY": "0", "PORT": "8000"}
+
+
+def test_the_cg_estimate_flip_is_reported_and_passes_when_pinned():
+    lines, stops = drift_report(launch_defaults(START_V1), launch_defaults(START_V1.replace("CG_ESTIMATE:=0", "CG_ESTIMATE:=1")),
+                                {"CG_ESTIMATE": "0"}, [])
+    assert lines == ["CG_ESTIMATE: 0 -> 1 (pinned by sparkfleet to 0)"] and stops == []
+
+
+def test_an_unpinned_changed_default_stops_until_pinned_or_acknowledged():
+    old, new = launch_defaults(START_V1), launch_defaults(START_V2)
+    lines, stops = drift_report(old, new, {"CG_ESTIMATE": "0"}, [])
+    assert stops == ["KV_SLOTMAP_PIN"] and "KV_SLOTMAP_PIN: (unset) -> 1 (NOT pinned)" in lines
+    assert drift_report(old, new, {"CG_ESTIMATE": "0", "KV_SLOTMAP_PIN": "0"}, [])[1] == []
+    assert drift_report(old, new, {"CG_ESTIMATE": "0"}, ["KV_SLOTMAP_PIN"])[1] == []
+
+
+def test_unchanged_defaults_report_nothing():
+    assert drift_report(launch_defaults(START_V1), launch_defaults(START_V1), {}, []) == ([], [])
+
+
+def test_model_files_fact_reads_config_and_weight_size():
+    from roles.guards.facts import ModelFiles
+
+    out = ModelFiles().process(["---config", '{"num_hidden_layers": 2}', "", "---end", "weights_bytes=2147483648"])
+    assert out == {"config": '{"num_hidden_layers": 2}\n', "weights_bytes": 2147483648}
+    assert ModelFiles().process(["weights_bytes=0"]) == {"config": None, "weights_bytes": 0}

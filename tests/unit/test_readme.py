@@ -18,9 +18,9 @@ def test_readme_defaults_match_the_model():
         shown = ROWS[key].strip()
         if field.is_required():
             assert shown == "required", key
-        elif field.default is None:
+        elif field.get_default(call_default_factory=True) is None:
             assert shown.startswith("none"), key
         else:
-            default = field.default
+            default = field.get_default(call_default_factory=True)
             text = str(default).lower() if isinstance(default, bool) else str(default).replace("'", '"')
             assert shown.startswith(f"`{text}`"), f"{key}: README says {shown}, model says {default!r}"

@@ -82,3 +82,9 @@ def test_no_roce_v2_gid_gives_none():
 
 def test_ipv4_mapped_gid_is_written_as_sysfs_writes_it():
     assert ipv4_mapped_gid("10.77.77.2") == "0000:0000:0000:0000:0000:ffff:0a4d:4d02"
+
+
+def test_an_empty_pin_in_data_is_refused_naming_host_and_key():
+    with pytest.raises(ConfigError) as err:
+        build_cluster(pair(**{n: {"serving_env_pins": {"NCCL_IB_GID_INDEX": ""}} for n in ("spark-a", "spark-b")}))
+    assert err.value.problems[0].startswith("spark-a: key 'serving_env_pins'") and "NCCL_IB_GID_INDEX" in err.value.problems[0]

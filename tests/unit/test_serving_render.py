@@ -17,7 +17,7 @@ from tests.unit.test_templates import GOLDEN, check_golden
 LAB = {
     "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
-    "serving_recipe_commit": "0e5860df0d482083378b2ab6449b093c25e3b3d2", "serving_ulimit_memlock": "8388608",
+    "serving_recipe_commit": "ef00b100c63c0a221a8235907155ba67412355bf", "serving_ulimit_memlock": "8388608",
 }
 # Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
 GIDS = {"spark-a": 3, "spark-b": 5}

@@ -1,0 +1,73 @@
+"""The doctor: every guard and the fabric, docker, image and serving checks on live machines,
+read-only, as one table. For after a reboot or a firmware update: `make doctor`.
+
+It defines no operation and changes nothing; it exits non-zero when any check fails.
+"""
+from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import Sha1File
+
+from roles.docker.checks import DockerInfo, docker_info_problems
+from roles.fabric.checks import link_drift, link_failure, netplan_text
+from roles.fabric.facts import FabricLink, FabricPing
+from roles.fabric.schema import NETPLAN_FILE
+from roles.guards.run import guard_problems
+from roles.image.checks import ids_differ_message, image_ids
+from roles.preflight.checks import preflight_rows
+from roles.serving.engine import unit_name
+from roles.serving.facts import HeadHealth, UnitState
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.render import sha1_text
+
+
+def _checks(state) -> list[tuple[str, str, list[str]]]:
+    """(check, host, problems) rows; an empty problem list is a pass."""
+    cluster = cluster_from_state(state)
+    profile = node_profile(cluster.head)
+    hosts = {h.name: h for h in active_hosts(state)}
+    rows = []
+    for node, _facts, failures in preflight_rows(state):
+        rows.append(("preflight", node.name, failures))
+    try:
+        rows.append(("guards", "all", guard_problems(state)))
+    except DeployError as err:
+        rows.append(("guards", "all", [str(err)]))
+    links = {n: h.get_fact(FabricLink, netdev=cluster.node(n).fabric_netdev) for n, h in hosts.items()}
+    for name, h in hosts.items():
+        node = cluster.node(name)
+        problems = [f"{name}: {d}" for d in link_drift(node, links[name])]
+        if h.get_fact(Sha1File, path=NETPLAN_FILE) != sha1_text(netplan_text(node)):
+            problems.append(f"{name}: {NETPLAN_FILE} missing or not as the data renders it")
+        for peer in cluster.peers(node):
+            if not h.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload):
+                mine, theirs = (links.get(name) or {}).get("mtu", "?"), (links.get(peer.name) or {}).get("mtu", "?")
+                problems.append(link_failure(node, mine, peer, theirs))
+        rows.append(("fabric", name, problems))
+        rows.append(("docker", name, docker_info_problems(node, cluster, h.get_fact(DockerInfo))))
+        unit = h.get_fact(UnitState, unit=unit_name(node))
+        ok = unit.get("active") == "active" and unit.get("container") == "running"
+        rows.append(("serving", name, [] if ok else [
+            f"{name}: {unit_name(node)} {unit.get('active')}, container {unit.get('container')}"]))
+    ids = image_ids(state, profile)
+    same = None not in ids.values() and len(set(ids.values())) == 1
+    rows.append(("image", "all", [] if same else [ids_differ_message(ids, profile.image_ref)]))
+    head = hosts.get(cluster.head.name)
+    if head is not None:
+        healthy = head.get_fact(HeadHealth, port=profile.port)
+        rows.append(("health", cluster.head.name, [] if healthy else [f"{cluster.head.name}: /health is not 200"]))
+    return rows
+
+
+def run_doctor(state) -> None:
+    rows = once_per_run(state, "doctor", lambda: _checks(state))
+    lines = [f"{'check':<10} {'host':<10} result"]
+    for check, host_name, problems in rows:
+        lines.append(f"{check:<10} {host_name:<10} " + ("ok" if not problems else "FAIL " + problems[0]))
+        lines += [f"{'':<21}     {p}" for p in problems[1:]]
+    failed = [r for r in rows if r[2]]
+    logger.info("--> sparkfleet doctor (read-only):\n" + "\n".join(lines) + "\n")
+    if failed:
+        raise DeployError(f"doctor: {len(failed)} of {len(rows)} checks failed (nothing was changed)")
+    logger.info(f"--> sparkfleet doctor: all {len(rows)} checks passed")

@@ -1,0 +1,64 @@
+"""Switching the served profile with one change in data, and back; state checks after each switch.
+
+Runs after test_lab_fabric.py and test_lab_guards.py, with the pair serving the inventory's profile.
+"""
+import json
+
+import pytest
+
+from roles.serving.schema import load_profile
+from tests.e2e.lab import REPO, deploy, on, state_checks
+
+LAB_V1 = dict(l.split() for l in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if l.strip())["v1"]
+
+pytestmark = pytest.mark.lab
+
+
+def served_models() -> list[str]:
+    return [m["id"] for m in json.loads(on("spark-a", "curl -fsS -m 10 http://127.0.0.1:8000/v1/models"))["data"]]
+
+
+def engine_of(host: str, container: str) -> str:
+    return on(host, f"docker inspect --format '{{{{json .Config.Cmd}}}}' {container}")
+
+
+@pytest.mark.parametrize("name", ["qwen3.8-flash-next", "deepseek-v4-flash", "glm-5.3-flash-exl3-mtp"])
+def test_switching_to_a_profile_and_back(name):
+    switch = ("--data", f"serving_profile={name}")
+    profile = load_profile(name)
+    run = deploy(*switch)
+    assert run.returncode == 0, run.output
+    changed = run.changed()
+    # The old pair stops head first, the new pair starts worker first.
+    order = [op for op, _ in changed if op in (
+        "Stop the head (the pair restarts)", "Restart the workers (workers first)", "Start the head (every worker is up)")]
+    assert order == ["Stop the head (the pair restarts)", "Restart the workers (workers first)",
+                     "Start the head (every worker is up)"], changed
+    assert served_models() == [profile.api_model_name]
+    if profile.engine == "sglang":
+        assert "sglang.launch_server" in engine_of("spark-b", "sparkfleet-worker")
+        assert "--headless" not in engine_of("spark-b", "sparkfleet-worker")
+    checks = state_checks(f"--data=serving_profile={name}")
+    assert checks.returncode == 0, checks.output
+    assert deploy(*switch).changed() == []
+
+    back = deploy()
+    assert back.returncode == 0, back.output
+    # The other profile's image stays on every node (nothing is pruned unless data says so).
+    for host in ("spark-a", "spark-b"):
+        assert on(host, f"docker image inspect {profile.image}:{LAB_V1} >/dev/null && echo kept").strip() == "kept"
+    assert served_models() == [load_profile("glm-5.3-flash-exl3").api_model_name]
+    assert state_checks().returncode == 0
+
+
+def test_other_profiles_images_are_pruned_only_when_data_says_so():
+    other = load_profile("qwen3.8-flash-next").image
+    for host in ("spark-a", "spark-b"):
+        assert on(host, f"docker image inspect {other}:{LAB_V1} >/dev/null && echo kept").strip() == "kept"
+    run = deploy("--data", "serving_prune_other_profiles=true")
+    assert run.returncode == 0, run.output
+    assert {h for op, h in run.changed() if op.startswith("Remove other profiles")} == {"spark-a", "spark-b"}
+    for host in ("spark-a", "spark-b"):
+        assert on(host, f"docker image inspect {other}:{LAB_V1} >/dev/null 2>&1 || echo gone").strip() == "gone"
+        assert on(host, f"docker image inspect sparkfleet/glm-5.3-flash-exl3:{LAB_V1} >/dev/null && echo kept").strip() == "kept"
+    assert deploy("--data", "serving_prune_other_profiles=true").changed() == []
