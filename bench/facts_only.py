@@ -1,19 +1,48 @@
-"""Baseline for bench/noop.py: a pyinfra run that gathers the facts a sparkfleet deploy gathers,
-on the same hosts, and does nothing else (no operations, no checks, no table)."""
-
+"""Baseline for bench/noop.py: a pyinfra run that gathers the facts sparkfleet's own code reads to
+decide what to do (preflight, guards, fabric, docker, image, serving), on the same hosts, and does
+nothing else: no operations, no checks, no tables. The facts pyinfra's operations read for
+themselves (files.put's file facts, systemd's unit state) are not here: they are part of what the
+benchmark measures as sparkfleet's cost on top."""
 from pyinfra import host, state
 from pyinfra.facts.files import Sha1File
+from pyinfra.facts.server import Which
 
+from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
 from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
+from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
+from roles.guards.run import model_dir
+from roles.image.checks import history_path, recipe_dir
+from roles.image.facts import DeployedCommits, DockerImageId, RecipeCheckout
 from roles.preflight.facts import NodeFacts
+from roles.serving.checks import unit_path
+from roles.serving.engine import env_file_path, unit_name
+from roles.serving.facts import HeadHealth, UnitState
+from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
+profile = node_profile(node)
 host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
               renderer_unit=RENDERER_UNITS[node.netplan_renderer])
+host.get_fact(ProcessMemory)
+host.get_fact(ContainerMemory, container=unit_name(node))
 host.get_fact(FabricLink, netdev=node.fabric_netdev)
 host.get_fact(Sha1File, path=NETPLAN_FILE)
 for peer in cluster.peers(node):
     host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload)
+host.get_fact(Which, command="dockerd")
+host.get_fact(Sha1File, path="/etc/docker/daemon.json")
+host.get_fact(DockerInfo)
+host.get_fact(DockerImageId, ref=profile.image_ref)
+host.get_fact(Sha1File, path=env_file_path(node, node.serving_dir))
+host.get_fact(Sha1File, path=unit_path(node))
+host.get_fact(UnitState, unit=unit_name(node))
+if node.is_head:
+    host.get_fact(ModelFiles, path=model_dir(node, profile.model))
+    host.get_fact(Which, command="git")
+    host.get_fact(Which, command="docker-registry")
+    host.get_fact(RecipeCheckout, path=recipe_dir(node, profile))
+    host.get_fact(DeployedCommits, path=history_path(node, profile))
+    host.get_fact(HeadHealth, port=profile.port)

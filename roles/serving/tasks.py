@@ -11,7 +11,6 @@ from pyinfra.operations.util import any_changed
 
 from roles.image.checks import history_path
 from roles.image.facts import DeployedCommits
-
 from roles.serving.checks import pair_state, wait_for_container, wait_for_health
 from roles.serving.engine import unit_name
 from roles.serving.schema import node_profile
