@@ -6,6 +6,7 @@ then the head started and its /health awaited (bounded, with progress); the endp
 from io import StringIO
 
 from pyinfra import host, state
+from pyinfra.facts.files import File
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -44,6 +45,19 @@ systemd.service(
     service=f"{unit}.service",
     running=None,
     enabled=node.serving_start_at_boot,
+)
+
+# 2b. A node that changed rank keeps no unit of its old role (it would start a second engine at boot).
+other_unit = "sparkfleet-worker" if node.is_head else "sparkfleet-head"
+other_present = host.get_fact(File, path=f"/etc/systemd/system/{other_unit}.service") is not None
+server.shell(
+    name="Remove the unit of the other role",
+    commands=[
+        f"systemctl disable --now {other_unit}.service",
+        f"rm -f /etc/systemd/system/{other_unit}.service {node.serving_dir}/{other_unit}.env",
+        "systemctl daemon-reload",
+    ],
+    _if=lambda: other_present,
 )
 
 # 3. The pair restarts as one: head stopped first, workers started first, head last. Each step is

@@ -110,3 +110,14 @@ def run_rollback(*extra):
     from tests.e2e.lab import BIN, INVENTORY, run
 
     return run([str(BIN / "pyinfra"), "-y", INVENTORY, "rollback.py", *extra])
+
+
+def test_a_unit_of_the_other_role_is_removed():
+    # As after a rank swap: the head still has a worker unit from its old role.
+    on("spark-a", "cp /etc/systemd/system/sparkfleet-head.service /etc/systemd/system/sparkfleet-worker.service"
+                  " && systemctl daemon-reload")
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert run.changed() == [("Remove the unit of the other role", "spark-a")]
+    assert on("spark-a", "test -e /etc/systemd/system/sparkfleet-worker.service || echo gone").strip() == "gone"
+    assert state_checks().returncode == 0
