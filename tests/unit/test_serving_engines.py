@@ -3,12 +3,9 @@ the engine and the field; the shipped profiles' engine commands run on the lab s
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from roles.serving.engine import engine_args
 from roles.serving.schema import load_profile, profile_names
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
+from tests.unit.test_lab_standin import free_port, get
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "lab" / "standin"
@@ -85,22 +83,6 @@ def test_sglang_vision_off_and_a_drafter_render_their_flags(tmp_path, monkeypatc
 
 
 # --- The rendered commands run on the lab stand-ins (what the lab image executes) ---------------
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(port, path):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
-    except (urllib.error.URLError, ConnectionError):
-        return None, None
-
 
 def local(args, engine, http, rendezvous):
     """A rank's rendered engine command, moved to 127.0.0.1 and free ports; argv for this Python."""
