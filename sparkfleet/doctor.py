@@ -5,21 +5,19 @@ It defines no operation and changes nothing; it exits non-zero when any check fa
 """
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
-from pyinfra.facts.files import Sha1File
 
 from roles.docker.checks import DockerInfo, docker_info_problems
-from roles.fabric.checks import link_drift, link_failure, netplan_text
-from roles.fabric.facts import FabricLink, FabricPing
+from roles.fabric.checks import link_failure, node_status
+from roles.fabric.facts import FabricPing
 from roles.fabric.schema import NETPLAN_FILE
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message, image_ids
 from roles.preflight.checks import preflight_rows
 from roles.serving.engine import unit_name
-from roles.serving.facts import HeadHealth, UnitState
+from roles.serving.facts import HeadHealth, UnitState, is_serving
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
-from sparkfleet.render import sha1_text
 
 
 def _checks(state) -> list[tuple[str, str, list[str]]]:
@@ -34,12 +32,15 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
         rows.append(("guards", "all", guard_problems(state)))
     except DeployError as err:
         rows.append(("guards", "all", [str(err)]))
-    links = {n: h.get_fact(FabricLink, netdev=cluster.node(n).fabric_netdev) for n, h in hosts.items()}
+    links, problems_of = {}, {}
+    for name, h in hosts.items():
+        links[name], drift, file_current = node_status(h, cluster.node(name))
+        problems_of[name] = [f"{name}: {d}" for d in drift]
+        if not file_current:
+            problems_of[name].append(f"{name}: {NETPLAN_FILE} missing or not as the data renders it")
     for name, h in hosts.items():
         node = cluster.node(name)
-        problems = [f"{name}: {d}" for d in link_drift(node, links[name])]
-        if h.get_fact(Sha1File, path=NETPLAN_FILE) != sha1_text(netplan_text(node)):
-            problems.append(f"{name}: {NETPLAN_FILE} missing or not as the data renders it")
+        problems = problems_of[name]
         for peer in cluster.peers(node):
             if not h.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload):
                 mine, theirs = (links.get(name) or {}).get("mtu", "?"), (links.get(peer.name) or {}).get("mtu", "?")
@@ -47,8 +48,7 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
         rows.append(("fabric", name, problems))
         rows.append(("docker", name, docker_info_problems(node, cluster, h.get_fact(DockerInfo))))
         unit = h.get_fact(UnitState, unit=unit_name(node))
-        ok = unit.get("active") == "active" and unit.get("container") == "running"
-        rows.append(("serving", name, [] if ok else [
+        rows.append(("serving", name, [] if is_serving(unit) else [
             f"{name}: {unit_name(node)} {unit.get('active')}, container {unit.get('container')}"]))
     ids = image_ids(state, profile)
     same = None not in ids.values() and len(set(ids.values())) == 1

@@ -50,17 +50,20 @@ class FabricState:
     file_current: dict[str, bool] = field(default_factory=dict)
 
 
+def node_status(node_host, node) -> tuple[dict | None, list[str], bool]:
+    """(live link, its drift from the data, whether the netplan file is as rendered), from facts."""
+    link = node_host.get_fact(FabricLink, netdev=node.fabric_netdev)
+    file_current = node_host.get_fact(Sha1File, path=NETPLAN_FILE) == sha1_text(netplan_text(node))
+    return link, link_drift(node, link), file_current
+
+
 def _fabric_state(state) -> FabricState:
     cluster = cluster_from_state(state)
     hosts = {h.name: h for h in active_hosts(state)}
     result = FabricState(converged=True)
     links = {}
     for name, node_host in hosts.items():
-        node = cluster.node(name)
-        links[name] = node_host.get_fact(FabricLink, netdev=node.fabric_netdev)
-        result.drift[name] = link_drift(node, links[name])
-        want = sha1_text(netplan_text(node))
-        result.file_current[name] = node_host.get_fact(Sha1File, path=NETPLAN_FILE) == want
+        links[name], result.drift[name], result.file_current[name] = node_status(node_host, cluster.node(name))
         if result.drift[name] or not result.file_current[name]:
             result.converged = False
     if result.converged:

@@ -15,7 +15,7 @@ from pyinfra.facts.files import Sha1File
 
 from roles.image.checks import image_ids
 from roles.serving.engine import env_file_path, exec_start, rank_env, unit_name
-from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, pick_gid_index
+from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, is_serving, pick_gid_index
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
@@ -84,7 +84,7 @@ def _pair_state(state) -> PairState:
             if node_host.get_fact(Sha1File, path=path) != sha1_text(text):
                 pair.reasons.append(f"{node.name}: {path} changed")
         unit = node_host.get_fact(UnitState, unit=unit_name(node))
-        if unit.get("active") != "active" or unit.get("container") != "running":
+        if not is_serving(unit):
             pair.reasons.append(
                 f"{node.name}: {unit_name(node)} is {unit.get('active') or 'unknown'}, "
                 f"container {unit.get('container') or 'unknown'}"

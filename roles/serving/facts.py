@@ -21,6 +21,11 @@ class UnitState(FactBase):
         return key_values(output)
 
 
+def is_serving(unit_state: dict) -> bool:
+    """The rank serves: its unit is active and its container running."""
+    return unit_state.get("active") == "active" and unit_state.get("container") == "running"
+
+
 def health_command(port: int, path: str = "/health") -> str:
     return f"curl -fsS -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{int(port)}{path} 2>/dev/null || true"
 
