@@ -23,6 +23,9 @@ SGLANG = REPO / "lab" / "standin" / "sglang" / "launch_server.py"
 MAKE_REPO = REPO / "lab" / "recipe" / "make-repo.sh"
 COMMITS = REPO / "lab" / "recipe" / "COMMITS"
 MODEL = "org/lab-model"
+# The stand-ins' JIT kernel caches: never inherited from the caller; a test sets them when it wants them.
+JIT_CACHES = ("TILELANG_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE",
+              "TORCHINDUCTOR_CACHE_DIR")
 
 
 def free_port():
@@ -32,7 +35,7 @@ def free_port():
 
 
 def env(**extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SFL_STANDIN_"))}
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SFL_STANDIN_")) and k not in JIT_CACHES}
     e.update({"VLLM_HOST_IP": "127.0.0.1", "SFL_STANDIN_JOIN_TIMEOUT_S": "10", **extra})
     return {k: v for k, v in e.items() if v is not None}
 
@@ -191,6 +194,7 @@ def test_single_node_serves_at_once(run, ports):
     (["--speculative-config", "[1, 2]"], {}, "must be a JSON object"),
     (["--limit-mm-per-prompt", "{image"], {}, "not valid JSON"),
     ([], {"VLLM_HOST_IP": None}, "VLLM_HOST_IP is not set"),
+    ([], {"SFL_STANDIN_JIT_MS": "-1"}, "SFL_STANDIN_JIT_MS must be a number of milliseconds"),
 ])
 def test_refusals_exit_2_saying_why(args, extra_env, message):
     p = subprocess.run([sys.executable, str(VLLM), "serve", MODEL, *args], env=env(**extra_env),

@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from tests.unit.test_lab_standin import MODEL, free_port, get, wait_for
+from tests.unit.test_lab_standin import JIT_CACHES, MODEL, free_port, get, wait_for
 from tests.unit.test_serving_engines import STANDIN
 
 
 def env(**extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SFL_STANDIN_", "GLOO_"))}
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("VLLM_", "SFL_STANDIN_", "GLOO_")) and k not in JIT_CACHES}
     e.update({"PYTHONPATH": str(STANDIN), "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": "lo",
               "SFL_STANDIN_JOIN_TIMEOUT_S": "10", **extra})
     return {k: v for k, v in e.items() if v is not None}
@@ -180,6 +181,7 @@ SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--s
     (SPEC + ["--speculative-num-draft-tokens", "5"], {}, "silently replaces it by --speculative-num-steps + 1 = 4"),
     (["--speculative-num-steps", "3"], {}, "--speculative-num-steps without --speculative-algorithm"),
     (["--enable-multimodal", "--language-model-only"], {}, "contradict each other"),
+    ([], {"SFL_STANDIN_JIT_MS": "soon"}, "SFL_STANDIN_JIT_MS must be a number of milliseconds"),
 ])
 def test_refusals_exit_2_saying_why(args, extra_env, message):
     p = subprocess.run(command(*BASE, *args), env=env(**extra_env), capture_output=True, text=True, timeout=10)

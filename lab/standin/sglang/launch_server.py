@@ -8,15 +8,28 @@ peer exits 1). Python 3.11 standard library only, Linux only. Never used by the 
 Sparks. Run it as `python3 -m sglang.launch_server` with this file's parent directory on
 PYTHONPATH (the lab image installs it so).
 
+POST /v1/chat/completions (rank 0, OpenAI format) answers a canned reply: a call of the first tool
+when "tools" are given, else a short text. Like a real engine it JIT-compiles kernels for the
+request's shape on every rank first, into the persistent kernel caches named by the environment:
+each rank writes its own files (named by rank), a shape seen before is a cache hit that writes
+nothing, and the head answers only once every rank is done. Images are refused (400) under
+--language-model-only.
+
 Environment: GLOO_SOCKET_IFNAME (required when --nnodes > 1: torch's Gloo group binds to that
 netdev's address, and without it multi-node SGLang in Docker picks loopback and its peers are
 refused; each rank's connection here is made from that address), SFL_STANDIN_JOIN_TIMEOUT_S
-(ranks > 0: how long to keep trying the head, default 600)."""
+(ranks > 0: how long to keep trying the head, default 600), TILELANG_CACHE_DIR, TRITON_CACHE_DIR,
+VLLM_CACHE_ROOT, FLASHINFER_WORKSPACE_BASE, TORCHINDUCTOR_CACHE_DIR (kernel caches; each used only
+when set and non-empty), SFL_STANDIN_JIT_MS (milliseconds of "compile time" per kernel file
+written, default 20)."""
 import argparse
+import contextlib
 import fcntl
+import hashlib
 import http.server
 import json
 import os
+import queue
 import shlex
 import signal
 import socket
@@ -24,6 +37,7 @@ import struct
 import sys
 import threading
 import time
+import uuid
 
 OWNER = "sparkfleet-lab-standin"
 RANK = "?"
@@ -33,6 +47,18 @@ KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", 
                    "fp4_e2m1")
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK")
 SPECULATIVE_NUMBERS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+MAX_BODY = 64 << 20  # bytes of a POST body (images come inline as data: URLs)
+REPLY = "sparkfleet lab stand-in reply"  # the text of every non-tool answer (4 words)
+IMAGE_TOKENS = 256  # prompt tokens counted per image
+# JIT kernel caches: a real engine compiles kernels per request shape and keeps them in these
+# directories, which persist across restarts. The stand-in writes one file per cache and shape.
+JIT_CACHES = ("TILELANG_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE",
+              "TORCHINDUCTOR_CACHE_DIR")
+JIT_FILE_BYTES = 4096
+JIT_WAIT_S = 10  # how long the head waits for the other ranks to compile a request's shape
+JIT_LOCK = threading.Lock()  # one compile at a time per process
+STARTUP = ("startup", 0)  # the shape of the model's load-time kernels (the field report's TileLang ones)
+
 
 
 def log(msg):
@@ -45,6 +71,128 @@ def keepalive(conn):
     for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 5)):
         if hasattr(socket, opt):
             conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+def jit_compile(args, shape):
+    """Compile `shape` (kind, bucket) on this rank: one file per set cache variable,
+    <dir>/<key[:2]>/<key>.json, its key hashed from the variable, the shape and the rank. A file
+    already there is a cache hit and is left alone, so each shape compiles once per rank."""
+    kind, bucket = shape = tuple(shape)
+    compiled = cached = failed = 0
+    with JIT_LOCK:
+        for var in JIT_CACHES:
+            base = os.environ.get(var)
+            if not base:
+                continue
+            key = hashlib.sha256(f"{var}|{shape}|rank{args.node_rank}".encode()).hexdigest()[:20]
+            path = os.path.join(base, key[:2], key + ".json")
+            if os.path.exists(path):
+                cached += 1
+                continue
+            doc = json.dumps({"cache": var, "shape": shape, "rank": args.node_rank}, sort_keys=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(tmp, "wb") as f:
+                    f.write((doc.ljust(JIT_FILE_BYTES - 1) + "\n").encode())  # space filler: still JSON
+                os.replace(tmp, path)  # atomic: nobody (a cache merge) sees half a file
+            except OSError as e:
+                log(f"jit: cannot write {path}: {e}")
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                failed += 1
+                continue
+            compiled += 1
+            time.sleep(args.jit_ms / 1000)  # compile time
+    log(f"jit: {kind}/{bucket}: compiled {compiled}, cached {cached}" + (f", failed {failed}" if failed else ""))
+
+
+def jit_request(line):
+    """The shape in the head's line {"jit": [kind, bucket]}, or None."""
+    try:
+        kind, bucket = json.loads(line)["jit"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (kind, bucket) if isinstance(kind, str) and type(bucket) is int else None
+
+
+def openai_error(code, message, param=None):
+    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(code, "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def chat_request(data):
+    """Check a chat completion body; (model, words, images, tools, max_tokens), where words counts
+    the whitespace-separated words of every text part. Raises ValueError saying what is wrong."""
+    try:
+        req = json.loads(data)
+    except ValueError as e:
+        raise ValueError(f"the body is not valid JSON ({e})")
+    if not isinstance(req, dict):
+        raise ValueError("the body must be a JSON object")
+    model, messages, tools, max_tokens = (req.get(k) for k in ("model", "messages", "tools", "max_tokens"))
+    if not isinstance(model, str):
+        raise ValueError("'model' must be a string")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    words = images = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        content = message.get("content")
+        if content is None:  # an assistant turn that only called tools
+            continue
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(parts, list):
+            raise ValueError(f"messages[{i}].content must be a string or a list of parts")
+        for j, part in enumerate(parts):
+            part = part if isinstance(part, dict) else {}
+            if part.get("type") == "text" and isinstance(part.get("text"), str):
+                words += len(part["text"].split())
+            elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict) \
+                    and isinstance(part["image_url"].get("url"), str):
+                images += 1
+            else:
+                raise ValueError(f"messages[{i}].content[{j}] must be {{'type': 'text', 'text': ...}} "
+                                 "or {'type': 'image_url', 'image_url': {'url': ...}}")
+    tools = [] if tools is None else tools
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+            and isinstance(t["function"].get("parameters", {}), dict) for t in tools):
+        raise ValueError("'tools' must be a list of {'type': 'function', 'function': {'name': ..., "
+                         "'parameters': {...}}}")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise ValueError("'max_tokens' must be a positive integer")
+    if req.get("stream"):
+        raise ValueError("'stream' is not supported by the lab stand-in")
+    return model, words, images, tools, max_tokens
+
+
+def jit_shape(words, images, tools):
+    """The shape a request compiles kernels for: its kind, and its length bucket (the smallest power
+    of two >= max(16, words))."""
+    bucket = 16
+    while bucket < words:
+        bucket *= 2
+    return ("image" if images else "tools" if tools else "text"), bucket
+
+
+def chat_reply(model, prompt_tokens, tools, max_tokens):
+    """A chat.completion: a call of the first tool with no arguments when tools are given, else
+    REPLY (cut to max_tokens words)."""
+    if tools:
+        call = {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                "function": {"name": tools[0]["function"]["name"], "arguments": "{}"}}
+        message, finish, completion = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls", 1
+    else:
+        words = REPLY.split()[:max_tokens]
+        message = {"role": "assistant", "content": " ".join(words)}
+        finish, completion = ("stop" if len(words) == len(REPLY.split()) else "length"), len(words)
+    return {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                      "total_tokens": prompt_tokens + completion}}
 
 
 def fraction(text):
@@ -136,6 +284,12 @@ def parse(argv):
         a.join_timeout = float(os.environ.get("SFL_STANDIN_JOIN_TIMEOUT_S", "600"))
     except ValueError:
         p.error("SFL_STANDIN_JOIN_TIMEOUT_S must be a number of seconds")
+    try:
+        a.jit_ms = float(os.environ.get("SFL_STANDIN_JIT_MS") or "20")
+        if not 0 <= a.jit_ms <= 60000:
+            raise ValueError
+    except ValueError:
+        p.error("SFL_STANDIN_JIT_MS must be a number of milliseconds (0 to 60000)")
     return a
 
 
@@ -144,11 +298,40 @@ def hello_of(args):
             "nnodes": args.nnodes, "tp_size": args.tp_size}
 
 
+class Link:
+    """The head's end of a joined rank's rendezvous connection. Head.member() reads it (the rank's
+    answers go to `answers`, then None once it dropped); a request holds `lock` for a whole round
+    trip (send, wait for the answer), so answers never go to the wrong request."""
+
+    def __init__(self, rank, conn):
+        self.rank, self.conn = rank, conn
+        self.lock = threading.Lock()
+        self.answers = queue.Queue()
+
+    def send(self, message):
+        self.conn.sendall((json.dumps(message) + "\n").encode())
+
+    def wait_done(self, shape, deadline):
+        """None once the rank answered {"jit_done": shape} (before `deadline`), else why not."""
+        while True:
+            try:
+                answer = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return f"rank {self.rank} did not finish compiling {shape[0]}/{shape[1]} within {JIT_WAIT_S} s"
+            if answer is None:
+                return f"rank {self.rank} dropped its connection"
+            if answer.get("jit_done") == list(shape):
+                return None
+            # else a late answer to an earlier request that gave up waiting: skip it
+
+
 class Head:
     def __init__(self, args):
         self.args = args
         self.lock = threading.Lock()
         self.joined = {}  # rank -> {"host_ip", "peer_ip", "peer_port"}
+        self.links = {}  # rank -> Link
+        self.started = threading.Event()  # set once this rank's startup kernels are compiled
         self.failed = threading.Event()
         self.name = args.served_model_name or args.model_path
 
@@ -170,42 +353,101 @@ class Head:
         return None
 
     def member(self, conn, peer):
+        reader = conn.makefile("rb")  # one buffered reader for the connection's whole life
         try:
             conn.settimeout(10)
-            hello = json.loads(conn.makefile("rb").readline(4096))
+            hello = json.loads(reader.readline(4096))
             if not isinstance(hello, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as e:
             log(f"refused a connection from {peer[0]}:{peer[1]}: no valid hello ({e})")
             conn.close()
             return
-        with self.lock:
-            why = self.refusal(hello)
-            if not why:
-                rank = hello["rank"]
-                self.joined[rank] = {"host_ip": hello.get("host_ip"), "peer_ip": peer[0], "peer_port": peer[1]}
-                complete = len(self.joined) == self.args.nnodes - 1
-        if why:
-            log(f"refused rank {hello.get('rank')!r} from {peer[0]}: {why}")
-            try:
-                conn.sendall((json.dumps({"ok": False, "error": why}) + "\n").encode())
-            except OSError:
-                pass
-            conn.close()
-            return
-        log(f"rank {rank} joined from {peer[0]}")
+        link = Link(hello.get("rank"), conn)
+        with link.lock:  # until the hello is answered: no request's jit line may overtake the answer
+            with self.lock:
+                why = self.refusal(hello)
+                if not why:
+                    rank = hello["rank"]
+                    self.joined[rank] = {"host_ip": hello.get("host_ip"), "peer_ip": peer[0], "peer_port": peer[1]}
+                    self.links[rank] = link
+                    complete = len(self.joined) == self.args.nnodes - 1
+            if why:
+                log(f"refused rank {hello.get('rank')!r} from {peer[0]}: {why}")
+                try:
+                    conn.sendall((json.dumps({"ok": False, "error": why}) + "\n").encode())
+                except OSError:
+                    pass
+                conn.close()
+                return
+            log(f"rank {rank} joined from {peer[0]}")
+            with contextlib.suppress(OSError):  # a failed answer is a drop: the read below notices it
+                conn.sendall(b'{"ok": true}\n')
         if complete:
             log(f"all {self.args.nnodes} ranks joined; serving {self.args.model_path} on {self.args.host}:{self.args.port}")
+            jit_compile(self.args, STARTUP)
+            self.started.set()
         try:
-            conn.sendall(b'{"ok": true}\n')
             keepalive(conn)
             conn.settimeout(None)
-            while conn.recv(4096):
-                pass
+            for line in reader:  # until the rank drops: its answers to jit requests
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    answer = None
+                if isinstance(answer, dict):
+                    link.answers.put(answer)
+                else:
+                    log(f"rank {rank}: ignoring a line that is no JSON object: {line[:100]!r}")
         except OSError:
             pass
+        link.answers.put(None)  # wakes a request waiting for this rank
         log(f"rank {rank} ({peer[0]}) dropped its connection; the pair is broken, exiting 1")
         self.failed.set()
+
+    def jit_round(self, shape):
+        """Compile `shape` on every rank: send each joined rank {"jit": shape}, compile it here
+        meanwhile, then wait (bounded) for every {"jit_done": shape}. None when all are done, else why not.
+        Every rank compiles its startup kernels first (a worker before it reads any request)."""
+        self.started.wait(JIT_WAIT_S)
+        with self.lock:
+            links = [self.links[r] for r in sorted(self.links)]
+        with contextlib.ExitStack() as held:
+            for link in links:  # always in rank order, so two requests cannot deadlock
+                held.enter_context(link.lock)
+            for link in links:
+                try:
+                    link.send({"jit": list(shape)})
+                except OSError as e:
+                    return f"cannot send to rank {link.rank} ({e})"
+            jit_compile(self.args, shape)
+            deadline = time.monotonic() + JIT_WAIT_S
+            for link in links:
+                why = link.wait_done(shape, deadline)
+                if why:
+                    return why
+        return None
+
+    def chat(self, data):
+        """POST /v1/chat/completions: (status, body). Answered once every rank has compiled the
+        request's shape, so the kernel caches are settled when the answer arrives."""
+        missing = self.missing()
+        if missing:
+            return 503, {"object": "error", "message": f"waiting for ranks {missing}"}
+        try:
+            model, words, images, tools, max_tokens = chat_request(data)
+        except ValueError as e:
+            return 400, openai_error(400, str(e))
+        if model != self.name:
+            return 404, openai_error(404, f"The model `{model}` does not exist.", "model")
+        if images and self.args.language_model_only:
+            return 400, openai_error(400, "image input is disabled: the server runs with --language-model-only")
+        shape = jit_shape(words, images, tools)
+        why = self.jit_round(shape)
+        if why:
+            log(f"jit: {shape[0]}/{shape[1]}: {why}; answering 500")
+            return 500, openai_error(500, why)
+        return 200, chat_reply(self.name, words + IMAGE_TOKENS * images, tools, max_tokens)
 
     def route(self, path):
         missing, n = self.missing(), self.args.nnodes
@@ -226,14 +468,26 @@ class Head:
         head = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                code, body = head.route(self.path.split("?", 1)[0])
+            def reply(self, code, body):
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_GET(self):
+                self.reply(*head.route(self.path.split("?", 1)[0]))
+
+            def do_POST(self):
+                path = self.path.split("?", 1)[0]
+                if path != "/v1/chat/completions":
+                    return self.reply(404, {"object": "error", "message": f"no route {path}"})
+                length = self.headers.get("Content-Length", "")
+                if not length.isdigit() or int(length) > MAX_BODY:
+                    return self.reply(400, openai_error(400, f"a JSON body with a Content-Length of at most "
+                                                             f"{MAX_BODY} bytes is required"))
+                self.reply(*head.chat(self.rfile.read(int(length))))
 
             def log_message(self, *_):  # no line per request: probes poll /health
                 pass
@@ -261,13 +515,16 @@ class Head:
             threading.Thread(target=accept, daemon=True).start()
         else:
             log(f"single node; serving {self.args.model_path} on {self.args.host}:{self.args.port}")
+            jit_compile(self.args, STARTUP)
+            self.started.set()
         while not self.failed.wait(0.5):
             pass
         return 1
 
 
 def join(args):
-    """Rank > 0: no HTTP server, as in SGLang; joins the head and lives as long as the link."""
+    """Rank > 0: no HTTP server, as in SGLang; joins the head, compiles what it asks for, and
+    lives as long as the link."""
     head, timeout = args.dist_init_addr, args.join_timeout
     deadline, last_note, tries = time.monotonic() + timeout, float("-inf"), 0
     log(f"joining head {head[0]}:{head[1]} from {args.host_ip} (for up to {timeout:g} s)")
@@ -285,10 +542,11 @@ def join(args):
                 log(f"head {head[0]}:{head[1]} not reachable yet ({e}); retrying")
                 last_note = now
             time.sleep(min(0.5, max(0.0, deadline - now)))
+    reader = conn.makefile("rb")  # one buffered reader: the head's jit lines may follow its answer at once
     try:
         conn.sendall((json.dumps(hello_of(args)) + "\n").encode())
         conn.settimeout(30)
-        answer = json.loads(conn.makefile("rb").readline(4096) or b"{}")
+        answer = json.loads(reader.readline(4096) or b"{}")
     except (OSError, ValueError) as e:
         log(f"no answer from the head ({e}); exiting 1")
         return 1
@@ -298,9 +556,15 @@ def join(args):
     log(f"joined head {head[0]}:{head[1]} as rank {args.node_rank} of {args.nnodes}")
     keepalive(conn)
     conn.settimeout(None)
+    jit_compile(args, STARTUP)
     try:
-        while conn.recv(4096):
-            pass
+        for line in reader:  # until the head drops: its jit requests, each answered once compiled
+            shape = jit_request(line)
+            if shape is None:
+                log(f"ignoring a line from the head that is no jit request: {line[:100]!r}")
+                continue
+            jit_compile(args, shape)
+            conn.sendall((json.dumps({"jit_done": list(shape)}) + "\n").encode())
     except OSError:
         pass
     log("the head dropped the connection; the pair is broken, exiting 1")

@@ -1,0 +1,313 @@
+"""POST /v1/chat/completions and the JIT kernel-cache emulation of both lab stand-ins
+(lab/standin/vllm, lab/standin/sglang/launch_server.py): every rank writes its own files into the
+cache directories its environment names, once per request shape, and the head answers only once
+every rank is done. Subprocesses on 127.0.0.1 with free ports, each rank with its own tmp cache
+directories; every wait is bounded, and every process a test starts is killed when the test ends."""
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+from tests.unit import test_lab_standin as vllm
+from tests.unit import test_lab_standin_sglang as sglang
+from tests.unit.test_lab_standin import JIT_CACHES, MODEL, free_port, get, wait_for
+
+ENGINES = ("vllm", "sglang")
+STARTUP = ("startup", 0)
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+def argv(engine, ports, rank, vision=True):
+    """One rank's command line of a 2-rank pair (the existing tests' flags); vision off by
+    --limit-mm-per-prompt {"image": 0} (vLLM) or --language-model-only (SGLang)."""
+    if engine == "vllm":
+        if rank == 0:
+            extra = [] if vision else ["--limit-mm-per-prompt", '{"image": 0}']
+            return [sys.executable, str(vllm.VLLM), *vllm.head_args(ports, *extra)]
+        return [sys.executable, str(vllm.VLLM), *vllm.worker_args(ports, rank=str(rank))]
+    args = sglang.rank_args(ports, str(rank))
+    if not vision:
+        args = [a for a in args if a != "--enable-multimodal"] + ["--language-model-only"]
+    return sglang.command(*args)
+
+
+def single_argv(engine, port):
+    if engine == "vllm":
+        return [sys.executable, str(vllm.VLLM), "serve", MODEL, "--host", "127.0.0.1", "--port", str(port)]
+    return sglang.command("--model-path", MODEL, "--host", "127.0.0.1", "--port", str(port))
+
+
+def rank_env(engine, cache_root=None, **extra):
+    """The engine's test environment; with cache_root, every cache variable set below it."""
+    caches = {var: str(cache_root / var.lower()) for var in JIT_CACHES} if cache_root else {}
+    return (vllm.env if engine == "vllm" else sglang.env)(**caches, **extra)
+
+
+def kernels(rank, *shapes):
+    """The cache files rank `rank` writes for `shapes`, relative to its cache root."""
+    out = set()
+    for var in JIT_CACHES:
+        for shape in shapes:
+            key = hashlib.sha256(f"{var}|{shape}|rank{rank}".encode()).hexdigest()[:20]
+            out.add(f"{var.lower()}/{key[:2]}/{key}.json")
+    return out
+
+
+def files(root):
+    """{path relative to root: bytes} of every file below root."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def post(port, body, path="/v1/chat/completions"):
+    """(status, parsed JSON body) of a POST; body is a dict (sent as JSON) or raw bytes."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=15) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def chat(content, model="lab", **extra):
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 16, **extra}
+
+
+def words(n):
+    return " ".join(f"w{i}" for i in range(n))
+
+
+@pytest.fixture
+def launch():
+    """launch(argv, env, cwd) starts a process; all started processes are killed at teardown."""
+    procs = []
+
+    def start(command, env, cwd):
+        p = subprocess.Popen(command, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=5)
+
+
+@pytest.fixture
+def pair(launch, tmp_path):
+    """pair(engine, caches=True, vision=True, worker_env={}) starts a 2-rank pair and waits for
+    /health 200 and, with caches, for both ranks' startup kernels. Each rank runs in its own empty
+    working directory (cwd0, cwd1) with its caches below its own root (rank0, rank1)."""
+
+    def start(engine, caches=True, vision=True, worker_env=None):
+        port, rendezvous = free_port(), free_port()
+        ports = {"http": port, "master": rendezvous, "dist": rendezvous}
+        roots = [tmp_path / "rank0", tmp_path / "rank1"]
+        cwds = [tmp_path / "cwd0", tmp_path / "cwd1"]
+        for d in cwds:
+            d.mkdir()
+        head = launch(argv(engine, ports, 0, vision), rank_env(engine, caches and roots[0]), cwds[0])
+        wait_for(lambda: get(port, "/health")[0], what="the head's HTTP server")
+        worker = launch(argv(engine, ports, 1, vision), rank_env(engine, caches and roots[1], **(worker_env or {})),
+                        cwds[1])
+        wait_for(lambda: get(port, "/health")[0] == 200, what="/health 200 after rank 1 joined")
+        if caches:
+            for rank, root in enumerate(roots):
+                wait_for(lambda: root.is_dir() and set(files(root)) == kernels(rank, STARTUP), timeout=10,
+                         what=f"rank {rank}'s startup kernels")
+        return SimpleNamespace(head=head, worker=worker, port=port, roots=roots, cwds=cwds, ports=ports)
+
+    return start
+
+
+def stop(p):
+    """Stop both ranks (head first: SIGTERM, exit 0; its worker exits 1) and return their output."""
+    p.head.send_signal(signal.SIGTERM)
+    assert p.head.wait(timeout=5) == 0
+    assert p.worker.wait(timeout=5) == 1
+    return p.head.communicate(timeout=5)[0], p.worker.communicate(timeout=5)[0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_startup_kernels_are_written_on_every_rank_named_by_rank(pair, engine):
+    p = pair(engine)
+    names = []
+    for rank, root in enumerate(p.roots):
+        on_disk = files(root)
+        assert set(on_disk) == kernels(rank, STARTUP)  # <var dir>/<key[:2]>/<key>.json, one per cache
+        for rel, data in on_disk.items():
+            assert len(data) == 4096
+            var = next(v for v in JIT_CACHES if rel.startswith(v.lower() + "/"))
+            assert json.loads(data) == {"cache": var, "shape": ["startup", 0], "rank": rank}
+        names.append({rel.rsplit("/", 1)[1] for rel in on_disk})
+    assert len(names[0]) == len(names[1]) == len(JIT_CACHES)
+    assert not names[0] & names[1]  # every file differs by name between the ranks: a merge has work to do
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_shape_compiles_once_on_every_rank_and_is_settled_when_answered(pair, engine):
+    p = pair(engine)
+    status, body = post(p.port, chat("Say hello in one word."))
+    assert status == 200, body
+    assert body["object"] == "chat.completion" and body["model"] == "lab"
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "stop" and choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str) and choice["message"]["content"]
+    assert body["usage"]["prompt_tokens"] == 5
+    assert body["usage"]["total_tokens"] == 5 + body["usage"]["completion_tokens"]
+    for rank, root in enumerate(p.roots):  # no waiting: the answer comes once every rank compiled
+        assert set(files(root)) == kernels(rank, STARTUP, ("text", 16))
+
+    before = [files(root) for root in p.roots]
+    assert post(p.port, chat("Say goodbye in two words."))[0] == 200  # same shape: all cache hits
+    assert [files(root) for root in p.roots] == before
+
+    status, body = post(p.port, chat(words(40)))  # 40 words: the next buckets up, 64
+    assert status == 200 and body["usage"]["prompt_tokens"] == 40
+    for rank, root in enumerate(p.roots):
+        assert set(files(root)) == kernels(rank, STARTUP, ("text", 16), ("text", 64))
+        assert not any(rel.endswith(".tmp") for rel in files(root))
+
+    head_out, worker_out = stop(p)
+    for rank, out in enumerate((head_out, worker_out)):
+        assert f"[rank {rank}]: jit: startup/0: compiled 5, cached 0" in out
+        assert f"[rank {rank}]: jit: text/16: compiled 5, cached 0" in out
+        assert f"[rank {rank}]: jit: text/16: compiled 0, cached 5" in out
+        assert f"[rank {rank}]: jit: text/64: compiled 5, cached 0" in out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_tools_answer_a_call_of_the_first_tool(pair, engine):
+    p = pair(engine)
+    status, body = post(p.port, chat("What is the weather in Paris?", tools=TOOLS, tool_choice="auto"))
+    assert status == 200, body
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"] == {"name": "get_weather", "arguments": "{}"}
+    assert body["usage"]["prompt_tokens"] == 6
+    for rank, root in enumerate(p.roots):
+        assert set(files(root)) == kernels(rank, STARTUP, ("tools", 16))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("vision", [True, False])
+def test_images_compile_their_own_kernels_or_are_refused_without_vision(pair, engine, vision):
+    p = pair(engine, vision=vision)
+    status, body = post(p.port, chat([{"type": "text", "text": "Describe this image."}, IMAGE], tools=TOOLS))
+    if vision:
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == 3 + 256
+        assert body["choices"][0]["finish_reason"] == "tool_calls"  # tools still answered; kind is image
+        for rank, root in enumerate(p.roots):
+            assert set(files(root)) == kernels(rank, STARTUP, ("image", 16))
+    else:
+        assert status == 400 and body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
+        for rank, root in enumerate(p.roots):
+            assert set(files(root)) == kernels(rank, STARTUP)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wrong_model_and_malformed_bodies_are_refused_and_compile_nothing(pair, engine):
+    p = pair(engine)
+    status, body = post(p.port, chat("hello", model=MODEL))  # the path, not --served-model-name
+    assert status == 404 and body["error"]["type"] == "NotFoundError" and "does not exist" in body["error"]["message"]
+    for bad in [b"{not json", b"[]", {"messages": [{"role": "user", "content": "hi"}]},
+                {"model": "lab", "messages": []}, {"model": "lab", "messages": "hi"},
+                {"model": "lab", "messages": [{"content": "hi"}]},
+                chat([{"type": "audio", "audio": "x"}]), chat([{"type": "image_url", "image_url": "x"}]),
+                chat(7), chat("hi", tools=[{"type": "function"}]), chat("hi", tools={"name": "f"}),
+                chat("hi", max_tokens=0), chat("hi", max_tokens="16"), chat("hi", stream=True)]:
+        status, body = post(p.port, bad)
+        assert status == 400, (bad, body)
+        assert body["error"]["type"] == "BadRequestError" and body["error"]["message"], bad
+    assert post(p.port, chat("hi"), path="/v1/completions")[0] == 404
+    for rank, root in enumerate(p.roots):
+        assert set(files(root)) == kernels(rank, STARTUP)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_503_until_every_rank_joined_and_no_kernels_before(launch, tmp_path, engine):
+    port, rendezvous = free_port(), free_port()
+    ports = {"http": port, "master": rendezvous, "dist": rendezvous}
+    launch(argv(engine, ports, 0), rank_env(engine, tmp_path / "rank0"), tmp_path)
+    wait_for(lambda: get(port, "/health")[0], what="the head's HTTP server")
+    status, body = post(port, chat("hi"))
+    assert status == 503 and "waiting for ranks [1]" in body["message"]
+    assert not (tmp_path / "rank0").exists()  # the head compiles its startup kernels once the pair is whole
+    launch(argv(engine, ports, 1), rank_env(engine, tmp_path / "rank1"), tmp_path)
+    wait_for(lambda: get(port, "/health")[0] == 200, what="/health 200 after rank 1 joined")
+    assert post(port, chat("hi"))[0] == 200
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_cache_variables_nothing_is_written(pair, tmp_path, engine):
+    p = pair(engine, caches=False)
+    status, body = post(p.port, chat("hello there"))
+    assert status == 200, body
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["cwd0", "cwd1"]
+    assert [list(cwd.iterdir()) for cwd in p.cwds] == [[], []]  # nor in the working directories
+    head_out, worker_out = stop(p)
+    for rank, out in enumerate((head_out, worker_out)):
+        assert f"[rank {rank}]: jit: startup/0: compiled 0, cached 0" in out
+        assert f"[rank {rank}]: jit: text/16: compiled 0, cached 0" in out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_head_waits_for_a_slow_rank(pair, engine):
+    p = pair(engine, worker_env={"SFL_STANDIN_JIT_MS": "200"})  # rank 1 takes 5 x 0.2 s per shape
+    assert post(p.port, chat("hello"))[0] == 200
+    assert set(files(p.roots[1])) == kernels(1, STARTUP, ("text", 16))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_concurrent_requests_each_get_their_own_answer(pair, engine):
+    p = pair(engine)
+    bodies = [chat("hi"), chat(words(20)), chat(words(100)), chat("hi", tools=TOOLS), chat(words(20))]
+    results = [None] * len(bodies)
+
+    def ask(i):
+        results[i] = post(p.port, bodies[i])
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert [r and r[0] for r in results] == [200] * len(bodies), results
+    shapes = (STARTUP, ("text", 16), ("text", 32), ("text", 128), ("tools", 16))
+    for rank, root in enumerate(p.roots):
+        assert set(files(root)) == kernels(rank, *shapes)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("killed", ["worker", "head"])
+def test_a_dropped_rank_still_stops_its_peer_after_jit_traffic(pair, engine, killed):
+    p = pair(engine)
+    assert post(p.port, chat("hi"))[0] == 200
+    getattr(p, killed).kill()
+    peer = p.head if killed == "worker" else p.worker
+    assert peer.wait(timeout=5) == 1
+    out = peer.communicate(timeout=5)[0]
+    assert ("rank 1 (127.0.0.1) dropped its connection" if killed == "worker" else
+            "the head dropped the connection") in out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_single_node_compiles_on_its_own(launch, tmp_path, engine):
+    port = free_port()
+    launch(single_argv(engine, port), rank_env(engine, tmp_path / "rank0", GLOO_SOCKET_IFNAME=None), tmp_path)
+    wait_for(lambda: get(port, "/health")[0] == 200, what="/health 200")
+    status, body = post(port, chat("hi", model=MODEL))  # no --served-model-name: the model path
+    assert status == 200 and body["model"] == MODEL
+    assert set(files(tmp_path / "rank0")) == kernels(0, STARTUP, ("text", 16))
