@@ -74,6 +74,7 @@ test: install lab-reset
 
 bench: install lab-up
 	$(BIN)/python bench/noop.py
+	$(BIN)/python bench/fanout.py
 
 clean: lab-down
 	rm -rf $(VENV) *.egg-info

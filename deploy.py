@@ -21,5 +21,14 @@ local.include("roles/docker/tasks.py")
 # 5. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
 local.include("roles/image/tasks.py")
 
-# 6. The units: --headless workers first, then the head; /health awaited, endpoint printed.
+# 6. The fabric's file path: a read-only rsync daemon per node, and the fetch/pull/manifest tool.
+local.include("roles/fanout/tasks.py")
+
+# 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
+local.include("roles/weights/tasks.py")
+
+# 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
+local.include("roles/kernel_cache/tasks.py")
+
+# 9. The units: --headless workers first, then the head; /health awaited, endpoint printed.
 local.include("roles/serving/tasks.py")

@@ -49,6 +49,11 @@ IPFWD_ORIG=$RUN_DIR/ip_forward.orig
 # The lab's recipe repository (lab/recipe), served read-only to the hosts by git daemon on the bridge.
 GIT_DIR_LAB=$SFL_LAB_STATE/git
 GIT_PID=$RUN_DIR/git-daemon.pid
+# The lab's model directory (lab/model), served read-only over HTTP on the bridge: the deploy's
+# weights_source in the lab, so weights are fetched and fanned out without the internet.
+MODELS_DIR=$SFL_LAB_STATE/models
+MODELS_PID=$RUN_DIR/models-http.pid
+MODELS_PORT=8089
 BASE_IMAGE=sparkfleet-lab/base:bookworm
 
 say() { printf 'lab: %s\n' "$*"; }
@@ -585,6 +590,30 @@ stop_recipe_daemon() {
   return 1
 }
 
+# Small deterministic stand-ins for every profile's model (lab/model/make-models.py), served as
+# http://198.18.0.1:8089/<model id>/ with <model id>.manifest beside each.
+ensure_models() {
+  local here; here=$(dirname "$SELF")
+  mkdir -p "$MODELS_DIR"
+  python3 "$here/model/make-models.py" "$MODELS_DIR" >"$LOG_DIR/models.log" || die "make-models failed ($LOG_DIR/models.log)"
+  if [[ -s $MODELS_PID ]] && pid_alive "$(<"$MODELS_PID")"; then
+    say "models: http://$BRIDGE_IP:$MODELS_PORT/ (already served)"
+    return 0
+  fi
+  # 9>&-: the server must not inherit (and so hold) the lab's lock.
+  setsid python3 -m http.server "$MODELS_PORT" --bind "$BRIDGE_IP" --directory "$MODELS_DIR" \
+    >"$LOG_DIR/models-http.log" 2>&1 9>&- </dev/null &
+  echo $! >"$MODELS_PID"
+  say "models: http://$BRIDGE_IP:$MODELS_PORT/ ($(wc -l <"$LOG_DIR/models.log") models from lab/model)"
+}
+
+stop_models_server() {
+  if [[ -s $MODELS_PID ]] && pid_alive "$(<"$MODELS_PID")"; then
+    kill "$(<"$MODELS_PID")" && say "stopped the models server" && return 0
+  fi
+  return 1
+}
+
 # The recipe's FROM image, as a registry would have given it: the lab's base rootfs, imported on the
 # head only (workers get the overlay image from the head's registry, as on real Sparks).
 ensure_base_image() {
@@ -638,6 +667,7 @@ cmd_up() {
   ensure_fabric
   for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
   ensure_recipe_repo
+  ensure_models
   ensure_base_image
   say "up in $((SECONDS - t0))s; ssh -F $SSH_CONFIG spark-a"
 }
@@ -675,6 +705,7 @@ cmd_down() {
     did=1
   fi
   stop_recipe_daemon && did=1
+  stop_models_server && did=1
   cgroup_cleanup
   for d in "$HOSTS_DIR"/* "$HOSTS_DIR"/.*.tmp "$SFL_LAB_CACHE"/.build-*; do
     [[ -e $d ]] || continue

@@ -16,9 +16,12 @@ from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
 from roles.docker.schema import DockerData
 from roles.fabric.schema import JUMBO_MTU, FabricData
+from roles.fanout.schema import FanoutData
 from roles.guards.schema import GuardsData
+from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.serving.schema import ServingData, serving_problems
+from roles.weights.schema import WeightsData
 
 # Keys that belong to pyinfra, not to sparkfleet: connection settings and global arguments.
 PYINFRA_KEYS = frozenset(_SSHConnectorData.__annotations__)
@@ -36,7 +39,7 @@ class ConfigError(Exception):
         super().__init__("invalid sparkfleet config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class NodeConfig(GuardsData, ServingData, DockerData, FabricData, PreflightData):
+class NodeConfig(KernelCacheData, WeightsData, FanoutData, GuardsData, ServingData, DockerData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

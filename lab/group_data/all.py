@@ -11,7 +11,7 @@ preflight_min_free_disk_gib = 5.0
 # (lab/recipe/COMMITS); the stand-in engine answers within seconds; nspawn keeps /proc/sys
 # read-only, so the page cache cannot be dropped from inside a lab host.
 serving_recipe_repository = "git://198.18.0.1/recipe.git"
-serving_recipe_commit = "ef00b100c63c0a221a8235907155ba67412355bf"
+serving_recipe_commit = "62f9a9ecf3b40c7d659a96718fd63ff84f28e20b"
 serving_health_timeout_s = 120
 serving_drop_caches = False
 # The lab machine's hard RLIMIT_MEMLOCK (8 MiB here) cannot be raised from inside it.
@@ -19,3 +19,10 @@ serving_ulimit_memlock = "8388608"
 # The lab serves the shipped profile (DFlash2 drafter, CC-BY-NC-ND-4.0) for evaluation only.
 deployment_purpose = "research"
 drafter_license_acknowledged = "CC-BY-NC-ND-4.0"
+
+# Weights: the lab's own small stand-in models (lab/model), served by `make lab-up` on the bridge.
+weights_source = "http://198.18.0.1:8089"
+weights_free_margin_gib = 1.0
+# Kernel caches: the stand-in engine "compiles" in milliseconds; a shorter long prompt will do.
+kernel_cache_prewarm_timeout_s = 120
+kernel_cache_prewarm_long_prompt_words = 1024

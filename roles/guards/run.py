@@ -9,6 +9,7 @@ from roles.preflight.checks import gather_and_check
 from roles.serving.checks import pair_state
 from roles.serving.engine import engine_args, env_file_path, unit_name
 from roles.serving.schema import node_profile
+from roles.weights.checks import model_dir
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyvalue import key_values
 from sparkfleet.once import active_hosts, once_per_run
@@ -50,11 +51,6 @@ def _guards(state) -> list[str]:
         problems.append(gate)
     logger.info("--> sparkfleet guards:\n" + "\n".join(rows) + "\n")
     return problems
-
-
-def model_dir(node, model: str) -> str:
-    """Where a model's files live on a node (the weights role fetches them there)."""
-    return f"{node.preflight_data_dir}/models/{model}"
 
 
 def _kv_budget(state, cluster, facts, rows) -> list[str]:

@@ -89,6 +89,14 @@ def _pair_state(state) -> PairState:
                 f"{node.name}: {unit_name(node)} is {unit.get('active') or 'unknown'}, "
                 f"container {unit.get('container') or 'unknown'}"
             )
+    from roles.kernel_cache.checks import cache_plan
+    from roles.weights.checks import weights_plan
+
+    fetched = weights_plan(state).fetch
+    if fetched:  # the engine loaded the old files; the pair serves what the manifests say
+        pair.reasons.append(f"new weights on the head: {', '.join(fetched)}")
+    if cache_plan(state).prewarm:
+        pair.reasons.append("the kernel caches are warmed first (the prewarm stops the pair)")
     pair.restart = bool(pair.reasons)
     if not pair.restart:
         head_host = state.inventory.get_host(cluster.head.name)

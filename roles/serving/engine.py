@@ -9,7 +9,11 @@ import json
 import re
 from typing import Callable
 
+from roles.kernel_cache.schema import CACHE_VARS, CONTAINER_CACHE_ROOT
 from roles.serving.schema import Profile
+
+# Where every rank's container sees weights_dir (read-only): a model is /models/<model id>.
+CONTAINER_WEIGHTS_ROOT = "/models"
 
 # Never rendered, whatever a profile says: each hard-froze both machines in the field.
 FORBIDDEN_ARGS = ("--load-format dummy", "--no-ple-offload-embedding")
@@ -19,11 +23,15 @@ def unit_name(node) -> str:
     return "sparkfleet-head" if node.is_head else "sparkfleet-worker"
 
 
+def model_path(model: str) -> str:
+    """A model's directory inside the container (roles/weights put it there, at the pinned revision)."""
+    return f"{CONTAINER_WEIGHTS_ROOT}/{model}"
+
+
 def vllm_args(profile: Profile, cluster, node) -> list[str]:
     """`vllm serve` for this rank: the mp backend across nodes, --headless on every rank > 0."""
-    args = ["vllm", "serve", profile.model, "--revision", profile.model_revision]
-    if profile.served_model_name:
-        args += ["--served-model-name", profile.served_model_name]
+    # The local copy roles/weights verified, never the hub: every rank loads the same bytes.
+    args = ["vllm", "serve", model_path(profile.model), "--served-model-name", profile.api_model_name]
     args += [
         "--tensor-parallel-size", str(profile.tensor_parallel_size),
         # Ray's memory monitor killed the head at 115.62/121.69 GB of unified memory; mp has none.
@@ -45,7 +53,7 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
     if profile.speculative:
         spec = {"method": profile.speculative.method, "num_speculative_tokens": profile.speculative.num_speculative_tokens}
         if profile.speculative.draft_model:
-            spec["model"] = profile.speculative.draft_model
+            spec["model"] = model_path(profile.speculative.draft_model)
         if profile.speculative.draft_tensor_parallel_size:
             spec["draft_tensor_parallel_size"] = profile.speculative.draft_tensor_parallel_size
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
@@ -66,10 +74,8 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
     """`python3 -m sglang.launch_server` for this rank: every rank runs it with its --node-rank and
     joins the head's --dist-init-addr; only rank 0 serves HTTP. Flag names as in SGLang's
     python/sglang/srt/server_args.py."""
-    args = ["python3", "-m", "sglang.launch_server", "--model-path", profile.model,
-            "--revision", profile.model_revision]
-    if profile.served_model_name:
-        args += ["--served-model-name", profile.served_model_name]
+    args = ["python3", "-m", "sglang.launch_server", "--model-path", model_path(profile.model),
+            "--served-model-name", profile.api_model_name]
     args += [
         # --tp-size is the flag's own name; the docs' `--tp` only works as an argparse abbreviation.
         "--tp-size", str(profile.tensor_parallel_size),
@@ -90,7 +96,7 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
             "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
         ]
         if spec.draft_model:
-            args += ["--speculative-draft-model-path", spec.draft_model]
+            args += ["--speculative-draft-model-path", model_path(spec.draft_model)]
     if profile.tool_call_parser:
         args += ["--tool-call-parser", profile.tool_call_parser]  # SGLang has no --enable-auto-tool-choice
     if profile.reasoning_parser:
@@ -134,8 +140,15 @@ def rank_env(profile: Profile, cluster, node, gid_index: int | None = None) -> d
             "NCCL_SOCKET_IFNAME": fabric,
             "GLOO_SOCKET_IFNAME": fabric,
             "TP_SOCKET_IFNAME": fabric,
+            # Weights are local and verified (roles/weights); the hub is never asked at start.
+            "HF_HUB_OFFLINE": "1",
+            "SPARKFLEET_MODEL_PATH": model_path(profile.model),
         }
     )
+    if profile.speculative and profile.speculative.draft_model:
+        env["SPARKFLEET_DRAFT_MODEL_PATH"] = model_path(profile.speculative.draft_model)
+    # Every JIT cache in the mounted generation (roles/kernel_cache), none in the container's layer.
+    env.update({var: f"{CONTAINER_CACHE_ROOT}/{sub}" for var, sub in CACHE_VARS.items()})
     if node.rdma_hca:
         if gid_index is None:
             raise ValueError(
@@ -159,11 +172,12 @@ def env_file_path(node, serving_dir: str) -> str:
     return f"{serving_dir}/{unit_name(node)}.env"
 
 
-def docker_args(profile: Profile, node, env_file: str) -> list[str]:
+def docker_args(profile: Profile, node, env_file: str, name: str | None = None, detach: bool = False) -> list[str]:
     c = profile.container
     # --init: a real PID 1 in the container forwards signals, so `docker stop` never waits out the
     # grace period on an engine that has not installed its SIGTERM handler yet.
-    args = ["/usr/bin/docker", "run", "--rm", "--init", "--name", unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
+    args = ["/usr/bin/docker", "run"] + (["--detach"] if detach else [])
+    args += ["--rm", "--init", "--name", name or unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
     if c.network_host:
         args.append("--network=host")
     if c.ipc_host:
@@ -173,6 +187,11 @@ def docker_args(profile: Profile, node, env_file: str) -> list[str]:
         args.append("--gpus=all")
     devices = list(c.devices) + (["/dev/infiniband"] if node.rdma_hca else [])
     args += [f"--device={d}" for d in devices]
+    # Weights read-only; the kernel caches of the served image's generation ('current' link).
+    args += [
+        f"--volume={node.weights_dir}:{CONTAINER_WEIGHTS_ROOT}:ro",
+        f"--volume={node.kernel_cache_dir}/current:{CONTAINER_CACHE_ROOT}",
+    ]
     args += [f"--env-file={env_file}", profile.image_ref]
     return args
 

@@ -58,6 +58,7 @@ class Speculative(_Strict):
         None, ge=1, description="SGLang only (required there): --speculative-num-draft-tokens"
     )
     draft_model: str | None = Field(None, description="drafter model id, when the method uses one")
+    draft_model_revision: str = Field("main", min_length=1, description="the drafter's hub revision (pin a commit sha)")
     draft_tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM only: the drafter's TP size")
     draft_license: str | None = Field(None, description="SPDX id of the drafter's license")
 

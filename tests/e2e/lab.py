@@ -59,3 +59,8 @@ def on(host: str, command: str, check=True) -> str:
     if check and result.returncode != 0:
         raise AssertionError(f"{host}: `{command}` failed ({result.returncode}): {result.stdout}{result.stderr}")
     return result.stdout
+
+
+def fabric_rx_bytes(host: str) -> int:
+    """Bytes the host has received on its fabric netdev (what crossed the CX7 link to it)."""
+    return int(on(host, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, on, state_checks
+from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -21,10 +21,6 @@ def models() -> str:
 
 def started_at(host: str, container: str) -> str:
     return on(host, f"docker inspect --format '{{{{.State.StartedAt}}}}' {container}").strip()
-
-
-def fabric_rx_bytes(host: str) -> int:
-    return int(on(host, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes"))
 
 
 @pytest.fixture(scope="module", autouse=True)

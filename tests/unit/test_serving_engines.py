@@ -77,7 +77,8 @@ def test_sglang_vision_off_and_a_drafter_render_their_flags(tmp_path, monkeypatc
         spec(method="EAGLE3", draft_model="org/drafter")(d)))
     words = engine_args(p, c, c.node("spark-b"))
     assert "--language-model-only" in words and "--enable-multimodal" not in words
-    assert words[words.index("--speculative-draft-model-path") + 1] == "org/drafter"
+    # The drafter is loaded from the local copy roles/weights verified, like the model.
+    assert words[words.index("--speculative-draft-model-path") + 1] == "/models/org/drafter"
     assert words[words.index("--tool-call-parser") + 1] == "qwen25" and "--enable-auto-tool-choice" not in words
     assert words[words.index("--reasoning-parser") + 1] == "qwen3" and "--trust-remote-code" in words
 

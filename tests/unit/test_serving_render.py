@@ -17,7 +17,7 @@ from tests.unit.test_templates import GOLDEN, check_golden
 LAB = {
     "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
-    "serving_recipe_commit": "ef00b100c63c0a221a8235907155ba67412355bf", "serving_ulimit_memlock": "8388608",
+    "serving_recipe_commit": "62f9a9ecf3b40c7d659a96718fd63ff84f28e20b", "serving_ulimit_memlock": "8388608",
 }
 # Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
 GIDS = {"spark-a": 3, "spark-b": 5}
@@ -94,7 +94,7 @@ def test_shipped_profile_is_the_field_report_card():
     assert value("--kv-cache-dtype") == "fp8_ds_mla"
     assert value("--tool-call-parser") == "glm47" and value("--reasoning-parser") == "glm45"
     assert json.loads(value("--speculative-config")) == {
-        "method": "dflash2", "num_speculative_tokens": 7, "model": "incoai/GLM-5.3-Flash-DFlash2",
+        "method": "dflash2", "num_speculative_tokens": 7, "model": "/models/incoai/GLM-5.3-Flash-DFlash2",
         "draft_tensor_parallel_size": 2}
     assert "--limit-mm-per-prompt" not in words  # vision on
     profile = load_profile("glm-5.3-flash-exl3")
@@ -186,7 +186,7 @@ def test_sglang_every_rank_runs_the_same_command_joined_at_the_head(kind, profil
         assert "--headless" not in words  # SGLang has none: every rank runs launch_server
         assert flag(words, "--dist-init-addr") == f"10.77.77.1:{p.master_port}"
         assert flag(words, "--nnodes") == "2" and flag(words, "--node-rank") == rank
-        assert flag(words, "--tp-size") == "2" and flag(words, "--model-path") == p.model
+        assert flag(words, "--tp-size") == "2" and flag(words, "--model-path") == f"/models/{p.model}"
         # vLLM's names never reach SGLang (it would refuse them).
         for vllm_only in ("--master-addr", "--master-port", "--distributed-executor-backend",
                           "--tensor-parallel-size", "--enable-auto-tool-choice", "--speculative-config",
@@ -248,8 +248,9 @@ def test_mtp_variant_is_the_dflash_card_without_the_drafter(kind, name):
     assert not any("DFlash" in w or "dflash" in w for w in b)
     assert without(a, "--speculative-config") == without(b, "--speculative-config")  # all else the same
     env_a, env_b = env_of(kind, name), env_of(kind, name, "glm-5.3-flash-exl3-mtp")
-    assert "DFLASH_DRAFT_TP" not in env_b
-    assert {k: v for k, v in env_a.items() if k != "DFLASH_DRAFT_TP"} == env_b
+    assert "DFLASH_DRAFT_TP" not in env_b and "SPARKFLEET_DRAFT_MODEL_PATH" not in env_b
+    drafter_only = ("DFLASH_DRAFT_TP", "SPARKFLEET_DRAFT_MODEL_PATH")
+    assert {k: v for k, v in env_a.items() if k not in drafter_only} == env_b
 
 
 @pytest.mark.parametrize("profile", PROFILES)

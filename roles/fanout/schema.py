@@ -1,0 +1,11 @@
+"""Data of roles/fanout: the one path bulk data (weights, kernel caches) takes between nodes."""
+from pydantic import BaseModel, Field
+
+
+class FanoutData(BaseModel):
+    fanout_rsync_port: int = Field(
+        873, ge=1, le=65535, description="port of each node's read-only rsync daemon, bound to its fabric address"
+    )
+    fanout_bwlimit_kib: int = Field(
+        0, ge=0, description="per-transfer bandwidth cap in KiB/s for fan-out (0: none, the link's full speed)"
+    )

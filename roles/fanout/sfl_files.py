@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""sparkfleet's file mover on the nodes: weights fetched once on the head, fanned out over the fabric,
+and every copy proven by a manifest. Python 3 standard library only (it runs on DGX OS and inside
+the serving image); installed by roles/fanout as /usr/local/libexec/sparkfleet/sfl_files.py.
+
+A manifest is text: '#' header lines (key: value), then one line per file, sorted by path:
+    <sha256>\\t<size in bytes>\\t<path relative to the directory>
+Two nodes hold the same files when their manifests are byte-identical.
+
+  sfl_files.py manifest DIR [--header KEY=VALUE ...]       print DIR's manifest
+  sfl_files.py verify DIR MANIFEST                          exit 1 naming files missing or different
+  sfl_files.py seal DIR --manifest OUT [--header ...]       write DIR's manifest to OUT (atomically)
+  sfl_files.py fetch-http URL DEST --manifest OUT [--header ...] [--margin-gib G]
+        URL serves <URL>.manifest and the files under <URL>/; resumed with HTTP ranges
+  sfl_files.py fetch-dir SRC DEST --manifest OUT [--header ...] [--margin-gib G]
+  sfl_files.py fetch-hub REPO REVISION DEST [--margin-gib G]
+        Hugging Face hub (run inside the serving image, which has huggingface_hub); the token is read
+        by the hub client from the file HF_TOKEN_PATH names, never from the command line
+  sfl_files.py pull RSYNC_URL DEST --manifest OUT [--bwlimit KIB] [--margin-gib G]
+        the head's copy over its rsync daemon (RSYNC_URL.manifest beside it); an interrupted pull
+        resumes from the partial file; the copy is verified against the head's manifest
+
+Exit codes: 0 done, 1 verification failed, 3 not enough free disk (nothing transferred), 2 usage.
+"""
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+
+PARTIAL = ".sparkfleet-partial"  # resumable downloads live here until verified
+SKIP_DIRS = {PARTIAL, ".cache"}  # the hub client's own bookkeeping is not part of the model
+GIB = 1024**3
+
+
+def say(msg):
+    print(f"sfl_files: {msg}", flush=True)
+
+
+def sha256_file(path, chunk=8 * 1024 * 1024):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def listing(root):
+    """{relative path: size} of the regular files under root (bookkeeping directories skipped)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                out[os.path.relpath(full, root)] = os.path.getsize(full)
+    return out
+
+
+def manifest_text(root, header=()):
+    lines = [f"# {h}" for h in header]
+    for rel, size in sorted(listing(root).items()):
+        lines.append(f"{sha256_file(os.path.join(root, rel))}\t{size}\t{rel}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_manifest(text):
+    """(header {key: value}, entries {path: (size, sha256)})."""
+    header, entries = {}, {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            key, _, value = line[1:].strip().partition(":")
+            header[key.strip()] = value.strip()
+        elif line.strip():
+            sha, size, rel = line.split("\t", 2)
+            entries[rel] = (int(size), sha)
+    return header, entries
+
+
+def differences(root, entries, deep=True):
+    """Lines naming each manifest file missing under root or different from it."""
+    problems = []
+    present = listing(root) if os.path.isdir(root) else {}
+    for rel, (size, sha) in sorted(entries.items()):
+        if rel not in present:
+            problems.append(f"missing {rel}")
+        elif present[rel] != size:
+            problems.append(f"size {rel}: {present[rel]} bytes, manifest says {size}")
+        elif deep and sha256_file(os.path.join(root, rel)) != sha:
+            problems.append(f"sha256 {rel} differs from the manifest")
+    return problems
+
+
+def missing_bytes(root, entries):
+    present = listing(root) if os.path.isdir(root) else {}
+    return sum(size for rel, (size, _) in entries.items() if present.get(rel) != size)
+
+
+def check_disk(dest, need, margin_gib):
+    """Stop before transferring anything when `need` bytes (+ margin) do not fit under dest."""
+    probe = dest
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "/"
+    free = shutil.disk_usage(probe).free
+    if need + margin_gib * GIB > free:
+        say(f"not enough disk under {probe}: {need / GIB:.2f} GiB to fetch + {margin_gib:.2f} GiB margin, "
+            f"{free / GIB:.2f} GiB free; nothing was transferred")
+        sys.exit(3)
+    say(f"disk: {need / GIB:.2f} GiB to fetch, {free / GIB:.2f} GiB free under {probe}")
+
+
+def write_atomic(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".manifest-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def finish(dest, out, header, entries=None):
+    """Verify dest (against entries when the source gave a manifest) and write the manifest."""
+    if entries is not None:
+        problems = differences(dest, entries)
+        if problems:
+            say(f"{dest} does not match the source's manifest:\n  " + "\n  ".join(problems))
+            sys.exit(1)
+    text = manifest_text(dest, header)
+    write_atomic(out, text)
+    files = len(parse_manifest(text)[1])
+    say(f"manifest {out}: {files} files")
+
+
+def http_get(url, dest_file, offset=0):
+    req = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        mode = "ab" if offset and r.status == 206 else "wb"  # 200: the server ignored the range
+        with open(dest_file, mode) as f:
+            shutil.copyfileobj(r, f, 8 * 1024 * 1024)
+
+
+def fetch_http(a):
+    base = a.url.rstrip("/")
+    with urllib.request.urlopen(base + ".manifest", timeout=60) as r:
+        _, entries = parse_manifest(r.read().decode())
+    if not entries:
+        say(f"{base}.manifest lists no files")
+        sys.exit(1)
+    check_disk(a.dest, missing_bytes(a.dest, entries), a.margin_gib)
+    partial_dir = os.path.join(a.dest, PARTIAL)
+    present = listing(a.dest) if os.path.isdir(a.dest) else {}
+    for rel, (size, sha) in sorted(entries.items()):
+        final = os.path.join(a.dest, rel)
+        if present.get(rel) == size and sha256_file(final) == sha:
+            continue
+        part = os.path.join(partial_dir, rel)
+        os.makedirs(os.path.dirname(part), exist_ok=True)
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        if have > size:
+            os.remove(part)
+            have = 0
+        if have < size:
+            say(f"fetch {rel} ({size} bytes" + (f", resuming at {have})" if have else ")"))
+            http_get(f"{base}/{urllib.parse.quote(rel)}", part, have)
+        if sha256_file(part) != sha:
+            os.remove(part)
+            say(f"{rel}: sha256 differs from {base}.manifest (partial removed; a re-run fetches it again)")
+            sys.exit(1)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.replace(part, final)
+    shutil.rmtree(partial_dir, ignore_errors=True)
+    finish(a.dest, a.manifest, a.header, entries)
+
+
+def fetch_dir(a):
+    if not os.path.isdir(a.src):
+        say(f"source directory {a.src} does not exist")
+        sys.exit(1)
+    need = missing_bytes(a.dest, {rel: (size, "") for rel, size in listing(a.src).items()})
+    check_disk(a.dest, need, a.margin_gib)
+    os.makedirs(a.dest, exist_ok=True)
+    rsync(["--partial-dir=" + PARTIAL, a.src.rstrip("/") + "/", a.dest + "/"])
+    finish(a.dest, a.manifest, a.header)
+
+
+def fetch_hub(a):
+    from huggingface_hub import HfApi, snapshot_download  # the serving image's own client
+
+    info = HfApi().model_info(a.repo, revision=a.revision, files_metadata=True)
+    sizes = {s.rfilename: (s.size or 0, "") for s in info.siblings}
+    check_disk(a.dest, missing_bytes(a.dest, sizes), a.margin_gib)
+    say(f"hub {a.repo} at {a.revision} (commit {info.sha}): {len(sizes)} files")
+    snapshot_download(a.repo, revision=info.sha, local_dir=a.dest)
+    print(f"resolved-revision={info.sha}", flush=True)
+
+
+def rsync(args):
+    cmd = ["rsync", "--archive", "--human-readable", "--stats", *args]
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        say(f"rsync exited {done.returncode}; a re-run resumes from what arrived")
+        sys.exit(done.returncode)
+
+
+def pull(a):
+    src = a.url.rstrip("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        theirs = os.path.join(tmp, "manifest")
+        rsync([src + ".manifest", theirs])
+        with open(theirs) as f:
+            text = f.read()
+    header, entries = parse_manifest(text)
+    check_disk(a.dest, missing_bytes(a.dest, entries), a.margin_gib)
+    os.makedirs(a.dest, exist_ok=True)
+    # --partial-dir: an interrupted file stays in .sparkfleet-partial and is the basis of the next
+    # run's transfer (only what is missing crosses the link); it appears under its name when whole.
+    opts = ["--partial-dir=" + PARTIAL, "--delay-updates"] + ([f"--bwlimit={a.bwlimit}"] if a.bwlimit else [])
+    rsync(opts + [f"--exclude={d}/" for d in sorted(SKIP_DIRS)] + [src + "/", a.dest + "/"])
+    problems = differences(a.dest, entries)
+    if problems:
+        say(f"{a.dest} does not match the head's manifest:\n  " + "\n  ".join(problems))
+        sys.exit(1)
+    write_atomic(a.manifest, text)  # verified equal: the head's manifest, byte for byte
+    say(f"verified {len(entries)} files against the head's manifest; wrote {a.manifest}")
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="sfl_files.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("manifest")
+    m.add_argument("dir")
+    m.add_argument("--header", action="append", default=[])
+    s = sub.add_parser("seal")
+    s.add_argument("dir")
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--header", action="append", default=[])
+    v = sub.add_parser("verify")
+    v.add_argument("dir")
+    v.add_argument("manifest")
+    for name, first in (("fetch-http", "url"), ("fetch-dir", "src")):
+        f = sub.add_parser(name)
+        f.add_argument(first)
+        f.add_argument("dest")
+        f.add_argument("--manifest", required=True)
+        f.add_argument("--header", action="append", default=[])
+        f.add_argument("--margin-gib", type=float, default=0.0)
+    h = sub.add_parser("fetch-hub")
+    h.add_argument("repo")
+    h.add_argument("revision")
+    h.add_argument("dest")
+    h.add_argument("--margin-gib", type=float, default=0.0)
+    u = sub.add_parser("pull")
+    u.add_argument("url")
+    u.add_argument("dest")
+    u.add_argument("--manifest", required=True)
+    u.add_argument("--bwlimit", type=int, default=0)
+    u.add_argument("--margin-gib", type=float, default=0.0)
+    a = p.parse_args(argv)
+    if a.cmd == "manifest":
+        sys.stdout.write(manifest_text(a.dir, a.header))
+    elif a.cmd == "seal":
+        finish(a.dir, a.manifest, a.header)
+    elif a.cmd == "verify":
+        with open(a.manifest) as f:
+            problems = differences(a.dir, parse_manifest(f.read())[1])
+        for line in problems:
+            print(line)
+        return 1 if problems else 0
+    else:
+        {"fetch-http": fetch_http, "fetch-dir": fetch_dir, "fetch-hub": fetch_hub, "pull": pull}[a.cmd](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+"""roles/fanout: the one path bulk data takes between nodes, over the fabric.
+
+Every node runs a read-only rsync daemon bound to its fabric address (weights and kernel-cache
+modules), and carries sfl_files.py, which fetches, pulls, resumes and writes manifests. Workers
+pull from the head; nothing is ever pushed, so no node needs a key to another.
+"""
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, state
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, files, systemd
+
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.render import render
+
+SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
+UNIT = "/etc/systemd/system/sparkfleet-rsyncd.service"
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+
+# 1. rsync (DGX OS ships it; a minimal image may not) and the file mover.
+if not host.get_fact(Which, command="rsync"):
+    apt.packages(name="Install rsync", packages=["rsync"], update=True, cache_time=3600)
+files.directory(name="Create the sparkfleet tools directory", path=str(Path(SFL_FILES).parent), mode="0755")
+files.put(
+    name="Install sfl_files.py (fetch, fan-out, manifests)",
+    src=str(Path(__file__).with_name("sfl_files.py")),
+    dest=SFL_FILES,
+    mode="0755",
+)
+
+# 2. What the daemon serves must exist before it starts.
+for path in (node.weights_dir, node.kernel_cache_dir):
+    files.directory(name=f"Create {path}", path=path, user="root", group="root", mode="0755")
+
+# 3. The daemon, read-only, on the fabric address only; restarted only when its files changed.
+config = files.put(
+    name="Write the fabric rsync daemon config",
+    src=StringIO(render("fanout", "/etc/sparkfleet/rsyncd.conf", node=node, fabric_network=node.fabric_address.network)),
+    dest="/etc/sparkfleet/rsyncd.conf",
+    mode="0644",
+)
+unit = files.put(
+    name="Write the sparkfleet-rsyncd unit",
+    src=StringIO(render("fanout", UNIT, node=node)),
+    dest=UNIT,
+    mode="0644",
+)
+systemd.daemon_reload(name="Reload systemd (rsyncd unit changed)", _if=unit.did_change)
+systemd.service(name="Enable and start sparkfleet-rsyncd", service="sparkfleet-rsyncd.service", running=True, enabled=True)
+systemd.service(
+    name="Restart sparkfleet-rsyncd (config changed)",
+    service="sparkfleet-rsyncd.service",
+    restarted=True,
+    _if=lambda: config.did_change() or unit.did_change(),
+)

@@ -1,0 +1,279 @@
+"""What roles/kernel_cache must do, decided once at prepare time, and the step that does it.
+
+One cache generation per image ID on every node (<kernel_cache_dir>/<12 hex of the ID>/, with
+'current' linking to the served one and <id>.manifest beside it). The head's manifest is the
+reference. A generation the head has no manifest for is warmed: the pair runs once with
+generous timeouts and the fixed warm-up set until no rank's cache grows. Then every rank gets
+the union (the head pulls what it lacks from each worker, each worker pulls the head's), and
+each rank writes its own manifest, which must equal the head's before production starts.
+"""
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from pyinfra import logger
+from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import DeployError
+
+from roles.fanout.sfl_files import parse_manifest
+from roles.kernel_cache.facts import CacheState
+from roles.kernel_cache.schema import CACHE_VARS
+from roles.serving.engine import docker_args, engine_args, unit_name
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+
+SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
+PREWARM_CONTAINER = "sparkfleet-prewarm"
+
+
+def generation(image_id: str | None) -> str | None:
+    """The generation directory name of an image: the first 12 hex digits of its ID, as docker prints."""
+    return image_id.removeprefix("sha256:")[:12] if image_id else None
+
+
+def prewarm_env_path(node) -> str:
+    return f"{node.serving_dir}/{unit_name(node)}.prewarm.env"
+
+
+def missing_entries(manifest_text: str | None, files: dict[str, int]) -> list[str]:
+    """Files a manifest lists that are absent or resized on disk."""
+    if not manifest_text:
+        return []
+    _, entries = parse_manifest(manifest_text)
+    return [rel for rel, (size, _) in sorted(entries.items()) if files.get(rel) != size]
+
+
+def manifest_differences(reference: str, other: str) -> tuple[list[str], list[str]]:
+    """(paths the reference has that `other` lacks or has different, paths only `other` has)."""
+    _, ref = parse_manifest(reference)
+    _, oth = parse_manifest(other)
+    return sorted(p for p in ref if oth.get(p) != ref[p]), sorted(p for p in oth if p not in ref)
+
+
+def expired(generations: dict[str, float], keep: int, current: str | None) -> list[str]:
+    """Generations past the retention count, oldest first out; the current one always stays."""
+    others = sorted((g for g in generations if g != current), key=lambda g: generations[g], reverse=True)
+    room = keep - (1 if current in generations else 0)
+    return sorted(others[max(room, 0):])
+
+
+@dataclass
+class CachePlan:
+    generation: str | None  # None: the image is built in this run, its ID is not known yet
+    prewarm: bool = False
+    sync: dict[str, str] = field(default_factory=dict)  # node -> why its cache is brought in line
+    link: list[str] = field(default_factory=list)  # nodes whose 'current' points elsewhere
+    expire: dict[str, list[str]] = field(default_factory=dict)  # node -> generations removed
+
+    @property
+    def converge(self) -> bool:
+        return self.prewarm or bool(self.sync or self.link or self.expire)
+
+
+def _plan(state) -> CachePlan:
+    cluster = cluster_from_state(state)
+    head = cluster.head
+    profile = node_profile(head)
+    hosts = active_hosts(state)
+    facts = {h.name: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=profile.image_ref) for h in hosts}
+    head_facts = facts[head.name]
+    gen = generation(head_facts["image"])
+    plan = CachePlan(generation=gen)
+    reference = head_facts["manifest"]
+    if gen is None or not reference or not parse_manifest(reference)[1]:
+        plan.prewarm = True
+    for name, f in facts.items():
+        node = cluster.node(name)
+        if gen is not None and f["current"] != gen:
+            plan.link.append(name)
+        if plan.prewarm:
+            continue
+        missing = missing_entries(reference, f["files"])
+        if missing:
+            plan.sync[name] = f"{len(missing)} file(s) missing or resized: {', '.join(missing[:3])}"
+        elif f["manifest"] != reference:
+            plan.sync[name] = "its manifest differs from the head's"
+        old = expired(f["generations"], node.kernel_cache_keep_generations, gen)
+        if old:
+            plan.expire[name] = old
+    if plan.prewarm:
+        why = "the image is built in this run" if gen is None else f"generation {gen} was never warmed"
+        summary = f"prewarm ({why}), then merge on every rank"
+    elif plan.converge:
+        parts = [f"{n}: {why}" for n, why in plan.sync.items()] + [f"{n}: link to {gen}" for n in plan.link]
+        parts += [f"{n}: remove {', '.join(g)}" for n, g in plan.expire.items()]
+        summary = "repair without prewarm: " + "; ".join(parts)
+    else:
+        summary = f"generation {gen} identical on every rank ({len(parse_manifest(reference)[1])} files)"
+    logger.info(f"--> sparkfleet kernel caches ({profile.image_ref}): {summary}")
+    return plan
+
+
+def cache_plan(state) -> CachePlan:
+    return once_per_run(state, "kernel-cache-plan", lambda: _plan(state))
+
+
+def prewarm_command(profile, cluster, node) -> str:
+    """The prewarm container of one rank: the production command line, detached, with its own
+    name and the prewarm environment file (production env + generous timeouts)."""
+    words = docker_args(profile, node, prewarm_env_path(node), name=PREWARM_CONTAINER, detach=True)
+    return shlex.join(words + engine_args(profile, cluster, node))
+
+
+def cache_count_command(root: str) -> str:
+    return f"find -L {shlex.quote(root)}/current -type f -printf '%s\\n' 2>/dev/null | awk '{{n++; b+=$1}} END {{print n+0, b+0}}'"
+
+
+def request_command(port: int, body: dict) -> str:
+    data = shlex.quote(json.dumps(body))
+    return (
+        f"printf '%s' {data} | curl -sS -m 600 -o /dev/stderr -w '%{{http_code}}' -H 'Content-Type: application/json' "
+        f"--data-binary @- http://127.0.0.1:{int(port)}/v1/chat/completions"
+    )
+
+
+class _Nodes:
+    """Shell on any node of the cluster from the head's operation, failing with the node's name."""
+
+    def __init__(self, state):
+        self.cluster = cluster_from_state(state)
+        self.hosts = {h.name: h for h in active_hosts(state)}
+
+    def run(self, name: str, command: str, what: str, check: bool = True) -> str:
+        ok, out = self.hosts[name].run_shell_command(StringCommand(command))
+        if check and not ok:
+            raise DeployError(f"{name}: {what} failed:\n{out.stderr or out.stdout}")
+        return out.stdout
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for node in self.cluster.nodes:
+            n, b = self.run(node.name, cache_count_command(node.kernel_cache_dir), "counting the cache").split()
+            out[node.name] = (int(n), int(b))
+        return out
+
+
+def _prewarm(nodes: _Nodes, profile) -> None:
+    from roles.kernel_cache.warmup import warmup_requests
+
+    cluster = nodes.cluster
+    head, workers = cluster.head, cluster.workers
+    # The production pair stops first (head first); prewarm ranks start workers first, like production.
+    for node in (head, *workers):
+        nodes.run(node.name, f"systemctl stop {unit_name(node)}.service 2>/dev/null; docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping serving")
+    try:
+        for node in (*workers, head):
+            nodes.run(node.name, prewarm_command(profile, cluster, node), "starting the prewarm container")
+        timeout = head.kernel_cache_prewarm_timeout_s
+        start, last = time.monotonic(), 0.0
+        while True:
+            elapsed = time.monotonic() - start
+            code = nodes.run(head.name, f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{profile.port}/health || true", "health", check=False).strip()
+            if code == "200":
+                logger.info(f"    [{head.name}] prewarm pair up after {elapsed:.0f} s")
+                break
+            for node in cluster.nodes:
+                status = nodes.run(node.name, f"docker inspect --format '{{{{.State.Status}}}}' {PREWARM_CONTAINER} 2>/dev/null || echo gone", "inspect", check=False).strip()
+                if status != "running":
+                    logs = nodes.run(node.name, f"docker logs --tail 30 {PREWARM_CONTAINER} 2>&1 || true", "logs", check=False)
+                    raise DeployError(f"{node.name}: the prewarm engine stopped ({status}) before the pair was up:\n{logs}")
+            if elapsed > timeout:
+                raise DeployError(f"{head.name}: prewarm pair not healthy after {timeout} s (last /health: {code or 'no answer'})")
+            if elapsed - last >= 15:
+                logger.info(f"    [{head.name}] prewarm: waiting for /health ({code or 'no answer'}, {elapsed:.0f} s of {timeout} s)")
+                last = elapsed
+            time.sleep(3)
+        requests = warmup_requests(profile, head.kernel_cache_prewarm_long_prompt_words)
+        before = nodes.counts()
+        for round_no in range(1, head.kernel_cache_prewarm_max_rounds + 1):
+            for label, body in requests:
+                ok, out = nodes.hosts[head.name].run_shell_command(StringCommand(request_command(profile.port, body)))
+                if not ok or out.stdout.strip() != "200":
+                    raise DeployError(f"{head.name}: warm-up request '{label}' answered {out.stdout.strip() or 'nothing'}: {out.stderr[-500:]}")
+            after = nodes.counts()
+            grown = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
+            logger.info(
+                f"    [{head.name}] warm-up round {round_no}: "
+                + ", ".join(f"{n} {after[n][0]} files (+{grown[n][0]})" for n in sorted(after))
+            )
+            if round_no > 1 and not any(files or size for files, size in grown.values()):
+                break
+            before = after
+        else:
+            logger.warning(f"    [{head.name}] caches still grew after {head.kernel_cache_prewarm_max_rounds} rounds; merging what there is")
+    finally:
+        for node in (head, *workers):
+            nodes.run(node.name, f"docker stop --time=30 {PREWARM_CONTAINER} >/dev/null 2>&1; docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping the prewarm container", check=False)
+
+
+def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
+    """Operation body, on the head: link every node to the image's generation, prewarm when it was
+    never warmed, give every rank the union, write and compare the manifests, drop old generations."""
+    from pyinfra import host, state
+
+    nodes = _Nodes(state)
+    cluster = nodes.cluster
+    profile = node_profile(cluster.head)
+    image_id = nodes.run(cluster.head.name, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)}", "reading the image ID").strip()
+    gen = generation(image_id)
+    subdirs = " ".join(sorted(CACHE_VARS.values()))
+    for node in cluster.nodes:
+        root = shlex.quote(node.kernel_cache_dir)
+        nodes.run(
+            node.name,
+            f"cd {root} && for d in {subdirs}; do mkdir -p {gen}/$d; done && ln -sfn {gen} current && touch {gen}",
+            f"linking the kernel cache to generation {gen}",
+        )
+    if prewarm:
+        logger.info(f"    [{host.name}] prewarm of generation {gen} ({profile.image_ref})")
+        _prewarm(nodes, profile)
+    head = cluster.head
+
+    def url(node):
+        return f"rsync://{node.fabric_ip}:{node.fanout_rsync_port}/kernel-cache/{gen}/"
+
+    # Union: the head takes what only a worker compiled, then every worker takes the head's whole set.
+    for worker in cluster.workers:
+        nodes.run(head.name, f"rsync -a --ignore-existing {url(worker)} {shlex.quote(head.kernel_cache_dir)}/{gen}/", f"pulling {worker.name}'s cache")
+    for worker in cluster.workers:
+        nodes.run(worker.name, f"rsync -a {url(head)} {shlex.quote(worker.kernel_cache_dir)}/{gen}/", "pulling the head's cache")
+    manifests = {}
+    for node in (head, *cluster.workers):
+        root = node.kernel_cache_dir
+        nodes.run(
+            node.name,
+            f"python3 {SFL_FILES} seal {root}/{gen} --manifest {root}/{gen}.manifest "
+            f"--header 'sparkfleet kernel cache manifest v1' --header 'image: {image_id}'",
+            "writing the cache manifest",
+        )
+        manifests[node.name] = nodes.run(node.name, f"cat {root}/{gen}.manifest", "reading the cache manifest")
+    problems = []
+    for worker in cluster.workers:
+        lacking, extra = manifest_differences(manifests[head.name], manifests[worker.name])
+        if lacking or extra:
+            problems.append(
+                f"{worker.name}: " + "; ".join(
+                    part for part in (
+                        f"missing or different: {', '.join(lacking[:10])}" if lacking else "",
+                        f"only here: {', '.join(extra[:10])}" if extra else "",
+                    ) if part
+                )
+            )
+    if problems:
+        raise DeployError(
+            f"kernel caches of {gen} differ from the head's; production serving is not started:\n  " + "\n  ".join(problems)
+        )
+    files = len(parse_manifest(manifests[head.name])[1])
+    logger.info(f"    [{host.name}] kernel caches of {gen}: {files} files, identical on {len(manifests)} ranks")
+    for node in cluster.nodes:
+        old = expire.get(node.name)
+        if prewarm:  # new generation: retention is decided now that it exists
+            listing = nodes.run(node.name, f"find {shlex.quote(node.kernel_cache_dir)} -mindepth 1 -maxdepth 1 -type d -printf '%f\\t%T@\\n'", "listing generations")
+            gens = {g: float(t) for g, t in (line.split("\t") for line in listing.splitlines() if "\t" in line)}
+            old = expired(gens, node.kernel_cache_keep_generations, gen)
+        if old:
+            root = shlex.quote(node.kernel_cache_dir)
+            nodes.run(node.name, "cd " + root + " && rm -rf " + " ".join(f"{g} {g}.manifest" for g in old), "removing old generations")
+            logger.info(f"    [{node.name}] removed kernel cache generations {', '.join(old)} (keep {node.kernel_cache_keep_generations})")

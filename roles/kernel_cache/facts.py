@@ -1,0 +1,45 @@
+"""Facts of roles/kernel_cache: a node's cache generations, and the one for an image."""
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class CacheState(FactBase):
+    """{"image": image ID or None, "current": link target or None, "generations": {name: mtime},
+    "manifest": text or None, "files": {path: size}} of the cache root on a node, the manifest and
+    files being those of the generation of `ref`'s image."""
+
+    @staticmethod
+    def default():
+        return {"image": None, "current": None, "generations": {}, "manifest": None, "files": {}}
+
+    def command(self, root: str, ref: str) -> str:
+        r, q = shlex.quote(root), shlex.quote(ref)
+        return (
+            f"id=$(docker image inspect --format '{{{{.Id}}}}' {q} 2>/dev/null || true); printf 'I\\t%s\\n' \"$id\"; "
+            f"printf 'C\\t%s\\n' \"$(readlink {r}/current 2>/dev/null)\"; "
+            f"[ -d {r} ] && find {r} -mindepth 1 -maxdepth 1 -type d -printf 'G\\t%f\\t%T@\\n'; "
+            f"g=$(echo \"$id\" | sed 's/^sha256://' | cut -c1-12); "
+            f"if [ -n \"$g\" ]; then [ -f {r}/$g.manifest ] && sed 's/^/M\\t/' {r}/$g.manifest; "
+            f"[ -d {r}/$g ] && find {r}/$g -type f -printf 'F\\t%s\\t%P\\n'; fi; true"
+        )
+
+    def process(self, output):
+        out = CacheState.default()
+        manifest = []
+        for line in output:
+            kind, _, rest = line.partition("\t")
+            if kind == "I":
+                out["image"] = rest.strip() or None
+            elif kind == "C":
+                out["current"] = rest.strip() or None
+            elif kind == "G":
+                name, _, mtime = rest.partition("\t")
+                out["generations"][name] = float(mtime)
+            elif kind == "M":
+                manifest.append(rest)
+            elif kind == "F":
+                size, _, rel = rest.partition("\t")
+                out["files"][rel] = int(size)
+        out["manifest"] = "\n".join(manifest) + "\n" if manifest else None
+        return out

@@ -1,0 +1,42 @@
+"""roles/kernel_cache: JIT caches per image ID on every node, warmed before production, identical on
+every rank (the field report's worker with 0 cached TileLang kernels to the head's 7 compiled past
+the 60 s broadcast timeout). The serving units mount <kernel_cache_dir>/current; see checks.py."""
+from io import StringIO
+
+from pyinfra import host, state
+from pyinfra.operations import files, python
+
+from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_path
+from roles.serving.checks import pair_state
+from roles.serving.engine import env_file_path
+from roles.serving.schema import node_profile
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.keyvalue import key_values
+from sparkfleet.render import render
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+profile = node_profile(node)
+plan = cache_plan(state)  # prepare-time: prewarm, repair or nothing, decided once
+
+# 1. The prewarm environment of this rank: production's, with generous timeouts on top.
+env_text = pair_state(state).files[node.name][env_file_path(node, node.serving_dir)][0]
+production_env = key_values(line for line in env_text.splitlines() if not line.startswith("#"))
+files.put(
+    name="Write the prewarm environment (production + generous timeouts)",
+    src=StringIO(render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile,
+                        env={**production_env, **node.kernel_cache_prewarm_env})),
+    dest=prewarm_env_path(node),
+    user="root",
+    group="root",
+    mode="0600",
+)
+
+# 2. Link, prewarm, merge, compare, expire: one step driven from the head across the pair.
+python.call(
+    name="Prewarm and merge the kernel caches" if plan.prewarm else "Bring the kernel caches in line with the head's",
+    function=converge_caches,
+    prewarm=plan.prewarm,
+    expire=plan.expire,
+    _if=lambda: node.is_head and plan.converge,
+)

@@ -1,0 +1,137 @@
+"""What roles/weights must do, decided once at prepare time for the whole cluster.
+
+The head holds the reference copy: it is in place when its manifest names the configured source
+and revision and every file it lists is on disk with its size. A worker's copy is in place when
+its manifest is byte-identical to the head's and its files match too. Anything else is fetched
+(head) or pulled over the fabric (workers); nothing else moves.
+"""
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra import logger
+
+from roles.fanout.sfl_files import parse_manifest
+from roles.serving.schema import node_profile
+from roles.weights.facts import ModelCopy
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+
+SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
+HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
+
+
+def profile_models(profile) -> list[tuple[str, str]]:
+    """(model id, revision) of everything the profile loads: the model, then its drafter."""
+    models = [(profile.model, profile.model_revision)]
+    spec = profile.speculative
+    if spec and spec.draft_model:
+        models.append((spec.draft_model, spec.draft_model_revision))
+    return models
+
+
+def model_dir(node, model: str) -> str:
+    return f"{node.weights_dir}/{model}"
+
+
+def manifest_path(node, model: str) -> str:
+    return f"{node.weights_dir}/{model}.manifest"
+
+
+def manifest_header(model: str, revision: str, source: str) -> list[str]:
+    return ["sparkfleet weights manifest v1", f"model: {model}", f"revision: {revision}", f"source: {source}"]
+
+
+def copy_problem(copy: dict, header: list[str] | None = None, reference: str | None = None) -> str | None:
+    """Why a node's copy is not in place, or None. `header`: what the head's manifest must say;
+    `reference`: the head's manifest text a worker's must equal."""
+    text = copy["manifest"]
+    if text is None:
+        return "no manifest"
+    if reference is not None and text != reference:
+        return "manifest differs from the head's"
+    if header is not None:
+        want = dict(line.split(": ", 1) for line in header[1:])
+        have, _ = parse_manifest(text)
+        diff = [f"{k} {have.get(k)!r} -> {v!r}" for k, v in want.items() if have.get(k) != v]
+        if diff:
+            return ", ".join(diff)
+    _, entries = parse_manifest(text)
+    if not entries:
+        return "empty manifest"
+    bad = [rel for rel, (size, _) in sorted(entries.items()) if copy["files"].get(rel) != size]
+    if bad:
+        return f"{len(bad)} file(s) missing or resized ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+    return None
+
+
+@dataclass
+class WeightsPlan:
+    fetch: dict[str, str] = field(default_factory=dict)  # model -> why the head fetches it
+    pull: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, node) -> why it is sent
+
+
+def _plan(state) -> WeightsPlan:
+    cluster = cluster_from_state(state)
+    head = cluster.head
+    profile = node_profile(head)
+    head_host = state.inventory.get_host(head.name)
+    plan = WeightsPlan()
+    for model, revision in profile_models(profile):
+        head_copy = head_host.get_fact(ModelCopy, root=head.weights_dir, model=model)
+        why = copy_problem(head_copy, header=manifest_header(model, revision, head.weights_source))
+        if why:
+            plan.fetch[model] = why
+        for node_host in active_hosts(state):
+            node = cluster.node(node_host.name)
+            if node.is_head:
+                continue
+            if why:
+                plan.pull[(model, node.name)] = "the head fetches it"
+                continue
+            copy = node_host.get_fact(ModelCopy, root=node.weights_dir, model=model)
+            problem = copy_problem(copy, reference=head_copy["manifest"])
+            if problem:
+                plan.pull[(model, node.name)] = problem
+    lines = [f"{m}: head fetches ({why})" for m, why in plan.fetch.items()]
+    lines += [f"{m} -> {n}: sent over the fabric ({why})" for (m, n), why in plan.pull.items()]
+    logger.info("--> sparkfleet weights: " + ("; ".join(lines) if lines else "every node's copy matches the head's manifest"))
+    return plan
+
+
+def weights_plan(state) -> WeightsPlan:
+    return once_per_run(state, "weights-plan", lambda: _plan(state))
+
+
+def fetch_command(node, profile, model: str, revision: str) -> str:
+    """The head's fetch of one model from the configured source, ending with its manifest."""
+    dest, out, source = model_dir(node, model), manifest_path(node, model), node.weights_source
+    headers = " ".join(f"--header {shlex.quote(h)}" for h in manifest_header(model, revision, source))
+    margin = f"--margin-gib {node.weights_free_margin_gib:g}"
+    q = shlex.quote
+    if source.startswith(("http://", "https://")):
+        return f"python3 {SFL_FILES} fetch-http {q(f'{source}/{model}')} {q(dest)} --manifest {q(out)} {headers} {margin}"
+    if source.startswith("/"):
+        return f"python3 {SFL_FILES} fetch-dir {q(f'{source}/{model}')} {q(dest)} --manifest {q(out)} {headers} {margin}"
+    # The hub: its client runs inside the serving image (the recipe's own huggingface_hub). The
+    # token file is mounted read-only and named by HF_TOKEN_PATH: never an argument, never logged.
+    token = node.weights_hf_token_file
+    mount_token = (
+        f"$( [ -f {q(token)} ] && echo -v {q(token)}:{HUB_TOKEN_IN_CONTAINER}:ro -e HF_TOKEN_PATH={HUB_TOKEN_IN_CONTAINER} )"
+    )
+    return (
+        f"mkdir -p {q(dest)} && docker run --rm --network=host -v {q(dest)}:/weights "
+        f"-v {SFL_FILES}:/sfl_files.py:ro {mount_token} --entrypoint python3 {q(profile.image_ref)} "
+        f"/sfl_files.py fetch-hub {q(model)} {q(revision)} /weights {margin} "
+        f"&& python3 {SFL_FILES} seal {q(dest)} --manifest {q(out)} {headers}"
+    )
+
+
+def pull_command(cluster, node, model: str) -> str:
+    """A worker's pull of one model from the head's rsync daemon over the fabric, verified."""
+    head = cluster.head
+    url = f"rsync://{head.fabric_ip}:{head.fanout_rsync_port}/weights/{model}"
+    q = shlex.quote
+    return (
+        f"python3 {SFL_FILES} pull {q(url)} {q(model_dir(node, model))} --manifest {q(manifest_path(node, model))} "
+        f"--bwlimit {node.fanout_bwlimit_kib} --margin-gib {node.weights_free_margin_gib:g}"
+    )

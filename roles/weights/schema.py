@@ -1,0 +1,34 @@
+"""Data of roles/weights: where a profile's model (and drafter) comes from and where it lives."""
+import re
+
+from pydantic import BaseModel, Field, field_validator
+
+SOURCE_FORMS = "'hub' (the Hugging Face hub), an absolute directory on the head, or an http(s):// URL"
+
+
+class WeightsData(BaseModel):
+    weights_dir: str = Field(
+        "/var/lib/sparkfleet/models",
+        pattern=r"^/",
+        description="where every node keeps the weights: <weights_dir>/<model id>/, its manifest beside it",
+    )
+    weights_source: str = Field(
+        "hub",
+        description=f"where the head fetches weights from: {SOURCE_FORMS}; a directory or URL holds "
+        "<model id>/ and (URL) <model id>.manifest",
+    )
+    weights_hf_token_file: str = Field(
+        "/etc/sparkfleet/hf-token",
+        pattern=r"^/",
+        description="root-only file on the head with the hub token (read by the hub client; absent: anonymous)",
+    )
+    weights_free_margin_gib: float = Field(
+        10.0, ge=0, description="disk left free after a download or fan-out, or the deploy stops before it"
+    )
+
+    @field_validator("weights_source")
+    @classmethod
+    def _known_source(cls, value: str) -> str:
+        if value == "hub" or value.startswith("/") or re.match(r"^https?://[^/\s]+", value):
+            return value.rstrip("/") if value != "/" else value
+        raise ValueError(f"must be {SOURCE_FORMS}")

@@ -1,0 +1,102 @@
+"""Weights fetched once and fanned out, kernel caches warmed and identical on every rank, in the lab.
+
+The lab's models (lab/model) come from the bridge over HTTP; the stand-in engine writes JIT cache
+entries per request shape, different on each rank, so the merge is real. Runs after the serving
+tests (same lab, pair deployed).
+"""
+import re
+import subprocess
+import time
+
+import pytest
+
+from roles.serving.schema import load_profile
+from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, state_checks
+
+pytestmark = pytest.mark.lab
+
+PROFILE = load_profile("glm-5.3-flash-exl3")
+MODEL = PROFILE.model
+WEIGHTS = f"/var/lib/sparkfleet/models/{MODEL}"
+CACHE = "/var/lib/sparkfleet/kernel-cache"
+
+
+def cache_files(host: str) -> list[str]:
+    return sorted(on(host, f"cd {CACHE}/current/ && find . -type f | sort").split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serving_pair():
+    run = deploy()
+    assert run.returncode == 0, run.output
+    yield
+
+
+def test_weights_and_caches_are_in_place_and_a_second_deploy_moves_nothing():
+    checks = state_checks("tests/state/test_weights_and_caches.py")
+    assert checks.returncode == 0, checks.output
+    rx = fabric_rx_bytes("spark-b")
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert run.changed() == []  # nothing fetched, sent or re-warmed
+    assert "every node's copy matches the head's manifest" in run.output
+    assert re.search(r"kernel caches \([^)]*\): generation [0-9a-f]{12} identical on every rank", run.output)
+    assert fabric_rx_bytes("spark-b") - rx < 1024 * 1024  # a few SSH-free fabric packets at most
+
+
+def test_each_rank_compiled_its_own_kernels_and_holds_the_union():
+    a, b = cache_files("spark-a"), cache_files("spark-b")
+    assert a == b and len(a) > 10
+    # The stand-in names an entry by (cache, shape, rank): each rank compiled its own, both hold both.
+    ranks = {int(x) for x in re.findall(r'"rank": ?(\d)', on("spark-b", f"cat $(find {CACHE}/current/triton -type f)"))}
+    assert ranks == {0, 1}
+
+
+def test_a_deleted_cache_file_fails_the_checks_naming_it_and_is_restored_without_a_prewarm():
+    victim = on("spark-b", f"cd {CACHE}/current && find triton -type f | sort | head -1").strip()
+    on("spark-b", f"rm {CACHE}/current/{victim}")
+    checks = state_checks("tests/state/test_weights_and_caches.py")
+    assert checks.returncode != 0
+    assert f"missing {victim}" in checks.output, checks.output
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert "repair without prewarm: spark-b: 1 file(s) missing or resized" in run.output
+    assert ("Bring the kernel caches in line with the head's", "spark-a") in run.changed()
+    assert "warm-up round" not in run.output and "prewarm of generation" not in run.output
+    assert not [op for op, _ in run.changed() if op.startswith(("Restart", "Start", "Stop"))]  # serving untouched
+    assert on("spark-b", f"test -f {CACHE}/current/{victim} && echo ok").strip() == "ok"
+    assert state_checks("tests/state/test_weights_and_caches.py").returncode == 0
+
+
+def test_an_interrupted_fan_out_resumes_instead_of_restarting():
+    # A slow link (fanout_bwlimit_kib) makes the transfer long enough to kill halfway.
+    on("spark-b", f"rm -rf {WEIGHTS} {WEIGHTS}.manifest")
+    total = int(on("spark-a", f"du -sb --apparent-size {WEIGHTS} | cut -f1"))
+    slow = ("--data", "fanout_bwlimit_kib=2048")
+    cmd = [str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py", *slow]
+    first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        partial = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and partial < total // 3:
+            time.sleep(0.5)
+            out = on("spark-b", f"du -sb --apparent-size {WEIGHTS} 2>/dev/null | cut -f1", check=False).strip()
+            partial = int(out or 0)
+        assert total // 3 <= partial < total, f"fan-out never got a third in: {partial} of {total} bytes"
+        on("spark-b", "pkill -TERM -f '[r]sync --archive' || true")  # the pull, not the daemon ([r]: not this shell)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode != 0, output
+    kept = int(on("spark-b", f"du -sb --apparent-size {WEIGHTS} | cut -f1"))
+    assert kept >= total // 3, f"the interrupted transfer kept only {kept} bytes"
+
+    rx = fabric_rx_bytes("spark-b")
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert (f"Send {MODEL} to the workers over the fabric", "spark-b") in run.changed()
+    sent = fabric_rx_bytes("spark-b") - rx
+    # Resumed: what crossed is what was missing (plus rsync's checksums), not the whole model again.
+    assert sent < total - kept // 2, f"{sent} bytes crossed for {total - kept} missing of {total}"
+    assert state_checks("tests/state/test_weights_and_caches.py").returncode == 0
+    assert deploy().changed() == []
