@@ -350,6 +350,10 @@ Host $name
   StrictHostKeyChecking yes
   UserKnownHostsFile $KNOWN_HOSTS
   LogLevel ERROR
+  # One SSH connection per host, reused: testinfra and the tests run one ssh per command.
+  ControlMaster auto
+  ControlPath $RUN_DIR/ssh-%n
+  ControlPersist 60
 
 EOF
   done

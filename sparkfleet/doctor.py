@@ -12,10 +12,12 @@ from roles.fabric.facts import FabricPing
 from roles.fabric.schema import NETPLAN_FILE
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message, image_ids
+from roles.kernel_cache.checks import cache_plan
 from roles.preflight.checks import preflight_rows
 from roles.serving.engine import unit_name
 from roles.serving.facts import HeadHealth, UnitState, is_serving
 from roles.serving.schema import node_profile
+from roles.weights.checks import weights_plan
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
 
@@ -53,6 +55,14 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
     ids = image_ids(state, profile)
     same = None not in ids.values() and len(set(ids.values())) == 1
     rows.append(("image", "all", [] if same else [ids_differ_message(ids, profile.image_ref)]))
+    # The deploy's own prepare-time verdicts (facts only): what a deploy would move is a failure here.
+    weights = weights_plan(state)
+    rows.append(("weights", "all", [f"{cluster.head.name}: {m}: {why}" for m, why in weights.fetch.items()]
+                 + [f"{n}: {m}: {why}" for (m, n), why in weights.pull.items()]))
+    caches = cache_plan(state)
+    rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
+                 + [f"{n}: {why}" for n, why in caches.sync.items()]
+                 + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
     head = hosts.get(cluster.head.name)
     if head is not None:
         healthy = head.get_fact(HeadHealth, port=profile.port)

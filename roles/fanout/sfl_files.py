@@ -38,7 +38,8 @@ GIB = 1024**3
 
 
 def say(msg):
-    print(f"sfl_files: {msg}", flush=True)
+    # stderr: pyinfra shows a failed command's stderr, so a refusal's numbers reach the operator.
+    print(f"sfl_files: {msg}", file=sys.stderr, flush=True)
 
 
 def sha256_file(path, chunk=8 * 1024 * 1024):

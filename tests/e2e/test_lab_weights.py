@@ -12,6 +12,7 @@ import pytest
 
 from roles.serving.schema import load_profile
 from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, state_checks
+from tests.e2e.lab import run as run_cmd
 
 pytestmark = pytest.mark.lab
 
@@ -58,6 +59,8 @@ def test_a_deleted_cache_file_fails_the_checks_naming_it_and_is_restored_without
     checks = state_checks("tests/state/test_weights_and_caches.py")
     assert checks.returncode != 0
     assert f"missing {victim}" in checks.output, checks.output
+    doctor = run_cmd([str(BIN / "pyinfra"), "-y", INVENTORY, "doctor.py"])
+    assert doctor.returncode != 0 and f"spark-b: 1 file(s) missing or resized: {victim}" in doctor.output, doctor.output
     run = deploy()
     assert run.returncode == 0, run.output
     assert "repair without prewarm: spark-b: 1 file(s) missing or resized" in run.output
@@ -66,6 +69,19 @@ def test_a_deleted_cache_file_fails_the_checks_naming_it_and_is_restored_without
     assert not [op for op, _ in run.changed() if op.startswith(("Restart", "Start", "Stop"))]  # serving untouched
     assert on("spark-b", f"test -f {CACHE}/current/{victim} && echo ok").strip() == "ok"
     assert state_checks("tests/state/test_weights_and_caches.py").returncode == 0
+
+
+def test_a_shortfall_of_disk_stops_the_fetch_with_the_numbers_before_any_byte_moves():
+    drafter = PROFILE.speculative.draft_model
+    on("spark-a", f"rm -rf /var/lib/sparkfleet/models/{drafter} /var/lib/sparkfleet/models/{drafter}.manifest")
+    refused = deploy("--data", "weights_free_margin_gib=100000")
+    assert refused.returncode != 0
+    assert re.search(r"not enough disk under /var/lib/sparkfleet/models/incoai: [0-9.]+ GiB to fetch \+ 100000\.00 GiB "
+                     r"margin, [0-9.]+ GiB free; nothing was transferred", refused.output), refused.output
+    assert on("spark-a", f"ls /var/lib/sparkfleet/models/{drafter} 2>/dev/null | wc -l").strip() == "0"
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert (f"Fetch {drafter} at main on the head (http://198.18.0.1:8089)", "spark-a") in run.changed()
 
 
 def test_an_interrupted_fan_out_resumes_instead_of_restarting():

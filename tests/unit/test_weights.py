@@ -117,7 +117,7 @@ def test_a_shortfall_of_disk_stops_before_any_byte_is_fetched(http_source, tmp_p
     with pytest.raises(SystemExit) as stop:
         fetch(url, tmp_path / "dest", tmp_path / "m.manifest", "--margin-gib", "1000000")
     assert stop.value.code == 3
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "not enough disk" in out and "+ 1000000.00 GiB margin" in out and "nothing was transferred" in out
     assert [p for p, _ in RangeLog.sent] == ["/org/m.manifest"] and not (tmp_path / "dest").exists()
 
