@@ -1,5 +1,5 @@
 """Baseline for bench/noop.py: a pyinfra run that gathers the facts sparkfleet's own code reads to
-decide what to do (preflight, guards, fabric, docker, image, serving), on the same hosts, and does
+decide what to do (preflight, guards, fabric, docker, image, fanout, weights, kernel caches, serving), on the same hosts, and does
 nothing else: no operations, no checks, no tables. The facts pyinfra's operations read for
 themselves (files.put's file facts, systemd's unit state) are not here: they are part of what the
 benchmark measures as sparkfleet's cost on top."""
@@ -11,14 +11,16 @@ from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
 from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
-from roles.guards.run import model_dir
 from roles.image.checks import history_path, recipe_dir
 from roles.image.facts import DeployedCommits, DockerImageId, RecipeCheckout
+from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
 from roles.serving.checks import unit_path
 from roles.serving.engine import env_file_path, unit_name
 from roles.serving.facts import HeadHealth, UnitState
 from roles.serving.schema import node_profile
+from roles.weights.checks import model_dir, profile_models
+from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -39,6 +41,10 @@ host.get_fact(DockerImageId, ref=profile.image_ref)
 host.get_fact(Sha1File, path=env_file_path(node, node.serving_dir))
 host.get_fact(Sha1File, path=unit_path(node))
 host.get_fact(UnitState, unit=unit_name(node))
+host.get_fact(Which, command="rsync")
+for model, _revision in profile_models(profile):
+    host.get_fact(ModelCopy, root=node.weights_dir, model=model)
+host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))
     host.get_fact(Which, command="git")

@@ -43,9 +43,9 @@ def main() -> int:
         time.sleep(1)
         report = json.loads(on("spark-b", f"iperf3 -c {HEAD_IP} -t 5 -J"))
         link = report["end"]["sum_received"]["bits_per_second"] / 8
-        on("spark-b", f"rm -rf {DEST}")
+        on("spark-b", f"rm -rf {DEST} && mkdir -p {DEST}")
         transfer = timed_on("spark-b", f"rsync --archive rsync://{HEAD_IP}:873/weights/.bench/blob/ {DEST}/raw/")
-        on("spark-b", f"rm -rf {DEST}")
+        on("spark-b", f"rm -rf {DEST} && mkdir -p {DEST}")
         pull = timed_on("spark-b", f"{SFL} pull rsync://{HEAD_IP}:873/weights/.bench/blob {DEST}/blob --manifest {DEST}/blob.manifest")
     finally:
         on("spark-a", f"rm -rf {SRC}", check=False)
