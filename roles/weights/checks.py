@@ -9,6 +9,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import File
 
 from roles.fanout.sfl_files import parse_manifest
 from roles.serving.schema import node_profile
@@ -70,11 +72,29 @@ class WeightsPlan:
     pull: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, node) -> why it is sent
 
 
+def token_file_problem(name: str, path: str, info: dict | None) -> str | None:
+    """The hub token file must be root's and unreadable to anyone else (absent is fine: anonymous)."""
+    if info is None:
+        return None
+    mode = int(str(info["mode"]), 8)
+    if info["user"] != "root" or mode & 0o077:
+        return (
+            f"{name}: weights_hf_token_file {path} is owned by {info['user']} with mode {mode:04o}; it must be "
+            f"root-only (chown root {path} && chmod 0600 {path}). Nothing was fetched."
+        )
+    return None
+
+
 def _plan(state) -> WeightsPlan:
     cluster = cluster_from_state(state)
     head = cluster.head
     profile = node_profile(head)
     head_host = state.inventory.get_host(head.name)
+    if head.weights_source == "hub":
+        token = head.weights_hf_token_file
+        problem = token_file_problem(head.name, token, head_host.get_fact(File, path=token))
+        if problem:
+            raise DeployError(problem)
     plan = WeightsPlan()
     for model, revision in profile_models(profile):
         head_copy = head_host.get_fact(ModelCopy, root=head.weights_dir, model=model)

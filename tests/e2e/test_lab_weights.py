@@ -116,3 +116,28 @@ def test_an_interrupted_fan_out_resumes_instead_of_restarting():
     assert sent < total - kept // 2, f"{sent} bytes crossed for {total - kept} missing of {total}"
     assert state_checks("tests/state/test_weights_and_caches.py").returncode == 0
     assert deploy().changed() == []
+
+
+def test_old_cache_generations_go_past_the_retention_count():
+    # The serving tests bumped the recipe and rolled back: two generations on each node.
+    current = on("spark-a", f"readlink {CACHE}/current").strip()
+    gens = lambda host: sorted(on(host, f"find {CACHE} -mindepth 1 -maxdepth 1 -type d -printf '%f\\n'").split())
+    assert len(gens("spark-a")) >= 2 and current in gens("spark-a")
+    run = deploy("--data", "kernel_cache_keep_generations=1")
+    assert run.returncode == 0, run.output
+    assert ("Bring the kernel caches in line with the head's", "spark-a") in run.changed()
+    assert gens("spark-a") == gens("spark-b") == [current]
+    assert on("spark-b", f"ls {CACHE}/*.manifest").split() == [f"{CACHE}/{current}.manifest"]
+    assert deploy().changed() == []
+
+
+def test_a_hub_token_file_others_can_read_is_refused_before_anything_changes():
+    on("spark-a", "umask 022 && echo hf_not_a_real_token > /etc/sparkfleet/hf-token")  # 0644
+    try:
+        run = deploy("--data", "weights_source=hub")
+        assert run.returncode != 0
+        assert ("spark-a: weights_hf_token_file /etc/sparkfleet/hf-token is owned by root with mode 0644; "
+                "it must be root-only") in run.output, run.output
+        assert run.results() == [] and "hf_not_a_real_token" not in run.output
+    finally:
+        on("spark-a", "rm -f /etc/sparkfleet/hf-token")

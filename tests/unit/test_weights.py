@@ -9,7 +9,9 @@ import pytest
 
 from roles.fanout import sfl_files
 from roles.serving.schema import load_profile
-from roles.weights.checks import copy_problem, fetch_command, manifest_header, profile_models, pull_command
+from roles.weights.checks import (
+    copy_problem, fetch_command, manifest_header, profile_models, pull_command, token_file_problem,
+)
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import pair
 
@@ -183,3 +185,13 @@ def test_an_unknown_weights_source_is_refused_naming_host_key_and_forms(source):
         cluster(weights_source=source)
     text = str(err.value)
     assert "spark-a: key 'weights_source'" in text and "'hub' (the Hugging Face hub)" in text and "http(s)://" in text
+
+
+def test_the_hub_token_file_must_be_root_only():
+    assert token_file_problem("spark-a", "/etc/sparkfleet/hf-token", None) is None  # anonymous
+    assert token_file_problem("spark-a", "/t", {"user": "root", "mode": 600}) is None
+    assert token_file_problem("spark-a", "/t", {"user": "root", "mode": 400}) is None
+    assert token_file_problem("spark-a", "/t", {"user": "root", "mode": 644}) == (
+        "spark-a: weights_hf_token_file /t is owned by root with mode 0644; it must be root-only "
+        "(chown root /t && chmod 0600 /t). Nothing was fetched.")
+    assert "owned by ubuntu" in token_file_problem("spark-a", "/t", {"user": "ubuntu", "mode": 600})
