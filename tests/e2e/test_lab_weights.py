@@ -112,6 +112,7 @@ def test_an_interrupted_fan_out_resumes_instead_of_restarting():
     assert run.returncode == 0, run.output
     assert (f"Send {MODEL} to the workers over the fabric", "spark-b") in run.changed()
     sent = fabric_rx_bytes("spark-b") - rx
+    print(f"fan-out resumed: {total} bytes in the model, {kept} kept by the interrupted pull, {sent} crossed the fabric")
     # Resumed: what crossed is what was missing (plus rsync's checksums), not the whole model again.
     assert sent < total - kept // 2, f"{sent} bytes crossed for {total - kept} missing of {total}"
     assert state_checks("tests/state/test_weights_and_caches.py").returncode == 0
