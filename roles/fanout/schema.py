@@ -1,6 +1,9 @@
 """Data of roles/fanout: the one path bulk data (weights, kernel caches) takes between nodes."""
 from pydantic import BaseModel, Field
 
+# Where roles/fanout installs sfl_files.py on every node (weights and kernel caches call it there).
+SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
+
 
 class FanoutData(BaseModel):
     fanout_rsync_port: int = Field(

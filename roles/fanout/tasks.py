@@ -11,10 +11,9 @@ from pyinfra import host, state
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, systemd
 
+from roles.fanout.schema import SFL_FILES
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
-
-SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
 UNIT = "/etc/systemd/system/sparkfleet-rsyncd.service"
 
 cluster = cluster_from_state(state)

@@ -16,15 +16,16 @@ from pyinfra import logger
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
+from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import parse_manifest
 from roles.kernel_cache.facts import CacheState
 from roles.kernel_cache.schema import CACHE_VARS
 from roles.serving.engine import docker_args, engine_args, unit_name
+from roles.serving.facts import health_command
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
 
-SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
 PREWARM_CONTAINER = "sparkfleet-prewarm"
 
 
@@ -147,6 +148,11 @@ class _Nodes:
             raise DeployError(f"{name}: {what} failed:\n{out.stderr or out.stdout}")
         return out.stdout
 
+    def cache_state(self, node, ref: str) -> dict:
+        """The node's CacheState read afresh (the prepare-time fact is stale once the step runs)."""
+        fact = CacheState()
+        return fact.process(self.run(node.name, fact.command(root=node.kernel_cache_dir, ref=ref), "reading the cache").splitlines())
+
     def counts(self) -> dict[str, tuple[int, int]]:
         out = {}
         for node in self.cluster.nodes:
@@ -170,7 +176,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
         start, last = time.monotonic(), 0.0
         while True:
             elapsed = time.monotonic() - start
-            code = nodes.run(head.name, f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{profile.port}/health || true", "health", check=False).strip()
+            code = nodes.run(head.name, health_command(profile.port), "health", check=False).strip()
             if code == "200":
                 logger.info(f"    [{head.name}] prewarm pair up after {elapsed:.0f} s")
                 break
@@ -216,8 +222,10 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
     nodes = _Nodes(state)
     cluster = nodes.cluster
     profile = node_profile(cluster.head)
-    image_id = nodes.run(cluster.head.name, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)}", "reading the image ID").strip()
+    image_id = nodes.cache_state(cluster.head, profile.image_ref)["image"]
     gen = generation(image_id)
+    if gen is None:
+        raise DeployError(f"{cluster.head.name}: image {profile.image_ref} is missing; nothing to key the kernel cache by")
     subdirs = " ".join(sorted(CACHE_VARS.values()))
     for node in cluster.nodes:
         root = shlex.quote(node.kernel_cache_dir)
@@ -270,8 +278,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
     for node in cluster.nodes:
         old = expire.get(node.name)
         if prewarm:  # new generation: retention is decided now that it exists
-            listing = nodes.run(node.name, f"find {shlex.quote(node.kernel_cache_dir)} -mindepth 1 -maxdepth 1 -type d -printf '%f\\t%T@\\n'", "listing generations")
-            gens = {g: float(t) for g, t in (line.split("\t") for line in listing.splitlines() if "\t" in line)}
+            gens = nodes.cache_state(node, profile.image_ref)["generations"]
             old = expired(gens, node.kernel_cache_keep_generations, gen)
         if old:
             root = shlex.quote(node.kernel_cache_dir)

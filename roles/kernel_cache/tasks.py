@@ -7,11 +7,10 @@ from pyinfra import host, state
 from pyinfra.operations import files, python
 
 from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_path
-from roles.serving.checks import pair_state
-from roles.serving.engine import env_file_path
+from roles.serving.checks import resolve_gid_index
+from roles.serving.engine import rank_env
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.keyvalue import key_values
 from sparkfleet.render import render
 
 cluster = cluster_from_state(state)
@@ -20,8 +19,7 @@ profile = node_profile(node)
 plan = cache_plan(state)  # prepare-time: prewarm, repair or nothing, decided once
 
 # 1. The prewarm environment of this rank: production's, with generous timeouts on top.
-env_text = pair_state(state).files[node.name][env_file_path(node, node.serving_dir)][0]
-production_env = key_values(line for line in env_text.splitlines() if not line.startswith("#"))
+production_env = rank_env(profile, cluster, node, resolve_gid_index(host, node))  # the GID fact is cached
 files.put(
     name="Write the prewarm environment (production + generous timeouts)",
     src=StringIO(render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile,

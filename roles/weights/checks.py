@@ -12,13 +12,13 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File
 
+from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import parse_manifest
 from roles.serving.schema import node_profile
 from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
 
-SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
 HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 
 
