@@ -52,8 +52,8 @@ def main(dest):
     mib = int(os.environ.get("SFL_LAB_MODEL_MIB", "24"))
     for model, drafter in model_ids():
         root = Path(dest) / model
-        lines = []
-        for rel, data in sorted(files_of(model, drafter, mib).items()):
+        lines, files = [], files_of(model, drafter, mib)
+        for rel, data in sorted(files.items()):
             path = root / rel
             if not path.exists() or path.read_bytes() != data:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,7 @@ def main(dest):
             lines.append(f"{hashlib.sha256(data).hexdigest()}\t{len(data)}\t{rel}")
         manifest = "# sparkfleet weights manifest v1\n# model: " + model + "\n" + "\n".join(lines) + "\n"
         (Path(dest) / f"{model}.manifest").write_text(manifest)
-        total = sum(len(data) for data in files_of(model, drafter, mib).values())
+        total = sum(len(data) for data in files.values())
         print(f"{model}: {len(lines)} files, {total / MIB:.1f} MiB")
 
 
