@@ -82,5 +82,5 @@ def test_kv_budget_refuses_a_context_that_cannot_fit_from_config_json_and_weight
                          run.output), run.output
         assert run.results() == []
     finally:
-        on("spark-a", f"rm -rf /var/lib/sparkfleet/models")
+        on("spark-a", "rm -rf /var/lib/sparkfleet/models")
     assert deploy().returncode == 0

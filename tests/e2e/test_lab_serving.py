@@ -3,7 +3,6 @@ and a recipe bump that rebuilds once, ships only new layers over the fabric, res
 
 Runs after test_lab_fabric.py (same lab, pair already deployed by it).
 """
-from pathlib import Path
 
 import pytest
 

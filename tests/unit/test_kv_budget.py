@@ -1,5 +1,4 @@
 """KV budget guard: a context that fits passes, one that does not is refused with the numbers."""
-import pytest
 
 from roles.guards.kv_budget import engine_kv_tokens, kv_budget, kv_bytes_per_token
 

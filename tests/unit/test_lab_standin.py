@@ -62,21 +62,9 @@ def wait_for(predicate, timeout=5.0, what="condition"):
 
 
 @pytest.fixture
-def run():
+def run(launch):
     """run(*args, **env) starts the stand-in; all started processes are killed at teardown."""
-    procs = []
-
-    def start(*args, **extra_env):
-        p = subprocess.Popen([sys.executable, str(VLLM), *args], env=env(**extra_env), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate(timeout=5)
+    return lambda *args, **extra_env: launch([sys.executable, str(VLLM), *args], env(**extra_env))
 
 
 @pytest.fixture

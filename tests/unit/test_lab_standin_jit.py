@@ -6,7 +6,6 @@ directories; every wait is bounded, and every process a test starts is killed wh
 import hashlib
 import json
 import signal
-import subprocess
 import sys
 import threading
 import urllib.error
@@ -85,23 +84,6 @@ def chat(content, model="lab", **extra):
 
 def words(n):
     return " ".join(f"w{i}" for i in range(n))
-
-
-@pytest.fixture
-def launch():
-    """launch(argv, env, cwd) starts a process; all started processes are killed at teardown."""
-    procs = []
-
-    def start(command, env, cwd):
-        p = subprocess.Popen(command, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate(timeout=5)
 
 
 @pytest.fixture

@@ -26,21 +26,9 @@ def command(*args):
 
 
 @pytest.fixture
-def run():
+def run(launch):
     """run(*args, **env) starts the stand-in; all started processes are killed at teardown."""
-    procs = []
-
-    def start(*args, **extra_env):
-        p = subprocess.Popen(command(*args), env=env(**extra_env), text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.communicate(timeout=5)
+    return lambda *args, **extra_env: launch(command(*args), env(**extra_env))
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Profiles and engines: a field an engine cannot use is refused when the profile loads, naming
 the engine and the field; the shipped profiles' engine commands run on the lab stand-ins."""
 import copy
-import json
 import os
 import subprocess
 import sys
