@@ -96,9 +96,14 @@ def differences(root, entries, deep=True):
     return problems
 
 
+def absent(entries, present):
+    """Manifest paths missing from `present` ({path: size}) or with another size there, sorted."""
+    return [rel for rel, (size, _) in sorted(entries.items()) if present.get(rel) != size]
+
+
 def missing_bytes(root, entries):
     present = listing(root) if os.path.isdir(root) else {}
-    return sum(size for rel, (size, _) in entries.items() if present.get(rel) != size)
+    return sum(entries[rel][0] for rel in absent(entries, present))
 
 
 def check_disk(dest, need, margin_gib):

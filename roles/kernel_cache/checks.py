@@ -17,7 +17,7 @@ from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from roles.fanout.schema import SFL_FILES
-from roles.fanout.sfl_files import parse_manifest
+from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState
 from roles.kernel_cache.schema import CACHE_VARS
 from roles.serving.engine import docker_args, engine_args, unit_name
@@ -42,8 +42,7 @@ def missing_entries(manifest_text: str | None, files: dict[str, int]) -> list[st
     """Files a manifest lists that are absent or resized on disk."""
     if not manifest_text:
         return []
-    _, entries = parse_manifest(manifest_text)
-    return [rel for rel, (size, _) in sorted(entries.items()) if files.get(rel) != size]
+    return absent(parse_manifest(manifest_text)[1], files)
 
 
 def manifest_differences(reference: str, other: str) -> tuple[list[str], list[str]]:

@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File
 
 from roles.fanout.schema import SFL_FILES
-from roles.fanout.sfl_files import parse_manifest
+from roles.fanout.sfl_files import absent, parse_manifest
 from roles.serving.schema import node_profile
 from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state
@@ -60,7 +60,7 @@ def copy_problem(copy: dict, header: list[str] | None = None, reference: str | N
     _, entries = parse_manifest(text)
     if not entries:
         return "empty manifest"
-    bad = [rel for rel, (size, _) in sorted(entries.items()) if copy["files"].get(rel) != size]
+    bad = absent(entries, copy["files"])
     if bad:
         return f"{len(bad)} file(s) missing or resized ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
     return None

@@ -5,7 +5,7 @@ after every transfer). Kernel caches are small: their files are hashed here agai
 """
 import pytest
 
-from roles.fanout.sfl_files import parse_manifest
+from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.schema import CACHE_VARS
 from roles.serving.engine import CONTAINER_WEIGHTS_ROOT, unit_name
 from roles.weights.checks import manifest_path, model_dir, profile_models
@@ -37,7 +37,7 @@ def test_weight_manifests_are_equal_on_every_node_and_match_the_files(node, clus
             n = cluster.node(name)
             assert manifest_of(peer, manifest_path(n, model)) == reference, f"{name}: {model} manifest differs from the head's"
             on_disk = sizes_on_disk(peer, model_dir(n, model))
-            wrong = [rel for rel, (size, _) in entries.items() if on_disk.get(rel) != size]
+            wrong = absent(entries, on_disk)
             assert not wrong, f"{name}: {model}: missing or resized: {', '.join(sorted(wrong))}"
 
 
