@@ -10,11 +10,12 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean doctor rollback
+.PHONY: help install demo test unit parity parity-venvs lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean doctor rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
-	@echo "make test        unit tests and the lab end-to-end (what CI runs)"
+	@echo "make test        unit tests, the engine-parity tier and the lab end-to-end (what CI runs)"
+	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
@@ -69,9 +70,21 @@ demo: install lab-up deploy-lab verify-lab show-lab
 unit: install
 	$(BIN)/pytest tests/unit -q
 
+# The real engines, each in its own virtualenv from tests/parity/<engine>.txt, cached by the lock's
+# hash under $(SFL_PARITY_CACHE) (outside the checkout, so a CI run on a machine that built them
+# once installs nothing).
+SFL_PARITY_CACHE ?= /var/cache/sparkfleet/parity
+export SFL_PARITY_CACHE
+parity-venvs:
+	@bash tests/parity/venv.sh vllm >/dev/null
+	@bash tests/parity/venv.sh sglang >/dev/null
+
+parity: install parity-venvs
+	$(BIN)/pytest tests/parity -q --parity
+
 # Fresh lab hosts every run, so the first deploy really starts from nothing.
-test: install lab-reset
-	$(BIN)/pytest tests -q --lab -p no:cacheprovider
+test: install parity-venvs lab-reset
+	$(BIN)/pytest tests -q --lab --parity -p no:cacheprovider
 
 bench: install lab-up
 	$(BIN)/python bench/noop.py

@@ -4,6 +4,8 @@
 - tests/state: testinfra checks of real machines (or the lab); need --hosts, and --inventory for
   the expected values (the same inventory the deploy used).
 - tests/e2e: the lab end to end (boots nothing itself; `make test` brings the lab up); need --lab.
+- tests/parity: the rendered command lines and environments against the real vLLM and SGLang, each
+  in its own cached virtualenv (tests/parity/venv.sh builds them); need --parity.
 """
 import os
 from pathlib import Path
@@ -27,6 +29,8 @@ def pytest_addoption(parser):
         help="override a data key on every host, as pyinfra's --data does for the deploy",
     )
     parser.addoption("--lab", action="store_true", help="run the lab end-to-end tests (make lab-up first)")
+    parser.addoption("--parity", action="store_true",
+                     help="run the engine-parity tier against the real engines (builds their virtualenvs once)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,5 +38,7 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).relative_to(REPO).parts
         if parts[:2] == ("tests", "state") and not config.getoption("hosts"):
             item.add_marker(pytest.mark.skip(reason="state checks need --hosts=ssh://... (real Sparks or the lab)"))
+        if parts[:2] == ("tests", "parity") and not config.getoption("parity"):
+            item.add_marker(pytest.mark.skip(reason="engine parity needs --parity (make test runs it)"))
         if parts[:2] == ("tests", "e2e") and not config.getoption("lab"):
             item.add_marker(pytest.mark.skip(reason="lab end-to-end needs --lab (make test runs it)"))

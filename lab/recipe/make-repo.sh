@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with two
-# commits on `main`, tagged v1 and v2, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
+# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with three
+# commits on `main`, tagged v1, v2 and v3, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
 # lab/standin/sglang/launch_server.py.
 #   v1 "recipe v1": Dockerfile, start.sh, vllm, sglang/launch_server.py
 #   v2 "recipe v2": v1 + NOTES, one more Dockerfile layer (COPY NOTES), start.sh CG_ESTIMATE 0 -> 1
 #                   and KV_SLOTMAP_PIN 0 -> 1
 #                   (the field report's recipe update that flipped that default)
+#   v3 "recipe v3": v2 + start.sh's exec line passes --max-num-seqs 64 to vllm serve (a real vLLM 0.33
+#                   flag, vllm/engine/arg_utils.py), NOTES says so; no launch default changes, so only
+#                   exact drift (the launcher run with a recorder) sees it
 # Deterministic: fixed names, emails and dates, no user/system git config, no hooks, no signing, so
 # the hashes are the same on every machine. They are pinned in lab/recipe/COMMITS; a different
 # result fails loudly. After changing the sources on purpose: make-repo.sh --update DEST.
 #
-#   make-repo.sh [--update] DEST     prints "v1 <sha>" and "v2 <sha>"; needs only git
+#   make-repo.sh [--update] DEST     prints "v1 <sha>", "v2 <sha>" and "v3 <sha>"; needs only git
 set -euo pipefail
 
 die() { printf 'make-repo: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -93,9 +96,23 @@ sed -i 's/^: "\${KV_SLOTMAP_PIN:=0}"$/: "${KV_SLOTMAP_PIN:=1}"/' "$WORK/tree/sta
 grep -qx ': "${KV_SLOTMAP_PIN:=1}"' "$WORK/tree/start.sh" \
   || die "start.sh has no line ': \"\${KV_SLOTMAP_PIN:=0}\"' to flip for v2"
 V2=$(commit v2 "recipe v2" "2025-02-03T12:00:00+0000" "$V1")
+
+# v3 from v2: the launcher passes one more engine flag; the launch defaults stay as in v2.
+cat >>"$WORK/tree/NOTES" <<'EOF'
+
+sparkfleet lab recipe v3
+
+- start.sh: the launcher now passes --max-num-seqs 64 to vllm serve (after sparkfleet's arguments).
+  No launch default changed: only running the launcher (exact drift) shows it, and a deploy must
+  stop until the flag is adopted (serving_extra_args) or acknowledged.
+EOF
+sed -i 's/^exec vllm serve "\$@"$/exec vllm serve "$@" --max-num-seqs 64/' "$WORK/tree/start.sh"
+grep -qx 'exec vllm serve "$@" --max-num-seqs 64' "$WORK/tree/start.sh" \
+  || die "start.sh has no line 'exec vllm serve \"\$@\"' to extend for v3"
+V3=$(commit v3 "recipe v3" "2025-03-03T12:00:00+0000" "$V2")
 git symbolic-ref HEAD refs/heads/main
 
-RESULT=$(printf 'v1 %s\nv2 %s\n' "$V1" "$V2")
+RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\n' "$V1" "$V2" "$V3")
 printf '%s\n' "$RESULT"
 if [[ $UPDATE == 1 ]]; then
   printf '%s\n' "$RESULT" >"$COMMITS"

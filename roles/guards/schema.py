@@ -1,7 +1,10 @@
 """Data of roles/guards: what the failure-mode guards allow, and what an operator acknowledged."""
+import re
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+_ACKNOWLEDGED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?)$")
 
 
 class GuardsData(BaseModel):
@@ -17,8 +20,19 @@ class GuardsData(BaseModel):
     )
     recipe_drift_acknowledged: list[str] = Field(
         default_factory=list,
-        description="recipe launch defaults allowed to change upstream without a pin (names, e.g. KV_SLOTMAP_PIN)",
+        description="recipe differences accepted without a pin: a launch default or a variable the launcher sets "
+        "(its name, e.g. KV_SLOTMAP_PIN), a flag the launcher passes (--max-num-seqs for any value, "
+        "--max-num-seqs=64 for that value)",
     )
+
+    @field_validator("recipe_drift_acknowledged")
+    @classmethod
+    def _acknowledged_names_or_flags(cls, entries: list[str]) -> list[str]:
+        bad = [e for e in entries if not _ACKNOWLEDGED.match(e)]
+        if bad:
+            raise ValueError(f"{bad}: each entry is a variable name (KV_SLOTMAP_PIN), a flag (--max-num-seqs) or a "
+                             f"flag with its value (--max-num-seqs=64)")
+        return entries
     guard_kv_reserve_gib: float = Field(
         4.0, ge=0, description="memory per rank the engine needs besides weights and KV cache (activations, graphs, NCCL)"
     )

@@ -1,4 +1,6 @@
 """Where the recipe lives on the head, which image a profile builds, and whether every node has it."""
+import json
+
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
@@ -40,6 +42,78 @@ def check_recipe_drift(src: str, old: str, new: str, launch_files, pinned: dict,
             f"acknowledge (recipe_drift_acknowledged: [{', '.join(stops)}]). Nothing was built or restarted.\n  "
             + "\n  ".join(lines)
         )
+
+
+def exact_drift_ranks(state, cluster) -> list[tuple[str, list[str], str]]:
+    """Prepare time, per rank of this run: (node name, the engine argv sparkfleet renders for it,
+    its environment file as roles/serving will write it)."""
+    from roles.serving.checks import pair_state
+    from roles.serving.engine import engine_args, env_file_path
+    from roles.serving.schema import node_profile
+
+    pair = pair_state(state)
+    return [
+        (node.name, engine_args(node_profile(node), cluster, node),
+         pair.files[node.name][env_file_path(node, node.serving_dir)][0])
+        for node in cluster.nodes
+        if node.name in pair.files
+    ]
+
+
+def check_exact_drift(src: str, new: str, image: str, launcher: str, launcher_args: str, engine: str, ranks,
+                      weights_dir: str, acknowledged) -> None:
+    """Operation body (head, after the new image is built, before it is pushed): run the recipe's
+    launcher at `new` inside the new image once per rank, with the engine replaced by a recorder
+    (roles/guards/exact_drift.py), and compare what it would start with what sparkfleet renders.
+    `ranks`: [(label, rendered engine argv, rendered environment file text)] from prepare time.
+    An unexplained difference stops the deploy before anything leaves the head."""
+    from io import StringIO
+
+    from pyinfra import host, logger
+
+    from roles.guards.exact_drift import (
+        env_file_values, exact_report, launcher_argv, rank_findings, recorder_files, recorder_run, stop_message,
+    )
+
+    def sh(command: str):
+        ok, out = host.run_shell_command(StringCommand(command))
+        if not ok:
+            raise DeployError(f"{host.name}: exact recipe drift: `{command}` failed: {out.stderr or out.stdout}")
+        return out.stdout
+
+    tmp = sh("mktemp -d /tmp/sfl-exact-drift.XXXXXX").strip()
+    mnt = f"{tmp}/mnt"
+    findings = {}
+    try:
+        # The rank environment files stay in the root-only directory; the container sees mnt/ only.
+        sh(f"chmod 0700 {tmp} && mkdir -p {mnt}/bin {mnt}/py/sglang {mnt}/out && chmod 0755 {mnt} {mnt}/bin {mnt}/py "
+           f"{mnt}/py/sglang")
+        for rel, (text, mode) in recorder_files().items():
+            host.put_file(StringIO(text), f"{mnt}/{rel}")
+            sh(f"chmod {mode} {mnt}/{rel}")
+        for i, (label, argv, env_text) in enumerate(ranks):
+            name = f"sfl-exact-drift-{i}"
+            host.put_file(StringIO(env_text), f"{tmp}/rank{i}.env")
+            sh(f"docker rm -f {name} >/dev/null 2>&1; rm -f {mnt}/out/*; chmod 1777 {mnt}/out")
+            run = recorder_run(image, f"{tmp}/rank{i}.env", mnt, src, weights_dir,
+                               launcher_argv(launcher, launcher_args, engine, argv), name)
+            status = sh(f"{run} >{tmp}/rank{i}.log 2>&1; echo $?").strip()
+            baseline = sh(f"cat {mnt}/out/baseline.json 2>/dev/null || true").strip()
+            records = [json.loads(line) for line in sh(f"cat {mnt}/out/records.jsonl 2>/dev/null || true").splitlines()
+                       if line.strip()]
+            findings[label] = rank_findings(
+                engine, argv, env_file_values(env_text), json.loads(baseline) if baseline else None, records,
+                int(status) if status.isdigit() else None, "" if records else sh(f"tail -n 15 {tmp}/rank{i}.log"),
+            )
+    finally:
+        host.run_shell_command(StringCommand(
+            f"for c in $(seq 0 {len(ranks)}); do docker rm -f sfl-exact-drift-$c >/dev/null 2>&1; done; rm -rf {tmp}"))
+
+    lines, stops = exact_report(findings, acknowledged)
+    header = f"recipe {new[:12]}, exact drift ({launcher} in {image}, the engine recorded per rank):"
+    logger.info(f"    [{host.name}] {header} " + ("; ".join(lines) if lines else "no difference"))
+    if stops:
+        raise DeployError(stop_message(new, launcher, image, lines, stops))
 
 
 def other_profile_images(local: list[str], profile, registry: str) -> list[str]:

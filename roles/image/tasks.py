@@ -11,12 +11,15 @@ an operation defined on one host alone has no order against the other hosts' ope
 import shlex
 from io import StringIO
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, python, server, systemd
 
 from roles.docker.checks import registry_address
-from roles.image.checks import check_recipe_drift, other_profile_images, history_path, image_ids, recipe_dir, registry_ref, verify_same_image
+from roles.image.checks import (
+    check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids, other_profile_images, recipe_dir,
+    registry_ref, verify_same_image,
+)
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout
 from roles.serving.engine import pinned_env
 from roles.serving.schema import node_profile
@@ -52,6 +55,7 @@ server.shell(
 
 # 2. Upstream drift: every launch default that changed since the served commit, and whether we pin it.
 served = host.get_fact(DeployedCommits, path=history_path(node, profile)) if on_head else []
+bumped = bool(served) and not served[-1].startswith(recipe.commit)  # a recipe bump (or a rollback)
 python.call(
     name="Check the recipe's launch defaults against the served commit",
     function=check_recipe_drift,
@@ -61,7 +65,7 @@ python.call(
     launch_files=recipe.launch_files,
     pinned=pinned_env(profile, node),
     acknowledged=node.recipe_drift_acknowledged,
-    _if=lambda: on_head and bool(served) and not served[-1].startswith(recipe.commit),
+    _if=lambda: on_head and bumped,
 )
 
 # 3. The registry, on the head's fabric address only.
@@ -91,6 +95,26 @@ server.shell(
         f" -t {shlex.quote(profile.image_ref)} {shlex.quote(recipe.context)}"
     ],
     _if=lambda: on_head and head_id is None,
+)
+
+# 4b. Exact drift: the recipe's launcher at the new commit, run in the new image on the head with the
+#     engine replaced by a recorder, per rank, against what sparkfleet renders; before anything ships.
+exact = on_head and bumped and recipe.launcher is not None
+if on_head and bumped and recipe.launcher is None:
+    logger.info(f"    [{host.name}] recipe {recipe.commit[:12]}: exact drift not checked (the profile names no recipe.launcher)")
+python.call(
+    name="Check what the recipe's launcher starts against what sparkfleet renders",
+    function=check_exact_drift,
+    src=src,
+    new=recipe.commit,
+    image=profile.image_ref,
+    launcher=recipe.launcher or "",
+    launcher_args=recipe.launcher_args,
+    engine=profile.engine,
+    ranks=exact_drift_ranks(state, cluster) if exact else [],
+    weights_dir=node.weights_dir,
+    acknowledged=node.recipe_drift_acknowledged,
+    _if=lambda: exact,
 )
 server.shell(
     name=f"Push {profile.image_ref} to the fabric registry",

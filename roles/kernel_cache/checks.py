@@ -2,8 +2,9 @@
 
 One cache generation per image ID on every node (<kernel_cache_dir>/<12 hex of the ID>/, with
 'current' linking to the served one and <id>.manifest beside it). The head's manifest is the
-reference. A generation the head has no manifest for is warmed: the pair runs once with
-generous timeouts and the fixed warm-up set until no rank's cache grows. Then every rank gets
+reference. A generation the head has no manifest for is warmed: the pair runs once, with
+production's command line and environment (plus only PREWARM_ENV_ADDITIONS, which enter no
+cache key), and the fixed warm-up set until no rank's cache grows. Then every rank gets
 the union (the head pulls what it lacks from each worker, each worker pulls the head's), and
 each rank writes its own manifest, which must equal the head's before production starts.
 """
@@ -19,11 +20,12 @@ from pyinfra.api.exceptions import DeployError
 from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState
-from roles.kernel_cache.schema import CACHE_VARS
-from roles.serving.engine import docker_args, engine_args, unit_name
+from roles.kernel_cache.schema import cache_vars, prewarm_env
+from roles.serving.engine import docker_args, engine_args, rank_env, unit_name
 from roles.serving.facts import health_command
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.render import render
 from sparkfleet.once import active_hosts, once_per_run
 
 PREWARM_CONTAINER = "sparkfleet-prewarm"
@@ -36,6 +38,13 @@ def generation(image_id: str | None) -> str | None:
 
 def prewarm_env_path(node) -> str:
     return f"{node.serving_dir}/{unit_name(node)}.prewarm.env"
+
+
+def prewarm_env_file(profile, cluster, node, gid_index: int | None) -> str:
+    """The prewarm environment file of one rank: the production one (rank_env, rendered with the
+    same template as roles/serving's), plus only PREWARM_ENV_ADDITIONS of the profile's engine."""
+    env = prewarm_env(profile.engine, rank_env(profile, cluster, node, gid_index))
+    return render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile, env=env)
 
 
 def missing_entries(manifest_text: str | None, files: dict[str, int]) -> list[str]:
@@ -57,6 +66,24 @@ def expired(generations: dict[str, float], keep: int, current: str | None) -> li
     others = sorted((g for g in generations if g != current), key=lambda g: generations[g], reverse=True)
     room = keep - (1 if current in generations else 0)
     return sorted(others[max(room, 0):])
+
+
+def warmed_caches(engine: str) -> str:
+    """The value of a generation manifest's 'caches' header: the cache variables it was warmed for."""
+    return ",".join(sorted(cache_vars(engine)))
+
+
+def prewarm_reason(gen: str | None, reference: str | None, engine: str) -> str | None:
+    """Why the head's generation must be warmed before production, or None: the image is new, the
+    generation was never warmed, or it was warmed for another set of cache variables (an older
+    sparkfleet's, or another engine's), so caches production now writes were never warmed."""
+    if gen is None:
+        return "the image is built in this run"
+    if not reference or not parse_manifest(reference)[1]:
+        return f"generation {gen} was never warmed"
+    if parse_manifest(reference)[0].get("caches") != warmed_caches(engine):
+        return f"generation {gen} was warmed for another set of cache variables"
+    return None
 
 
 @dataclass
@@ -82,8 +109,8 @@ def _plan(state) -> CachePlan:
     gen = generation(head_facts["image"])
     plan = CachePlan(generation=gen)
     reference = head_facts["manifest"]
-    if gen is None or not reference or not parse_manifest(reference)[1]:
-        plan.prewarm = True
+    why_prewarm = prewarm_reason(gen, reference, profile.engine)
+    plan.prewarm = why_prewarm is not None
     for name, f in facts.items():
         node = cluster.node(name)
         if gen is not None and f["current"] != gen:
@@ -99,8 +126,7 @@ def _plan(state) -> CachePlan:
         if old:
             plan.expire[name] = old
     if plan.prewarm:
-        why = "the image is built in this run" if gen is None else f"generation {gen} was never warmed"
-        summary = f"prewarm ({why}), then merge on every rank"
+        summary = f"prewarm ({why_prewarm}), then merge on every rank"
     elif plan.converge:
         parts = [f"{n}: {why}" for n, why in plan.sync.items()] + [f"{n}: link to {gen}" for n in plan.link]
         parts += [f"{n}: remove {', '.join(g)}" for n, g in plan.expire.items()]
@@ -116,8 +142,9 @@ def cache_plan(state) -> CachePlan:
 
 
 def prewarm_command(profile, cluster, node) -> str:
-    """The prewarm container of one rank: the production command line, detached, with its own
-    name and the prewarm environment file (production env + generous timeouts)."""
+    """The prewarm container of one rank: the production command line (docker_args and
+    engine_args, as in the unit's ExecStart), detached, with its own name and the prewarm
+    environment file; nothing else differs."""
     words = docker_args(profile, node, prewarm_env_path(node), name=PREWARM_CONTAINER, detach=True)
     return shlex.join(words + engine_args(profile, cluster, node))
 
@@ -225,7 +252,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
     gen = generation(image_id)
     if gen is None:
         raise DeployError(f"{cluster.head.name}: image {profile.image_ref} is missing; nothing to key the kernel cache by")
-    subdirs = " ".join(sorted(CACHE_VARS.values()))
+    subdirs = " ".join(sorted(set(cache_vars(profile.engine).values())))  # this engine's caches only
     for node in cluster.nodes:
         root = shlex.quote(node.kernel_cache_dir)
         nodes.run(
@@ -252,7 +279,8 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
         nodes.run(
             node.name,
             f"python3 {SFL_FILES} seal {root}/{gen} --manifest {root}/{gen}.manifest "
-            f"--header 'sparkfleet kernel cache manifest v1' --header 'image: {image_id}'",
+            f"--header 'sparkfleet kernel cache manifest v1' --header 'image: {image_id}' "
+            f"--header {shlex.quote('caches: ' + warmed_caches(profile.engine))}",
             "writing the cache manifest",
         )
         manifests[node.name] = nodes.run(node.name, f"cat {root}/{gen}.manifest", "reading the cache manifest")

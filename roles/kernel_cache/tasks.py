@@ -6,24 +6,21 @@ from io import StringIO
 from pyinfra import host, state
 from pyinfra.operations import files, python
 
-from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_path
+from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_file, prewarm_env_path
 from roles.serving.checks import resolve_gid_index
-from roles.serving.engine import rank_env
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.render import render
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
 plan = cache_plan(state)  # prepare-time: prewarm, repair or nothing, decided once
 
-# 1. The prewarm environment of this rank: production's, with generous timeouts on top.
-production_env = rank_env(profile, cluster, node, resolve_gid_index(host, node))  # the GID fact is cached
+# 1. The prewarm environment of this rank: production's, plus only what enters no cache key
+#    (PREWARM_ENV_ADDITIONS in schema.py).
 files.put(
-    name="Write the prewarm environment (production + generous timeouts)",
-    src=StringIO(render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile,
-                        env={**production_env, **node.kernel_cache_prewarm_env})),
+    name="Write the prewarm environment (production's + PREWARM_ENV_ADDITIONS)",
+    src=StringIO(prewarm_env_file(profile, cluster, node, resolve_gid_index(host, node))),  # the GID fact is cached
     dest=prewarm_env_path(node),
     user="root",
     group="root",

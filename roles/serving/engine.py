@@ -40,6 +40,8 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
         "--node-rank", str(node.rank),
         "--master-addr", cluster.head.fabric_ip,
         "--master-port", str(profile.master_port),
+        # torch.distributed's own bound on a collective that makes no progress (vllm/config/parallel.py).
+        "--distributed-timeout-seconds", str(profile.distributed_timeout_s),
     ]
     if not node.is_head:
         # Without it the follower crashes: "collective_rpc should not be called on follower node".
@@ -50,12 +52,16 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
         "--max-num-batched-tokens", str(profile.max_num_batched_tokens),
         "--kv-cache-dtype", profile.kv_cache_dtype,
     ]
+    if profile.quantization:
+        args += ["--quantization", profile.quantization]
     if profile.speculative:
         spec = {"method": profile.speculative.method, "num_speculative_tokens": profile.speculative.num_speculative_tokens}
         if profile.speculative.draft_model:
             spec["model"] = model_path(profile.speculative.draft_model)
         if profile.speculative.draft_tensor_parallel_size:
             spec["draft_tensor_parallel_size"] = profile.speculative.draft_tensor_parallel_size
+        if profile.speculative.draft_kv_cache_dtype:
+            spec["kv_cache_dtype"] = profile.speculative.draft_kv_cache_dtype
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if profile.tool_call_parser:
         args += ["--tool-call-parser", profile.tool_call_parser, "--enable-auto-tool-choice"]
@@ -86,7 +92,12 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
         "--context-length", str(profile.max_model_len),
         "--chunked-prefill-size", str(profile.max_num_batched_tokens),
         "--kv-cache-dtype", profile.kv_cache_dtype,
+        # torch.distributed's timeout, and SGLang's own watchdog on a scheduler step that never ends.
+        "--dist-timeout", str(profile.distributed_timeout_s),
+        "--watchdog-timeout", str(profile.watchdog_timeout_s),
     ]
+    if profile.quantization:
+        args += ["--quantization", profile.quantization]
     spec = profile.speculative
     if spec:
         args += [
@@ -113,9 +124,21 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
 ENGINES: dict[str, Callable] = {"vllm": vllm_args, "sglang": sglang_args}
 
 
+def flag_names(words) -> set[str]:
+    """The flags among `words` (`--x=v` is `--x`; `--a_b` is `--a-b`, as vLLM reads both)."""
+    return {w.split("=", 1)[0].replace("_", "-") for w in words if w.startswith("--")}
+
+
 def engine_args(profile: Profile, cluster, node) -> list[str]:
     args = ENGINES[profile.engine](profile, cluster, node)
-    joined = " ".join(args)
+    # The profile's extra args (and serving_extra_args) last, on every rank; never a second value
+    # for a flag sparkfleet renders from a field.
+    twice = sorted(flag_names(profile.extra_args) & flag_names(args))
+    if twice:
+        raise ValueError(f"{node.name}: {', '.join(twice)} in extra args (the profile's extra_args, serving_extra_args) "
+                         f"repeat a flag sparkfleet renders from the profile's fields; set the field instead")
+    args = args + list(profile.extra_args)
+    joined = " ".join(w.replace("=", " ", 1) if w.startswith("--") else w for w in args)
     for forbidden in FORBIDDEN_ARGS:
         if forbidden in joined:
             raise ValueError(f"{node.name}: refusing to render {forbidden!r} (it can hard-freeze both machines)")
@@ -123,32 +146,30 @@ def engine_args(profile: Profile, cluster, node) -> list[str]:
 
 
 def pinned_env(profile: Profile, node) -> dict[str, str]:
-    """Every value sparkfleet pins: the profile's environment, then the node data's pins."""
-    return {**profile.env, **node.serving_env_pins}
+    """Every value sparkfleet pins: the profile's environment and its recipe launcher's, then the
+    node data's pins."""
+    return {**profile.env, **profile.launcher_env, **node.serving_env_pins}
 
 
 def rank_env(profile: Profile, cluster, node, gid_index: int | None = None) -> dict[str, str]:
     """The environment of one rank: the profile's pinned values, then what is this rank's own."""
     env = pinned_env(profile, node)
     fabric = node.fabric_netdev
+    # The rendezvous address and port are flags (vLLM --master-addr/--master-port, SGLang
+    # --dist-init-addr): neither engine's multi-node path reads MASTER_ADDR or MASTER_PORT.
+    if profile.engine == "vllm":
+        env["VLLM_HOST_IP"] = node.fabric_ip  # this rank's address for vLLM's own sockets (vllm/envs.py)
     env.update(
         {
-            "VLLM_HOST_IP": node.fabric_ip,
-            "MASTER_ADDR": cluster.head.fabric_ip,
-            "MASTER_PORT": str(profile.master_port),
-            # Every collective and the rendezvous on the CX7 link, never the management network.
+            # Every collective on the CX7 link, never the management network (NCCL; torch's gloo).
             "NCCL_SOCKET_IFNAME": fabric,
             "GLOO_SOCKET_IFNAME": fabric,
-            "TP_SOCKET_IFNAME": fabric,
             # Weights are local and verified (roles/weights); the hub is never asked at start.
             "HF_HUB_OFFLINE": "1",
-            "SPARKFLEET_MODEL_PATH": model_path(profile.model),
         }
     )
-    if profile.speculative and profile.speculative.draft_model:
-        env["SPARKFLEET_DRAFT_MODEL_PATH"] = model_path(profile.speculative.draft_model)
     # Every JIT cache in the mounted generation (roles/kernel_cache), none in the container's layer.
-    env.update({var: f"{CONTAINER_CACHE_ROOT}/{sub}" for var, sub in CACHE_VARS.items()})
+    env.update({var: f"{CONTAINER_CACHE_ROOT}/{c.subdir}" for var, c in CACHE_VARS[profile.engine].items()})
     if node.rdma_hca:
         if gid_index is None:
             raise ValueError(

@@ -12,6 +12,7 @@ they name a setting differently the profile keeps one field and the engine maps 
 max_num_batched_tokens -> --chunked-prefill-size). A field an engine cannot use is refused when
 the profile loads, naming the engine, rather than silently dropped.
 """
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +20,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+_EXTRA_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?$")
+
+
+def check_extra_args(args):
+    """Engine flags with their values: the first word a flag, every --word a well-formed flag."""
+    if args and not args[0].startswith("--"):
+        raise ValueError(f"must start with a flag (--name), got {args[0]!r}")
+    bad = [w for w in args if w.startswith("--") and not _EXTRA_FLAG.match(w)]
+    if bad:
+        raise ValueError(f"not a flag: {bad}")
+    return args
 
 
 def refuse_empty_values(env: dict[str, str]) -> dict[str, str]:
@@ -30,7 +44,8 @@ def refuse_empty_values(env: dict[str, str]) -> dict[str, str]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: '640000' or 'true' in a profile is refused, not converted (tuple fields take YAML lists)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Recipe(_Strict):
@@ -40,7 +55,17 @@ class Recipe(_Strict):
     context: str = Field(".", description="docker build context, relative to the repository")
     build_args: dict[str, str] = Field(default_factory=dict)
     launch_files: tuple[str, ...] = Field(
-        ("start.sh",), description="the recipe's start script and env files, read for upstream default drift"
+        ("start.sh",), strict=False, description="the recipe's start script and env files, read for upstream default drift"
+    )
+    launcher: str | None = Field(
+        None, min_length=1, description="the recipe's launcher, run at a bump in the new image with the engine "
+        "replaced by a recorder (exact drift): a path in the image (/opt/recipe/start.sh) or relative to the "
+        "repository (start.sh); none: exact drift is not checked"
+    )
+    launcher_args: Literal["engine", "flags", "none"] = Field(
+        "engine", description="what the launcher is given: engine, sparkfleet's arguments after the engine command "
+        "(`exec vllm serve \"$@\"`); flags, the same without the model argument; none, nothing (a launcher that "
+        "builds the engine's command line from its environment)"
     )
 
 
@@ -61,13 +86,31 @@ class Speculative(_Strict):
     draft_model_revision: str = Field("main", min_length=1, description="the drafter's hub revision (pin a commit sha)")
     draft_tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM only: the drafter's TP size")
     draft_license: str | None = Field(None, description="SPDX id of the drafter's license")
+    draft_kv_cache_dtype: str | None = Field(
+        None, description="vLLM only: the drafter's KV-cache dtype (speculative config kv_cache_dtype); unset, "
+        "the drafter inherits the target's (vllm/config/speculative.py)"
+    )
+
+
+class Extension(_Strict):
+    """Something the recipe's overlay image adds to the engine, which upstream does not have.
+
+    The engine-parity tier (tests/parity) feeds every rendered command line to the upstream engine
+    at the pinned version: a refusal there fails the tier unless a declared extension owns exactly
+    that flag and value, and a declared extension the upstream engine accepts anyway fails it too.
+    """
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    what: str = Field(min_length=1, description="what the recipe adds, in a sentence")
+    flag: str = Field(pattern=r"^--[a-z0-9-]+$", description="the engine flag whose value depends on it")
+    value: str | None = Field(None, description="the value (or, for a JSON flag, the 'key=value' part) it makes valid")
+    recipe_file: str = Field(min_length=1, description="the file in the recipe repository that adds it")
 
 
 class Container(_Strict):
     network_host: bool = Field(True, description="--network host: NCCL and the rendezvous use the fabric directly")
     ipc_host: bool = Field(True, description="--ipc host: shared-memory broadcast between engine processes")
     shm_size: str = Field("64g", pattern=r"^[0-9]+[kmg]?$")
-    devices: tuple[str, ...] = Field((), description="extra --device paths (/dev/infiniband is added when RDMA is on)")
+    devices: tuple[str, ...] = Field((), strict=False, description="extra --device paths (/dev/infiniband is added when RDMA is on)")
     stop_timeout_s: int = Field(60, ge=1, description="docker stop grace period")
 
 
@@ -82,6 +125,10 @@ class Profile(_Strict):
     tensor_parallel_size: int = Field(ge=1)
     speculative: Speculative | None = None
     kv_cache_dtype: str
+    quantization: str | None = Field(
+        None, description="the engine's --quantization, explicit rather than detected from the checkpoint "
+        "(the recipe's launcher passes it)"
+    )
     max_model_len: int = Field(ge=1, description="context length (SGLang: --context-length)")
     gpu_memory_utilization: float = Field(
         gt=0, le=1, description="share of MemTotal the engine may take (SGLang: --mem-fraction-static, which "
@@ -95,12 +142,47 @@ class Profile(_Strict):
         "--limit-mm-per-prompt image 0 video 0, SGLang --language-model-only)"
     )
     trust_remote_code: bool = False
-    env: dict[str, str] = Field(description="the pinned environment, passed to every rank")
+    distributed_timeout_s: int = Field(
+        ge=60, description="torch.distributed timeout of the engine's process groups: vLLM "
+        "--distributed-timeout-seconds (vllm/config/parallel.py), SGLang --dist-timeout "
+        "(python/sglang/srt/server_args.py). A collective that makes no progress this long ends the "
+        "process instead of hanging the pair"
+    )
+    watchdog_timeout_s: int | None = Field(
+        None, ge=60, description="SGLang only (required there): --watchdog-timeout, how long a scheduler "
+        "step may take before SGLang's watchdog kills the server"
+    )
+    env: dict[str, str] = Field(
+        description="the pinned environment, passed to every rank: each variable is read by the engine or "
+        "by a library it uses (roles/serving/env_readers.py; the parity tier proves it)"
+    )
+    launcher_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="variables read by the recipe's launcher (its start script), not by the engine: "
+        "pinned so that a recipe default that flips cannot reach the pair, passed to every rank",
+    )
+    extensions: tuple[Extension, ...] = Field(
+        (), strict=False, description="what the recipe's overlay adds to the engine; the parity tier accepts exactly these"
+    )
     container: Container = Container()
     port: int = Field(8000, ge=1, le=65535, description="OpenAI-compatible API port on the head")
     master_port: int = Field(29501, ge=1, le=65535, description="rendezvous port on the head's fabric address")
 
-    _no_empty_values = field_validator("env")(classmethod(lambda cls, env: refuse_empty_values(env)))
+    extra_args: tuple[str, ...] = Field(
+        (), strict=False, description="engine flags with their values that no field renders (a flag the recipe's launcher "
+        "passes, adopted), appended after sparkfleet's on every rank; a flag sparkfleet renders is refused"
+    )
+
+    _no_empty_values = field_validator("env", "launcher_env")(classmethod(lambda cls, env: refuse_empty_values(env)))
+    _extra_args = field_validator("extra_args")(classmethod(lambda cls, args: check_extra_args(args)))
+
+    @model_validator(mode="after")
+    def _launcher_env_apart(self) -> "Profile":
+        both = sorted(set(self.env) & set(self.launcher_env))
+        if both:
+            raise ValueError(f"{', '.join(both)} in both env and launcher_env: a variable is the engine's or the "
+                             f"launcher's")
+        return self
 
     @model_validator(mode="after")
     def _engine_can_use_every_field(self) -> "Profile":
@@ -120,10 +202,12 @@ class Profile(_Strict):
 
 # SGLang's names, from its python/sglang/srt/server_args.py (sgl-project/sglang): the builtin
 # --speculative-algorithm values and the --kv-cache-dtype choices.
-SGLANG_SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK")
-SGLANG_KV_CACHE_DTYPES = (
-    "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1",
+# As read in sglang 0.5.23 (the version the parity tier proves against): the algorithms of
+# srt/speculative/spec_registry.py, NEXTN being its alias of EAGLE, and --kv-cache-dtype's choices.
+SGLANG_SPECULATIVE_ALGORITHMS = (
+    "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP",
 )
+SGLANG_KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
 SGLANG_ONLY_SPECULATIVE = ("num_steps", "eagle_topk", "num_draft_tokens")
 
 
@@ -136,6 +220,9 @@ def _vllm_problems(p: Profile) -> list[str]:
         for key in SGLANG_ONLY_SPECULATIVE:
             if getattr(spec, key) is not None:
                 problems.append(f"speculative.{key} is SGLang's; vLLM takes speculative.num_speculative_tokens")
+    if p.watchdog_timeout_s is not None:
+        problems.append(f"watchdog_timeout_s {p.watchdog_timeout_s} is SGLang's (--watchdog-timeout); vLLM's "
+                        f"per-step bound is VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS in env")
     return problems
 
 
@@ -159,6 +246,10 @@ def _sglang_problems(p: Profile) -> list[str]:
         if spec.draft_tensor_parallel_size is not None:
             problems.append("speculative.draft_tensor_parallel_size is vLLM's; SGLang runs the drafter at the "
                             "target's TP")
+        if spec.draft_kv_cache_dtype is not None:
+            problems.append("speculative.draft_kv_cache_dtype is vLLM's; SGLang's drafter uses --kv-cache-dtype")
+    if p.watchdog_timeout_s is None:
+        problems.append("watchdog_timeout_s is required (SGLang --watchdog-timeout; its default is not pinned)")
     if p.kv_cache_dtype not in SGLANG_KV_CACHE_DTYPES:
         problems.append(f"kv_cache_dtype {p.kv_cache_dtype!r} is not an SGLang --kv-cache-dtype "
                         f"(one of {', '.join(SGLANG_KV_CACHE_DTYPES)})")
@@ -172,21 +263,26 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name: str, recipe_overrides: dict | None = None) -> Profile:
-    """The named profile, validated; recipe_overrides (from node data) replace recipe fields."""
+def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=()) -> Profile:
+    """The named profile, validated; recipe_overrides (from node data) replace recipe fields and
+    extra_args (node data) follow the profile's."""
+    from roles.serving import profile_file
+
     path = PROFILES_DIR / f"{name}.yaml"
-    if not path.is_file():
+    if name not in profile_names():
         raise ValueError(f"no profile {name!r}; profiles: {', '.join(profile_names())}")
-    data = yaml.safe_load(path.read_text())
-    if recipe_overrides:
+    data, node = profile_file.read(path)  # a YAML error names the file, line and column
+    if not isinstance(data, dict):
+        raise ValueError(f"profile {name!r} ({path} line 1): the file must be a mapping of profile fields, found "
+                         f"{type(data).__name__} {data!r:.60}")
+    if recipe_overrides and isinstance(data.get("recipe", {}), dict):  # else the model refuses the file's recipe
         data["recipe"] = {**data.get("recipe", {}), **recipe_overrides}
+    if extra_args and isinstance(data.get("extra_args", []), list):
+        data["extra_args"] = [*data.get("extra_args", []), *extra_args]
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"] for e in err.errors()
-        )
-        raise ValueError(f"profile {name!r} ({path}): {details}") from None
+        raise ValueError(f"profile {name!r} ({path}): {profile_file.describe(err, node)}") from None
 
 
 class ServingData(BaseModel):
@@ -214,6 +310,12 @@ class ServingData(BaseModel):
         description="environment pinned in data on top of the profile's (e.g. a recipe default that drifted)",
     )
     _no_empty_pins = field_validator("serving_env_pins")(classmethod(lambda cls, env: refuse_empty_values(env)))
+    serving_extra_args: list[str] = Field(
+        default_factory=list,
+        description="engine flags with their values in data after the profile's extra_args (a flag the recipe's "
+        "launcher passes, adopted)",
+    )
+    _extra_args = field_validator("serving_extra_args")(classmethod(lambda cls, args: check_extra_args(args)))
 
     serving_ulimit_memlock: str = Field(
         "-1",
@@ -225,23 +327,23 @@ class ServingData(BaseModel):
 
 
 def node_profile(node) -> Profile:
-    """The profile a node serves, with the node data's recipe overrides applied."""
+    """The profile a node serves, with the node data's recipe overrides and extra args applied."""
     overrides = {}
     if node.serving_recipe_repository:
         overrides["repository"] = node.serving_recipe_repository
     if node.serving_recipe_commit:
         overrides["commit"] = node.serving_recipe_commit
-    return load_profile(node.serving_profile, overrides)
+    return load_profile(node.serving_profile, overrides, node.serving_extra_args)
 
 
-SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit")
+SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args")
 
 
 def serving_problems(nodes) -> list[str]:
     """Cross-node serving invariants: one profile for the whole pair, loadable, sized for it."""
     problems = []
     for key in SHARED_SERVING_KEYS:
-        values = {getattr(n, key) for n in nodes}
+        values = {repr(getattr(n, key)) for n in nodes}
         if len(values) > 1:
             found = ", ".join(f"{n.name}={getattr(n, key)!r}" for n in nodes)
             problems.append(f"key '{key}' differs between nodes ({found}); every rank serves the same profile")
@@ -257,4 +359,15 @@ def serving_problems(nodes) -> list[str]:
             f"key 'serving_profile' = {profile.name!r}: tensor_parallel_size {profile.tensor_parallel_size} but "
             f"{len(nodes)} nodes (one GB10 GPU per node: TP must equal the node count)"
         )
+    # Every rank's command line renders (extra args that repeat a rendered flag, a refused setting).
+    from types import SimpleNamespace
+
+    from roles.serving.engine import engine_args
+
+    shape = SimpleNamespace(nodes=nodes, head=next(n for n in nodes if n.is_head))
+    for n in nodes:
+        try:
+            engine_args(profile, shape, n)
+        except ValueError as err:
+            problems.append(str(err))
     return problems

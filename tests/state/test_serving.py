@@ -26,10 +26,12 @@ def test_the_environment_file_is_root_only_and_holds_every_pinned_value(host, no
     assert env_file.exists and env_file.user == "root" and env_file.mode == 0o600, (
         f"{node.name}: {env_file.path} missing or not root-only (mode {env_file.mode:o})")
     env = dict(l.split("=", 1) for l in env_file.content_string.splitlines() if l and not l.startswith("#"))
-    missing = {k: v for k, v in profile.env.items() if env.get(k) != v}
+    pinned = {**profile.env, **profile.launcher_env}
+    missing = {k: v for k, v in pinned.items() if env.get(k) != v}
     assert not missing, f"{node.name}: pinned values missing or changed: {missing}"
-    assert env["VLLM_HOST_IP"] == node.fabric_ip and env["MASTER_ADDR"] == cluster.head.fabric_ip
-    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+    if profile.engine == "vllm":
+        assert env["VLLM_HOST_IP"] == node.fabric_ip, f"{node.name}: VLLM_HOST_IP={env.get('VLLM_HOST_IP')}"
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         assert env[key] == node.fabric_netdev, f"{node.name}: {key}={env.get(key)}"
     if node.rdma_hca:
         assert env["NCCL_IB_HCA"] == node.rdma_hca and env["NCCL_IB_GID_INDEX"].isdigit()

@@ -6,7 +6,8 @@ after every transfer). Kernel caches are small: their files are hashed here agai
 import pytest
 
 from roles.fanout.sfl_files import absent, parse_manifest
-from roles.kernel_cache.schema import CACHE_VARS
+from roles.kernel_cache.checks import warmed_caches
+from roles.kernel_cache.schema import cache_vars
 from roles.serving.engine import CONTAINER_WEIGHTS_ROOT, unit_name
 from roles.weights.checks import manifest_path, model_dir, profile_models
 
@@ -46,9 +47,11 @@ def cache_manifest(host, node):
     return gen, manifest_of(host, f"{node.kernel_cache_dir}/{gen}.manifest")
 
 
-def test_cache_manifests_are_non_empty_and_equal_on_every_rank(node, cluster, node_hosts):
+def test_cache_manifests_are_non_empty_and_equal_on_every_rank(node, cluster, node_hosts, profile):
     head_gen, reference = cache_manifest(node_hosts[cluster.head.name], cluster.head)
     assert reference and parse_manifest(reference)[1], f"{cluster.head.name}: no cache manifest for {head_gen}"
+    caches = parse_manifest(reference)[0].get("caches")
+    assert caches == warmed_caches(profile.engine), f"{cluster.head.name}: {head_gen} was warmed for {caches}"
     for name, peer in node_hosts.items():
         gen, text = cache_manifest(peer, cluster.node(name))
         assert gen == head_gen, f"{name}: current cache generation {gen}, the head's {head_gen}"
@@ -65,16 +68,16 @@ def test_every_cache_file_of_the_manifest_is_on_this_rank(host, node):
 
 def test_the_container_sees_the_cache_and_weight_paths_its_environment_names(host, node, profile):
     container = unit_name(node)
-    script = "; ".join(f'echo "{v}=${{{v}}}"' for v in (*CACHE_VARS, "SPARKFLEET_MODEL_PATH"))
+    caches = cache_vars(profile.engine)  # exactly the served engine's JIT caches (roles/kernel_cache/schema.py)
+    script = "; ".join(f'echo "{v}=${{{v}}}"' for v in caches)
     env = dict(l.split("=", 1) for l in host.check_output(f"docker exec {container} sh -c '{script}'").splitlines())
     gen = host.check_output(f"readlink {node.kernel_cache_dir}/current")
-    for var, sub in CACHE_VARS.items():
+    for var, sub in caches.items():
         inside = host.run(f"docker exec {container} sh -c 'cd \"${var}\" && find . -type f | sort'")
         assert inside.rc == 0, f"{node.name}: {var}={env.get(var)} is not a directory in {container}"
         outside = host.check_output(f"cd {node.kernel_cache_dir}/{gen}/{sub} && find . -type f | sort")
         assert inside.stdout.strip() == outside.strip(), f"{node.name}: {var} in {container} is not {gen}/{sub}"
-    model_path = env["SPARKFLEET_MODEL_PATH"]
-    assert model_path == f"{CONTAINER_WEIGHTS_ROOT}/{profile.model}"
+    model_path = f"{CONTAINER_WEIGHTS_ROOT}/{profile.model}"  # what the engine's argv names
     inside = host.run(f"docker exec {container} sh -c 'cd {model_path} && find . -type f ! -path \"./.*\" | sort'")
     outside = host.check_output(f"cd {model_dir(node, profile.model)} && find . -type f ! -path './.*' | sort")
     assert inside.rc == 0 and inside.stdout.strip() == outside.strip(), f"{node.name}: {model_path} in {container} differs"

@@ -17,15 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from roles.kernel_cache.schema import CACHE_VARS, cache_vars
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / "lab" / "standin" / "vllm"
 SGLANG = REPO / "lab" / "standin" / "sglang" / "launch_server.py"
 MAKE_REPO = REPO / "lab" / "recipe" / "make-repo.sh"
 COMMITS = REPO / "lab" / "recipe" / "COMMITS"
 MODEL = "org/lab-model"
-# The stand-ins' JIT kernel caches: never inherited from the caller; a test sets them when it wants them.
-JIT_CACHES = ("TILELANG_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE",
-              "TORCHINDUCTOR_CACHE_DIR")
+# The stand-ins' JIT kernel caches, per engine: the variables the deploy renders for that engine
+# (roles/kernel_cache/schema.py), each stand-in writing one file per variable and request shape.
+# Never inherited from the caller (all engines' variables are stripped); a test sets them when it wants them.
+ENGINE_JIT_CACHES = {engine: tuple(cache_vars(engine)) for engine in CACHE_VARS}
+JIT_CACHES = tuple(sorted({var for names in ENGINE_JIT_CACHES.values() for var in names}))
 
 
 def free_port():
@@ -179,6 +183,7 @@ def test_single_node_serves_at_once(run, ports):
     (["--headless", "--node-rank", "2", "--nnodes", "2"], {}, "--node-rank 2 is out of range"),
     (["--nnodes", "2"], {}, "needs --master-addr and --master-port"),
     (["--gpu-memory-utilization", "1.5"], {}, "must be in (0, 1]"),
+    (["--max-num-seqs", "many"], {}, "argument --max-num-seqs: invalid int value"),  # known (recipe v3), typed
     (["--speculative-config", "[1, 2]"], {}, "must be a JSON object"),
     (["--limit-mm-per-prompt", "{image"], {}, "not valid JSON"),
     ([], {"VLLM_HOST_IP": None}, "VLLM_HOST_IP is not set"),
@@ -216,7 +221,7 @@ def test_make_repo_builds_the_pinned_commits_twice_the_same(recipe_repos):
         for line in pinned.splitlines():
             tag, sha = line.split()
             assert git(base / name, "rev-parse", f"{tag}^{{commit}}").strip() == sha
-        assert git(base / name, "rev-parse", "main").strip() == pinned.split()[3]
+        assert git(base / name, "rev-parse", "main").strip() == pinned.split()[-1]
 
 
 def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
@@ -232,7 +237,23 @@ def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
     modes = {line.split()[3]: line.split()[0] for line in git(repo, "ls-tree", "-r", "v2").splitlines()}
     assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755",
                      "sglang/launch_server.py": "100644"}
-    assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v2", "recipe v1"]
+    assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v3", "recipe v2", "recipe v1"]
+
+
+def test_v3_only_adds_an_engine_flag_to_the_launcher(recipe_repos):
+    """v3 changes no launch default (default drift sees nothing); its launcher passes a real vLLM
+    0.33 flag (vllm/engine/arg_utils.py: max_num_seqs) after sparkfleet's arguments."""
+    from roles.guards.drift import launch_defaults
+    from tests.unit.test_exact_drift import START_V3
+
+    repo = recipe_repos[0] / "a"
+    v2, v3 = git(repo, "show", "v2:start.sh"), git(repo, "show", "v3:start.sh")
+    assert launch_defaults(v2) == launch_defaults(v3)
+    assert v3 == START_V3.replace(': "${CG_ESTIMATE:=0}"', ': "${CG_ESTIMATE:=1}"').replace(
+        ': "${KV_SLOTMAP_PIN:=0}"', ': "${KV_SLOTMAP_PIN:=1}"')
+    assert v3.splitlines()[-1] == 'exec vllm serve "$@" --max-num-seqs 64'
+    assert git(repo, "diff", "--name-only", "v2", "v3").split() == ["NOTES", "start.sh"]
+    assert git(repo, "show", "v3:Dockerfile") == git(repo, "show", "v2:Dockerfile")
 
 
 def test_make_repo_fails_loudly_when_the_pins_differ(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from tests.unit import test_lab_standin as vllm
 from tests.unit import test_lab_standin_sglang as sglang
-from tests.unit.test_lab_standin import JIT_CACHES, MODEL, free_port, get, wait_for
+from tests.unit.test_lab_standin import ENGINE_JIT_CACHES, MODEL, free_port, get, wait_for
 
 ENGINES = ("vllm", "sglang")
 STARTUP = ("startup", 0)
@@ -46,15 +46,15 @@ def single_argv(engine, port):
 
 
 def rank_env(engine, cache_root=None, **extra):
-    """The engine's test environment; with cache_root, every cache variable set below it."""
-    caches = {var: str(cache_root / var.lower()) for var in JIT_CACHES} if cache_root else {}
+    """The engine's test environment; with cache_root, every cache variable of the engine set below it."""
+    caches = {var: str(cache_root / var.lower()) for var in ENGINE_JIT_CACHES[engine]} if cache_root else {}
     return (vllm.env if engine == "vllm" else sglang.env)(**caches, **extra)
 
 
-def kernels(rank, *shapes):
-    """The cache files rank `rank` writes for `shapes`, relative to its cache root."""
+def kernels(engine, rank, *shapes):
+    """The cache files rank `rank` of `engine` writes for `shapes`, relative to its cache root."""
     out = set()
-    for var in JIT_CACHES:
+    for var in ENGINE_JIT_CACHES[engine]:
         for shape in shapes:
             key = hashlib.sha256(f"{var}|{shape}|rank{rank}".encode()).hexdigest()[:20]
             out.add(f"{var.lower()}/{key[:2]}/{key}.json")
@@ -106,7 +106,7 @@ def pair(launch, tmp_path):
         wait_for(lambda: get(port, "/health")[0] == 200, what="/health 200 after rank 1 joined")
         if caches:
             for rank, root in enumerate(roots):
-                wait_for(lambda: root.is_dir() and set(files(root)) == kernels(rank, STARTUP), timeout=10,
+                wait_for(lambda: root.is_dir() and set(files(root)) == kernels(engine, rank, STARTUP), timeout=10,
                          what=f"rank {rank}'s startup kernels")
         return SimpleNamespace(head=head, worker=worker, port=port, roots=roots, cwds=cwds, ports=ports)
 
@@ -127,13 +127,13 @@ def test_startup_kernels_are_written_on_every_rank_named_by_rank(pair, engine):
     names = []
     for rank, root in enumerate(p.roots):
         on_disk = files(root)
-        assert set(on_disk) == kernels(rank, STARTUP)  # <var dir>/<key[:2]>/<key>.json, one per cache
+        assert set(on_disk) == kernels(engine, rank, STARTUP)  # <var dir>/<key[:2]>/<key>.json, one per cache
         for rel, data in on_disk.items():
             assert len(data) == 4096
-            var = next(v for v in JIT_CACHES if rel.startswith(v.lower() + "/"))
+            var = next(v for v in ENGINE_JIT_CACHES[engine] if rel.startswith(v.lower() + "/"))
             assert json.loads(data) == {"cache": var, "shape": ["startup", 0], "rank": rank}
         names.append({rel.rsplit("/", 1)[1] for rel in on_disk})
-    assert len(names[0]) == len(names[1]) == len(JIT_CACHES)
+    assert len(names[0]) == len(names[1]) == len(ENGINE_JIT_CACHES[engine])
     assert not names[0] & names[1]  # every file differs by name between the ranks: a merge has work to do
 
 
@@ -149,7 +149,7 @@ def test_each_shape_compiles_once_on_every_rank_and_is_settled_when_answered(pai
     assert body["usage"]["prompt_tokens"] == 5
     assert body["usage"]["total_tokens"] == 5 + body["usage"]["completion_tokens"]
     for rank, root in enumerate(p.roots):  # no waiting: the answer comes once every rank compiled
-        assert set(files(root)) == kernels(rank, STARTUP, ("text", 16))
+        assert set(files(root)) == kernels(engine, rank, STARTUP, ("text", 16))
 
     before = [files(root) for root in p.roots]
     assert post(p.port, chat("Say goodbye in two words."))[0] == 200  # same shape: all cache hits
@@ -158,15 +158,16 @@ def test_each_shape_compiles_once_on_every_rank_and_is_settled_when_answered(pai
     status, body = post(p.port, chat(words(40)))  # 40 words: the next buckets up, 64
     assert status == 200 and body["usage"]["prompt_tokens"] == 40
     for rank, root in enumerate(p.roots):
-        assert set(files(root)) == kernels(rank, STARTUP, ("text", 16), ("text", 64))
+        assert set(files(root)) == kernels(engine, rank, STARTUP, ("text", 16), ("text", 64))
         assert not any(rel.endswith(".tmp") for rel in files(root))
 
     head_out, worker_out = stop(p)
+    n = len(ENGINE_JIT_CACHES[engine])
     for rank, out in enumerate((head_out, worker_out)):
-        assert f"[rank {rank}]: jit: startup/0: compiled 5, cached 0" in out
-        assert f"[rank {rank}]: jit: text/16: compiled 5, cached 0" in out
-        assert f"[rank {rank}]: jit: text/16: compiled 0, cached 5" in out
-        assert f"[rank {rank}]: jit: text/64: compiled 5, cached 0" in out
+        assert f"[rank {rank}]: jit: startup/0: compiled {n}, cached 0" in out
+        assert f"[rank {rank}]: jit: text/16: compiled {n}, cached 0" in out
+        assert f"[rank {rank}]: jit: text/16: compiled 0, cached {n}" in out
+        assert f"[rank {rank}]: jit: text/64: compiled {n}, cached 0" in out
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -180,7 +181,7 @@ def test_tools_answer_a_call_of_the_first_tool(pair, engine):
     assert call["type"] == "function" and call["function"] == {"name": "get_weather", "arguments": "{}"}
     assert body["usage"]["prompt_tokens"] == 6
     for rank, root in enumerate(p.roots):
-        assert set(files(root)) == kernels(rank, STARTUP, ("tools", 16))
+        assert set(files(root)) == kernels(engine, rank, STARTUP, ("tools", 16))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -193,11 +194,11 @@ def test_images_compile_their_own_kernels_or_are_refused_without_vision(pair, en
         assert body["usage"]["prompt_tokens"] == 3 + 256
         assert body["choices"][0]["finish_reason"] == "tool_calls"  # tools still answered; kind is image
         for rank, root in enumerate(p.roots):
-            assert set(files(root)) == kernels(rank, STARTUP, ("image", 16))
+            assert set(files(root)) == kernels(engine, rank, STARTUP, ("image", 16))
     else:
         assert status == 400 and body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
         for rank, root in enumerate(p.roots):
-            assert set(files(root)) == kernels(rank, STARTUP)
+            assert set(files(root)) == kernels(engine, rank, STARTUP)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -216,7 +217,7 @@ def test_wrong_model_and_malformed_bodies_are_refused_and_compile_nothing(pair, 
         assert body["error"]["type"] == "BadRequestError" and body["error"]["message"], bad
     assert post(p.port, chat("hi"), path="/v1/completions")[0] == 404
     for rank, root in enumerate(p.roots):
-        assert set(files(root)) == kernels(rank, STARTUP)
+        assert set(files(root)) == kernels(engine, rank, STARTUP)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -248,9 +249,9 @@ def test_without_cache_variables_nothing_is_written(pair, tmp_path, engine):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_head_waits_for_a_slow_rank(pair, engine):
-    p = pair(engine, worker_env={"SFL_STANDIN_JIT_MS": "200"})  # rank 1 takes 5 x 0.2 s per shape
+    p = pair(engine, worker_env={"SFL_STANDIN_JIT_MS": "200"})  # rank 1 takes 0.2 s per cache file
     assert post(p.port, chat("hello"))[0] == 200
-    assert set(files(p.roots[1])) == kernels(1, STARTUP, ("text", 16))
+    assert set(files(p.roots[1])) == kernels(engine, 1, STARTUP, ("text", 16))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -269,7 +270,7 @@ def test_concurrent_requests_each_get_their_own_answer(pair, engine):
     assert [r and r[0] for r in results] == [200] * len(bodies), results
     shapes = (STARTUP, ("text", 16), ("text", 32), ("text", 128), ("tools", 16))
     for rank, root in enumerate(p.roots):
-        assert set(files(root)) == kernels(rank, *shapes)
+        assert set(files(root)) == kernels(engine, rank, *shapes)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -292,4 +293,4 @@ def test_a_single_node_compiles_on_its_own(launch, tmp_path, engine):
     wait_for(lambda: get(port, "/health")[0] == 200, what="/health 200")
     status, body = post(port, chat("hi", model=MODEL))  # no --served-model-name: the model path
     assert status == 200 and body["model"] == MODEL
-    assert set(files(tmp_path / "rank0")) == kernels(0, STARTUP, ("text", 16))
+    assert set(files(tmp_path / "rank0")) == kernels(engine, 0, STARTUP, ("text", 16))

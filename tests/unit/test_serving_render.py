@@ -17,7 +17,7 @@ from tests.unit.test_templates import GOLDEN, check_golden
 LAB = {
     "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
-    "serving_recipe_commit": "62f9a9ecf3b40c7d659a96718fd63ff84f28e20b", "serving_ulimit_memlock": "8388608",
+    "serving_recipe_commit": "4ff6ce6fda933b08072c5afc0f1931957a6ef357", "serving_ulimit_memlock": "8388608",
 }
 # Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
 GIDS = {"spark-a": 3, "spark-b": 5}
@@ -94,8 +94,9 @@ def test_shipped_profile_is_the_field_report_card():
     assert value("--kv-cache-dtype") == "fp8_ds_mla"
     assert value("--tool-call-parser") == "glm47" and value("--reasoning-parser") == "glm45"
     assert json.loads(value("--speculative-config")) == {
-        "method": "dflash2", "num_speculative_tokens": 7, "model": "/models/incoai/GLM-5.3-Flash-DFlash2",
-        "draft_tensor_parallel_size": 2}
+        "method": "dflash", "num_speculative_tokens": 7, "model": "/models/incoai/GLM-5.3-Flash-DFlash2",
+        "draft_tensor_parallel_size": 2, "kv_cache_dtype": "auto"}
+    assert value("--quantization") == "exl3" and value("--distributed-timeout-seconds") == "1800"
     assert "--limit-mm-per-prompt" not in words  # vision on
     profile = load_profile("glm-5.3-flash-exl3")
     assert profile.recipe.commit == "493cb88"
@@ -104,8 +105,10 @@ def test_shipped_profile_is_the_field_report_card():
 def test_rank_env_pins_the_profile_and_the_rank():
     env = env_of("spark", "spark-b")
     assert env["CG_ESTIMATE"] == "0" and env["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "0"
-    assert env["VLLM_HOST_IP"] == "10.77.77.2" and env["MASTER_ADDR"] == "10.77.77.1"
-    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+    assert env["VLLM_HOST_IP"] == "10.77.77.2"
+    # Read by neither engine: the rendezvous is a flag (--master-addr, --dist-init-addr).
+    assert not {"MASTER_ADDR", "MASTER_PORT", "TP_SOCKET_IFNAME"} & set(env)
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         assert env[key] == "enp1s0f0np0"
     assert env["NCCL_IB_HCA"] == "rocep1s0f0" and env["NCCL_IB_GID_INDEX"] == "5"
     assert "NCCL_IB_DISABLE" not in env
@@ -210,7 +213,7 @@ def without(words, *flags):
 @pytest.mark.parametrize("profile", SGLANG_PROFILES)
 def test_sglang_rank_env_is_the_same_shape_as_vllm(profile):
     env = env_of("spark", "spark-b", profile)
-    assert env["VLLM_HOST_IP"] == "10.77.77.2" and env["MASTER_ADDR"] == "10.77.77.1"
+    assert "VLLM_HOST_IP" not in env  # vLLM's variable; SGLang binds by --dist-init-addr
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
     assert env["NCCL_IB_GID_INDEX"] == "5" and env_of("spark", "spark-a", profile)["NCCL_IB_GID_INDEX"] == "3"
 
@@ -248,8 +251,8 @@ def test_mtp_variant_is_the_dflash_card_without_the_drafter(kind, name):
     assert not any("DFlash" in w or "dflash" in w for w in b)
     assert without(a, "--speculative-config") == without(b, "--speculative-config")  # all else the same
     env_a, env_b = env_of(kind, name), env_of(kind, name, "glm-5.3-flash-exl3-mtp")
-    assert "DFLASH_DRAFT_TP" not in env_b and "SPARKFLEET_DRAFT_MODEL_PATH" not in env_b
-    drafter_only = ("DFLASH_DRAFT_TP", "SPARKFLEET_DRAFT_MODEL_PATH")
+    assert "DFLASH_DRAFT_TP" not in env_b
+    drafter_only = ("DFLASH_DRAFT_TP",)
     assert {k: v for k, v in env_a.items() if k not in drafter_only} == env_b
 
 

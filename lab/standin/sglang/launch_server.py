@@ -18,9 +18,9 @@ nothing, and the head answers only once every rank is done. Images are refused (
 Environment: GLOO_SOCKET_IFNAME (required when --nnodes > 1: torch's Gloo group binds to that
 netdev's address, and without it multi-node SGLang in Docker picks loopback and its peers are
 refused; each rank's connection here is made from that address), SFL_STANDIN_JOIN_TIMEOUT_S
-(ranks > 0: how long to keep trying the head, default 600), TILELANG_CACHE_DIR, TRITON_CACHE_DIR,
-VLLM_CACHE_ROOT, FLASHINFER_WORKSPACE_BASE, TORCHINDUCTOR_CACHE_DIR (kernel caches; each used only
-when set and non-empty), SFL_STANDIN_JIT_MS (milliseconds of "compile time" per kernel file
+(ranks > 0: how long to keep trying the head, default 600), the kernel cache variables of
+JIT_CACHES (SGLang's set, roles/kernel_cache/schema.py CACHE_VARS["sglang"]; each used only when set
+and non-empty), SFL_STANDIN_JIT_MS (milliseconds of "compile time" per kernel file
 written, default 20)."""
 import argparse
 import contextlib
@@ -52,8 +52,11 @@ REPLY = "sparkfleet lab stand-in reply"  # the text of every non-tool answer (4 
 IMAGE_TOKENS = 256  # prompt tokens counted per image
 # JIT kernel caches: a real engine compiles kernels per request shape and keeps them in these
 # directories, which persist across restarts. The stand-in writes one file per cache and shape.
-JIT_CACHES = ("TILELANG_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE",
-              "TORCHINDUCTOR_CACHE_DIR")
+# SGLang's set, in the order of roles/kernel_cache/schema.py CACHE_VARS["sglang"] (a unit test
+# compares them; this file imports nothing from the project).
+JIT_CACHES = ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+              "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "FLASHINFER_WORKSPACE_BASE", "TILELANG_CACHE_DIR",
+              "CUTE_DSL_CACHE_DIR", "TVM_FFI_CACHE_DIR", "CUDA_CACHE_PATH")
 JIT_FILE_BYTES = 4096
 JIT_WAIT_S = 10  # how long the head waits for the other ranks to compile a request's shape
 JIT_LOCK = threading.Lock()  # one compile at a time per process
@@ -235,6 +238,9 @@ def parse(argv):
     p.add_argument("--context-length", type=int)
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--quantization")
+    p.add_argument("--dist-timeout", type=int)
+    p.add_argument("--watchdog-timeout", type=float)
     p.add_argument("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
     for name in SPECULATIVE_NUMBERS:
         p.add_argument("--" + name.replace("_", "-"), type=int)

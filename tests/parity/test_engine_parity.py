@@ -1,0 +1,254 @@
+"""Engine parity: every command line and environment sparkfleet renders, proven against the real
+engines at the pinned versions (tests/parity/vllm.txt, tests/parity/sglang.txt), without a GPU.
+
+For every profile x rank x (real-hardware data, lab data) the exact argv the unit runs goes through
+the engine's own parser and config validation (tests/parity/check_<engine>.py, run by the engine's
+own virtualenv), and every variable of the rank's env file must be read by the engine, by a library
+of its stack (roles/serving/env_readers.py), or by the recipe's launcher (the profile's
+launcher_env). Refusals owned by a declared recipe extension pass; a declared extension the engine
+accepts anyway fails. Needs --parity (make test passes it; `make parity` runs this tier alone).
+"""
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from roles.serving.engine import engine_args, rank_env
+from roles.serving.env_readers import library_readers
+from roles.serving.schema import Profile, load_profile, profile_names
+from tests.unit.test_serving_render import GIDS, cluster
+
+HERE = Path(__file__).resolve().parent
+ENGINE_NAME = {"vllm": "vLLM", "sglang": "SGLang"}
+PROFILES = profile_names()
+KINDS = ("spark", "lab")
+NODES = ("spark-a", "spark-b")
+
+
+@cache
+def engine_python(engine: str) -> str:
+    """The engine's parity virtualenv (built once per lock file by venv.sh, cached outside the checkout)."""
+    out = subprocess.run(["bash", str(HERE / "venv.sh"), engine], capture_output=True, text=True)
+    assert out.returncode == 0, f"building the {engine} parity virtualenv failed:\n{out.stderr[-3000:]}"
+    return out.stdout.strip().splitlines()[-1]
+
+
+def run_checker(engine: str, cases: list[dict]) -> dict:
+    proc = subprocess.run([engine_python(engine), str(HERE / f"check_{engine}.py")],
+                          input=json.dumps({"cases": cases}), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"check_{engine}.py failed:\n{proc.stderr[-5000:]}"
+    return json.loads(proc.stdout)
+
+
+def render(profile: Profile, kind: str, name: str) -> dict:
+    """One case: the rank's argv and env exactly as its unit and env file carry them."""
+    c = cluster(kind, profile.name)
+    node = c.node(name)
+    return {
+        "id": f"{profile.name} rank {node.rank} ({kind} data, {name})",
+        "argv": engine_args(profile, c, node),
+        "env": rank_env(profile, c, node, GIDS[name] if node.rdma_hca else None),
+        "extensions": [{"name": e.name, "flag": e.flag, "value": e.value} for e in profile.extensions],
+    }
+
+
+def problems(profile: Profile, case: dict, output: dict) -> list[str]:
+    """Everything the engine refused or cannot account for, each naming profile, rank and flag."""
+    engine = f"{ENGINE_NAME[output['engine']]} {output['version']}"
+    result = output["results"][case["id"]]
+    found = [f"{case['id']}: {e['flag'] or '(argv)'}{' ' + str(e['value']) if e['value'] else ''}: {engine} "
+             f"refuses it: {e['message']}" for e in result["errors"]]
+    found += [f"{case['id']}: extension {name!r} is declared but {engine} accepts its flag and value upstream: "
+              f"drop the declaration" for name in result["unused_extensions"]]
+    resolution = result.get("resolution", {"complete": True})
+    if not result["errors"] and not resolution["complete"] and "no checkpoint" not in resolution.get("reason", ""):
+        # Only the checkpoint's absence may stop the engine's own resolution short (SGLang reads
+        # config.json at its first model-dependent step); anything else is a refusal unaccounted for.
+        found.append(f"{case['id']}: {engine} stopped resolving at {resolution.get('stopped_at')}: "
+                     f"{resolution.get('reason', '(no reason given)')}")
+    known = set(output["env_known"])
+    libraries = library_readers(output["engine"])
+    for var in sorted(case["env"]):
+        if var not in known and var not in libraries and var not in profile.launcher_env:
+            found.append(f"{case['id']}: env {var}: read by neither {engine} nor a library of its stack "
+                         f"(roles/serving/env_readers.py), and not declared in the profile's launcher_env")
+    return found
+
+
+@cache
+def shipped(engine: str) -> tuple[dict, dict]:
+    """(cases by id, the checker's output) for every shipped profile of one engine, in one run."""
+    cases = {}
+    for name in PROFILES:
+        profile = load_profile(name)
+        if profile.engine == engine:
+            for kind in KINDS:
+                for node in NODES:
+                    case = render(profile, kind, node)
+                    cases[case["id"]] = (profile, case)
+    return cases, run_checker(engine, [c for _, c in cases.values()])
+
+
+pytestmark = pytest.mark.parity
+
+
+@pytest.mark.parametrize("node", NODES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("profile_name", PROFILES)
+def test_every_rendered_rank_is_accepted_by_the_real_engine(profile_name, kind, node):
+    profile = load_profile(profile_name)
+    cases, output = shipped(profile.engine)
+    [(p, case)] = [v for v in cases.values() if v[1]["id"] == render(profile, kind, node)["id"]]
+    assert problems(p, case, output) == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_library_readers_are_found_in_the_installed_libraries(engine):
+    """Where the engine's virtualenv holds the library, the variable's name is in the file the
+    table names: the table cannot claim a reader that does not read it."""
+    site = subprocess.run([engine_python(engine), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    checked, wrong = [], []
+    for var, reader in library_readers(engine).items():
+        if reader.installed is None:
+            continue
+        path = Path(site) / reader.installed
+        if not path.is_file():
+            continue
+        checked.append(var)
+        if var.encode() not in path.read_bytes():
+            wrong.append(f"{var}: not in {reader.installed} ({reader.library})")
+    assert wrong == []
+    assert checked, f"no library of {engine}'s table is installed in its parity virtualenv"
+
+
+def test_every_verifiable_library_reader_is_verified_somewhere():
+    missing = []
+    for var in sorted(set(library_readers("vllm")) | set(library_readers("sglang"))):
+        reader = {**library_readers("vllm"), **library_readers("sglang")}[var]
+        if reader.installed is None:
+            continue
+        sites = [subprocess.run([engine_python(e), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+                 for e in reader.engines]
+        if not any((Path(s) / reader.installed).is_file() for s in sites):
+            missing.append(f"{var}: {reader.installed} is in no parity virtualenv ({', '.join(reader.engines)})")
+    assert missing == []
+
+
+# --- The tier fails when a profile is broken on purpose, with the engine's own words. ----------
+
+def _with_extension(name, flag, value):
+    def update(profile):
+        extra = profile.extensions + ((load_profile("glm-5.3-flash-exl3").extensions[0].model_copy(
+            update={"name": name, "flag": flag, "value": value})),)
+        return {"extensions": extra}
+    return update
+
+
+# name -> (profile, {argv_extra, env_extra, speculative, profile fields or a function of the profile})
+BROKEN = {
+    "misspelt flag": ("deepseek-v4-flash", {"argv_extra": ["--max-model-lenn", "4096"]}),
+    "unknown speculative method": ("glm-5.3-flash-exl3", {"speculative": {"method": "dflash2"}}),
+    "tool parser it lacks": ("glm-5.3-flash-exl3", {"tool_call_parser": "glm99"}),
+    "reasoning parser it lacks": ("glm-5.3-flash-exl3", {"reasoning_parser": "glm99"}),
+    "unknown kv-cache dtype": ("deepseek-v4-flash", {"kv_cache_dtype": "fp7"}),
+    # The field report's recipes set it; vLLM 0.33 does not read it.
+    "unread env": ("glm-5.3-flash-exl3", {"env_extra": {"VLLM_ENGINE_ITERATION_TIMEOUT_S": "600"}}),
+    "undeclared extension": ("glm-5.3-flash-exl3", {"extensions": ()}),
+    "needless extension": ("deepseek-v4-flash", {"update": _with_extension("fp8", "--kv-cache-dtype", "fp8")}),
+    "sglang misspelt flag": ("qwen3.8-flash-next", {"argv_extra": ["--context-lenght", "4096"]}),
+    "sglang unknown speculative algorithm": ("qwen3.8-flash-next", {"speculative": {"method": "NEXTN2"}}),
+    "sglang tool parser it lacks": ("qwen3.8-flash-next", {"tool_call_parser": "qwen99"}),
+    "sglang unread env": ("qwen3.8-flash-next", {"env_extra": {"VLLM_HOST_IP": "10.77.77.2"}}),
+}
+
+
+def _broken_case(label, profile_name, change):
+    change = dict(change)
+    profile = load_profile(profile_name)
+    argv_extra, env_extra = change.pop("argv_extra", ()), change.pop("env_extra", {})
+    if "speculative" in change:
+        change["speculative"] = profile.speculative.model_copy(update=change["speculative"])
+    if "update" in change:
+        change.update(change.pop("update")(profile))
+    profile = profile.model_copy(update=change)
+    case = render(profile, "spark", "spark-b")
+    case["id"] = f"{case['id']} [{label}]"
+    case["argv"] += list(argv_extra)
+    case["env"].update(env_extra)
+    return profile, case
+
+
+@cache
+def broken_results(engine: str) -> dict[str, list[str]]:
+    """Every broken case of one engine, through the checker in one run: label -> problems."""
+    built = {label: _broken_case(label, name, change) for label, (name, change) in BROKEN.items()
+             if load_profile(name).engine == engine}
+    output = run_checker(engine, [case for _, case in built.values()])
+    return {label: problems(profile, case, output) for label, (profile, case) in built.items()}
+
+
+def broken(label: str) -> str:
+    found = broken_results(load_profile(BROKEN[label][0]).engine)[label]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_vllm_refuses_a_misspelt_flag():
+    msg = broken("misspelt flag")
+    assert "deepseek-v4-flash rank 1" in msg and "unrecognized arguments: --max-model-lenn" in msg
+
+
+def test_vllm_refuses_an_unknown_speculative_method():
+    msg = broken("unknown speculative method")
+    assert "--speculative-config method='dflash2'" in msg and "vLLM 0.33.0 refuses it" in msg
+    assert "Input should be" in msg and "'dflash'" in msg  # pydantic's words on vLLM's SpeculativeMethod
+
+
+def test_vllm_refuses_parsers_it_lacks():
+    msg = broken("tool parser it lacks")
+    assert "--tool-call-parser glm99" in msg and "invalid tool call parser: glm99" in msg
+    msg = broken("reasoning parser it lacks")
+    assert "--reasoning-parser glm99" in msg and "invalid reasoning parser: glm99" in msg
+
+
+def test_vllm_refuses_an_unknown_kv_cache_dtype():
+    msg = broken("unknown kv-cache dtype")
+    assert "--kv-cache-dtype fp7" in msg and "Invalid kv_cache_dtype: 'fp7'" in msg
+
+
+def test_an_unread_environment_variable_fails_the_tier():
+    msg = broken("unread env")
+    assert "env VLLM_ENGINE_ITERATION_TIMEOUT_S: read by neither vLLM 0.33.0" in msg
+    msg = broken("sglang unread env")
+    assert "env VLLM_HOST_IP: read by neither SGLang" in msg
+
+
+def test_an_undeclared_recipe_extension_is_refused_and_a_needless_one_too():
+    msg = broken("undeclared extension")
+    assert "--quantization exl3" in msg and "Invalid quantization method: exl3" in msg
+    msg = broken("needless extension")
+    assert "extension 'fp8' is declared but vLLM 0.33.0 accepts" in msg
+
+
+def test_sglang_refuses_a_misspelt_flag():
+    msg = broken("sglang misspelt flag")
+    assert "qwen3.8-flash-next rank 1" in msg and "--context-lenght" in msg and "SGLang" in msg
+
+
+def test_sglang_refuses_an_unknown_speculative_algorithm():
+    msg = broken("sglang unknown speculative algorithm")
+    assert "NEXTN2" in msg and "SGLang" in msg
+
+
+def test_sglang_refuses_a_parser_it_lacks():
+    msg = broken("sglang tool parser it lacks")
+    assert "--tool-call-parser qwen99" in msg and "SGLang" in msg
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "--parity", "-q"]))
