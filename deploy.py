@@ -1,34 +1,37 @@
 """sparkfleet: take a pair of DGX Sparks to a state proven to serve. Run: pyinfra inventory.py deploy.py
 
-The inventory has already validated the cluster data (sparkfleet.inventory.sparks) before any
-connection; each role below reads the same validated model.
+The cluster data was validated before any connection (sparkfleet.run, from config.py); each role
+below reads the same validated model. A refusal at prepare prints one block and stops the run.
 """
 from pyinfra import local
 
-# 1. Every node's facts in one table; hard requirements stop the deploy before any change.
-local.include("roles/preflight/tasks.py")
+from sparkfleet.run import refusals_stop_the_run
 
-# 2. The field report's failure modes, checked before anything changes: memory admission and
-#    headroom, refused settings, the drafter license.
-local.include("roles/guards/tasks.py")
+with refusals_stop_the_run():
+    # 1. Every node's facts in one table; hard requirements stop the deploy before any change.
+    local.include("roles/preflight/tasks.py")
 
-# 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
-local.include("roles/fabric/tasks.py")
+    # 2. The field report's failure modes, checked before anything changes: memory admission and
+    #    headroom, refused settings, the drafter license.
+    local.include("roles/guards/tasks.py")
 
-# 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
-local.include("roles/docker/tasks.py")
+    # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
+    local.include("roles/fabric/tasks.py")
 
-# 5. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
-local.include("roles/image/tasks.py")
+    # 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
+    local.include("roles/docker/tasks.py")
 
-# 6. The fabric's file path: a read-only rsync daemon per node, and the fetch/pull/manifest tool.
-local.include("roles/fanout/tasks.py")
+    # 5. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
+    local.include("roles/image/tasks.py")
 
-# 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
-local.include("roles/weights/tasks.py")
+    # 6. The fabric's file path: a read-only rsync daemon per node, and the fetch/pull/manifest tool.
+    local.include("roles/fanout/tasks.py")
 
-# 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
-local.include("roles/kernel_cache/tasks.py")
+    # 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
+    local.include("roles/weights/tasks.py")
 
-# 9. The units: --headless workers first, then the head; /health awaited, endpoint printed.
-local.include("roles/serving/tasks.py")
+    # 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
+    local.include("roles/kernel_cache/tasks.py")
+
+    # 9. The units: --headless workers first, then the head; /health awaited, endpoint printed.
+    local.include("roles/serving/tasks.py")

@@ -6,5 +6,7 @@ units and the head's /health, as one table. Defines no operation: nothing is cha
 from pyinfra import state
 
 from sparkfleet.doctor import run_doctor
+from sparkfleet.run import refusals_stop_the_run
 
-run_doctor(state)
+with refusals_stop_the_run():
+    run_doctor(state)

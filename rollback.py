@@ -7,6 +7,8 @@ re-rendered and the pair restarts worker-first.
 from pyinfra import local, state
 
 from sparkfleet.rollback import override_with_previous
+from sparkfleet.run import refusals_stop_the_run
 
-override_with_previous(state)
+with refusals_stop_the_run():
+    override_with_previous(state)
 local.include("deploy.py")

@@ -4,8 +4,8 @@ import sys
 
 import yaml
 
-from sparkfleet.config import ConfigError
 from sparkfleet.inventory import load_cluster
+from sparkfleet.refusal import Refusal
 
 
 def main(argv=None) -> int:
@@ -18,8 +18,8 @@ def main(argv=None) -> int:
 
     try:
         cluster = load_cluster(args.inventory)
-    except ConfigError as err:
-        print(f"sparkfleet: {args.inventory}: {err}", file=sys.stderr)
+    except Refusal as err:
+        print(err.block(), file=sys.stderr)
         return 2
     data = cluster.as_data()
     if args.host:

@@ -7,8 +7,10 @@ through; any other key is refused, so a typo never silently falls back to a defa
 """
 from __future__ import annotations
 
+import difflib
 from collections import Counter
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, ip_address
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,6 +24,7 @@ from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.serving.schema import ServingData, serving_problems
 from roles.weights.schema import WeightsData
+from sparkfleet.refusal import Problem, Refusal, as_problem
 
 # Keys that belong to pyinfra, not to sparkfleet: connection settings and global arguments.
 PYINFRA_KEYS = frozenset(_SSHConnectorData.__annotations__)
@@ -31,18 +34,19 @@ def is_pyinfra_key(key: str) -> bool:
     return key in PYINFRA_KEYS or key.startswith("_")
 
 
-class ConfigError(Exception):
-    """Bad cluster data. Each line names the host, the key, the value found and what is allowed."""
+class ConfigError(Refusal):
+    """Bad cluster data: every problem found, each naming the host, the key, the value found and
+    what is allowed (sparkfleet.refusal.Problem lines)."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid sparkfleet config:\n" + "\n".join(f"  - {p}" for p in problems))
+    def __init__(self, problems: list[str], title: str = "invalid sparkfleet config", footer: str | None = None):
+        super().__init__(title, problems, footer)
 
 
 class NodeConfig(KernelCacheData, WeightsData, FanoutData, GuardsData, ServingData, DockerData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(description="Inventory name of the node.")
     rank: int = Field(ge=0, description="Tensor-parallel rank; rank 0 is the head. Required per node.")
@@ -75,20 +79,50 @@ def _describe_allowed(key: str) -> str:
     return f" ({field.description})" if field.description else ""
 
 
-def _node_problems(name: str, err: ValidationError) -> list[str]:
+_TYPE_WORDS = {"int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
+               "string_type": "text (in quotes)", "list_type": "a list", "dict_type": "a mapping"}
+
+
+def _unquoted(value: Any, kind: str) -> str | None:
+    """How a value written as text should have been written, when the text is one ('9000' -> 9000)."""
+    if kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"text: '{value}' (with --data, KEY='\"{value}\"': pyinfra reads bare digits as a number)"
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if kind == "bool_type" and text.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        return "True or False in Python data, true or false with --data"
+    try:
+        number = int(text) if kind == "int_type" else float(text) if kind == "float_type" else None
+    except ValueError:
+        return None
+    return None if number is None else f"{number} without quotes"
+
+
+def _node_problems(name: str, err: ValidationError) -> list[Problem]:
     problems = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "?"
+        top = str(e["loc"][0]) if e["loc"] else None
         if e["type"] == "extra_forbidden":
             allowed = ", ".join(sorted(DATA_FIELDS))
-            problems.append(
-                f"{name}: unknown key '{key}' = {e['input']!r}; allowed sparkfleet keys: {allowed} "
-                f"(plus pyinfra's ssh_* and _* keys)"
-            )
+            close = difflib.get_close_matches(key, list(DATA_FIELDS), n=1)
+            problems.append(Problem(
+                f"unknown key '{key}' = {e['input']!r}; allowed sparkfleet keys: {allowed} (plus pyinfra's ssh_* "
+                f"and _* keys)", [name], key=top,
+                fix=(f"did you mean '{close[0]}'? " if close else "") + "rename or remove it",
+            ))
         elif e["type"] == "missing":
-            problems.append(f"{name}: key '{key}' is required{_describe_allowed(key)}")
+            problems.append(Problem(f"key '{key}' is required{_describe_allowed(top)}", [name], key=top,
+                                    fix="set it for every node (per node: in the inventory's host data)"))
         else:
-            problems.append(f"{name}: key '{key}' = {e['input']!r}: {e['msg']}{_describe_allowed(key)}")
+            hint = _unquoted(e["input"], e["type"])
+            want = _TYPE_WORDS.get(e["type"])
+            msg = e["msg"] + (f" (found {type(e['input']).__name__}, want {want})" if want else "")
+            problems.append(Problem(
+                f"key '{key}' = {e['input']!r}: {msg}{_describe_allowed(top)}", [name], key=top,
+                fix=f"write it as {hint}" if hint else None,
+            ))
     return problems
 
 
@@ -132,93 +166,187 @@ class ClusterConfig(BaseModel):
         return out
 
 
-def _cluster_problems(nodes: list[NodeConfig]) -> list[str]:
-    problems: list[str] = []
+def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | None = None) -> list[Problem]:
+    problems: list[Problem] = []
+    names = [n.name for n in nodes]
     if len(nodes) < 2:
-        problems.append(
-            f"{', '.join(n.name for n in nodes) or '(no hosts)'}: a cluster needs at least 2 nodes "
-            f"(found {len(nodes)}); tensor parallelism across nodes needs a peer on the fabric"
-        )
+        problems.append(Problem(
+            f"a cluster needs at least 2 nodes (found {len(nodes)}); tensor parallelism across nodes needs a peer "
+            f"on the fabric", names or ["(no hosts)"], fix="declare every node of the cluster in the inventory",
+        ))
 
     heads = [n.name for n in nodes if n.rank == 0]
     if len(heads) != 1:
-        found = ", ".join(heads) if heads else "none"
-        problems.append(
-            f"{found}: key 'rank' = 0 on {len(heads)} nodes; exactly one node must have rank 0 (the head)"
-        )
+        found = "" if heads else f" (ranks found: {', '.join(f'{n.name}={n.rank}' for n in nodes)})"
+        problems.append(Problem(
+            f"key 'rank' = 0 on {len(heads)} nodes{found}; exactly one node must have rank 0 (the head)",
+            heads or names, key="rank", fix="give exactly one node rank 0 and the others 1..N-1",
+        ))
     by_rank = Counter(n.rank for n in nodes)
     for rank, count in sorted(by_rank.items()):
         if count > 1 and rank != 0:
-            names = ", ".join(n.name for n in nodes if n.rank == rank)
-            problems.append(f"{names}: key 'rank' = {rank} on {count} nodes; each rank must be used once")
+            problems.append(Problem(f"key 'rank' = {rank} on {count} nodes; each rank must be used once",
+                                    [n.name for n in nodes if n.rank == rank], key="rank",
+                                    fix="give each node its own rank"))
     missing = sorted(set(range(len(nodes))) - set(by_rank))
     for n in nodes:
         if n.rank >= len(nodes):
-            problems.append(
-                f"{n.name}: key 'rank' = {n.rank}: ranks must be 0..{len(nodes) - 1} without gaps "
-                f"(missing: {', '.join(map(str, missing))})"
-            )
+            problems.append(Problem(
+                f"key 'rank' = {n.rank}: ranks must be 0..{len(nodes) - 1} without gaps "
+                f"(missing: {', '.join(map(str, missing))})", [n.name], key="rank",
+            ))
 
     by_ip = Counter(n.fabric_ip for n in nodes)
     for ip, count in by_ip.items():
         if count > 1:
-            names = ", ".join(n.name for n in nodes if n.fabric_ip == ip)
-            problems.append(f"{names}: key 'fabric_address' = {ip} on {count} nodes; addresses must be unique")
+            problems.append(Problem(f"key 'fabric_address' = {ip} on {count} nodes; addresses must be unique",
+                                    [n.name for n in nodes if n.fabric_ip == ip], key="fabric_address",
+                                    fix="give each node its own address in the fabric subnet"))
 
     networks: dict[IPv4Network, list[str]] = {}
     for n in nodes:
         networks.setdefault(n.fabric_address.network, []).append(n.name)
         net = n.fabric_address.network
         if net.prefixlen < 31 and n.fabric_address.ip in (net.network_address, net.broadcast_address):
-            problems.append(
-                f"{n.name}: key 'fabric_address' = {n.fabric_address}: that is the subnet's network or "
-                f"broadcast address; use a host address of {n.fabric_address.network}"
-            )
+            problems.append(Problem(
+                f"key 'fabric_address' = {n.fabric_address}: that is the subnet's network or broadcast address; "
+                f"use a host address of {n.fabric_address.network}", [n.name], key="fabric_address",
+            ))
     if len(networks) > 1:
         found = "; ".join(f"{', '.join(names)} in {net}" for net, names in networks.items())
-        problems.append(
-            f"key 'fabric_address': all nodes must be in one subnet, found {found}"
-        )
+        problems.append(Problem(f"key 'fabric_address': all nodes must be in one subnet, found {found}",
+                                key="fabric_address", sources=(), fix="put every node's fabric_address in one subnet"))
+
+    problems += _management_problems(nodes, ssh_ports or {})
 
     for n in nodes:
         if n.fabric_mtu != JUMBO_MTU and not (n.fabric_mtu_reason or "").strip():
-            problems.append(
-                f"{n.name}: key 'fabric_mtu' = {n.fabric_mtu}: must be {JUMBO_MTU} (jumbo frames; NCCL "
-                f"bandwidth drops ~7x without) unless 'fabric_mtu_reason' says why it differs on purpose"
-            )
+            problems.append(Problem(
+                f"key 'fabric_mtu' = {n.fabric_mtu}: must be {JUMBO_MTU} (jumbo frames; NCCL bandwidth drops ~7x "
+                f"without) unless 'fabric_mtu_reason' says why it differs on purpose", [n.name], key="fabric_mtu",
+            ))
     mtus = {n.fabric_mtu for n in nodes}
     if len(mtus) > 1:
         found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in nodes)
-        problems.append(f"key 'fabric_mtu' differs between nodes ({found}); both ends of a link need one MTU")
+        problems.append(Problem(f"key 'fabric_mtu' differs between nodes ({found}); both ends of a link need one MTU",
+                                key="fabric_mtu"))
     if nodes and not problems:
-        problems.extend(serving_problems(nodes))
+        problems.extend(as_problem(p, names) for p in serving_problems(nodes))
+    if nodes and not problems:
+        problems.extend(_data_only_guards(nodes))
+    return problems
+
+
+def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) -> list[Problem]:
+    """Every node is reached at its own management address, which is neither another node's name
+    nor on the fabric (the deploy reconfigures that link: SSH over it would be cut)."""
+    problems: list[Problem] = []
+    by_target: dict[tuple[str, Any], list[str]] = {}
+    for n in nodes:
+        by_target.setdefault((n.management_address, ssh_ports.get(n.name) or 22), []).append(n.name)
+    for (address, port), names in by_target.items():
+        if len(names) > 1:
+            problems.append(Problem(
+                f"key 'ssh_hostname' = {address!r} (port {port}) on {len(names)} nodes; each node needs its own "
+                f"management address", names, key="ssh_hostname",
+                fix="set each node's ssh_hostname (or ssh_port) to the machine it names",
+            ))
+    names = {n.name for n in nodes}
+    fabric_ips = {n.fabric_ip: n for n in nodes}
+    for n in nodes:
+        if n.management_address in names and n.management_address != n.name:
+            problems.append(Problem(
+                f"key 'ssh_hostname' = {n.management_address!r} is the name of node {n.management_address}; a "
+                f"node's management address must not be another node's name", [n.name],
+                key="ssh_hostname",
+            ))
+        try:
+            ip = ip_address(n.management_address)
+        except ValueError:
+            continue  # a DNS name or an ssh_config alias
+        owner = fabric_ips.get(str(ip))
+        subnets = {m.fabric_address.network for m in nodes}
+        if owner is not None:
+            problems.append(Problem(
+                f"key 'ssh_hostname' = {n.management_address} is {owner.name}'s fabric_address; the management "
+                f"address must be off the fabric (the deploy reconfigures that link)",
+                [n.name], key="ssh_hostname",
+                fix="use the node's management-network address for ssh_hostname",
+            ))
+        elif any(ip in net for net in subnets):
+            problems.append(Problem(
+                f"key 'ssh_hostname' = {n.management_address} is in the fabric subnet "
+                f"{', '.join(str(s) for s in subnets)}; the management address must be off the fabric (the deploy "
+                f"reconfigures that link)", [n.name], key="ssh_hostname",
+                fix="use the node's management-network address for ssh_hostname",
+            ))
+    return problems
+
+
+def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
+    """The guards that need no facts: the drafter license gate, the head's ports, refused settings in
+    what every rank would run. The same functions the deploy's guards run (roles/guards/checks.py)."""
+    from roles.guards.checks import license_gate, refused_settings
+    from roles.serving.engine import engine_args, pinned_env
+    from roles.serving.schema import node_profile
+
+    shape = SimpleNamespace(nodes=nodes, head=next(n for n in nodes if n.is_head))
+    head, profile = shape.head, node_profile(shape.head)
+    names = [n.name for n in nodes]
+    problems: list[Problem] = []
+    gate = license_gate(profile, head.deployment_purpose, head.drafter_license_acknowledged)
+    if gate:
+        key = "deployment_purpose" if head.deployment_purpose == "production" else "drafter_license_acknowledged"
+        problems.append(Problem(f"key '{key}' = {getattr(head, key)!r}: {gate}", [head.name], key=key))
+    # (what, port, the data key that sets it): everything that listens on the head must differ.
+    ports = [("docker_registry_port", head.docker_registry_port, "docker_registry_port"),
+             ("fanout_rsync_port", head.fanout_rsync_port, "fanout_rsync_port"),
+             (f"profile {profile.name}'s port", profile.port, None),
+             (f"profile {profile.name}'s master_port", profile.master_port, None)]
+    for i, (what, port, key) in enumerate(ports):
+        for other, other_port, other_key in ports[:i]:
+            if port == other_port:
+                change = other_key or key
+                problems.append(Problem(
+                    f"port {port} is both {other} and {what}; each listens on the head, so every port must differ",
+                    [head.name], key=change,
+                    fix=f"set {change} to a free port" if change else "change one of the profile's ports",
+                ))
+    for n in nodes:
+        env = pinned_env(profile, n)
+        problems.extend(
+            as_problem(p, names) for p in refused_settings(
+                n.name, engine_args(profile, shape, n), env, n.is_head, profile.engine, n.allow_ray_backend))
     return problems
 
 
 def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConfig:
     """Validate merged per-host data (defaults < group data < host data) into a ClusterConfig.
 
-    Raises ConfigError listing every problem found, per node and across nodes.
+    Raises ConfigError listing every problem found, per node and across nodes: the schema, the
+    invariants across nodes (ranks, addresses, one profile), and every guard that needs no facts.
     """
-    problems: list[str] = []
+    problems: list[Problem] = []
     nodes: list[NodeConfig] = []
+    ssh_ports: dict[str, Any] = {}
     for name, data in hosts:
         own = {k: v for k, v in data.items() if not is_pyinfra_key(k)}
         for reserved in ("name", "management_address"):
             if reserved in own:
-                problems.append(
-                    f"{name}: key '{reserved}' is derived (from the inventory name and ssh_hostname) "
-                    f"and cannot be set in data"
-                )
+                problems.append(Problem(
+                    f"key '{reserved}' is derived (from the inventory name and ssh_hostname) and cannot be set in "
+                    f"data", [name], key=reserved, fix="remove it",
+                ))
                 own.pop(reserved)
         own["name"] = name
         own["management_address"] = str(data.get("ssh_hostname") or name)
+        ssh_ports[name] = data.get("ssh_port")
         try:
             nodes.append(NodeConfig.model_validate(own))
         except ValidationError as err:
             problems.extend(_node_problems(name, err))
     if not problems:
-        problems.extend(_cluster_problems(nodes))
+        problems.extend(_cluster_problems(nodes, ssh_ports))
     if problems:
         raise ConfigError(problems)
     return ClusterConfig(nodes=tuple(sorted(nodes, key=lambda n: n.rank)))

@@ -70,8 +70,8 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def run_doctor(state) -> None:
-    rows = once_per_run(state, "doctor", lambda: _checks(state))
+def _doctor(state) -> None:
+    rows = _checks(state)
     lines = [f"{'check':<10} {'host':<10} result"]
     for check, host_name, problems in rows:
         lines.append(f"{check:<10} {host_name:<10} " + ("ok" if not problems else "FAIL " + problems[0]))
@@ -81,3 +81,8 @@ def run_doctor(state) -> None:
     if failed:
         raise DeployError(f"doctor: {len(failed)} of {len(rows)} checks failed (nothing was changed)")
     logger.info(f"--> sparkfleet doctor: all {len(rows)} checks passed")
+
+
+def run_doctor(state) -> None:
+    """Every host loads doctor.py; the checks run, and the table prints, once per run."""
+    once_per_run(state, "doctor", lambda: _doctor(state))

@@ -15,6 +15,7 @@ class FabricData(BaseModel):
     )
     fabric_address: IPv4Interface = Field(
         description="This node's static fabric address with prefix, e.g. 10.77.77.1/30. Required per node.",
+        strict=False,  # written as text ("10.77.77.1/30"); every other key is strictly typed (no coercion)
     )
     fabric_mtu: int = Field(
         JUMBO_MTU,

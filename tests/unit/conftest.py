@@ -20,3 +20,38 @@ def launch():
         if p.poll() is None:
             p.kill()
         p.communicate(timeout=5)
+
+
+@pytest.fixture
+def listener():
+    """Two TCP listeners on loopback, one per node of a test inventory, that count connections:
+    a refusal before connecting must come with none, a valid inventory must reach them. They are
+    no SSH servers: they close every connection at once, so a run that connects fails right after."""
+    import select
+    import socket
+    import threading
+
+    socks = []
+    for _ in range(2):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        socks.append(sock)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            ready, _, _ = select.select(socks, [], [], 0.1)
+            for sock in ready:
+                conn, _ = sock.accept()
+                accepted.append(sock.getsockname()[1])
+                conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield [s.getsockname()[1] for s in socks], accepted
+    stop.set()
+    thread.join()
+    for sock in socks:
+        sock.close()

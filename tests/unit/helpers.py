@@ -8,6 +8,10 @@ SHARED = {
     "fabric_mtu": 9000,
     "netplan_renderer": "NetworkManager",
     "rdma_hca": "rocep1s0f0",
+    # As group_data/all.py: the shipped profile's drafter is non-commercial (the license gate runs
+    # with the data checks, before any connection).
+    "deployment_purpose": "research",
+    "drafter_license_acknowledged": "CC-BY-NC-ND-4.0",
 }
 
 
@@ -29,3 +33,20 @@ def pair(**overrides_by_host):
 
 
 DELETE = object()
+
+
+def run_pyinfra(inventory, *args, operations=("deploy.py",), env=None, prefix=()):
+    """`pyinfra -y INVENTORY OPERATIONS ARGS` from the repository (its config.py and group_data/all.py
+    apply, as for a user's deploy); stdout and stderr in one string, as an operator sees them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    command = [*prefix] if prefix else [str(Path(sys.executable).with_name("pyinfra"))]
+    result = subprocess.run(
+        [*command, "-y", str(inventory), *operations, *args], cwd=repo, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=120, env={**os.environ, **(env or {})},
+    )
+    return result.returncode, result.stdout

@@ -22,7 +22,8 @@ def test_valid_pair_builds_with_head_and_worker():
 
 
 def test_defaults_fill_keys_not_given():
-    hosts = [(n, {k: v for k, v in d.items() if k not in SHARED}) for n, d in pair()]
+    fabric = ("fabric_netdev", "fabric_mtu", "netplan_renderer", "rdma_hca")
+    hosts = [(n, {k: v for k, v in d.items() if k not in fabric}) for n, d in pair()]
     node = build_cluster(hosts).node("spark-a")
     assert (node.fabric_netdev, node.fabric_mtu, node.netplan_renderer, node.rdma_hca) == (
         "enp1s0f0np0", 9000, "NetworkManager", None)
@@ -156,3 +157,65 @@ def test_as_data_is_plain_and_complete():
     assert list(data) == ["spark-a", "spark-b"]
     assert data["spark-b"]["fabric_address"] == "10.77.77.2/30"
     assert list(data["spark-a"])[:3] == ["name", "rank", "management_address"]
+
+
+def test_numbers_and_booleans_written_as_text_are_refused_not_converted():
+    msgs = problems(pair(**{"spark-b": {"fabric_mtu": "9000", "gpu_expected": "false", "guard_min_headroom_gib": "1.5"}}))
+    assert any(m.startswith("spark-b: key 'fabric_mtu' = '9000': Input should be a valid integer") for m in msgs)
+    assert any(m.startswith("spark-b: key 'gpu_expected' = 'false': Input should be a valid boolean") for m in msgs)
+    assert any(m.startswith("spark-b: key 'guard_min_headroom_gib' = '1.5'") for m in msgs)
+    assert {m.fix for m in msgs} >= {"write it as 9000 without quotes", "write it as 1.5 without quotes"}
+
+
+def test_an_integer_is_a_number_but_a_boolean_is_not():
+    assert build_cluster(pair(**{"spark-b": {"guard_min_headroom_gib": 2}})).node("spark-b").guard_min_headroom_gib == 2.0
+    [msg] = problems(pair(**{"spark-b": {"rank": True}}))
+    assert msg.startswith("spark-b: key 'rank' = True: Input should be a valid integer")
+
+
+def test_two_nodes_on_one_management_address_are_refused_naming_both():
+    [msg] = problems(pair(**{"spark-b": {"ssh_hostname": "10.0.0.11"}}))
+    assert msg.startswith("spark-a, spark-b: key 'ssh_hostname' = '10.0.0.11' (port 22) on 2 nodes")
+
+
+def test_one_management_address_on_two_ports_is_two_machines():
+    cluster = build_cluster(pair(**{"spark-a": {"ssh_port": 2201}, "spark-b": {"ssh_hostname": "10.0.0.11", "ssh_port": 2202}}))
+    assert [n.management_address for n in cluster.nodes] == ["10.0.0.11", "10.0.0.11"]
+
+
+def test_a_management_address_on_the_fabric_is_refused():
+    [msg] = problems(pair(**{"spark-b": {"ssh_hostname": "10.77.77.1"}}))
+    assert msg.startswith("spark-b: key 'ssh_hostname' = 10.77.77.1 is spark-a's fabric_address")
+    [msg] = problems(pair(**{"spark-b": {"ssh_hostname": "10.77.77.3"}}))
+    assert msg.startswith("spark-b: key 'ssh_hostname' = 10.77.77.3 is in the fabric subnet 10.77.77.0/30")
+
+
+def test_a_management_address_that_is_another_nodes_name_is_refused():
+    [msg] = problems(pair(**{"spark-a": {"ssh_hostname": "spark-b"}}))
+    assert msg.startswith("spark-a: key 'ssh_hostname' = 'spark-b' is the name of node spark-b")
+
+
+def test_two_services_on_one_port_of_the_head_are_refused():
+    [msg] = problems(pair(**{n: {"fanout_rsync_port": 5000} for n in ("spark-a", "spark-b")}))
+    assert msg.startswith("spark-a: port 5000 is both docker_registry_port and fanout_rsync_port")
+    assert msg.fix == "set docker_registry_port to a free port"
+
+
+def test_the_license_gate_needs_only_data():
+    [msg] = problems(pair(**{n: {"deployment_purpose": "production"} for n in ("spark-a", "spark-b")}))
+    assert msg.startswith("spark-a: key 'deployment_purpose' = 'production': license: profile glm-5.3-flash-exl3")
+    assert msg.key == "deployment_purpose"
+
+
+def test_settings_refused_on_a_rank_need_only_data(monkeypatch):
+    """The guards' refused_settings runs on every rank's rendered command line before connecting (today
+    the renderer itself refuses what data could add; the guard stays the last word)."""
+    import roles.serving.engine as engine
+
+    render = engine.engine_args
+    monkeypatch.setattr(engine, "engine_args",
+                        lambda p, c, n: [a if a != "mp" else "ray" for a in render(p, c, n)])
+    msgs = problems(pair())
+    assert [m.split(":")[0] for m in msgs] == ["spark-a", "spark-b"]
+    assert msgs[0].startswith("spark-a: --distributed-executor-backend ray: Ray's memory monitor killed the head")
+    assert build_cluster(pair(**{n: {"allow_ray_backend": True} for n in ("spark-a", "spark-b")})).head.allow_ray_backend

@@ -1,71 +1,42 @@
 """Bad inventories are refused by `pyinfra` itself, before any SSH connection is attempted.
 
-The hosts point at a TCP listener on loopback that counts connections: a refusal must come with
-zero connections, and a valid inventory must reach the listener (so the probe can fail).
+The hosts point at TCP listeners on loopback (tests/unit/conftest.py) that count connections: a
+refusal must come with zero connections, and a valid inventory must reach them (so the probe can
+fail). Every class of bad input is in test_bad_input.py.
 """
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
-@pytest.fixture
-def listener():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    sock.settimeout(0.2)
-    accepted = []
-    stop = threading.Event()
-
-    def accept():
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                continue
-            accepted.append(conn)
-            conn.close()  # not an SSH server: the client fails right after connecting
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield sock.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    sock.close()
-
-
-def write_inventory(tmp_path, port, a_extra="", b_extra="") -> Path:
+def write_inventory(tmp_path, ports, a_extra="", b_extra="") -> Path:
     inv = tmp_path / "inventory.py"
     inv.write_text(textwrap.dedent(f"""\
         from sparkfleet.inventory import sparks
-        _ssh = {{"ssh_hostname": "127.0.0.1", "ssh_port": {port}, "ssh_connect_retries": 0}}
+        _ssh = {{"ssh_hostname": "127.0.0.1", "ssh_connect_retries": 0}}
         spark_hosts = sparks(
             __file__,
-            ("spark-a", {{**_ssh, "rank": 0, "fabric_address": "10.77.77.1/30"{a_extra}}}),
-            ("spark-b", {{**_ssh, "rank": 1, "fabric_address": "10.77.77.2/30"{b_extra}}}),
+            ("spark-a", {{**_ssh, "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30"{a_extra}}}),
+            ("spark-b", {{**_ssh, "ssh_port": {ports[1]}, "rank": 1, "fabric_address": "10.77.77.2/30"{b_extra}}}),
         )
     """))
     return inv
 
 
 def run_pyinfra(inventory: Path):
-    # cwd is the repo: its group_data/all.py applies, as for a user's deploy.
+    # cwd is the repo: its config.py and group_data/all.py apply, as for a user's deploy.
     return subprocess.run(
         [PYINFRA, "-y", str(inventory), "deploy.py"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
 
 
 def test_two_rank_zero_nodes_stop_pyinfra_before_any_connection(tmp_path, listener):
-    port, accepted = listener
-    result = run_pyinfra(write_inventory(tmp_path, port, b_extra=', "rank": 0'))
+    ports, accepted = listener
+    result = run_pyinfra(write_inventory(tmp_path, ports, b_extra=', "rank": 0'))
     assert result.returncode != 0
     assert "spark-a, spark-b: key 'rank' = 0 on 2 nodes" in result.stderr
     assert accepted == []
@@ -73,16 +44,16 @@ def test_two_rank_zero_nodes_stop_pyinfra_before_any_connection(tmp_path, listen
 
 
 def test_unknown_key_stops_pyinfra_before_any_connection(tmp_path, listener):
-    port, accepted = listener
-    result = run_pyinfra(write_inventory(tmp_path, port, b_extra=', "fabric_mtuu": 9000'))
+    ports, accepted = listener
+    result = run_pyinfra(write_inventory(tmp_path, ports, b_extra=', "fabric_mtuu": 9000'))
     assert result.returncode != 0
     assert "spark-b: unknown key 'fabric_mtuu' = 9000" in result.stderr
     assert accepted == []
 
 
 def test_a_valid_inventory_does_try_to_connect(tmp_path, listener):
-    port, accepted = listener
-    result = run_pyinfra(write_inventory(tmp_path, port))
+    ports, accepted = listener
+    result = run_pyinfra(write_inventory(tmp_path, ports))
     assert result.returncode != 0  # the listener is no SSH server
     assert len(accepted) >= 1
 
@@ -98,7 +69,7 @@ def test_config_printer_shows_merged_data_per_host():
 
 
 def test_config_printer_refuses_bad_data(tmp_path):
-    inv = write_inventory(tmp_path, 22, a_extra=', "netplan_renderer": "wicked"')
+    inv = write_inventory(tmp_path, [22, 23], a_extra=', "netplan_renderer": "wicked"')
     result = subprocess.run(
         [sys.executable, "-m", "sparkfleet", "config", str(inv)], cwd=REPO, capture_output=True, text=True
     )

@@ -48,7 +48,7 @@ def spec(**values):
     (QWEN, lambda d: d.update(kv_cache_dtype="fp8_ds_mla"), "'fp8_ds_mla' is not an SGLang --kv-cache-dtype"),
     (GLM, spec(num_steps=3), "speculative.num_steps is SGLang's"),
     (GLM, spec(num_speculative_tokens=None), "speculative.num_speculative_tokens is required"),
-    (GLM, lambda d: d.update(engine="tgi"), "engine: Input should be 'vllm' or 'sglang'"),
+    (GLM, lambda d: d.update(engine="tgi"), "engine = 'tgi': Input should be 'vllm' or 'sglang'"),
 ])
 def test_fields_an_engine_cannot_use_are_refused(tmp_path, monkeypatch, base, change, message):
     with pytest.raises(ValueError) as err:
