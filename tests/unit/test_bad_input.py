@@ -120,7 +120,7 @@ def test_strings_and_booleans_are_not_coerced(tmp_path, listener, extra, message
     ports, accepted = listener
     out = refused(run_pyinfra(sparks_inventory(tmp_path, ports, b=extra)), accepted)
     assert f"spark-b: {message}" in out
-    assert f"from: {tmp_path / 'inventory.py'} line 7" in out
+    assert f"from: {tmp_path / 'inventory.py'} line 6" in out  # spark-b's tuple
     if fix:
         assert f"do:   {fix}" in out
 

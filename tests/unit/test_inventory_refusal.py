@@ -13,15 +13,15 @@ REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
-def write_inventory(tmp_path, ports, a_extra="", b_extra="") -> Path:
+def write_inventory(tmp_path, ports, a="", b="") -> Path:
     inv = tmp_path / "inventory.py"
     inv.write_text(textwrap.dedent(f"""\
         from sparkfleet.inventory import sparks
         _ssh = {{"ssh_hostname": "127.0.0.1", "ssh_connect_retries": 0}}
         spark_hosts = sparks(
             __file__,
-            ("spark-a", {{**_ssh, "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30"{a_extra}}}),
-            ("spark-b", {{**_ssh, "ssh_port": {ports[1]}, "rank": 1, "fabric_address": "10.77.77.2/30"{b_extra}}}),
+            ("spark-a", {{**_ssh, "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30"{a}}}),
+            ("spark-b", {{**_ssh, "ssh_port": {ports[1]}, "rank": 1, "fabric_address": "10.77.77.2/30"{b}}}),
         )
     """))
     return inv
@@ -36,7 +36,7 @@ def run_pyinfra(inventory: Path):
 
 def test_two_rank_zero_nodes_stop_pyinfra_before_any_connection(tmp_path, listener):
     ports, accepted = listener
-    result = run_pyinfra(write_inventory(tmp_path, ports, b_extra=', "rank": 0'))
+    result = run_pyinfra(write_inventory(tmp_path, ports, b=', "rank": 0'))
     assert result.returncode != 0
     assert "spark-a, spark-b: key 'rank' = 0 on 2 nodes" in result.stderr
     assert accepted == []
@@ -45,7 +45,7 @@ def test_two_rank_zero_nodes_stop_pyinfra_before_any_connection(tmp_path, listen
 
 def test_unknown_key_stops_pyinfra_before_any_connection(tmp_path, listener):
     ports, accepted = listener
-    result = run_pyinfra(write_inventory(tmp_path, ports, b_extra=', "fabric_mtuu": 9000'))
+    result = run_pyinfra(write_inventory(tmp_path, ports, b=', "fabric_mtuu": 9000'))
     assert result.returncode != 0
     assert "spark-b: unknown key 'fabric_mtuu' = 9000" in result.stderr
     assert accepted == []
@@ -69,7 +69,7 @@ def test_config_printer_shows_merged_data_per_host():
 
 
 def test_config_printer_refuses_bad_data(tmp_path):
-    inv = write_inventory(tmp_path, [22, 23], a_extra=', "netplan_renderer": "wicked"')
+    inv = write_inventory(tmp_path, [22, 23], a=', "netplan_renderer": "wicked"')
     result = subprocess.run(
         [sys.executable, "-m", "sparkfleet", "config", str(inv)], cwd=REPO, capture_output=True, text=True
     )
