@@ -51,7 +51,7 @@ show-lab:
 	done
 	@echo "== jumbo frames spark-a -> spark-b:"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'ping -M do -s 8972 -c 2 -q 198.19.77.2 | tail -2'
 	@echo "== units:"; for h in spark-a spark-b; do ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'echo "$$(hostname): $$(systemctl is-active sparkfleet-head sparkfleet-worker 2>/dev/null | paste -sd/) $$(docker ps --format "{{.Names}} {{.Image}}")"'; done
-	@echo "== the pair answers (head, through the lab's stand-in engine): GET /v1/models"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'curl -fsS -m 10 http://127.0.0.1:8000/v1/models'; echo
+	@echo "== the pair answers (head, through the lab's stand-in engine): GET /v1/models"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models'; echo
 	@echo "== weights (manifest sha256 per model) and the current kernel-cache generation, per node:"; for h in spark-a spark-b; do ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'cd /var/lib/sparkfleet && for m in $$(cd models && find . -name "*.manifest" | sort); do echo "$$(hostname): weights $${m#./} $$(sha256sum < models/$$m | cut -c1-12)"; done; g=$$(readlink kernel-cache/current); echo "$$(hostname): kernel cache $$g manifest $$(sha256sum < kernel-cache/$$g.manifest | cut -c1-12) ($$(grep -vc "^#" kernel-cache/$$g.manifest) files)"'; done
 
 config: install

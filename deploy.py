@@ -18,6 +18,9 @@ with refusals_stop_the_run():
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")
 
+    # 3b. The firewall: the API from allowed networks, the fabric's services from the fabric only.
+    local.include("roles/firewall/tasks.py")
+
     # 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
     local.include("roles/docker/tasks.py")
 
@@ -29,6 +32,9 @@ with refusals_stop_the_run():
 
     # 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
     local.include("roles/weights/tasks.py")
+
+    # 7b. The head's API key (root-only files), before the prewarm starts the first engine.
+    local.include("roles/serving/api_key_tasks.py")
 
     # 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
     local.include("roles/kernel_cache/tasks.py")

@@ -16,6 +16,12 @@ netplan_renderer = "NetworkManager"
 # RDMA device behind fabric_netdev (ibdev2netdev: "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)").
 rdma_hca = "rocep1s0f0"
 
+# --- roles/firewall: nftables table inet sparkfleet (SSH is never filtered) ------------------------
+firewall_enabled = True
+# Who may reach the head's API port; None: the management subnet (the connected subnet of the
+# address the deploy's SSH session arrives at on each node). E.g. ["192.168.1.0/24"].
+firewall_api_allowed_networks = None
+
 # --- roles/preflight: hard requirements checked before anything changes --------------------------
 gpu_expected = True
 preflight_allowed_archs = ["aarch64"]
@@ -30,3 +36,10 @@ preflight_min_mem_total_gib = 100.0
 # benchmarking; a production pair uses the MTP variant and deployment_purpose = "production".
 deployment_purpose = "research"
 drafter_license_acknowledged = "CC-BY-NC-ND-4.0"
+
+# --- roles/serving: the API ----------------------------------------------------------------------
+# Root-only file on the head with the API key; None: sparkfleet generates /etc/sparkfleet/api-key
+# on the first deploy. Clients send "Authorization: Bearer <its content>".
+serving_api_key_file = None
+# Vision profiles: hostnames the engine may fetch image/video URLs from; []: none (data: URLs only).
+serving_media_domains = []

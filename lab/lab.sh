@@ -157,7 +157,8 @@ stop_host() {
 ensure_prereqs() {
   local -A pkg_of=([systemd-nspawn]=systemd-container [debootstrap]=debootstrap [ip]=iproute2
     [iptables]=iptables [iptables-restore]=iptables [ssh]=openssh-client [ssh-keygen]=openssh-client
-    [ping]=iputils-ping [git]=git [nsenter]=util-linux [unshare]=util-linux [flock]=util-linux)
+    [ping]=iputils-ping [git]=git [nsenter]=util-linux [unshare]=util-linux [flock]=util-linux
+    [nft]=nftables)  # nft: tests/unit/test_firewall.py checks the firewall role's rules with the real parser
   local c need=()
   for c in "${!pkg_of[@]}"; do
     command -v "$c" >/dev/null 2>&1 || need+=("${pkg_of[$c]}")

@@ -19,12 +19,14 @@ from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 from roles.docker.schema import DockerData
 from roles.fabric.schema import JUMBO_MTU, FabricData
 from roles.fanout.schema import FanoutData
+from roles.firewall.schema import FirewallData
 from roles.guards.schema import GuardsData
 from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.serving.schema import ServingData, serving_problems
 from roles.weights.schema import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem
+from sparkfleet.values import node_value_problems
 
 # Keys that belong to pyinfra, not to sparkfleet: connection settings and global arguments.
 PYINFRA_KEYS = frozenset(_SSHConnectorData.__annotations__)
@@ -42,7 +44,7 @@ class ConfigError(Refusal):
         super().__init__(title, problems, footer)
 
 
-class NodeConfig(KernelCacheData, WeightsData, FanoutData, GuardsData, ServingData, DockerData, FabricData, PreflightData):
+class NodeConfig(FirewallData, KernelCacheData, WeightsData, FanoutData, GuardsData, ServingData, DockerData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.
@@ -230,6 +232,8 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
         found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in nodes)
         problems.append(Problem(f"key 'fabric_mtu' differs between nodes ({found}); both ends of a link need one MTU",
                                 key="fabric_mtu"))
+    for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
+        problems.extend(node_value_problems(n))
     if nodes and not problems:
         problems.extend(as_problem(p, names) for p in serving_problems(nodes))
     if nodes and not problems:

@@ -69,17 +69,71 @@ def manifest_text(root, header=()):
     return "\n".join(lines) + "\n"
 
 
+class ManifestError(ValueError):
+    """A manifest line that names no file inside the directory: refused before a byte is written."""
+
+
+def path_problem(rel):
+    """Why `rel` cannot name a file inside a manifest's directory (None when it can): relative,
+    normalised, no '.' or '..' component, no control character, no bookkeeping directory."""
+    if not rel:
+        return "empty path"
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return "control character in the path"
+    if rel.startswith("/"):
+        return "absolute path"
+    parts = rel.split("/")
+    if ".." in parts:
+        return "'..' in the path"
+    if "" in parts or "." in parts or "\\" in rel:
+        return "path not normalised (empty or '.' component, or a backslash)"
+    if parts[0] in SKIP_DIRS:
+        return f"path inside {parts[0]}/ (sparkfleet's bookkeeping)"
+    return None
+
+
 def parse_manifest(text):
-    """(header {key: value}, entries {path: (size, sha256)})."""
+    """(header {key: value}, entries {path: (size, sha256)}). A line that is not
+    '<64 hex>\\t<size>\\t<relative path>' with a confined path raises ManifestError naming it."""
     header, entries = {}, {}
-    for line in text.splitlines():
+    for n, line in enumerate(text.split("\n"), 1):
         if line.startswith("#"):
             key, _, value = line[1:].strip().partition(":")
             header[key.strip()] = value.strip()
         elif line.strip():
-            sha, size, rel = line.split("\t", 2)
+            fields = line.split("\t")
+            if len(fields) != 3:
+                raise ManifestError(f"manifest line {n}: want '<sha256>\\t<size>\\t<path>', found {line!r:.200}")
+            sha, size, rel = fields
+            if not sha or not sha.isascii() or not sha.isalnum():
+                raise ManifestError(f"manifest line {n}: not a sha256 {sha!r:.80}: {line!r:.200}")
+            if not size.isdigit() or not size.isascii():
+                raise ManifestError(f"manifest line {n}: not a size in bytes {size!r:.40}: {line!r:.200}")
+            why = path_problem(rel)
+            if why:
+                raise ManifestError(f"manifest line {n}: {why}: {rel!r:.200}")
+            if rel in entries:
+                raise ManifestError(f"manifest line {n}: {rel!r:.200} listed twice")
             entries[rel] = (int(size), sha)
     return header, entries
+
+
+def confined(root, rel):
+    """root/rel, refused (ManifestError) when an existing component of it is a symlink leaving root."""
+    base = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(root, rel))
+    if not target.startswith(base + os.sep):
+        raise ManifestError(f"{rel!r}: resolves to {target}, outside {base} (a symlink on the way)")
+    return os.path.join(root, rel)
+
+
+def checked_manifest(text, source):
+    """parse_manifest for the CLI: a bad manifest ends the command naming the line, nothing written."""
+    try:
+        return parse_manifest(text)
+    except ManifestError as e:
+        say(f"{source}: {e}; refused, nothing was written")
+        sys.exit(1)
 
 
 def compare(entries, sizes, sha_of):
@@ -159,7 +213,14 @@ def http_get(url, dest_file, offset=0):
 def fetch_http(a):
     base = a.url.rstrip("/")
     with urllib.request.urlopen(base + ".manifest", timeout=60) as r:
-        _, entries = parse_manifest(r.read().decode())
+        _, entries = checked_manifest(r.read().decode(), base + ".manifest")
+    try:
+        for rel in entries:  # before a byte is written: no path may leave DEST through a symlink
+            confined(a.dest, rel)
+            confined(a.dest, os.path.join(PARTIAL, rel))
+    except ManifestError as e:
+        say(f"{base}.manifest: {e}; refused, nothing was written")
+        sys.exit(1)
     if not entries:
         say(f"{base}.manifest lists no files")
         sys.exit(1)
@@ -226,7 +287,7 @@ def pull(a):
         rsync([src + ".manifest", theirs])
         with open(theirs) as f:
             text = f.read()
-    header, entries = parse_manifest(text)
+    header, entries = checked_manifest(text, src + ".manifest")
     check_disk(a.dest, missing_bytes(a.dest, entries), a.margin_gib)
     os.makedirs(a.dest, exist_ok=True)
     # --partial-dir: an interrupted file stays in .sparkfleet-partial and is the basis of the next
@@ -279,7 +340,7 @@ def main(argv):
         finish(a.dir, a.manifest, a.header)
     elif a.cmd == "verify":
         with open(a.manifest) as f:
-            problems = differences(a.dir, parse_manifest(f.read())[1])
+            problems = differences(a.dir, checked_manifest(f.read(), a.manifest)[1])
         for line in problems:
             print(line)
         return 1 if problems else 0

@@ -19,9 +19,10 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
-from roles.kernel_cache.facts import CacheState
+from roles.kernel_cache.facts import CacheState, is_generation
 from roles.kernel_cache.schema import cache_vars, prewarm_env
 from roles.serving.engine import docker_args, engine_args, rank_env, unit_name
+from roles.serving.api_key import curl_config
 from roles.serving.facts import health_command
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
@@ -62,7 +63,9 @@ def manifest_differences(reference: str, other: str) -> tuple[list[str], list[st
 
 
 def expired(generations: dict[str, float], keep: int, current: str | None) -> list[str]:
-    """Generations past the retention count, oldest first out; the current one always stays."""
+    """Generations past the retention count, oldest first out; the current one always stays, and a
+    name that is not a generation sparkfleet made (12 hex digits) is never a candidate."""
+    generations = {g: t for g, t in generations.items() if is_generation(g)}
     others = sorted((g for g in generations if g != current), key=lambda g: generations[g], reverse=True)
     room = keep - (1 if current in generations else 0)
     return sorted(others[max(room, 0):])
@@ -153,10 +156,13 @@ def cache_count_command(root: str) -> str:
     return f"find -L {shlex.quote(root)}/current -type f -printf '%s\\n' 2>/dev/null | awk '{{n++; b+=$1}} END {{print n+0, b+0}}'"
 
 
-def request_command(port: int, body: dict) -> str:
+def request_command(port: int, body: dict, curl_config: str | None = None) -> str:
+    """POST one warm-up request through the head; the API key's header from curl's root-only config
+    file (roles/serving/api_key.py), never on a command line."""
     data = shlex.quote(json.dumps(body))
+    key = f"-K {shlex.quote(curl_config)} " if curl_config else ""
     return (
-        f"printf '%s' {data} | curl -sS -m 600 -o /dev/stderr -w '%{{http_code}}' -H 'Content-Type: application/json' "
+        f"printf '%s' {data} | curl {key}-sS -m 600 -o /dev/stderr -w '%{{http_code}}' -H 'Content-Type: application/json' "
         f"--data-binary @- http://127.0.0.1:{int(port)}/v1/chat/completions"
     )
 
@@ -221,7 +227,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
         before = nodes.counts()
         for round_no in range(1, head.kernel_cache_prewarm_max_rounds + 1):
             for label, body in requests:
-                ok, out = nodes.hosts[head.name].run_shell_command(StringCommand(request_command(profile.port, body)))
+                ok, out = nodes.hosts[head.name].run_shell_command(StringCommand(request_command(profile.port, body, curl_config(head))))
                 if not ok or out.stdout.strip() != "200":
                     raise DeployError(f"{head.name}: warm-up request '{label}' answered {out.stdout.strip() or 'nothing'}: {out.stderr[-500:]}")
             after = nodes.counts()
@@ -307,6 +313,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
         if prewarm:  # new generation: retention is decided now that it exists
             gens = nodes.cache_state(node, profile.image_ref)["generations"]
             old = expired(gens, node.kernel_cache_keep_generations, gen)
+        old = [g for g in old or [] if is_generation(g)]  # never a name sparkfleet did not make
         if old:
             root = shlex.quote(node.kernel_cache_dir)
             nodes.run(node.name, "cd " + root + " && rm -rf " + " ".join(f"{g} {g}.manifest" for g in old), "removing old generations")

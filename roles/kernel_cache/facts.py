@@ -1,4 +1,5 @@
 """Facts of roles/kernel_cache: a node's cache generations, and the one for an image."""
+import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -19,6 +20,7 @@ class CacheState(FactBase):
             f"id=$(docker image inspect --format '{{{{.Id}}}}' {q} 2>/dev/null || true); printf 'I\\t%s\\n' \"$id\"; "
             f"printf 'C\\t%s\\n' \"$(readlink {r}/current 2>/dev/null)\"; "
             f"[ -d {r} ] && find {r} -mindepth 1 -maxdepth 1 -type d -printf 'G\\t%f\\t%T@\\n'; "
+            f"[ -d {r} ] && find {r} -mindepth 1 -maxdepth 1 -type f -name '*.manifest' -printf 'N\\t%f\\n'; "
             f"g=$(echo \"$id\" | sed 's/^sha256://' | cut -c1-12); "
             f"if [ -n \"$g\" ]; then [ -f {r}/$g.manifest ] && sed 's/^/M\\t/' {r}/$g.manifest; "
             f"[ -d {r}/$g ] && find {r}/$g -type f -printf 'F\\t%s\\t%P\\n'; fi; true"
@@ -26,7 +28,7 @@ class CacheState(FactBase):
 
     def process(self, output):
         out = CacheState.default()
-        manifest = []
+        manifest, dirs, sealed = [], {}, set()
         for line in output:
             kind, _, rest = line.partition("\t")
             if kind == "I":
@@ -35,11 +37,23 @@ class CacheState(FactBase):
                 out["current"] = rest.strip() or None
             elif kind == "G":
                 name, _, mtime = rest.partition("\t")
-                out["generations"][name] = float(mtime)
+                dirs[name] = float(mtime)
+            elif kind == "N":
+                sealed.add(rest.strip().removesuffix(".manifest"))
             elif kind == "M":
                 manifest.append(rest)
             elif kind == "F":
                 size, _, rel = rest.partition("\t")
                 out["files"][rel] = int(size)
         out["manifest"] = "\n".join(manifest) + "\n" if manifest else None
+        # Only what sparkfleet created counts as a generation (retention removes nothing else): a
+        # directory named by 12 hex digits of an image ID with its <name>.manifest beside it.
+        out["generations"] = {n: t for n, t in dirs.items() if is_generation(n) and n in sealed}
         return out
+
+
+GENERATION = re.compile(r"^[0-9a-f]{12}$")
+
+
+def is_generation(name: str) -> bool:
+    return bool(GENERATION.match(name))

@@ -92,6 +92,10 @@ def _pair_state(state) -> PairState:
     from roles.kernel_cache.checks import cache_plan
     from roles.weights.checks import weights_plan
 
+    from roles.serving.api_key import key_state
+
+    if key_state(state) != "ok":  # the head's engine reads the key only when it starts
+        pair.reasons.append(f"{cluster.head.name}: the API key is new or changed")
     fetched = weights_plan(state).fetch
     if fetched:  # the engine loaded the old files; the pair serves what the manifests say
         pair.reasons.append(f"new weights on the head: {', '.join(fetched)}")
@@ -141,8 +145,30 @@ def check_engine_kv(host, unit: str, max_model_len: int) -> None:
         logger.info(f"    [{host.name}] engine KV cache {tokens} tokens >= max_model_len {max_model_len}")
 
 
-def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int) -> None:
-    """Operation body: poll the head's /health with progress, bounded; print the endpoint when up."""
+def key_probe_command(port: int, curl_config: str) -> str:
+    """`<code without the key> <code with it>` for GET /v1/models on the head (the key from curl's
+    root-only config file, never on a command line)."""
+    url = f"http://127.0.0.1:{int(port)}/v1/models"
+    fmt = "-sS -m 10 -o /dev/null -w '%{http_code}'"
+    return f"echo $(curl {fmt} {url} 2>/dev/null) $(curl -K {curl_config} {fmt} {url} 2>/dev/null)"
+
+
+def check_api_key(host, port: int, curl_config: str) -> None:
+    """The API refuses a request without the key (401) and serves one with it (200)."""
+    _, out = host.run_shell_command(StringCommand(key_probe_command(port, curl_config)))
+    codes = (out.stdout.strip().split() + ["none", "none"])[:2]
+    if codes != ["401", "200"]:
+        raise DeployError(
+            f"{host.name}: GET /v1/models answered {codes[0]} without the API key and {codes[1]} with it; "
+            f"want 401 and 200 (the engine must require the key in {curl_config}'s header)"
+        )
+    logger.info(f"    [{host.name}] /v1/models: 401 without the API key, 200 with it")
+
+
+def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,
+                    curl_config: str | None = None, key_file: str | None = None) -> None:
+    """Operation body: poll the head's /health with progress, bounded; then prove the API key is
+    required; print the endpoint and where its key is."""
     from pyinfra import host
 
     start = time.monotonic()
@@ -152,7 +178,10 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
         ok, out = host.run_shell_command(StringCommand(health_command(port)))
         code = out.stdout.strip() if ok else "no answer"
         if code == "200":
-            logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}")
+            key = f" (API key: root-only file {key_file} on {host.name})" if key_file else ""
+            logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}{key}")
+            if curl_config:
+                check_api_key(host, port, curl_config)
             check_engine_kv(host, unit, max_model_len)
             return
         if elapsed - last_report >= 15:

@@ -10,10 +10,16 @@ import re
 from typing import Callable
 
 from roles.kernel_cache.schema import CACHE_VARS, CONTAINER_CACHE_ROOT
-from roles.serving.schema import Profile
+from roles.serving.schema import NO_MEDIA_DOMAIN, Profile
 
 # Where every rank's container sees weights_dir (read-only): a model is /models/<model id>.
 CONTAINER_WEIGHTS_ROOT = "/models"
+
+# The API key's files on the head, derived from serving_api_key_file (roles/serving/api_key.py), all
+# root-only in serving_dir: vLLM's environment, SGLang's --config, and curl's config for the probes.
+KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE = "api-key.env", "api-key.yaml", "api-key.curl"
+# Where SGLang's head container sees its key config (read-only).
+SGLANG_KEY_CONFIG = "/run/sparkfleet/api-key.yaml"
 
 # Never rendered, whatever a profile says: each hard-froze both machines in the field.
 FORBIDDEN_ARGS = ("--load-format dummy", "--no-ple-offload-embedding")
@@ -69,11 +75,21 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
         args += ["--reasoning-parser", profile.reasoning_parser]
     if not profile.vision:
         args += ["--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":"))]
+    else:
+        # What an image URL may be fetched from; --allowed-local-media-path stays at its default
+        # (empty: no local file) (vllm/config/model.py).
+        args += ["--allowed-media-domains", *media_domains(node)]
     if profile.trust_remote_code:
         args.append("--trust-remote-code")
     if node.is_head:
+        # The API key: VLLM_API_KEY from the head's root-only key env file (docker_args), never a flag
+        # (vllm/entrypoints/serve/middleware/register.py reads --api-key or envs.VLLM_API_KEY).
         args += ["--host", "0.0.0.0", "--port", str(profile.port)]
     return args
+
+
+def media_domains(node) -> list[str]:
+    return list(node.serving_media_domains) or [NO_MEDIA_DOMAIN]
 
 
 def sglang_args(profile: Profile, cluster, node) -> list[str]:
@@ -114,10 +130,16 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
         args += ["--reasoning-parser", profile.reasoning_parser]
     # Both explicit: SGLang's own default depends on the checkpoint's architecture.
     args.append("--enable-multimodal" if profile.vision else "--language-model-only")
+    if profile.vision:
+        # sglang/srt/arg_groups/fields/mm.py: client-supplied media URLs, these hostnames only.
+        args += ["--allowed-media-domains", *media_domains(node)]
     if profile.trust_remote_code:
         args.append("--trust-remote-code")
     if node.is_head:
-        args += ["--host", "0.0.0.0", "--port", str(profile.port)]
+        # The API key: SGLang reads it from --api-key only (no variable in sglang/srt/environ.py), so
+        # from a root-only YAML mounted read-only and named by --config
+        # (sglang/srt/utils/server_args_config_parser.py); the key is never on the command line.
+        args += ["--host", "0.0.0.0", "--port", str(profile.port), "--config", SGLANG_KEY_CONFIG]
     return args
 
 
@@ -213,7 +235,13 @@ def docker_args(profile: Profile, node, env_file: str, name: str | None = None, 
         f"--volume={node.weights_dir}:{CONTAINER_WEIGHTS_ROOT}:ro",
         f"--volume={node.kernel_cache_dir}/current:{CONTAINER_CACHE_ROOT}",
     ]
-    args += [f"--env-file={env_file}", profile.image_ref]
+    args += [f"--env-file={env_file}"]
+    if node.is_head:  # the API key, from root-only files: never argv, never the unit's text
+        if profile.engine == "vllm":
+            args.append(f"--env-file={node.serving_dir}/{KEY_ENV_FILE}")
+        else:
+            args.append(f"--volume={node.serving_dir}/{KEY_YAML_FILE}:{SGLANG_KEY_CONFIG}:ro")
+    args.append(profile.image_ref)
     return args
 
 

@@ -35,11 +35,39 @@ def check_extra_args(args):
     return args
 
 
+_DOMAIN = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+# Rendered when no media domain is allowed: both engines read an empty allowlist as "any domain"
+# (vllm/multimodal/media/connector.py, sglang/srt/utils/common.py _assert_media_url_allowed), so the
+# list names one that cannot resolve (RFC 6761 reserves .invalid): only inline data: URLs remain.
+NO_MEDIA_DOMAIN = "media.invalid"
+
+
+def check_media_domains(domains):
+    """Hostnames only: no scheme, port, path, wildcard or space."""
+    bad = [d for d in domains if not isinstance(d, str) or not _DOMAIN.match(d)]
+    if bad:
+        raise ValueError(f"not a hostname (letters, digits, '-' and '.', no scheme, port or path): {bad}")
+    return domains
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def refuse_empty_values(env: dict[str, str]) -> dict[str, str]:
-    """An exported empty value is read as unset or 0 (NCCL_IB_GID_INDEX= means GID index 0)."""
+    """An exported empty value is read as unset or 0 (NCCL_IB_GID_INDEX= means GID index 0); a name
+    that is not a variable name, or a value with a newline or another control character, would
+    break the env file (one line per variable) it is written to."""
     empty = sorted(k for k, v in env.items() if v == "")
     if empty:
         raise ValueError(f"empty values are read as unset or 0 (NCCL_IB_GID_INDEX= means index 0): {empty}")
+    names = sorted(k for k in env if not _ENV_NAME.match(k))
+    if names:
+        raise ValueError(f"not variable names (letters, digits, _; not starting with a digit): {names}")
+    control = sorted(k for k, v in env.items() if any(ord(c) < 32 or ord(c) == 127 for c in v))
+    if control:
+        raise ValueError(f"values with a newline or another control character (an env file holds one line per "
+                         f"variable): {control}")
     return env
 
 
@@ -324,6 +352,16 @@ class ServingData(BaseModel):
         "only a machine that cannot grant it (the lab) sets a number",
     )
     serving_dir: str = Field("/etc/sparkfleet", pattern=r"^/", description="where units' environment files live")
+    serving_api_key_file: str | None = Field(
+        None, pattern=r"^/", description="root-only file on the head holding the API key (one line: letters, digits, "
+        "and ._~+/=-, 16 to 512 characters); none: <serving_dir>/api-key, generated with 32 random bytes on the "
+        "first deploy. The engine reads it from a root-only file, never from a command line"
+    )
+    serving_media_domains: list[str] = Field(
+        default_factory=list, description="vision profiles: the hostnames the engine may fetch an image or video URL "
+        "from (--allowed-media-domains); empty: none, only inline data: URLs (no local paths either way)"
+    )
+    _media_domains = field_validator("serving_media_domains")(classmethod(lambda cls, v: check_media_domains(v)))
 
 
 def node_profile(node) -> Profile:

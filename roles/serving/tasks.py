@@ -11,6 +11,7 @@ from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.image.checks import history_path
+from roles.serving.api_key import curl_config, key_file
 from roles.image.facts import DeployedCommits
 from roles.serving.checks import pair_state, wait_for_container, wait_for_health
 from roles.serving.engine import unit_name
@@ -92,6 +93,8 @@ python.call(
     timeout_s=node.serving_health_timeout_s,
     endpoint=f"http://{node.management_address}:{profile.port}/v1",
     max_model_len=profile.max_model_len,
+    curl_config=curl_config(node),
+    key_file=key_file(node),
     _if=lambda: on_head and (restart or not pair.healthy),
 )
 

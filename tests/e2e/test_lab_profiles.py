@@ -15,7 +15,7 @@ pytestmark = pytest.mark.lab
 
 
 def served_models() -> list[str]:
-    return [m["id"] for m in json.loads(on("spark-a", "curl -fsS -m 10 http://127.0.0.1:8000/v1/models"))["data"]]
+    return [m["id"] for m in json.loads(on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models"))["data"]]
 
 
 def engine_of(host: str, container: str) -> str:

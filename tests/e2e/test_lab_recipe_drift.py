@@ -22,7 +22,7 @@ ADOPT = ("--data", 'serving_extra_args=["--max-num-seqs","64"]')
 
 
 def models() -> str:
-    return on("spark-a", "curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
 
 
 def container(host: str, unit: str, what: str) -> str:

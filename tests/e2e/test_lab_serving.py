@@ -15,7 +15,7 @@ IMAGE = "sparkfleet/glm-5.3-flash-exl3"
 
 
 def models() -> str:
-    return on("spark-a", "curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
 
 
 def started_at(host: str, container: str) -> str:
@@ -31,6 +31,31 @@ def serving_pair():
 
 def test_the_pair_serves_the_profile_model_through_the_stand_in():
     assert '"id": "glm-5.3-flash"' in models()
+
+
+def code(command: str) -> str:
+    return on("spark-a", f"{command} -sS -m 10 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:8000/v1/models")
+
+
+def test_the_api_needs_the_key_and_a_new_key_restarts_the_head_with_it():
+    assert code("curl") == "401" and code("curl -K /etc/sparkfleet/api-key.curl") == "200"
+    # A key file anyone may read stops the deploy at prepare, naming owner and mode; nothing changes.
+    on("spark-a", "chmod 0644 /etc/sparkfleet/api-key")
+    refused = deploy()
+    on("spark-a", "chmod 0600 /etc/sparkfleet/api-key")
+    assert refused.returncode != 0
+    assert "serving_api_key_file /etc/sparkfleet/api-key is owned by root with mode 644" in refused.output
+    assert "Traceback" not in refused.output
+    # A new key (the operator rotates it): the head restarts with it; the old one is refused.
+    old = on("spark-a", "cat /etc/sparkfleet/api-key").strip()
+    on("spark-a", "printf '%s\\n' rotated-key-0123456789abcdef > /etc/sparkfleet/api-key")
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert "the API key is new or changed" in run.output
+    assert old not in run.output and "rotated-key-0123456789abcdef" not in run.output
+    assert "/etc/sparkfleet/api-key on spark-a (root-only" in run.output
+    assert code("curl -H 'Authorization: Bearer rotated-key-0123456789abcdef'") == "200"
+    assert code(f"curl -H 'Authorization: Bearer {old}'") == "401"
 
 
 def test_a_hand_stopped_worker_container_is_caught_and_the_pair_is_brought_back():

@@ -124,12 +124,18 @@ def test_old_cache_generations_go_past_the_retention_count():
     current = on("spark-a", f"readlink {CACHE}/current").strip()
     gens = lambda host: sorted(on(host, f"find {CACHE} -mindepth 1 -maxdepth 1 -type d -printf '%f\\n'").split())
     assert len(gens("spark-a")) >= 2 and current in gens("spark-a")
-    run = deploy("--data", "kernel_cache_keep_generations=1")
-    assert run.returncode == 0, run.output
-    assert ("Bring the kernel caches in line with the head's", "spark-a") in run.changed()
-    assert gens("spark-a") == gens("spark-b") == [current]
-    assert on("spark-b", f"ls {CACHE}/*.manifest").split() == [f"{CACHE}/{current}.manifest"]
-    assert deploy().changed() == []
+    # Not generations sparkfleet made: an operator's directory, and 12 hex digits without a manifest.
+    foreign = ("operator-notes", "deadbeef0000")
+    on("spark-b", " && ".join(f"mkdir -p {CACHE}/{d} && touch {CACHE}/{d}/keep" for d in foreign))
+    try:
+        run = deploy("--data", "kernel_cache_keep_generations=1")
+        assert run.returncode == 0, run.output
+        assert ("Bring the kernel caches in line with the head's", "spark-a") in run.changed()
+        assert gens("spark-a") == [current] and gens("spark-b") == sorted([current, *foreign])
+        assert on("spark-b", f"ls {CACHE}/*.manifest").split() == [f"{CACHE}/{current}.manifest"]
+        assert deploy().changed() == []
+    finally:
+        on("spark-b", f"rm -rf {' '.join(f'{CACHE}/{d}' for d in foreign)}")
 
 
 def test_a_hub_token_file_others_can_read_is_refused_before_anything_changes():

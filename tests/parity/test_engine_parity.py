@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.serving.engine import engine_args, rank_env
+from roles.serving.engine import SGLANG_KEY_CONFIG, engine_args, rank_env
 from roles.serving.env_readers import library_readers
 from roles.serving.schema import Profile, load_profile, profile_names
 from tests.unit.test_serving_render import GIDS, cluster
@@ -43,14 +43,35 @@ def run_checker(engine: str, cases: list[dict]) -> dict:
     return json.loads(proc.stdout)
 
 
+PARITY_KEY = "parity-key-0123456789abcdef"
+
+
+@cache
+def key_config() -> str:
+    """SGLang's head --config, as roles/serving/api_key.py writes it (its path in the container is
+    mounted from the head; here a file with a stand-in key)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="sfl-parity-")) / "api-key.yaml"
+    path.write_text(f'api-key: "{PARITY_KEY}"\n')
+    return str(path)
+
+
 def render(profile: Profile, kind: str, name: str) -> dict:
-    """One case: the rank's argv and env exactly as its unit and env file carry them."""
+    """One case: the rank's argv and env exactly as its unit and env file carry them (the head's
+    API key too: vLLM's key env file, SGLang's --config file)."""
     c = cluster(kind, profile.name)
     node = c.node(name)
+    argv = engine_args(profile, c, node)
+    env = rank_env(profile, c, node, GIDS[name] if node.rdma_hca else None)
+    if node.is_head and profile.engine == "vllm":
+        env["VLLM_API_KEY"] = PARITY_KEY  # the head's second --env-file (roles/serving/api_key.py)
+    if SGLANG_KEY_CONFIG in argv:
+        argv[argv.index(SGLANG_KEY_CONFIG)] = key_config()
     return {
         "id": f"{profile.name} rank {node.rank} ({kind} data, {name})",
-        "argv": engine_args(profile, c, node),
-        "env": rank_env(profile, c, node, GIDS[name] if node.rdma_hca else None),
+        "argv": argv,
+        "env": env,
         "extensions": [{"name": e.name, "flag": e.flag, "value": e.value} for e in profile.extensions],
     }
 

@@ -1,9 +1,11 @@
 """The serving pair as the inventory and its profile declare it, checked on the machines."""
 import json
+import shlex
 
 import pytest
 
-from roles.serving.engine import env_file_path, unit_name
+from roles.serving.api_key import authed_curl, key_file
+from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_YAML_FILE, env_file_path, unit_name
 
 
 def test_the_rank_unit_is_active_and_the_other_is_absent(host, node):
@@ -49,10 +51,44 @@ def test_every_node_has_the_same_image_id(node, cluster, node_hosts, profile):
 def test_the_head_serves_the_profile_model(host, node, profile):
     if not node.is_head:
         pytest.skip("the API is on the head")
-    out = host.run(f"curl -fsS -m 10 http://127.0.0.1:{profile.port}/v1/models")
-    assert out.rc == 0, f"{node.name}: /v1/models failed: {out.stderr}"
+    out = host.run(f"{authed_curl(node)} -fsS -m 10 http://127.0.0.1:{profile.port}/v1/models")
+    assert out.rc == 0, f"{node.name}: /v1/models with the API key failed: {out.stderr}"
     models = [m["id"] for m in json.loads(out.stdout)["data"]]
     assert models == [profile.api_model_name], f"{node.name}: serves {models}"
+
+
+def test_the_api_refuses_a_request_without_the_key_and_serves_one_with_it(host, node, profile):
+    if not node.is_head:
+        pytest.skip("the API is on the head")
+    url = f"http://127.0.0.1:{profile.port}/v1/chat/completions"
+    body = json.dumps({"model": profile.api_model_name, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "Say hello in one word."}]})
+    post = f"-sS -m 60 -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' --data-binary @- {url}"
+    without = host.run(f"printf '%s' {shlex.quote(body)} | curl {post}").stdout.strip()
+    wrong = host.run(f"printf '%s' {shlex.quote(body)} | curl -H 'Authorization: Bearer not-the-key' {post}").stdout.strip()
+    with_key = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(node)} {post}").stdout.strip()
+    assert (without, wrong, with_key) == ("401", "401", "200"), (
+        f"{node.name}: chat completions answered {without} without the key, {wrong} with a wrong one and "
+        f"{with_key} with it; want 401, 401, 200")
+
+
+def test_the_api_key_files_are_root_only_and_the_key_is_on_no_command_line(host, node, profile):
+    if not node.is_head:
+        pytest.skip("the key is on the head")
+    paths = [key_file(node)] + [f"{node.serving_dir}/{f}" for f in (KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE)]
+    for path in paths:
+        f = host.file(path)
+        assert f.exists and f.user == "root" and f.mode == 0o600, f"{node.name}: {path} missing or not root-only"
+    key = host.file(key_file(node)).content_string.strip()
+    assert len(key) >= 16
+    unit = host.file(f"/etc/systemd/system/{unit_name(node)}.service").content_string
+    cmdline = host.check_output(f"docker inspect --format '{{{{json .Config.Cmd}}}} {{{{json .Path}}}} "
+                                f"{{{{json .Args}}}}' {unit_name(node)}")
+    processes = host.check_output("ps -eo args")
+    journal = host.check_output(f"journalctl -u {unit_name(node)} --no-pager -o cat | tail -n 5000")
+    for what, text in (("the unit", unit), ("docker inspect's command line", cmdline),
+                       ("a process's argv", processes), ("the unit's log", journal)):
+        assert key not in text, f"{node.name}: the API key is in {what}"
 
 
 def test_the_worker_reaches_the_head_over_the_fabric(host, node, cluster, profile):

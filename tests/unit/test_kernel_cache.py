@@ -36,11 +36,30 @@ def test_a_generation_is_named_by_the_image_id():
 
 
 def test_retention_keeps_the_current_generation_and_the_newest_others():
-    gens = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
-    assert expired(gens, keep=2, current="a") == ["b", "c"]  # a (current) and d (newest other) stay
-    assert expired(gens, keep=1, current="d") == ["a", "b", "c"]
-    assert expired(gens, keep=4, current="a") == []
-    assert expired(gens, keep=2, current=None) == ["a", "b"]  # not linked yet: the two newest stay
+    a, b, c, d = (ch * 12 for ch in "abcd")
+    gens = {a: 1.0, b: 2.0, c: 3.0, d: 4.0}
+    assert expired(gens, keep=2, current=a) == [b, c]  # a (current) and d (newest other) stay
+    assert expired(gens, keep=1, current=d) == [a, b, c]
+    assert expired(gens, keep=4, current=a) == []
+    assert expired(gens, keep=2, current=None) == [a, b]  # not linked yet: the two newest stay
+
+
+def test_retention_removes_only_generations_sparkfleet_made():
+    """Anything else under kernel_cache_dir (an operator's directory, 'current', a name that is not
+    12 hex digits, a 12-hex directory without its manifest) is never a candidate."""
+    from roles.kernel_cache.facts import CacheState
+
+    root = "/var/lib/sparkfleet/kernel-cache"
+    lines = [f"G\t{name}\t{t}" for name, t in (("0123456789ab", 1.0), ("backup", 0.5), ("..", 0.1),
+                                                 ("0123456789abcdef", 0.2), ("fedcba987654", 0.3),
+                                                 ("aaaaaaaaaaaa", 2.0))]
+    lines += ["N\t0123456789ab.manifest", "N\taaaaaaaaaaaa.manifest", "N\tbackup.manifest"]
+    facts = CacheState().process(lines)
+    assert facts["generations"] == {"0123456789ab": 1.0, "aaaaaaaaaaaa": 2.0}
+    assert expired(facts["generations"], keep=1, current="aaaaaaaaaaaa") == ["0123456789ab"]
+    assert expired({"backup": 0.0, "../etc": 0.0, "0123456789ab": 1.0}, keep=1, current=None) == []
+    assert root  # the command lists directories and manifests of the root only
+    assert "-maxdepth 1" in CacheState().command(root, "img:tag")
 
 
 def test_a_generation_warmed_for_another_set_of_caches_is_warmed_again():

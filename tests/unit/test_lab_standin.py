@@ -44,10 +44,12 @@ def env(**extra):
     return {k: v for k, v in e.items() if v is not None}
 
 
-def get(port, path):
-    """(status, parsed JSON body), or (None, None) while nothing listens."""
+def get(port, path, key=None):
+    """(status, parsed JSON body), or (None, None) while nothing listens; `key` as a Bearer token."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers),
+                                    timeout=2) as r:
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)

@@ -17,7 +17,7 @@ from tests.unit.test_templates import GOLDEN, check_golden
 LAB = {
     "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
-    "serving_recipe_commit": "4ff6ce6fda933b08072c5afc0f1931957a6ef357", "serving_ulimit_memlock": "8388608",
+    "serving_recipe_commit": "7aca5bb52e3736915b3a79a3a0eeccc4fe5273c5", "serving_ulimit_memlock": "8388608",
 }
 # Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
 GIDS = {"spark-a": 3, "spark-b": 5}
@@ -198,7 +198,9 @@ def test_sglang_every_rank_runs_the_same_command_joined_at_the_head(kind, profil
     # Only rank 0 serves HTTP; apart from that the ranks' commands are the same.
     assert flag(head, "--host") == "0.0.0.0" and flag(head, "--port") == str(p.port)
     assert "--port" not in worker and "--host" not in worker
-    assert without(head, "--node-rank", "--host", "--port") == without(worker, "--node-rank")
+    assert without(head, "--node-rank", "--host", "--port", "--config") == without(worker, "--node-rank")
+    # The head's API key from a root-only YAML (SGLang reads --api-key only): a path, never the key.
+    assert flag(head, "--config") == "/run/sparkfleet/api-key.yaml" and "--api-key" not in head
 
 
 def without(words, *flags):

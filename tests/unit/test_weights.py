@@ -195,3 +195,65 @@ def test_the_hub_token_file_must_be_root_only():
         "spark-a: weights_hf_token_file /t is owned by root with mode 0644; it must be root-only "
         "(chown root /t && chmod 0600 /t). Nothing was fetched.")
     assert "owned by ubuntu" in token_file_problem("spark-a", "/t", {"user": "ubuntu", "mode": 600})
+
+
+# --- Manifests are confined to their directory --------------------------------------------------
+
+SHA = "0" * 64
+
+
+@pytest.mark.parametrize("path, why", [
+    ("../etc/passwd", "'..' in the path"),
+    ("a/../../b", "'..' in the path"),
+    ("/etc/cron.d/x", "absolute path"),
+    ("a//b", "path not normalised"),
+    ("./a", "path not normalised"),
+    ("a/./b", "path not normalised"),
+    ("a\\b", "path not normalised"),
+    ("a\rb", "control character"),
+    (".sparkfleet-partial/x", "bookkeeping"),
+    ("", "want '<sha256>"),
+])
+def test_a_manifest_line_that_leaves_the_directory_is_refused_naming_the_line(path, why):
+    text = f"# model: m\n{SHA}\t1\tok.bin\n{SHA}\t1\t{path}\n" if path else f"# model: m\n{SHA}\t1\n"
+    with pytest.raises(sfl_files.ManifestError) as err:
+        sfl_files.parse_manifest(text)
+    assert f"manifest line {3 if path else 2}:" in str(err.value) and why in str(err.value)
+
+
+def test_a_manifest_listing_a_path_twice_or_a_bad_size_is_refused():
+    with pytest.raises(sfl_files.ManifestError, match="listed twice"):
+        sfl_files.parse_manifest(f"{SHA}\t1\ta\n{SHA}\t2\ta\n")
+    with pytest.raises(sfl_files.ManifestError, match="not a size"):
+        sfl_files.parse_manifest(f"{SHA}\t-1\ta\n")
+
+
+def serve_manifest(tmp_path, text):
+    src = tmp_path / "src"
+    src.mkdir()
+    (tmp_path / "src.manifest").write_text(text)
+    return f"file://{src}"
+
+
+def test_fetch_refuses_a_bad_manifest_before_a_byte_is_written(tmp_path, capsys):
+    url = serve_manifest(tmp_path, f"# model: m\n{SHA}\t1\tok.bin\n{SHA}\t1\t../../etc/x\n")
+    dest, out = tmp_path / "models" / "m", tmp_path / "models" / "m.manifest"
+    with pytest.raises(SystemExit) as e:
+        sfl_files.main(["fetch-http", url, str(dest), "--manifest", str(out)])
+    assert e.value.code == 1
+    assert "manifest line 3: '..' in the path: '../../etc/x'; refused, nothing was written" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()
+
+
+def test_fetch_refuses_a_path_through_a_symlink_out_of_the_directory(tmp_path, capsys):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "models" / "m"
+    dest.mkdir(parents=True)
+    (dest / "sub").symlink_to(outside)
+    url = serve_manifest(tmp_path, f"# model: m\n{SHA}\t1\tsub/x.bin\n")
+    with pytest.raises(SystemExit):
+        sfl_files.main(["fetch-http", url, str(dest), "--manifest", str(tmp_path / "m.manifest")])
+    err = capsys.readouterr().err
+    assert "'sub/x.bin': resolves to" in err and "(a symlink on the way); refused, nothing was written" in err
+    assert list(outside.iterdir()) == [] and not (tmp_path / "m.manifest").exists()

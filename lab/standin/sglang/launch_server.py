@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import http.server
 import json
 import os
@@ -222,6 +223,41 @@ def interface_ipv4(name):
     return socket.inet_ntoa(packed[20:24])
 
 
+def with_config(parser, argv):
+    """--config FILE as sglang/srt/utils/server_args_config_parser.py merges it: a YAML mapping of
+    flag names to values, each key becoming `--<key>` as written (api-key, not api_key), put before
+    the command line (which wins). The stand-in reads only `key: value` scalars (a double-quoted
+    value, a number, true/false)."""
+    if "--config" not in argv:
+        return argv
+    i = argv.index("--config")
+    if i == len(argv) - 1:
+        parser.error("No config file specified after --config flag!")
+    path = argv[i + 1]
+    if not path.endswith((".yaml", ".yml")):
+        parser.error(f"Config file must be YAML format: {path}")
+    extra = []
+    try:
+        text = open(path).read()
+    except OSError as e:
+        parser.error(f"cannot read --config {path}: {e.strerror}")
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition(":")
+        value = value.strip()
+        if not sep or not key.strip():
+            parser.error(f"--config {path} line {n}: not 'key: value'")
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        flag = "--" + key.strip()
+        if value == "true":
+            extra.append(flag)
+        elif value != "false":
+            extra += [flag, value]
+    return extra + argv[:i] + argv[i + 2:]
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python3 -m sglang.launch_server", allow_abbrev=False,
                                 description="sparkfleet lab stand-in for SGLang's launch_server")
@@ -250,7 +286,10 @@ def parse(argv):
     p.add_argument("--enable-multimodal", action="store_true")
     p.add_argument("--language-model-only", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
-    a = p.parse_args(argv)
+    p.add_argument("--api-key")
+    p.add_argument("--allowed-media-domains", nargs="+")
+    p.add_argument("--config")
+    a = p.parse_args(with_config(p, argv))
     if a.nnodes < 1:
         p.error(f"--nnodes must be >= 1, got {a.nnodes}")
     if not 0 <= a.node_rank < a.nnodes:
@@ -482,11 +521,27 @@ class Head:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def authorized(self):
+                """sglang/srt/utils/auth.py: with --api-key, every path but /health*, /ready* and
+                /metrics* needs 'Authorization: Bearer <key>' (401 otherwise)."""
+                path = self.path.split("?", 1)[0]
+                key = head.args.api_key
+                if not key or self.command == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")):
+                    return True
+                scheme, _, param = (self.headers.get("Authorization") or "").partition(" ")
+                if scheme.lower() == "bearer" and hmac.compare_digest(param, key):
+                    return True
+                self.reply(401, {"error": "Unauthorized"})
+                return False
+
             def do_GET(self):
-                self.reply(*head.route(self.path.split("?", 1)[0]))
+                if self.authorized():
+                    self.reply(*head.route(self.path.split("?", 1)[0]))
 
             def do_POST(self):
                 path = self.path.split("?", 1)[0]
+                if not self.authorized():
+                    return
                 if path != "/v1/chat/completions":
                     return self.reply(404, {"object": "error", "message": f"no route {path}"})
                 length = self.headers.get("Content-Length", "")

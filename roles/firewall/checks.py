@@ -1,0 +1,104 @@
+"""roles/firewall: the rules of one node, rendered from data and the cluster, and the facts they need.
+
+One nftables table, `inet sparkfleet`, with one input chain at policy accept: it drops only what it
+names and accepts nothing another table would drop (an accept in one table does not bind another).
+  - the node's fabric address answers on the fabric netdev only (Linux answers any local address on
+    any interface: a machine routing the fabric address via the management address reached it);
+  - on the fabric netdev, only the other nodes' fabric addresses (IPv4);
+  - the rendezvous port (torch's TCPStore listens on every address), the registry and the rsync
+    daemon are reached over the fabric netdev only; collectives (NCCL, Gloo, vLLM's own sockets) bind
+    the fabric address and are covered by the first rule;
+  - on the head, the API port from the allowed networks only.
+SSH is never matched. Loopback is always accepted.
+"""
+import shlex
+from ipaddress import IPv4Network, ip_interface
+
+from pyinfra.api import FactBase
+
+from roles.serving.schema import node_profile
+from sparkfleet.render import render, sha1_text
+
+TABLE = "inet sparkfleet"
+UNIT = "sparkfleet-firewall"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
+NFT = "/usr/sbin/nft"
+
+
+def rules_path(node) -> str:
+    return f"{node.serving_dir}/firewall.nft"
+
+
+def fabric_ports(cluster, node) -> list[int]:
+    profile = node_profile(cluster.head)
+    return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port})
+
+
+def api_networks(node, management_subnet: str | None) -> list[str]:
+    """The networks allowed to the API: data's, else the node's management subnet."""
+    if node.firewall_api_allowed_networks is not None:
+        return [str(n) for n in node.firewall_api_allowed_networks]
+    return [management_subnet] if management_subnet else []
+
+
+def _body(cluster, node, management_subnet: str | None, marker: str) -> str:
+    profile = node_profile(cluster.head)
+    peers = [n.fabric_ip for n in cluster.peers(node)]
+    return render(
+        "firewall", "/etc/sparkfleet/firewall.nft", marker=marker, fabric_ip=node.fabric_ip, netdev=node.fabric_netdev,
+        peers=peers, fabric_ports=fabric_ports(cluster, node), api_port=profile.port if node.is_head else None,
+        api_allowed=api_networks(node, management_subnet),
+    )
+
+
+def rules_text(cluster, node, management_subnet: str | None) -> str:
+    """The node's ruleset file. Its first rule carries `sparkfleet <sha1 of the rules>` as a comment,
+    so the live table is compared with what data renders (a hand-flushed table is re-applied)."""
+    return _body(cluster, node, management_subnet, f"sparkfleet {digest(cluster, node, management_subnet)}")
+
+
+def digest(cluster, node, management_subnet: str | None) -> str:
+    return sha1_text(_body(cluster, node, management_subnet, "sparkfleet"))
+
+
+def unit_text(node) -> str:
+    return render("firewall", UNIT_PATH, path=rules_path(node))
+
+
+class ManagementSubnet(FactBase):
+    """The connected IPv4 subnet (`198.18.0.11/24`) of the address this SSH session arrived at (sudo
+    keeps SSH_CONNECTION out: then the management address from the inventory), or ''."""
+
+    def command(self, address: str) -> str:
+        return (
+            f"set -- ${{SSH_CONNECTION:-}}; a=${{3:-{shlex.quote(address)}}}; "
+            "ip -o -4 addr show | awk -v a=\"$a\" '{split($4, p, \"/\"); if (p[1] == a) {print $4; exit}}'"
+        )
+
+    def process(self, output):
+        text = "".join(output).strip()
+        if not text:
+            return ""
+        return str(ip_interface(text).network)
+
+
+class LiveMarker(FactBase):
+    """`sparkfleet <sha1>` from the live table's first rule; '' when there is no table (or no nft)."""
+
+    def command(self) -> str:
+        return (f"command -v nft >/dev/null && nft list table {TABLE} 2>/dev/null "
+                "| grep -o 'sparkfleet [0-9a-f]\\{40\\}' | head -n 1 || true")
+
+    def process(self, output):
+        return "".join(output).strip()
+
+
+def management_problem(node, subnet: str) -> str | None:
+    if node.firewall_api_allowed_networks is None and not subnet:
+        return (f"{node.name}: the management subnet could not be read (no local address matches the SSH "
+                f"session's); set firewall_api_allowed_networks (e.g. [\"192.168.1.0/24\"]) in data. Nothing was "
+                f"changed.")
+    return None
+
+
+__all__ = ["IPv4Network"]

@@ -1,0 +1,19 @@
+"""Data of roles/firewall: who may reach the API, and that the fabric's services are reached from
+the fabric only."""
+from ipaddress import IPv4Network
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+# Written as text ("198.18.0.0/24"), like fabric_address; host bits set ("10.0.0.1/24") are refused.
+Network = Annotated[IPv4Network, Field(strict=False)]
+
+
+class FirewallData(BaseModel):
+    firewall_enabled: bool = Field(
+        True, description="manage the nftables table `inet sparkfleet` (false: it is removed, nothing else is touched)"
+    )
+    firewall_api_allowed_networks: list[Network] | None = Field(
+        None, description="networks that may reach the head's API port (`198.18.0.0/24`); none: the "
+        "management subnet, the connected subnet of the address each node's SSH session arrives at"
+    )

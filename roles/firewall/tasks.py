@@ -1,0 +1,53 @@
+"""roles/firewall: the nftables table inet sparkfleet, from data; applied atomically (nft -f, one
+transaction) only when the rendered rules differ from the live table; loaded at boot by its unit.
+Nothing else on the node is touched; SSH is never filtered by it."""
+from io import StringIO
+
+from pyinfra import host, logger, state
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, files, server, systemd
+
+from roles.firewall.checks import (
+    NFT, TABLE, UNIT, UNIT_PATH, LiveMarker, ManagementSubnet, api_networks, digest, management_problem,
+    rules_path, rules_text, unit_text,
+)
+from sparkfleet.inventory import cluster_from_state
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+
+if node.firewall_enabled:
+    subnet = host.get_fact(ManagementSubnet, address=node.management_address)
+    problem = management_problem(node, subnet)
+    if problem:
+        raise DeployError(problem)
+    live = host.get_fact(LiveMarker)
+    want = f"sparkfleet {digest(cluster, node, subnet)}"
+    if node.is_head:
+        logger.info(f"--> sparkfleet firewall: the API on {node.name} from {', '.join(api_networks(node, subnet))}; "
+                    f"the fabric's services from the fabric only; SSH not filtered")
+    if not host.get_fact(Which, command="nft"):
+        apt.packages(name="Install nftables", packages=["nftables"], update=True, cache_time=3600)
+    files.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root",
+                    mode="0700")
+    rules = files.put(name=f"Write {rules_path(node)}", src=StringIO(rules_text(cluster, node, subnet)),
+                      dest=rules_path(node), user="root", group="root", mode="0600")
+    unit = files.put(name=f"Write {UNIT_PATH}", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
+                     group="root", mode="0644")
+    systemd.daemon_reload(name="Reload systemd (firewall unit changed)", _if=unit.did_change)
+    systemd.service(name=f"Enable {UNIT} at boot", service=f"{UNIT}.service", running=None, enabled=True)
+    # nft -c first: a ruleset the kernel refuses stops here with nft's message, the old table intact.
+    server.shell(
+        name=f"Apply the nftables table {TABLE} (one transaction)",
+        commands=[f"{NFT} -c -f {rules_path(node)}", f"{NFT} -f {rules_path(node)}"],
+        _if=lambda: live != want,
+    )
+else:
+    live = host.get_fact(LiveMarker)
+    server.shell(
+        name=f"Remove the nftables table {TABLE} (firewall_enabled is false)",
+        commands=[f"systemctl disable {UNIT}.service 2>/dev/null || true", f"rm -f {UNIT_PATH} {rules_path(node)}",
+                  "systemctl daemon-reload", f"{NFT} delete table {TABLE}"],
+        _if=lambda: bool(live),
+    )

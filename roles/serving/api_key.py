@@ -1,0 +1,127 @@
+"""The head's API key: one root-only file, and the root-only files derived from it on the head.
+
+The key never passes through pyinfra (no fact returns it, no command carries it): the head reads
+the key file and writes, in serving_dir, each mode 0600 root:
+  api-key.env   VLLM_API_KEY=<key>            vLLM's --env-file (vllm/envs.py VLLM_API_KEY)
+  api-key.yaml  api-key: "<key>"              SGLang's --config (mounted read-only; SGLang reads the key
+                                              from --api-key only, sglang/srt/server_args.py)
+  api-key.curl  header = "Authorization: Bearer <key>"   curl -K for every probe that asks the API
+With no serving_api_key_file in data, the key file is <serving_dir>/api-key, generated on the first
+deploy from 32 bytes of /dev/urandom (64 hex digits).
+"""
+import shlex
+
+from pyinfra.api import FactBase
+
+from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_YAML_FILE
+
+# What a key may be: safe in an env file, a YAML double-quoted scalar, a curl config string and an
+# HTTP header, with no quoting at all.
+KEY_PATTERN = "[A-Za-z0-9._~+/=-]{16,512}"
+
+
+def key_file(node) -> str:
+    return node.serving_api_key_file or f"{node.serving_dir}/api-key"
+
+
+def generated(node) -> bool:
+    """The key is sparkfleet's to create when absent (no file named in data)."""
+    return node.serving_api_key_file is None
+
+
+def curl_config(node) -> str:
+    return f"{node.serving_dir}/{KEY_CURL_FILE}"
+
+
+def _derived(node) -> list[tuple[str, str]]:
+    d = node.serving_dir
+    return [
+        (f"{d}/{KEY_ENV_FILE}", "VLLM_API_KEY=%s\\n"),
+        (f"{d}/{KEY_YAML_FILE}", 'api-key: \\"%s\\"\\n'),
+        (f"{d}/{KEY_CURL_FILE}", 'header = \\"Authorization: Bearer %s\\"\\n'),
+    ]
+
+
+def state_command(node) -> str:
+    """One line: missing | owner <user> <mode> | format | stale | ok. Never the key."""
+    k = shlex.quote(key_file(node))
+    stale = " || ".join(
+        f'! printf "{fmt}" "$v" | cmp -s - {shlex.quote(path)}' for path, fmt in _derived(node)
+    )
+    modes = " || ".join(
+        f'[ "$(stat -c %U:%a {shlex.quote(path)} 2>/dev/null)" != root:600 ]' for path, _ in _derived(node)
+    )
+    return (
+        f"if [ ! -f {k} ]; then echo missing; "
+        f"elif [ \"$(stat -c %U {k})\" != root ] || [ $(( 0$(stat -c %a {k}) & 077 )) -ne 0 ]; then "
+        f"echo owner $(stat -c '%U %a' {k}); "
+        f"else v=$(cat {k}); "
+        f"if [ \"$(printf '%s' \"$v\" | wc -l)\" -ne 0 ] || ! printf '%s' \"$v\" | grep -Eqx '{KEY_PATTERN}'; then echo format; "
+        f"elif {stale} || {modes}; then echo stale; else echo ok; fi; fi"
+    )
+
+
+class ApiKeyState(FactBase):
+    """The head's key file and its derived files: missing, owner <user> <mode>, format, stale or ok."""
+
+    def command(self, command: str) -> str:
+        return command
+
+    def process(self, output):
+        return " ".join(output).strip()
+
+
+def problem(node, found: str) -> str | None:
+    """A refusal for a key file the deploy must not use (None when it can go on)."""
+    path = key_file(node)
+    if found.startswith("owner"):
+        _, user, mode = (found.split() + ["?", "?"])[:3]
+        return (f"{node.name}: serving_api_key_file {path} is owned by {user} with mode {mode}; it must be "
+                f"root-only (chown root {path} && chmod 0600 {path}). Nothing was changed.")
+    if found == "format":
+        return (f"{node.name}: serving_api_key_file {path} must hold one line of 16 to 512 characters from "
+                f"A-Z a-z 0-9 . _ ~ + / = - (the key is written into an env file, a YAML file and an HTTP "
+                f"header unquoted). Nothing was changed.")
+    if found == "missing" and not generated(node):
+        return (f"{node.name}: serving_api_key_file {path} does not exist; create it root-only "
+                f"(install -m 0600 /dev/stdin {path} < key.txt) or remove serving_api_key_file from data to "
+                f"have sparkfleet generate {node.serving_dir}/api-key. Nothing was changed.")
+    return None
+
+
+def write_command(node) -> str:
+    """On the head: generate the key when sparkfleet owns it and it is absent, then (re)write the
+    derived files, all 0600 root. The key is only ever in the shell's variable."""
+    k = shlex.quote(key_file(node))
+    lines = ["set -e", "umask 077", f"mkdir -p {shlex.quote(node.serving_dir)}"]
+    if generated(node):
+        lines.append(f"[ -f {k} ] || {{ od -An -tx1 -N32 /dev/urandom | tr -d ' \\n' > {k}.new && mv {k}.new {k}; }}")
+    lines.append(f"v=$(cat {k})")
+    for path, fmt in _derived(node):
+        q = shlex.quote(path)
+        lines.append(f'printf "{fmt}" "$v" > {q}.new && chown root:root {q}.new && chmod 0600 {q}.new && mv {q}.new {q}')
+    return "; ".join(lines)
+
+
+def authed_curl(node, extra: str = "") -> str:
+    """curl with the key's header from its root-only config (never on curl's command line)."""
+    return f"curl -K {shlex.quote(curl_config(node))}{' ' + extra if extra else ''}"
+
+
+def key_state(state) -> str:
+    """The head's key state, read once per run at prepare time; a key file the deploy must not use
+    stops the deploy there (DeployError: a refusal block, nothing changed)."""
+    from pyinfra.api.exceptions import DeployError
+
+    from sparkfleet.inventory import cluster_from_state
+    from sparkfleet.once import once_per_run
+
+    def read():
+        head = cluster_from_state(state).head
+        found = state.inventory.get_host(head.name).get_fact(ApiKeyState, command=state_command(head))
+        why = problem(head, found)
+        if why:
+            raise DeployError(why)
+        return found
+
+    return once_per_run(state, "serving-api-key", read)

@@ -1,0 +1,161 @@
+"""Values from data that reach a file or a shell on the nodes, checked before any connection.
+
+Every string of a node's data (and every string inside its lists and mappings) may hold no
+control character: a newline in an env value, a path or a name would start a new line in an env
+file, a unit, a daemon config or a shell command. Names and paths are held to the characters that
+need no quoting anywhere they are written. The directories sparkfleet owns are absolute,
+normalised, never a system directory, and never inside one another (the data dir may hold the
+weights and cache dirs: it is where their free space is measured).
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any, Iterable
+
+from sparkfleet.refusal import Problem
+
+# Paths: absolute, normalised, letters, digits and . _ + - / only (no space, quote, $, ;, newline).
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]*$")
+# Netdev and RDMA device names (IFNAMSIZ: at most 15 characters).
+SAFE_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A package name as apt takes it.
+SAFE_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
+# A git URL: no whitespace, no quote, no shell character, not an option.
+SAFE_URL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+.-]*://[A-Za-z0-9._~:/?#\[\]@!&'()*+,;=%-]+$|^/[A-Za-z0-9._+/-]+$")
+
+# The directories sparkfleet creates, writes into and removes from (key: what).
+OWNED_DIRS = {
+    "weights_dir": "weights",
+    "kernel_cache_dir": "kernel caches",
+    "serving_dir": "the ranks' root-only env files and the API key",
+}
+# Where images, weights and caches live (its free space is checked); may hold the owned dirs.
+DATA_DIR = "preflight_data_dir"
+OTHER_PATHS = ("weights_hf_token_file", "serving_api_key_file")
+
+# Never one of these, nor inside the first group (kernel and device trees, system binaries).
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+    "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr", "/var",
+    "/var/lib", "/var/cache", "/var/log", "/var/tmp", "/var/spool", "/var/mail", "/var/run", "/var/lock",
+    "/var/lib/docker", "/var/lib/containerd", "/var/lib/apt", "/var/lib/dpkg", "/var/lib/systemd",
+    "/etc/systemd", "/etc/systemd/system", "/etc/docker", "/etc/netplan", "/etc/ssh", "/etc/default",
+    "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/local/libexec", "/usr/lib", "/usr/bin",
+    "/usr/sbin", "/usr/share",
+})
+NEVER_UNDER = ("/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/usr", "/run", "/tmp",
+               "/var/lib/docker", "/etc/systemd")
+
+
+def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k, f"{where} (a name)")
+            yield from _strings(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{where}[{i}]")
+
+
+def control_problem(text: str) -> str | None:
+    bad = sorted({c for c in text if ord(c) < 32 or ord(c) == 127})
+    if bad:
+        names = ", ".join({"\n": "newline", "\r": "carriage return", "\t": "tab", "\0": "NUL"}.get(c, f"0x{ord(c):02x}")
+                          for c in bad)
+        return f"holds {names}: a value is one line in the env file, unit or command it reaches"
+    return None
+
+
+def under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def path_problem(path: str) -> str | None:
+    if not SAFE_PATH.match(path):
+        return ("must be an absolute path of letters, digits and . _ + - / only (no space, quote, $, ; or "
+                "newline: it is written into units and shell commands)")
+    if posixpath.normpath(path) != path:
+        return f"must be normalised (no '..', '.', '//' or trailing '/'): {posixpath.normpath(path)}"
+    return None
+
+
+def dir_problem(path: str) -> str | None:
+    problem = path_problem(path)
+    if problem:
+        return problem
+    if path in SYSTEM_DIRS:
+        return f"{path} is a system directory; sparkfleet writes into and removes from it"
+    for base in NEVER_UNDER:
+        if under(path, base):
+            return f"is under {base}, a system tree"
+    return None
+
+
+def node_value_problems(node) -> list[Problem]:
+    """Every value of one node's data that would break a file or a shell, and every directory
+    setting that is a system directory or holds another's."""
+    problems: list[Problem] = []
+    name = node.name
+
+    def refuse(key: str, detail: str, fix: str | None = None):
+        problems.append(Problem(detail, [name], key=key, fix=fix))
+
+    data = node.model_dump()
+    for key, value in data.items():
+        for where, text in _strings(value, key):
+            why = control_problem(text)
+            if why:
+                refuse(key, f"key {where} = {text!r}: {why}", "write it on one line, without control characters")
+    if problems:
+        return problems
+
+    for key in ("serving_env_pins",):
+        bad = sorted(k for k in getattr(node, key) if not ENV_NAME.match(k))
+        if bad:
+            refuse(key, f"key '{key}': {bad} not variable names (letters, digits, _; not starting with a digit)")
+    if not SAFE_IFNAME.match(node.fabric_netdev):
+        refuse("fabric_netdev", f"key 'fabric_netdev' = {node.fabric_netdev!r}: not a netdev name (at most 15 of "
+               f"letters, digits, _ . -)")
+    if node.rdma_hca is not None and not SAFE_IFNAME.match(node.rdma_hca):
+        refuse("rdma_hca", f"key 'rdma_hca' = {node.rdma_hca!r}: not an RDMA device name (at most 15 of letters, "
+               f"digits, _ . -)")
+    if not SAFE_PACKAGE.match(node.docker_package):
+        refuse("docker_package", f"key 'docker_package' = {node.docker_package!r}: not a package name")
+    if node.serving_recipe_repository is not None and not SAFE_URL.match(node.serving_recipe_repository):
+        refuse("serving_recipe_repository", f"key 'serving_recipe_repository' = {node.serving_recipe_repository!r}: "
+               f"not a git URL (scheme://... or an absolute path, no space or quote)")
+    for i, word in enumerate(node.serving_extra_args):
+        if word.startswith("-") and not word.startswith("--"):
+            refuse("serving_extra_args", f"key serving_extra_args[{i}] = {word!r}: short options are not rendered")
+
+    dirs = {key: getattr(node, key) for key in (*OWNED_DIRS, DATA_DIR)}
+    for key, path in dirs.items():
+        why = dir_problem(path)
+        if why:
+            refuse(key, f"key '{key}' = {path!r}: {why}", "use a directory of its own, such as the default")
+    for key in OTHER_PATHS:
+        path = getattr(node, key)
+        why = path and path_problem(path)
+        if why:
+            refuse(key, f"key '{key}' = {path!r}: {why}")
+    if problems:
+        return problems
+    owned = list(OWNED_DIRS)
+    for i, a in enumerate(owned):
+        for b in owned[i + 1:]:
+            pa, pb = dirs[a], dirs[b]
+            if under(pa, pb) or under(pb, pa):
+                outer, inner = (a, b) if under(pb, pa) else (b, a)
+                refuse(outer, f"key '{outer}' = {dirs[outer]!r} holds key '{inner}' = {dirs[inner]!r}: the "
+                       f"{OWNED_DIRS[outer]} and the {OWNED_DIRS[inner]} each need a directory of their own",
+                       "give each its own directory (the defaults: /var/lib/sparkfleet/models, "
+                       "/var/lib/sparkfleet/kernel-cache, /etc/sparkfleet)")
+    for key in owned:
+        if under(dirs[DATA_DIR], dirs[key]):
+            refuse(DATA_DIR, f"key '{DATA_DIR}' = {dirs[DATA_DIR]!r} is inside key '{key}' = {dirs[key]!r}; the "
+                   f"data dir may hold the weights and cache dirs, never sit inside one")
+    return problems

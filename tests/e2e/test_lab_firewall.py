@@ -1,0 +1,76 @@
+"""roles/firewall in the lab: the table is applied once and left alone, a flushed table is caught and
+put back, the fabric's services are not reached through a management address, the API follows the
+allowed networks, and a table the operator owns is never touched.
+
+Runs after test_lab_fabric.py (same lab, pair deployed by it or by this module's first deploy).
+"""
+import pytest
+
+from tests.e2e.lab import deploy, on, state_checks
+
+pytestmark = pytest.mark.lab
+
+APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deployed_pair():
+    run = deploy()
+    assert run.returncode == 0, run.output
+    yield
+
+
+def firewall_checks(*extra):
+    return state_checks("-k", "firewall or api", *extra)
+
+
+def test_the_firewall_checks_pass_and_a_second_deploy_changes_nothing():
+    checks = firewall_checks()
+    assert checks.returncode == 0, checks.output
+    assert "passed" in checks.output
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert [op for op, _ in run.changed() if "nftables" in op or "firewall" in op] == []
+    assert "--> sparkfleet firewall: the API on spark-a from 198.18.0.0/24" in run.output
+
+
+def test_a_flushed_table_is_caught_and_put_back_and_an_operator_table_is_never_touched():
+    on("spark-a", "nft add table inet operator && nft add chain inet operator mine "
+                  "'{ type filter hook input priority 10; policy accept; }' && "
+                  "nft add rule inet operator mine tcp dport 9999 counter")
+    on("spark-a", "nft delete table inet sparkfleet")
+    try:
+        checks = firewall_checks()
+        assert checks.returncode != 0
+        assert "test_the_live_table_is_the_one_data_renders[ssh://spark-a]" in checks.output
+        assert "ports" in checks.output and "answer through 198.18.0.11" in checks.output
+        run = deploy()
+        assert run.returncode == 0, run.output
+        assert (APPLY, "spark-a") in run.changed() and (APPLY, "spark-b") not in run.changed()
+        assert firewall_checks().returncode == 0
+        assert "tcp dport 9999 counter" in on("spark-a", "nft list table inet operator")
+    finally:
+        on("spark-a", "nft delete table inet operator", check=False)
+
+
+def test_the_api_follows_the_allowed_networks_and_ssh_is_never_filtered():
+    narrow = ("--data", 'firewall_api_allowed_networks=["198.18.0.1/32"]')
+    try:
+        run = deploy(*narrow)
+        assert run.returncode == 0, run.output  # the deploy's SSH is not filtered either way
+        assert "the API on spark-a from 198.18.0.1/32" in run.output
+        assert (APPLY, "spark-a") in run.changed()
+        # spark-b (198.18.0.12) is outside the allowed networks now: no answer at all.
+        checks = firewall_checks(*narrow)
+        assert checks.returncode == 0, checks.output
+        code = on("spark-b", "curl -sS -m 5 -o /dev/null -w '%{http_code}' http://198.18.0.11:8000/v1/models",
+                  check=False).strip()
+        assert code == "000"
+        # SSH is never filtered: spark-b still reaches spark-a's sshd on the management address.
+        on("spark-b", "timeout 4 bash -c 'exec 3<>/dev/tcp/198.18.0.11/22'")
+    finally:
+        run = deploy()
+        assert run.returncode == 0, run.output
+    code = on("spark-b", "curl -sS -m 5 -o /dev/null -w '%{http_code}' http://198.18.0.11:8000/v1/models",
+              check=False).strip()
+    assert code == "401"

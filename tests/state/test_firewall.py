@@ -1,0 +1,109 @@
+"""roles/firewall on the machines: the live table is the one data renders, the fabric's services
+answer over the fabric only (not through a management address that routes the fabric address), the
+API only to the allowed networks, and the registry refuses deletes."""
+import shlex
+from ipaddress import ip_address, ip_network
+
+import pytest
+
+from roles.serving.schema import node_profile
+from roles.firewall.checks import (
+    LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, rules_path, rules_text,
+)
+
+
+def subnet_of(host, node) -> str:
+    fact = ManagementSubnet()
+    return fact.process(host.check_output(fact.command(node.management_address)).splitlines())
+
+
+def test_the_live_table_is_the_one_data_renders(host, node, cluster):
+    if not node.firewall_enabled:
+        pytest.skip("firewall_enabled is false")
+    subnet = subnet_of(host, node)
+    on_disk = host.file(rules_path(node))
+    assert on_disk.user == "root" and on_disk.mode == 0o600
+    assert on_disk.content_string == rules_text(cluster, node, subnet), f"{node.name}: {rules_path(node)} differs"
+    live = LiveMarker().process(host.check_output(LiveMarker().command()).splitlines())
+    assert live == f"sparkfleet {digest(cluster, node, subnet)}", f"{node.name}: live table marker {live!r}"
+    assert host.service("sparkfleet-firewall").is_enabled
+    # The only table it owns; SSH never matched.
+    listing = host.check_output("nft list table inet sparkfleet")
+    assert "dport 22 " not in listing and f"dport {cluster.head.management_address}" not in listing
+
+
+def tcp_open(host, address: str, port: int, as_nobody: bool = False) -> bool:
+    probe = f"timeout 4 bash -c {shlex.quote(f'exec 3<>/dev/tcp/{address}/{port}')}"
+    if as_nobody:
+        probe = f"setpriv --reuid=65534 --regid=65534 --clear-groups {probe}"
+    return host.run(probe).rc == 0
+
+
+# A routing table and rule on the peer for the probe's own sockets only (uid 65534): the pair's
+# established fabric connections keep their route.
+PROBE_TABLE, PROBE_UID = 7377, 65534
+
+
+def test_the_fabric_services_are_not_reached_through_a_management_address(node, cluster, node_hosts):
+    """A machine that routes a node's fabric address via its management address (the office LAN
+    case) reaches none of the fabric's services; over the fabric, the peers do."""
+    if not node.firewall_enabled:
+        pytest.skip("firewall_enabled is false")
+    try:
+        ip_address(node.management_address)
+    except ValueError:
+        pytest.skip("the management address is a name")
+    peer_name = next(n.name for n in cluster.peers(node) if n.name in node_hosts)
+    peer = node_hosts[peer_name]
+    # The registry and the rsync daemon take any connection; the rendezvous port is left out: a bare
+    # connection to it is a rank that failed its hello, and the pair stops (its rule is proven by the
+    # live table being the rendered one).
+    ports = [p for p in fabric_ports(cluster, node) if p != node_profile(cluster.head).master_port]
+    listening = [p for p in ports if node_hosts[node.name].socket(f"tcp://{p}").is_listening
+                 or node_hosts[node.name].socket(f"tcp://{node.fabric_ip}:{p}").is_listening]
+    assert listening, f"{node.name}: none of {ports} listens; nothing to prove"
+    for port in listening:
+        assert tcp_open(peer, node.fabric_ip, port), f"{peer_name} -> {node.fabric_ip}:{port} over the fabric refused"
+    route = f"{node.fabric_ip}/32 via {node.management_address} table {PROBE_TABLE}"
+    rule = f"uidrange {PROBE_UID}-{PROBE_UID} lookup {PROBE_TABLE} priority {PROBE_TABLE}"
+    peer.run(f"ip route replace {route} && ip rule add {rule}")
+    try:
+        via = peer.check_output(f"ip route get {node.fabric_ip} uid {PROBE_UID}")
+        assert f" via {node.management_address} " in via, via
+        reached = [p for p in listening if tcp_open(peer, node.fabric_ip, p, as_nobody=True)]
+    finally:
+        peer.run(f"ip rule del {rule}; ip route del {route}")
+    assert not reached, f"{node.name}: {node.fabric_ip} ports {reached} answer through {node.management_address}"
+
+
+def test_the_api_answers_only_the_allowed_networks(host, node, cluster, profile, node_hosts):
+    """From a peer's management address: 401 (reached, the key is required) when it is in the
+    allowed networks, no answer at all when it is not."""
+    if not node.is_head or not node.firewall_enabled:
+        pytest.skip("the API is on the head")
+    networks = [ip_network(n) for n in api_networks(node, subnet_of(host, node))]
+    checked = 0
+    for peer_node in cluster.peers(node):
+        peer = node_hosts.get(peer_node.name)
+        try:
+            source = ip_address(peer_node.management_address)
+        except ValueError:
+            continue
+        if peer is None:
+            continue
+        code = peer.run(f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' "
+                        f"http://{node.management_address}:{profile.port}/v1/models").stdout.strip()
+        want = "401" if any(source in n for n in networks) else "000"
+        assert code == want, (f"{peer_node.name} ({source}) -> the API: {code}, want {want} (allowed: "
+                              f"{', '.join(map(str, networks))})")
+        checked += 1
+    assert checked, "no peer with an IP management address to try from"
+
+
+def test_the_registry_refuses_deletes(host, node, profile):
+    if not node.is_head:
+        pytest.skip("the registry is on the head")
+    url = (f"http://{node.fabric_ip}:{node.docker_registry_port}/v2/{profile.image}/manifests/"
+           f"sha256:{'0' * 64}")
+    code = host.run(f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' -X DELETE {url}").stdout.strip()
+    assert code == "405", f"{node.name}: DELETE on the registry answered {code}, want 405 (deletes disabled)"

@@ -1,0 +1,163 @@
+"""Values from data that reach a file or a shell, and the directories sparkfleet owns: refused
+before any connection (sparkfleet/values.py), each naming host, key and value."""
+import subprocess
+import types
+
+import pytest
+
+from roles.serving import api_key
+from roles.serving.engine import docker_args, engine_args, exec_start
+from roles.serving.schema import load_profile, node_profile
+from sparkfleet.config import ConfigError, build_cluster
+from tests.unit.helpers import pair
+
+
+def refused(**data) -> str:
+    with pytest.raises(ConfigError) as err:
+        build_cluster(pair(**{"spark-a": data, "spark-b": data}))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("key, value, found", [
+    ("serving_env_pins", {"NCCL_DEBUG": "INFO\nLD_PRELOAD=/tmp/x.so"}, "newline"),
+    ("serving_env_pins", {"BAD NAME": "1"}, "not variable names"),
+    ("serving_env_pins", {"X": "a\rb"}, "control character"),
+    ("fabric_netdev", "enp1s0f0np0\nmtu 1500", "should match pattern"),
+    ("fabric_netdev", "eth0;reboot", "should match pattern"),
+    ("rdma_hca", "roce p1", "should match pattern"),
+    ("docker_package", "docker.io; rm -rf /", "not a package name"),
+    ("serving_recipe_repository", "https://example.com/r.git --upload-pack=x", "not a git URL"),
+    ("serving_recipe_repository", "-oProxyCommand=x", "not a git URL"),
+    ("drafter_license_acknowledged", "CC-BY-NC-ND-4.0\n", "holds newline"),
+    ("recipe_drift_acknowledged", ["A\nB"], "each entry is a variable name"),
+    ("serving_extra_args", ["--max-num-seqs", "64\n--api-key x"], "holds newline"),
+    ("weights_hf_token_file", "/etc/sparkfleet/hf token", "absolute path of letters"),
+    ("serving_api_key_file", "/etc/sparkfleet/$(id)", "absolute path of letters"),
+])
+def test_a_value_that_would_break_a_file_or_a_shell_is_refused(key, value, found):
+    text = refused(**{key: value})
+    assert f"{key}" in text and found in text, text
+
+
+@pytest.mark.parametrize("key", ["preflight_data_dir", "weights_dir", "kernel_cache_dir", "serving_dir"])
+@pytest.mark.parametrize("path, found", [
+    ("/", "is a system directory"),
+    ("/etc", "is a system directory"),
+    ("/var/lib", "is a system directory"),
+    ("/usr/local", "is a system directory"),
+    ("/proc/sparkfleet", "under /proc, a system tree"),
+    ("/var/lib/docker/x", "under /var/lib/docker, a system tree"),
+    ("/var/lib/../../etc", "must be normalised"),
+    ("/var/lib/sparkfleet/", "must be normalised"),
+    ("var/lib/x", "should match pattern '^/'"),
+    ("/var/lib/spark fleet", "absolute path"),
+])
+def test_a_directory_setting_that_is_a_system_directory_is_refused(key, path, found):
+    text = refused(**{key: path})
+    assert f"key '{key}' = {path!r}" in text and found in text, text
+
+
+@pytest.mark.parametrize("data, outer, inner", [
+    ({"weights_dir": "/srv/sfl", "kernel_cache_dir": "/srv/sfl/cache"}, "weights_dir", "kernel_cache_dir"),
+    ({"kernel_cache_dir": "/srv/sfl", "weights_dir": "/srv/sfl/models"}, "kernel_cache_dir", "weights_dir"),
+    ({"serving_dir": "/var/lib/sparkfleet"}, "serving_dir", "weights_dir"),
+    ({"weights_dir": "/etc/sparkfleet"}, "weights_dir", "serving_dir"),
+])
+def test_owned_directories_never_hold_one_another(data, outer, inner):
+    text = refused(**data)
+    assert f"key '{outer}' = {data.get(outer, '')!r}"[:len(outer) + 8] in text and f"holds key '{inner}'" in text, text
+
+
+def test_the_data_dir_may_hold_the_weights_and_caches_but_not_sit_inside_them():
+    build_cluster(pair())  # the defaults: /var/lib/sparkfleet holds models/ and kernel-cache/
+    text = refused(preflight_data_dir="/var/lib/sparkfleet/models/sub")
+    assert "key 'preflight_data_dir' = '/var/lib/sparkfleet/models/sub' is inside key 'weights_dir'" in text
+
+
+def test_a_profile_env_value_with_a_newline_is_refused_naming_the_profile(tmp_path, monkeypatch):
+    import yaml
+
+    import roles.serving.schema as schema
+
+    src = schema.PROFILES_DIR / "glm-5.3-flash-exl3.yaml"
+    data = yaml.safe_load(src.read_text())
+    data["env"]["NCCL_DEBUG"] = "WARN\nLD_PRELOAD=/x.so"
+    (tmp_path / "glm-5.3-flash-exl3.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(schema, "PROFILES_DIR", tmp_path)
+    with pytest.raises(ValueError) as err:
+        load_profile("glm-5.3-flash-exl3")
+    assert "newline or another control character" in str(err.value) and "NCCL_DEBUG" in str(err.value)
+
+
+# --- The API key -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("profile", ["glm-5.3-flash-exl3", "qwen3.8-flash-next"])
+def test_the_key_reaches_the_head_from_root_only_files_never_argv_or_the_unit(profile):
+    c = build_cluster(pair(**{n: {"serving_profile": profile} for n in ("spark-a", "spark-b")}))
+    head, worker = c.head, c.workers[0]
+    p = node_profile(head)
+    words = docker_args(p, head, "/etc/sparkfleet/sparkfleet-head.env") + engine_args(p, c, head)
+    assert "--api-key" not in words and not any("VLLM_API_KEY=" in w for w in words)
+    if p.engine == "vllm":
+        assert "--env-file=/etc/sparkfleet/api-key.env" in words
+    else:
+        assert "--volume=/etc/sparkfleet/api-key.yaml:/run/sparkfleet/api-key.yaml:ro" in words
+        assert words[words.index("--config") + 1] == "/run/sparkfleet/api-key.yaml"
+    worker_words = docker_args(p, worker, "/x.env") + engine_args(p, c, worker)
+    assert not any("api-key" in w for w in worker_words)  # only the head serves the API
+    assert "api-key" in exec_start(p, c, head, "/etc/sparkfleet/sparkfleet-head.env")
+
+
+def test_a_vision_profile_fetches_media_only_from_the_domains_data_allows():
+    c = build_cluster(pair())
+    p = node_profile(c.head)
+    assert p.vision
+    words = engine_args(p, c, c.head)
+    assert words[words.index("--allowed-media-domains") + 1] == "media.invalid"  # none: data: URLs only
+    assert "--allowed-local-media-path" not in words  # its default: no local file
+    c = build_cluster(pair(**{n: {"serving_media_domains": ["images.example.com"]} for n in ("spark-a", "spark-b")}))
+    words = engine_args(p, c, c.head)
+    assert words[words.index("--allowed-media-domains") + 1:][:1] == ["images.example.com"]
+    text = refused(serving_media_domains=["https://images.example.com/"])
+    assert "serving_media_domains" in text and "not a hostname" in text
+
+
+def sh(command: str) -> str:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def node(tmp_path, key_file=None):
+    return types.SimpleNamespace(name="spark-a", serving_dir=str(tmp_path / "sfl"), serving_api_key_file=key_file)
+
+
+def test_a_key_is_generated_once_root_only_and_its_files_follow_it(tmp_path):
+    n = node(tmp_path)
+    assert sh(api_key.state_command(n)) == "missing" and api_key.problem(n, "missing") is None
+    sh(api_key.write_command(n))
+    key = (tmp_path / "sfl/api-key").read_text()
+    assert len(key) == 64 and int(key, 16) >= 0
+    assert sh(api_key.state_command(n)) == "ok"
+    for name, text in (("api-key.env", f"VLLM_API_KEY={key}\n"), ("api-key.yaml", f'api-key: "{key}"\n'),
+                       ("api-key.curl", f'header = "Authorization: Bearer {key}"\n')):
+        f = tmp_path / "sfl" / name
+        assert f.read_text() == text and (f.stat().st_mode & 0o777) == 0o600
+    sh(api_key.write_command(n))  # a second run keeps the key
+    assert (tmp_path / "sfl/api-key").read_text() == key
+    (tmp_path / "sfl/api-key").write_text("rotated-key-0123456789\n")
+    assert sh(api_key.state_command(n)) == "stale"  # the derived files are rewritten, the head restarts
+
+
+def test_an_operator_key_file_is_never_created_and_must_be_root_only_and_one_safe_line(tmp_path):
+    path = tmp_path / "mine"
+    n = node(tmp_path, str(path))
+    assert "does not exist" in api_key.problem(n, "missing")
+    path.write_text("two words\n")
+    path.chmod(0o600)
+    assert sh(api_key.state_command(n)) == "format"
+    assert "must hold one line of 16 to 512 characters" in api_key.problem(n, "format")
+    path.write_text("a-good-key-0123456789\n")
+    path.chmod(0o640)
+    assert sh(api_key.state_command(n)).startswith("owner ")
+    assert api_key.problem(n, "owner root 640") == (
+        f"spark-a: serving_api_key_file {path} is owned by root with mode 640; it must be root-only "
+        f"(chown root {path} && chmod 0600 {path}). Nothing was changed.")
