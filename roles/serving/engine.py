@@ -21,6 +21,29 @@ KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE = "api-key.env", "api-key.yaml", "api
 # Where SGLang's head container sees its key config (read-only).
 SGLANG_KEY_CONFIG = "/run/sparkfleet/api-key.yaml"
 
+# SGLang 0.5.23 logs every resolved argument at INFO when it starts, the API key among them
+# (sglang/srt/entrypoints/engine.py: logger.info(f"server_args={...}"), only watermark secrets
+# redacted). A logging config named by SGLANG_LOGGING_CONFIG_PATH replaces SGLang's own
+# (sglang/srt/utils/common.py, configure_logger: logging.config.dictConfig of the file): the same
+# format and level, with that one module's logger raised to WARNING, so the key never reaches the
+# journal. On every rank (any rank may start that engine code), mounted read-only.
+SGLANG_LOGGING_FILE = "sglang-logging.json"
+SGLANG_LOGGING_CONFIG = f"/run/sparkfleet/{SGLANG_LOGGING_FILE}"
+SGLANG_QUIET_LOGGERS = ("sglang.srt.entrypoints.engine",)
+
+
+def sglang_logging_config() -> dict:
+    """SGLang's own default (configure_logger: basicConfig, INFO, "[%(asctime)s] %(message)s" on
+    stderr), with the loggers that print the resolved arguments at WARNING."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"sglang": {"format": "[%(asctime)s] %(message)s", "datefmt": "%Y-%m-%d %H:%M:%S"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "sglang", "stream": "ext://sys.stderr"}},
+        "root": {"level": "INFO", "handlers": ["stderr"]},
+        "loggers": {name: {"level": "WARNING"} for name in SGLANG_QUIET_LOGGERS},
+    }
+
 # Never rendered, whatever a profile says: each hard-froze both machines in the field.
 FORBIDDEN_ARGS = ("--load-format dummy", "--no-ple-offload-embedding")
 
@@ -181,6 +204,8 @@ def rank_env(profile: Profile, cluster, node, gid_index: int | None = None) -> d
     # --dist-init-addr): neither engine's multi-node path reads MASTER_ADDR or MASTER_PORT.
     if profile.engine == "vllm":
         env["VLLM_HOST_IP"] = node.fabric_ip  # this rank's address for vLLM's own sockets (vllm/envs.py)
+    else:
+        env["SGLANG_LOGGING_CONFIG_PATH"] = SGLANG_LOGGING_CONFIG  # no API key in the log (see above)
     env.update(
         {
             # Every collective on the CX7 link, never the management network (NCCL; torch's gloo).
@@ -235,6 +260,8 @@ def docker_args(profile: Profile, node, env_file: str, name: str | None = None, 
         f"--volume={node.weights_dir}:{CONTAINER_WEIGHTS_ROOT}:ro",
         f"--volume={node.kernel_cache_dir}/current:{CONTAINER_CACHE_ROOT}",
     ]
+    if profile.engine == "sglang":
+        args.append(f"--volume={node.serving_dir}/{SGLANG_LOGGING_FILE}:{SGLANG_LOGGING_CONFIG}:ro")
     args += [f"--env-file={env_file}"]
     if node.is_head:  # the API key, from root-only files: never argv, never the unit's text
         if profile.engine == "vllm":

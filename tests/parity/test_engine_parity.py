@@ -271,5 +271,43 @@ def test_sglang_refuses_a_parser_it_lacks():
     assert "--tool-call-parser qwen99" in msg and "SGLang" in msg
 
 
+# --- SGLang's log never carries the API key. -------------------------------------------------
+
+_LOGGING_PROBE = """
+import json, logging, sys
+from sglang.srt.utils.common import configure_logger
+configure_logger(None)  # with SGLANG_LOGGING_CONFIG_PATH set, SGLang's own code loads that file
+logging.getLogger("sglang.srt.entrypoints.engine").info("server_args={'api_key': 'KEY-MUST-NOT-APPEAR'}")
+logging.getLogger("sglang.srt.managers.scheduler").info("scheduler line stays")
+logging.getLogger("sglang.srt.entrypoints.engine").warning("engine warning stays")
+"""
+
+
+def test_sglang_logging_config_silences_the_resolved_arguments_line(tmp_path):
+    """SGLang 0.5.23 logs every resolved argument, the API key among them, at INFO from
+    sglang/srt/entrypoints/engine.py; the rendered logging config (loaded by SGLang's own
+    configure_logger) drops exactly that logger's INFO and keeps everything else."""
+    import os
+
+    from roles.serving.engine import SGLANG_LOGGING_CONFIG, sglang_logging_config
+
+    case = render(load_profile("qwen3.8-flash-next"), "spark", "spark-a")
+    assert case["env"]["SGLANG_LOGGING_CONFIG_PATH"] == SGLANG_LOGGING_CONFIG
+    config = tmp_path / "sglang-logging.json"
+    config.write_text(json.dumps(sglang_logging_config()))
+    env = {**os.environ, "SGLANG_LOGGING_CONFIG_PATH": str(config)}
+    out = subprocess.run([engine_python("sglang"), "-c", _LOGGING_PROBE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "KEY-MUST-NOT-APPEAR" not in out.stderr
+    assert "scheduler line stays" in out.stderr and "engine warning stays" in out.stderr
+    # Without the config SGLang's default logging prints the line: the probe can fail.
+    env.pop("SGLANG_LOGGING_CONFIG_PATH")
+    plain = subprocess.run([engine_python("sglang"), "-c", _LOGGING_PROBE.replace("configure_logger(None)",
+                            "import types; configure_logger(types.SimpleNamespace(log_level='info'))")],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert "KEY-MUST-NOT-APPEAR" in plain.stderr, plain.stderr[-3000:]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "--parity", "-q"]))
