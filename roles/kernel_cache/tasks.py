@@ -8,6 +8,7 @@ from pyinfra.operations import files, python
 
 from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_file, prewarm_env_path
 from roles.serving.checks import resolve_gid_index
+from roles.serving.engine import mounted_files
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 
@@ -26,6 +27,19 @@ files.put(
     group="root",
     mode="0600",
 )
+
+# 1b. The other files of serving_dir the prewarm's containers mount, as production's do (SGLang's
+#     logging config): the prewarm runs before roles/serving writes them, and a bind mount of a
+#     missing path would make docker create a directory there.
+for path, (text, mode) in mounted_files(profile, node).items():
+    files.put(
+        name=f"Write {path} (mounted by the prewarm and the serving containers)",
+        src=StringIO(text),
+        dest=path,
+        user="root",
+        group="root",
+        mode=mode,
+    )
 
 # 2. Link, prewarm, merge, compare, expire: one step driven from the head across the pair.
 python.call(

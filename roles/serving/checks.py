@@ -5,7 +5,6 @@ So the restart decision is taken once, at prepare time, for the whole pair: when
 environment or image changes, or any rank's unit or container is not running, the pair restarts,
 head stopped first, workers started first, head last.
 """
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -15,7 +14,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.image.checks import image_ids
-from roles.serving.engine import SGLANG_LOGGING_FILE, env_file_path, exec_start, rank_env, sglang_logging_config, unit_name
+from roles.serving.engine import env_file_path, exec_start, mounted_files, rank_env, unit_name
 from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, is_serving, pick_gid_index
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
@@ -44,11 +43,8 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
         exec_start=exec_start(profile, cluster, node, env_file),
     )
     env_text = render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile, env=env)
-    files = {env_file: (env_text, "0600"), unit_path(node): (unit_text, "0644")}
-    if profile.engine == "sglang":  # SGLang's logging, without the line that prints the API key
-        files[f"{node.serving_dir}/{SGLANG_LOGGING_FILE}"] = (
-            json.dumps(sglang_logging_config(), indent=1, sort_keys=True) + "\n", "0644")
-    return files
+    # Besides: SGLang's logging config, without the line that prints the API key.
+    return {env_file: (env_text, "0600"), unit_path(node): (unit_text, "0644"), **mounted_files(profile, node)}
 
 
 def resolve_gid_index(node_host, node) -> int | None:

@@ -32,6 +32,16 @@ SGLANG_LOGGING_CONFIG = f"/run/sparkfleet/{SGLANG_LOGGING_FILE}"
 SGLANG_QUIET_LOGGERS = ("sglang.srt.entrypoints.engine",)
 
 
+def mounted_files(profile: Profile, node) -> dict[str, tuple[str, str]]:
+    """{path: (text, mode)} of the files in serving_dir every container of this rank mounts besides
+    its env file (SGLang's logging config). Written before the prewarm, which mounts them too: a
+    bind mount of a missing path makes docker create a directory there."""
+    if profile.engine != "sglang":
+        return {}
+    text = json.dumps(sglang_logging_config(), indent=1, sort_keys=True) + "\n"
+    return {f"{node.serving_dir}/{SGLANG_LOGGING_FILE}": (text, "0644")}
+
+
 def sglang_logging_config() -> dict:
     """SGLang's own default (configure_logger: basicConfig, INFO, "[%(asctime)s] %(message)s" on
     stderr), with the loggers that print the resolved arguments at WARNING."""
