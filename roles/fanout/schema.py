@@ -12,3 +12,11 @@ class FanoutData(BaseModel):
     fanout_bwlimit_kib: int = Field(
         0, ge=0, description="per-transfer bandwidth cap in KiB/s for fan-out (0: none, the link's full speed)"
     )
+    fanout_rsync_timeout_s: int = Field(
+        7200, ge=1, description="seconds one fan-out transfer may take, verification included (a worker's "
+        "pull of ~170 GiB of weights, a kernel-cache merge); 2 h is ~24 MiB/s: raise it with fanout_bwlimit_kib",
+    )
+    fanout_rsync_io_timeout_s: int = Field(
+        300, ge=1, description="rsync's own --timeout: seconds without any data from the peer before a "
+        "transfer gives up (a stalled or vanished peer); a re-run resumes from the partial file",
+    )

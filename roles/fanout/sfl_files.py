@@ -12,13 +12,15 @@ Two nodes hold the same files when their manifests are byte-identical.
   sfl_files.py seal DIR --manifest OUT [--header ...]       write DIR's manifest to OUT (atomically)
   sfl_files.py fetch-http URL DEST --manifest OUT [--header ...] [--margin-gib G]
         URL serves <URL>.manifest and the files under <URL>/; resumed with HTTP ranges
-  sfl_files.py fetch-dir SRC DEST --manifest OUT [--header ...] [--margin-gib G]
+  sfl_files.py fetch-dir SRC DEST --manifest OUT [--header ...] [--margin-gib G] [--io-timeout S]
   sfl_files.py fetch-hub REPO REVISION DEST [--margin-gib G]
         Hugging Face hub (run inside the serving image, which has huggingface_hub); the token is read
         by the hub client from the file HF_TOKEN_PATH names, never from the command line
-  sfl_files.py pull RSYNC_URL DEST --manifest OUT [--bwlimit KIB] [--margin-gib G]
+  sfl_files.py pull RSYNC_URL DEST --manifest OUT [--bwlimit KIB] [--margin-gib G] [--io-timeout S]
         the head's copy over its rsync daemon (RSYNC_URL.manifest beside it); an interrupted pull
         resumes from the partial file; the copy is verified against the head's manifest
+  --io-timeout S: rsync's --timeout, seconds without data before a stalled peer is given up
+  (0: none); the whole command's limit is the caller's (sparkfleet/bounded.py wraps it)
 
 Exit codes: 0 done, 1 verification failed, 3 not enough free disk (nothing transferred), 2 usage.
 """
@@ -257,7 +259,7 @@ def fetch_dir(a):
     need = missing_bytes(a.dest, {rel: (size, "") for rel, size in listing(a.src).items()})
     check_disk(a.dest, need, a.margin_gib)
     os.makedirs(a.dest, exist_ok=True)
-    rsync(["--partial-dir=" + PARTIAL, a.src.rstrip("/") + "/", a.dest + "/"])
+    rsync(["--partial-dir=" + PARTIAL, a.src.rstrip("/") + "/", a.dest + "/"], a.io_timeout)
     finish(a.dest, a.manifest, a.header)
 
 
@@ -272,8 +274,10 @@ def fetch_hub(a):
     print(f"resolved-revision={info.sha}", flush=True)
 
 
-def rsync(args):
-    cmd = ["rsync", "--archive", "--human-readable", "--stats", *args]
+def rsync(args, io_timeout=0):
+    # --timeout: a peer that sends nothing for io_timeout seconds ends the transfer (exit 30), the
+    # partial file kept for the next run; the caller bounds the whole transfer.
+    cmd = ["rsync", "--archive", "--human-readable", "--stats", *([f"--timeout={io_timeout}"] if io_timeout else []), *args]
     done = subprocess.run(cmd)
     if done.returncode != 0:
         say(f"rsync exited {done.returncode}; a re-run resumes from what arrived")
@@ -284,7 +288,7 @@ def pull(a):
     src = a.url.rstrip("/")
     with tempfile.TemporaryDirectory() as tmp:
         theirs = os.path.join(tmp, "manifest")
-        rsync([src + ".manifest", theirs])
+        rsync([src + ".manifest", theirs], a.io_timeout)
         with open(theirs) as f:
             text = f.read()
     header, entries = checked_manifest(text, src + ".manifest")
@@ -293,7 +297,7 @@ def pull(a):
     # --partial-dir: an interrupted file stays in .sparkfleet-partial and is the basis of the next
     # run's transfer (only what is missing crosses the link); it appears under its name when whole.
     opts = ["--partial-dir=" + PARTIAL, "--delay-updates"] + ([f"--bwlimit={a.bwlimit}"] if a.bwlimit else [])
-    rsync(opts + [f"--exclude={d}/" for d in sorted(SKIP_DIRS)] + [src + "/", a.dest + "/"])
+    rsync(opts + [f"--exclude={d}/" for d in sorted(SKIP_DIRS)] + [src + "/", a.dest + "/"], a.io_timeout)
     problems = differences(a.dest, entries)
     if problems:
         say(f"{a.dest} does not match the head's manifest:\n  " + "\n  ".join(problems))
@@ -322,6 +326,8 @@ def main(argv):
         f.add_argument("--manifest", required=True)
         f.add_argument("--header", action="append", default=[])
         f.add_argument("--margin-gib", type=float, default=0.0)
+        if name == "fetch-dir":
+            f.add_argument("--io-timeout", type=int, default=0)
     h = sub.add_parser("fetch-hub")
     h.add_argument("repo")
     h.add_argument("revision")
@@ -333,6 +339,7 @@ def main(argv):
     u.add_argument("--manifest", required=True)
     u.add_argument("--bwlimit", type=int, default=0)
     u.add_argument("--margin-gib", type=float, default=0.0)
+    u.add_argument("--io-timeout", type=int, default=0)
     a = p.parse_args(argv)
     if a.cmd == "manifest":
         sys.stdout.write(manifest_text(a.dir, a.header))

@@ -16,10 +16,14 @@ from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.serving.schema import node_profile
 from roles.weights.facts import ModelCopy
+from sparkfleet.bounded import bounded
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
 
 HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
+# The hub fetch's container, named so that a fetch stopped at its limit can remove it (a killed
+# docker client leaves its container running).
+HUB_FETCH_CONTAINER = "sparkfleet-weights-fetch"
 
 
 def profile_models(profile) -> list[tuple[str, str]]:
@@ -122,8 +126,28 @@ def weights_plan(state) -> WeightsPlan:
     return once_per_run(state, "weights-plan", lambda: _plan(state))
 
 
+def fetch_step(node, model: str, revision: str) -> str:
+    """The name of the head's fetch operation (and of the step a timeout names)."""
+    return f"Fetch {model} at {revision} on the head ({node.weights_source})"
+
+
+def pull_step(model: str) -> str:
+    return f"Send {model} to the workers over the fabric"
+
+
 def fetch_command(node, profile, model: str, revision: str) -> str:
-    """The head's fetch of one model from the configured source, ending with its manifest."""
+    """The head's fetch of one model from the configured source, ending with its manifest; bounded
+    by weights_fetch_timeout_s (sparkfleet/bounded.py). Every form resumes on a re-run: HTTP with
+    ranges from the partial file, a directory with rsync's partial dir, the hub client from its
+    incomplete files; the manifest is written (atomically) only once every file is in place."""
+    return bounded(
+        _fetch(node, profile, model, revision), step=fetch_step(node, model, revision), host=node.name,
+        limit_s=node.weights_fetch_timeout_s, key="weights_fetch_timeout_s",
+        cleanup=f"docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1" if node.weights_source == "hub" else None,
+    )
+
+
+def _fetch(node, profile, model: str, revision: str) -> str:
     dest, out, source = model_dir(node, model), manifest_path(node, model), node.weights_source
     headers = " ".join(f"--header {shlex.quote(h)}" for h in manifest_header(model, revision, source))
     margin = f"--margin-gib {node.weights_free_margin_gib:g}"
@@ -131,15 +155,21 @@ def fetch_command(node, profile, model: str, revision: str) -> str:
     if source.startswith(("http://", "https://")):
         return f"python3 {SFL_FILES} fetch-http {q(f'{source}/{model}')} {q(dest)} --manifest {q(out)} {headers} {margin}"
     if source.startswith("/"):
-        return f"python3 {SFL_FILES} fetch-dir {q(f'{source}/{model}')} {q(dest)} --manifest {q(out)} {headers} {margin}"
+        return (
+            f"python3 {SFL_FILES} fetch-dir {q(f'{source}/{model}')} {q(dest)} --manifest {q(out)} {headers} {margin}"
+            f" --io-timeout {node.fanout_rsync_io_timeout_s}"
+        )
     # The hub: its client runs inside the serving image (the recipe's own huggingface_hub). The
     # token file is mounted read-only and named by HF_TOKEN_PATH: never an argument, never logged.
+    # The container is named (a leftover of a killed client is removed first) and runs under
+    # --init, so the TERM of a timeout reaches the client instead of a PID 1 that ignores it.
     token = node.weights_hf_token_file
     mount_token = (
         f"$( [ -f {q(token)} ] && echo -v {q(token)}:{HUB_TOKEN_IN_CONTAINER}:ro -e HF_TOKEN_PATH={HUB_TOKEN_IN_CONTAINER} )"
     )
     return (
-        f"mkdir -p {q(dest)} && docker run --rm --network=host -v {q(dest)}:/weights "
+        f"{{ docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1 || true; }} && "
+        f"mkdir -p {q(dest)} && docker run --rm --init --name {HUB_FETCH_CONTAINER} --network=host -v {q(dest)}:/weights "
         f"-v {SFL_FILES}:/sfl_files.py:ro {mount_token} --entrypoint python3 {q(profile.image_ref)} "
         f"/sfl_files.py fetch-hub {q(model)} {q(revision)} /weights {margin} "
         f"&& python3 {SFL_FILES} seal {q(dest)} --manifest {q(out)} {headers}"
@@ -147,11 +177,15 @@ def fetch_command(node, profile, model: str, revision: str) -> str:
 
 
 def pull_command(cluster, node, model: str) -> str:
-    """A worker's pull of one model from the head's rsync daemon over the fabric, verified."""
+    """A worker's pull of one model from the head's rsync daemon over the fabric, verified; rsync's
+    --timeout from fanout_rsync_io_timeout_s, the whole pull bounded by fanout_rsync_timeout_s."""
     head = cluster.head
     url = f"rsync://{head.fabric_ip}:{head.fanout_rsync_port}/weights/{model}"
     q = shlex.quote
-    return (
+    command = (
         f"python3 {SFL_FILES} pull {q(url)} {q(model_dir(node, model))} --manifest {q(manifest_path(node, model))} "
-        f"--bwlimit {node.fanout_bwlimit_kib} --margin-gib {node.weights_free_margin_gib:g}"
+        f"--bwlimit {node.fanout_bwlimit_kib} --margin-gib {node.weights_free_margin_gib:g} "
+        f"--io-timeout {node.fanout_rsync_io_timeout_s}"
     )
+    return bounded(command, step=pull_step(model), host=node.name, limit_s=node.fanout_rsync_timeout_s,
+                   key="fanout_rsync_timeout_s")

@@ -25,6 +25,10 @@ class WeightsData(BaseModel):
     weights_free_margin_gib: float = Field(
         10.0, ge=0, description="disk left free after a download or fan-out, or the deploy stops before it"
     )
+    weights_fetch_timeout_s: int = Field(
+        21600, ge=1, description="seconds the head's fetch of one model from weights_source may take, hashing "
+        "included (~170 GiB from the hub: 6 h is ~8 MiB/s; a re-run resumes from what arrived)",
+    )
 
     @field_validator("weights_source")
     @classmethod

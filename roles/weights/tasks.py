@@ -3,13 +3,15 @@
 The head fetches from weights_source (the hub, a directory, a URL) into weights_dir and writes a
 manifest (path, size, sha256). Each worker pulls from the head's rsync daemon, verifies every file
 against the head's manifest and keeps that manifest. When the manifests already match, nothing
-moves; an interrupted transfer resumes from its partial file.
+moves; an interrupted transfer resumes from its partial file. The fetch and each pull are bounded
+(weights_fetch_timeout_s, fanout_rsync_timeout_s; sparkfleet/bounded.py): at the limit the deploy
+stops naming the step, the host and the key, and a re-run resumes.
 """
 from pyinfra import host, state
 from pyinfra.operations import server
 
 from roles.serving.schema import node_profile
-from roles.weights.checks import fetch_command, profile_models, pull_command, weights_plan
+from roles.weights.checks import fetch_command, fetch_step, profile_models, pull_command, pull_step, weights_plan
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -21,13 +23,13 @@ on_head = node.is_head
 for model, revision in profile_models(profile):
     # 1. Once, on the head, from the configured source (free disk checked before the first byte).
     server.shell(
-        name=f"Fetch {model} at {revision} on the head ({node.weights_source})",
+        name=fetch_step(node, model, revision),
         commands=[fetch_command(node, profile, model, revision)] if on_head else [],
         _if=lambda model=model: on_head and model in plan.fetch,
     )
     # 2. Then to every worker over the fabric; defined on every host so it runs after the fetch.
     server.shell(
-        name=f"Send {model} to the workers over the fabric",
+        name=pull_step(model),
         commands=[] if on_head else [pull_command(cluster, node, model)],
         _if=lambda model=model: not on_head and (model, node.name) in plan.pull,
     )
