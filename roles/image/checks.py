@@ -1,16 +1,56 @@
 """Where the recipe lives on the head, which image a profile builds, and whether every node has it."""
 import json
+import re
 
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from roles.docker.checks import registry_address
 from roles.image.facts import DockerImageId
+from roles.serving.schema import FULL_SHA, PROFILES_DIR
+from sparkfleet.bounded import bounded
 from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.refusal import Problem, Refusal
 
 
 def recipe_dir(node, profile) -> str:
     return f"{node.preflight_data_dir}/recipes/{profile.name}"
+
+
+def commit_problem(node, profile, resolved: str | None) -> Problem | None:
+    """Why the recipe commit cannot be built, or None: it must be a full 40-hex SHA (an abbreviation
+    can become ambiguous as the repository grows, and names no object by itself), and not the
+    all-zero placeholder of an unpinned profile. `resolved`: the full SHA the head found for an
+    abbreviated commit (roles/image/facts.ResolvedCommit), or None."""
+    commit = profile.recipe.commit
+    if node.serving_recipe_commit:
+        key, where = "serving_recipe_commit", "data"
+    else:
+        key, where = "recipe.commit", f"{PROFILES_DIR / profile.name}.yaml"
+    if set(commit) == {"0"}:
+        return Problem(
+            f"key '{key}' = {commit!r} is a placeholder: profile {profile.name} ships no recipe commit",
+            [node.name], key=key, sources=[where],
+            fix="pin the full commit SHA of the recipe you validated (serving_recipe_commit in data, or the profile)",
+        )
+    if FULL_SHA.match(commit):
+        return None
+    if resolved:
+        fix = f"use the full SHA: serving_recipe_commit = \"{resolved}\" (resolved on {node.name})"
+    else:
+        fix = (f"give the full 40-hex SHA ({node.name} cannot resolve {commit} yet: run `git rev-parse {commit}` "
+               f"in a clone of {profile.recipe.repository})")
+    return Problem(
+        f"key '{key}' = {commit!r} is an abbreviated commit; recipe commits are full 40-hex SHAs",
+        [node.name], key=key, sources=[where], fix=fix,
+    )
+
+
+def refuse_loose_commit(node, profile, resolved: str | None) -> None:
+    """Prepare time, on the head: stop the run before any change when the commit is not a full SHA."""
+    problem = commit_problem(node, profile, resolved)
+    if problem:
+        raise Refusal("the recipe commit is not pinned by a full SHA; nothing was changed", [problem])
 
 
 def history_path(node, profile) -> str:
@@ -153,3 +193,89 @@ def verify_same_image(ref: str) -> None:
         ids[node_host.name] = DockerImageId().process(out.stdout_lines) if ok else None
     if len(set(ids.values())) != 1 or None in ids.values():
         raise DeployError(ids_differ_message(ids, ref))
+
+
+_ARG_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def base_images(dockerfile: str, build_args: dict[str, str]) -> list[str]:
+    """The images a Dockerfile builds FROM, in order: global ARG defaults and the build args
+    substituted, `scratch` and references to earlier stages left out."""
+    text = re.sub(r"\\\n", " ", dockerfile)
+    args: dict[str, str] = {}
+    stages: set[str] = set()
+    bases: list[str] = []
+    seen_from = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        word = word.upper()
+        if word == "ARG" and not seen_from:
+            name, eq, default = rest.strip().partition("=")
+            args[name.strip()] = build_args.get(name.strip(), default.strip().strip('"\'') if eq else "")
+        elif word == "FROM":
+            seen_from = True
+            parts = [p for p in rest.split() if not p.startswith("--")]
+            if not parts:
+                continue
+            ref = _ARG_REF.sub(lambda m: args.get(m[1] or m[3]) or (m[2] or ""), parts[0])
+            if len(parts) >= 3 and parts[1].lower() == "as":
+                stages.add(parts[2].lower())
+            if ref.lower() != "scratch" and ref.lower() not in stages and ref not in bases:
+                bases.append(ref)
+    return bases
+
+
+RECORD_BASE_STEP = "Record the recipe's base images by digest"
+
+
+def base_record_path(node, profile) -> str:
+    """Where the head records the base images the profile's image was built from (by digest)."""
+    return f"{node.preflight_data_dir}/recipes/{profile.name}.{profile.recipe.commit}.base"
+
+
+def base_record_line(ref: str, repo_digests: list[str], image_id: str) -> str:
+    """`<ref>\\t<registry digest, or - for an image no registry gave>\\t<local image ID>`."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    name = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]  # the tag off, a registry port kept
+    digest = next((d for d in repo_digests if d.split("@", 1)[0] == name), repo_digests[0] if repo_digests else "-")
+    return f"{ref}\t{digest}\t{image_id}"
+
+
+def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict, record: str, pull_limit_s: int) -> None:
+    """Operation body (head, after the checkout, before the build): every base image of the
+    Dockerfile at `commit` is made local (pulled when absent, so the build uses exactly the image
+    recorded: docker build takes a local FROM image unless --pull) and written to `record` with its
+    registry digest and image ID."""
+    import shlex
+    import time
+
+    from pyinfra import host, logger
+
+    def sh(command: str, what: str) -> str:
+        ok, out = host.run_shell_command(StringCommand(command))
+        if not ok:
+            raise DeployError(f"{host.name}: {what} failed:\n{out.stderr or out.stdout}")
+        return out.stdout
+
+    text = sh(f"git -C {shlex.quote(src)} show {shlex.quote(f'{commit}:{dockerfile}')}", f"reading {dockerfile} at {commit[:12]}")
+    lines = [f"# sparkfleet: base images of recipe {commit} ({dockerfile}), recorded {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"]
+    for ref in base_images(text, build_args):
+        q = shlex.quote(ref)
+        fmt = shlex.quote("{{json .RepoDigests}}\t{{.Id}}")
+        pull = bounded(f"docker pull --quiet {q} >&2", step=RECORD_BASE_STEP, host=host.name, limit_s=pull_limit_s,
+                       key="image_pull_timeout_s", resume="a re-run pulls only the layers the head lacks")
+        out = sh(f"docker image inspect --format {fmt} {q} 2>/dev/null || {{ {pull} && "
+                 f"docker image inspect --format {fmt} {q}; }}", f"resolving base image {ref}")
+        digests_json, _, image_id = out.strip().partition("\t")
+        line = base_record_line(ref, json.loads(digests_json or "[]") or [], image_id.strip())
+        lines.append(line)
+        digest = line.split("\t")[1]
+        logger.info(f"    [{host.name}] base image {ref}: " + (
+            digest if digest != "-" else f"no registry digest (a local image), ID {image_id.strip()}"))
+    body = "\n".join(lines) + "\n"
+    sh(f"mkdir -p $(dirname {shlex.quote(record)}) && printf '%s' {shlex.quote(body)} > {shlex.quote(record)}.tmp "
+       f"&& mv {shlex.quote(record)}.tmp {shlex.quote(record)}", "writing the base image record")

@@ -49,3 +49,22 @@ class LocalImages(FactBase):
 
     def process(self, output):
         return sorted({line.strip() for line in output if line.strip() and not line.endswith(":<none>")})
+
+
+class ResolvedCommit(FactBase):
+    """The full SHA an abbreviated recipe commit names, or None: from the head's recipe checkout when
+    it has the commit, else from the commits the repository advertises (a branch or tag tip, `git
+    ls-remote`, bounded to 20 s). Read at prepare, before anything is fetched."""
+
+    def command(self, path: str, short: str, repository: str) -> str:
+        p, s, r = shlex.quote(path), shlex.quote(short), shlex.quote(repository)
+        return (
+            "command -v git >/dev/null || exit 0; "
+            f"git -C {p} rev-parse --verify --quiet {shlex.quote(short + '^{commit}')} 2>/dev/null"
+            f" || timeout 20 git ls-remote {r} 2>/dev/null | awk -v s={s} 'index($1, s) == 1 {{print $1; exit}}'"
+            " || true"
+        )
+
+    def process(self, output):
+        shas = [line.strip() for line in output if len(line.strip()) == 40]
+        return shas[0] if shas else None

@@ -12,17 +12,21 @@ import shlex
 from io import StringIO
 
 from pyinfra import host, logger, state
+from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, python, server, systemd
 
 from roles.docker.checks import registry_address
 from roles.image.checks import (
-    check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids, other_profile_images, recipe_dir,
-    registry_ref, verify_same_image,
+    RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids,
+    other_profile_images, recipe_dir, record_base_images, refuse_loose_commit, registry_ref, verify_same_image,
 )
-from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout
+from roles.image.commands import (
+    build_command, build_step, checkout_step, git_fetch_command, pull_command, pull_step, push_command, push_step,
+)
+from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
 from roles.serving.engine import pinned_env
-from roles.serving.schema import node_profile
+from roles.serving.schema import FULL_SHA, node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
 
@@ -36,17 +40,23 @@ in_sync = head_id is not None and len(set(ids.values())) == 1
 on_head = node.is_head
 src = recipe_dir(node, profile)
 
+# 0. The recipe commit is a full SHA (an abbreviation is resolved on the head, to name the full one).
+if on_head:
+    short = None if FULL_SHA.match(recipe.commit) or set(recipe.commit) == {"0"} else recipe.commit
+    resolved = host.get_fact(ResolvedCommit, path=src, short=short, repository=recipe.repository) if short else None
+    refuse_loose_commit(node, profile, resolved)
+
 # 1. The recipe at its pinned commit on the head (a branch can move under us; a commit cannot).
 if on_head and not host.get_fact(Which, command="git"):
     apt.packages(name="Install git", packages=["git"], update=True, cache_time=3600)
 checkout = (host.get_fact(RecipeCheckout, path=src) if on_head else None) or {}
 d, repo = shlex.quote(src), shlex.quote(recipe.repository)
 server.shell(
-    name=f"Check out the recipe at {recipe.commit}",
+    name=checkout_step(recipe),
     commands=[
         f"mkdir -p {d} && cd {d} && {{ [ -d .git ] || git init --quiet; }}",
         f"cd {d} && {{ git remote remove origin 2>/dev/null || true; }} && git remote add origin {repo}",
-        f"cd {d} && git fetch --quiet --tags origin",
+        git_fetch_command(node, recipe, src),  # bounded: image_git_fetch_timeout_s
         f"cd {d} && git -c advice.detachedHead=false checkout --quiet --force --detach {recipe.commit} && git clean -fdxq",
     ],
     _if=lambda: on_head
@@ -87,13 +97,24 @@ if on_head:
     )
 
 # 4. Build once on the head, tagged with the commit; push it to the registry for the workers.
-build_args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in sorted(recipe.build_args.items()))
+#    First the Dockerfile's base images, by digest: pulled when absent (docker build then uses exactly
+#    that local image) and recorded on the head beside the served-commit history.
+base_record = base_record_path(node, profile)
+has_base_record = on_head and host.get_fact(File, path=base_record) is not None
+python.call(
+    name=RECORD_BASE_STEP,
+    function=record_base_images,
+    src=src,
+    commit=recipe.commit,
+    dockerfile=recipe.dockerfile,
+    build_args=dict(recipe.build_args),
+    record=base_record,
+    pull_limit_s=node.image_pull_timeout_s,
+    _if=lambda: on_head and (head_id is None or not has_base_record),
+)
 server.shell(
-    name=f"Build {profile.image_ref} on the head",
-    commands=[
-        f"cd {d} && docker build --quiet -f {shlex.quote(recipe.dockerfile)} {build_args}"
-        f" -t {shlex.quote(profile.image_ref)} {shlex.quote(recipe.context)}"
-    ],
+    name=build_step(profile),
+    commands=[build_command(node, profile, src)],  # bounded: image_build_timeout_s
     _if=lambda: on_head and head_id is None,
 )
 
@@ -117,19 +138,19 @@ python.call(
     _if=lambda: exact,
 )
 server.shell(
-    name=f"Push {profile.image_ref} to the fabric registry",
+    name=push_step(profile),
     commands=[
         f"docker tag {profile.image_ref} {registry_ref(cluster, profile)}",
-        f"docker push {registry_ref(cluster, profile)}",
+        push_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_push_timeout_s
     ],
     _if=lambda: on_head and not in_sync,
 )
 
 # 5. Workers pull what they lack, over the fabric, and tag it with the plain name.
 server.shell(
-    name=f"Pull {profile.image_ref} from the head",
+    name=pull_step(profile),
     commands=[
-        f"docker pull {registry_ref(cluster, profile)}",
+        pull_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_pull_timeout_s
         f"docker tag {registry_ref(cluster, profile)} {profile.image_ref}",
     ],
     _if=lambda: not on_head and (head_id is None or ids.get(node.name) != head_id),

@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+# A commit that cannot move: recipe commits and, with trust_remote_code, hub revisions.
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 _EXTRA_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?$")
@@ -78,7 +80,10 @@ class _Strict(BaseModel):
 
 class Recipe(_Strict):
     repository: str = Field(description="git URL of the recipe repository")
-    commit: str = Field(pattern=r"^[0-9a-f]{7,40}$", description="pinned commit (no branches, no tags)")
+    commit: str = Field(
+        pattern=r"^[0-9a-f]{7,40}$", description="pinned commit, the full 40-hex SHA (no branches, no tags; an "
+        "abbreviated one is refused at prepare, naming the full SHA where the head can resolve it)"
+    )
     dockerfile: str = Field("Dockerfile", description="the overlay image's Dockerfile, relative to the repository")
     context: str = Field(".", description="docker build context, relative to the repository")
     build_args: dict[str, str] = Field(default_factory=dict)
@@ -213,6 +218,23 @@ class Profile(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _remote_code_only_at_a_pinned_revision(self) -> "Profile":
+        # trust_remote_code runs Python from the checkpoint: only from a revision that cannot move.
+        if not self.trust_remote_code:
+            return self
+        revisions = [("model_revision", self.model_revision)]
+        if self.speculative and self.speculative.draft_model:
+            revisions.append(("speculative.draft_model_revision", self.speculative.draft_model_revision))
+        loose = [f"{key} {value!r}" for key, value in revisions if not FULL_SHA.match(value)]
+        if loose:
+            raise ValueError(
+                f"trust_remote_code runs the checkpoint's own code, so every revision must be a full 40-hex commit "
+                f"SHA, not a branch or tag: {', '.join(loose)} (the hub shows the SHA of a revision under "
+                f"'Files and versions' > history)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_can_use_every_field(self) -> "Profile":
         problems = ENGINE_RULES[self.engine](self)
         if problems:
@@ -321,7 +343,8 @@ class ServingData(BaseModel):
         None, description="override of the profile's recipe repository (a mirror, or the lab's)"
     )
     serving_recipe_commit: str | None = Field(
-        None, pattern=r"^[0-9a-f]{7,40}$", description="override of the profile's pinned recipe commit"
+        None, pattern=r"^[0-9a-f]{7,40}$", description="override of the profile's pinned recipe commit (the full "
+        "40-hex SHA; an abbreviated one is refused at prepare, naming the full SHA where the head can resolve it)"
     )
     serving_start_at_boot: bool = Field(True, description="enable the units, so the pair starts at boot")
     serving_health_timeout_s: int = Field(

@@ -81,7 +81,8 @@ def test_a_shortfall_of_disk_stops_the_fetch_with_the_numbers_before_any_byte_mo
     assert on("spark-a", f"ls /var/lib/sparkfleet/models/{drafter} 2>/dev/null | wc -l").strip() == "0"
     run = deploy()
     assert run.returncode == 0, run.output
-    assert (f"Fetch {drafter} at main on the head (http://198.18.0.1:8089)", "spark-a") in run.changed()
+    revision = PROFILE.speculative.draft_model_revision
+    assert (f"Fetch {drafter} at {revision} on the head (http://198.18.0.1:8089)", "spark-a") in run.changed()
 
 
 def test_an_interrupted_fan_out_resumes_instead_of_restarting():

@@ -48,6 +48,23 @@ def test_every_node_has_the_same_image_id(node, cluster, node_hosts, profile):
     assert len(set(ids.values())) == 1, f"image {profile.image_ref} differs: {ids}"
 
 
+def test_the_head_recorded_the_recipe_base_images_by_digest(host, node, profile):
+    if not node.is_head:
+        pytest.skip("the head builds the image")
+    from roles.image.checks import base_record_path
+
+    record = host.file(base_record_path(node, profile))
+    assert record.exists, f"{node.name}: no base-image record {record.path} for {profile.image_ref}"
+    entries = [line.split("\t") for line in record.content_string.splitlines() if line and not line.startswith("#")]
+    assert entries, f"{node.name}: {record.path} lists no base image"
+    for ref, digest, image_id in entries:
+        assert digest == "-" or "@sha256:" in digest, f"{node.name}: {ref}: {digest!r} is not a registry digest"
+        assert image_id.startswith("sha256:"), f"{node.name}: {ref}: image ID {image_id!r}"
+        local = host.run(f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}")
+        assert local.rc == 0 and local.stdout.strip() == image_id, (
+            f"{node.name}: base image {ref} is now {local.stdout.strip() or 'absent'}, the build used {image_id}")
+
+
 def test_the_head_serves_the_profile_model(host, node, profile):
     if not node.is_head:
         pytest.skip("the API is on the head")

@@ -72,8 +72,9 @@ def test_topk_above_one_leaves_the_draft_tokens_free(tmp_path, monkeypatch):
 def test_sglang_vision_off_and_a_drafter_render_their_flags(tmp_path, monkeypatch):
     c = build_cluster(pair())  # before the profiles directory is swapped
     p = load_changed(tmp_path, monkeypatch, QWEN, lambda d: (
-        d.update(vision=False, tool_call_parser="qwen25", reasoning_parser="qwen3", trust_remote_code=True),
-        spec(method="EAGLE3", draft_model="org/drafter")(d)))
+        d.update(vision=False, tool_call_parser="qwen25", reasoning_parser="qwen3", trust_remote_code=True,
+                 model_revision="a" * 40),  # remote code only at a pinned revision
+        spec(method="EAGLE3", draft_model="org/drafter", draft_model_revision="b" * 40)(d)))
     words = engine_args(p, c, c.node("spark-b"))
     assert "--language-model-only" in words and "--enable-multimodal" not in words
     # The drafter is loaded from the local copy roles/weights verified, like the model.

@@ -99,7 +99,7 @@ def test_shipped_profile_is_the_field_report_card():
     assert value("--quantization") == "exl3" and value("--distributed-timeout-seconds") == "1800"
     assert "--limit-mm-per-prompt" not in words  # vision on
     profile = load_profile("glm-5.3-flash-exl3")
-    assert profile.recipe.commit == "493cb88"
+    assert profile.recipe.commit == "493cb88fc69f8ba73ac87404f429d763e2739d89"  # 493cb88, in full
 
 
 def test_rank_env_pins_the_profile_and_the_rank():

@@ -155,7 +155,8 @@ def cluster(**data):
 
 def test_profile_models_are_the_model_then_the_drafter():
     assert profile_models(load_profile("glm-5.3-flash-exl3")) == [
-        ("brandonmusic/GLM-5.3-Flash-tr3-4bpw", "main"), ("incoai/GLM-5.3-Flash-DFlash2", "main")]
+        ("brandonmusic/GLM-5.3-Flash-tr3-4bpw", "5ab363a8dcf6405955fd5f99671e01a1c9fb124b"),
+        ("incoai/GLM-5.3-Flash-DFlash2", "dc77ff1c99eeb2df044ee3d4f0094eb033fee410")]
     assert [m for m, _ in profile_models(load_profile("glm-5.3-flash-exl3-mtp"))] == ["brandonmusic/GLM-5.3-Flash-tr3-4bpw"]
 
 
@@ -174,9 +175,10 @@ def test_directory_and_url_sources_and_the_pull_over_the_fabric():
     c = cluster(weights_source="/srv/models", fanout_bwlimit_kib=1000)
     assert "fetch-dir /srv/models/org/m" in fetch_command(c.head, load_profile("glm-5.3-flash-exl3"), "org/m", "r")
     worker = c.node("spark-b")
-    assert pull_command(c, worker, "org/m").startswith(
+    assert (  # bounded by fanout_rsync_timeout_s (tests/unit/test_timeouts.py)
         "python3 /usr/local/libexec/sparkfleet/sfl_files.py pull rsync://10.77.77.1:873/weights/org/m "
-        "/var/lib/sparkfleet/models/org/m --manifest /var/lib/sparkfleet/models/org/m.manifest --bwlimit 1000")
+        "/var/lib/sparkfleet/models/org/m --manifest /var/lib/sparkfleet/models/org/m.manifest --bwlimit 1000"
+    ) in pull_command(c, worker, "org/m")
 
 
 @pytest.mark.parametrize("source", ["s3://bucket/models", "models/relative", "ftp://x", ""])
