@@ -19,7 +19,7 @@ help:
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
-	@echo "make rollback [INVENTORY=...]  serve the previous recipe commit again, no rebuild"
+	@echo "make rollback [INVENTORY=...]  back to the recipe commit that served last, no rebuild"
 
 # The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
 install: $(VENV)/.installed
@@ -61,7 +61,7 @@ config: install
 doctor: install
 	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) doctor.py
 
-# The previous recipe commit's image and units, for this run; data still names the newer commit.
+# The commit that served last (the head's history), for this run only; data still names the newer one.
 rollback: install
 	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) rollback.py
 

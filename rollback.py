@@ -1,8 +1,9 @@
-"""Roll the pair back to the recipe commit it served before: pyinfra inventory.py rollback.py
+"""Roll the pair back to the recipe commit that served last: pyinfra inventory.py rollback.py
 
-Reads the served-commit history on the head, then runs the normal deploy with that commit for
-this run only. Every node kept the previous image, so nothing is rebuilt or pulled; the units are
-re-rendered and the pair restarts worker-first.
+Reads the head's history of what the pair attempted and served (roles/serving/history.py) and runs
+the normal deploy, for this run only, with the commit that served last other than the one data
+names (after a failed upgrade: the one serving before it). Every node kept that image, so nothing
+is rebuilt or pulled; the units are re-rendered and the pair restarts worker-first when they changed.
 """
 from pyinfra import local, state
 

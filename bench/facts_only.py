@@ -18,6 +18,7 @@ from roles.preflight.facts import NodeFacts
 from roles.serving.checks import unit_path
 from roles.serving.engine import env_file_path, unit_name
 from roles.serving.facts import HeadHealth, UnitState
+from roles.serving.history import RecipeHistory, history_file
 from roles.serving.schema import node_profile
 from roles.weights.checks import model_dir, profile_models
 from roles.weights.facts import ModelCopy
@@ -51,4 +52,5 @@ if node.is_head:
     host.get_fact(Which, command="docker-registry")
     host.get_fact(RecipeCheckout, path=recipe_dir(node, profile))
     host.get_fact(DeployedCommits, path=history_path(node, profile))
+    host.get_fact(RecipeHistory, path=history_file(node, profile), deployed=history_path(node, profile))
     host.get_fact(HeadHealth, port=profile.port)

@@ -1,37 +1,38 @@
-"""Rollback: serve the previous recipe commit again, from the images every node kept, no rebuild.
+"""Rollback: serve the commit that served last again, from the images every node kept, no rebuild.
 
-Used by rollback.py (a deploy file): before any role builds the cluster model, it reads the
-served-commit history on the head and overrides serving_recipe_commit on every host for this
-run only. Data still names the newer commit: a plain deploy afterwards rolls forward again, so
-the printed message says to pin the previous commit in data to keep it.
+Used by rollback.py (a deploy file): before any role builds the cluster model, it reads the head's
+history of what the pair attempted and served (roles/serving/history.py) and overrides
+serving_recipe_commit on every host for this run only, with the commit that served last other than
+the one data names: after a failed upgrade to v2 (never served), v1; after v2 served, v1 too. Data
+still names the newer commit: a plain deploy afterwards rolls forward again, so the printed message
+says what to set in data to stay.
 """
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.image.facts import DeployedCommits
-from roles.serving.schema import load_profile
+from roles.serving.history import RecipeHistory, deployed_file, history_file, rollback_message, rollback_target
+from roles.serving.schema import node_profile
+from sparkfleet.config import build_cluster
 from sparkfleet.once import active_hosts, once_per_run
 
 
 def _override_with_previous(state) -> str:
     hosts = active_hosts(state)
-    head = next((h for h in hosts if h.data.get("rank") == 0), None)
-    if head is None:
+    head_host = next((h for h in hosts if h.data.get("rank") == 0), None)
+    if head_host is None:
         raise DeployError("rollback: the head (rank 0) is not among the hosts of this run")
-    data = head.data
-    profile = load_profile(data.get("serving_profile", "glm-5.3-flash-exl3"))
-    data_dir = data.get("preflight_data_dir", "/var/lib/sparkfleet")
-    history = head.get_fact(DeployedCommits, path=f"{data_dir}/recipes/{profile.name}.deployed")
-    if len(history) < 2:
-        raise DeployError(f"rollback: {head.name} has served {len(history)} recipe commit(s) of {profile.name}; nothing to roll back to")
-    current, previous = history[-1], history[-2]
+    # The model as data says, not cached on the state (cluster_from_state): the override below
+    # must be what every role reads.
+    cluster = build_cluster((h.name, h.data.dict()) for h in state.inventory)
+    head = cluster.node(head_host.name)
+    profile = node_profile(head)
+    path = history_file(head, profile)
+    events = head_host.get_fact(RecipeHistory, path=path, deployed=deployed_file(head, profile))
+    choice = rollback_target(events, profile.recipe.commit, head.name, profile.name, path)
     for h in hosts:
-        h.data.serving_recipe_commit = previous  # this run only (pyinfra override data)
-    logger.info(
-        f"--> sparkfleet rollback: {profile.name} recipe {current} -> {previous} (images kept, no rebuild). "
-        f"To stay there, set serving_recipe_commit = \"{previous}\" in data; a plain deploy rolls forward."
-    )
-    return previous
+        h.data.serving_recipe_commit = choice.target  # this run only (pyinfra override data)
+    logger.info(rollback_message(choice, profile.name, profile.image))
+    return choice.target
 
 
 def override_with_previous(state) -> str:

@@ -17,6 +17,7 @@ from pyinfra import logger
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
+from roles.fanout.commands import rsync_pull_command
 from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState, is_generation
@@ -246,29 +247,100 @@ def _prewarm(nodes: _Nodes, profile) -> None:
             nodes.run(node.name, f"docker stop --time=30 {PREWARM_CONTAINER} >/dev/null 2>&1; docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping the prewarm container", check=False)
 
 
-def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
-    """Operation body, on the head: link every node to the image's generation, prewarm when it was
-    never warmed, give every rank the union, write and compare the manifests, drop old generations."""
-    from pyinfra import host, state
+def unit_state_command(unit: str) -> str:
+    """`<is-active> <is-enabled>` of a production unit (`inactive` alone when it does not exist)."""
+    u = shlex.quote(f"{unit}.service")
+    return f"echo $(systemctl is-active {u} 2>/dev/null) $(systemctl is-enabled {u} 2>/dev/null)"
 
-    nodes = _Nodes(state)
-    cluster = nodes.cluster
-    profile = node_profile(cluster.head)
-    image_id = nodes.cache_state(cluster.head, profile.image_ref)["image"]
-    gen = generation(image_id)
-    if gen is None:
-        raise DeployError(f"{cluster.head.name}: image {profile.image_ref} is missing; nothing to key the kernel cache by")
-    subdirs = " ".join(sorted(set(cache_vars(profile.engine).values())))  # this engine's caches only
-    for node in cluster.nodes:
-        root = shlex.quote(node.kernel_cache_dir)
-        nodes.run(
-            node.name,
-            f"cd {root} && for d in {subdirs}; do mkdir -p {gen}/$d; done && ln -sfn {gen} current && touch {gen}",
-            f"linking the kernel cache to generation {gen}",
+
+def units_to_restore(states: dict[str, str]) -> set[str]:
+    """Nodes whose production unit comes back after a failed prewarm: those active (or starting)
+    before the prewarm stopped them, and the enabled ones. `states`: node -> unit_state_command."""
+    out = set()
+    for name, line in states.items():
+        words = line.split() + ["", ""]
+        if words[0] in ("active", "activating", "reloading") or words[1] == "enabled":
+            out.add(name)
+    return out
+
+
+def commit_of(image: str) -> str | None:
+    """The recipe commit an image reference is tagged with (<image>:<commit>), or None."""
+    tag = image.rpartition(":")[2]
+    return tag if len(tag) >= 7 and all(c in "0123456789abcdef" for c in tag) else None
+
+
+def prewarm_failure_message(failure: str, restored: str | None, problem: str | None) -> str:
+    """What a failed prewarm leaves: the failure, then whether the previous production serves again."""
+    if restored:
+        return (
+            f"{failure}\nThe previous production is serving again: {restored}. Nothing was lost: "
+            f"fix the cause and re-deploy (the new generation is warmed from the start), or `make rollback` "
+            f"to stay on the commit that served last."
         )
-    if prewarm:
-        logger.info(f"    [{host.name}] prewarm of generation {gen} ({profile.image_ref})")
-        _prewarm(nodes, profile)
+    return (
+        f"{failure}\nRestarting the previous production failed too: {problem}\nThe pair is NOT serving. "
+        f"Re-deploy (or `make rollback`) to bring it back."
+    )
+
+
+def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, str | None],
+                        restore: set[str], history: str) -> tuple[str | None, str | None]:
+    """After a failed prewarm (its containers stopped): every node's 'current' linked back to the
+    generation production used, the production units that were active or are enabled restarted
+    workers first (each container running), then the head, and /health awaited. Returns (what serves
+    again, None) or (None, what failed)."""
+    from roles.serving.api_key import curl_config as key_curl, key_file
+    from roles.serving.checks import wait_for_health
+    from roles.serving.history import record_command
+
+    cluster = nodes.cluster
+    head = cluster.head
+    try:
+        for node in cluster.nodes:
+            old = previous.get(node.name)
+            if old and old != gen:
+                nodes.run(node.name, f"cd {shlex.quote(node.kernel_cache_dir)} && ln -sfn {shlex.quote(old)} current",
+                          f"linking the kernel cache back to generation {old}")
+        if head.name not in restore:
+            return None, (f"no production unit was active or enabled on {head.name} before the prewarm "
+                          f"(a first deploy?): nothing to restart")
+        for node in cluster.workers:  # workers first, each one's container running
+            if node.name not in restore:
+                continue
+            unit = unit_name(node)
+            nodes.run(node.name, f"systemctl restart {unit}.service", f"restarting {unit}")
+            deadline = time.monotonic() + 120
+            while nodes.run(node.name, f"docker inspect --format '{{{{.State.Status}}}}' {unit} 2>/dev/null || true",
+                            "inspect", check=False).strip() != "running":
+                if time.monotonic() > deadline:
+                    raise DeployError(f"{node.name}: {unit} container not running 120 s after its restart")
+                time.sleep(2)
+        nodes.run(head.name, f"systemctl restart {unit_name(head)}.service", f"restarting {unit_name(head)}")
+        wait_for_health(
+            unit=unit_name(head), port=profile.port, timeout_s=head.serving_health_timeout_s,
+            endpoint=f"http://{head.management_address}:{profile.port}/v1", max_model_len=profile.max_model_len,
+            curl_config=key_curl(head), key_file=key_file(head),
+        )
+    except DeployError as exc:
+        return None, str(exc)
+    image = nodes.run(head.name, f"docker inspect --format '{{{{.Config.Image}}}}' {unit_name(head)}", "inspect",
+                      check=False).strip()
+    commit = commit_of(image)
+    if commit:
+        nodes.run(head.name, record_command(history, "served", commit), "recording the served commit", check=False)
+    links = sorted({previous.get(n.name) or "none" for n in cluster.nodes})
+    restarted = " then ".join(n.name for n in (*cluster.workers, head) if n.name in restore)
+    return (f"{image or 'its image'}" + (f" (recipe {commit})" if commit else "")
+            + f" on kernel-cache generation {', '.join(links)}; restarted {restarted}; /health 200"), None
+
+
+def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
+    """Every rank gets the union of the generation's files; each writes its manifest, which must
+    equal the head's. Returns the number of files."""
+    from pyinfra import host
+
+    cluster = nodes.cluster
     head = cluster.head
 
     def url(node):
@@ -276,9 +348,13 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
 
     # Union: the head takes what only a worker compiled, then every worker takes the head's whole set.
     for worker in cluster.workers:
-        nodes.run(head.name, f"rsync -a --ignore-existing {url(worker)} {shlex.quote(head.kernel_cache_dir)}/{gen}/", f"pulling {worker.name}'s cache")
+        step = f"Pull {worker.name}'s kernel cache {gen} onto {head.name}"  # bounded: fanout_rsync_timeout_s
+        nodes.run(head.name, rsync_pull_command(head, url(worker), f"{head.kernel_cache_dir}/{gen}/", step, "--ignore-existing"),
+                  f"pulling {worker.name}'s cache")
     for worker in cluster.workers:
-        nodes.run(worker.name, f"rsync -a {url(head)} {shlex.quote(worker.kernel_cache_dir)}/{gen}/", "pulling the head's cache")
+        step = f"Pull {head.name}'s kernel cache {gen} onto {worker.name}"
+        nodes.run(worker.name, rsync_pull_command(worker, url(head), f"{worker.kernel_cache_dir}/{gen}/", step),
+                  "pulling the head's cache")
     manifests = {}
     for node in (head, *cluster.workers):
         root = node.kernel_cache_dir
@@ -308,6 +384,66 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
         )
     files = len(parse_manifest(manifests[head.name])[1])
     logger.info(f"    [{host.name}] kernel caches of {gen}: {files} files, identical on {len(manifests)} ranks")
+    return files
+
+
+def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
+    """Operation body, on the head: link every node to the image's generation, prewarm when it was
+    never warmed, give every rank the union, write and compare the manifests, drop old generations.
+    When a prewarm, or the merge after it, fails, the previous production comes back (its cache link,
+    its units, /health awaited) and a generation directory this run created is removed."""
+    from pyinfra import host, state
+
+    nodes = _Nodes(state)
+    cluster = nodes.cluster
+    profile = node_profile(cluster.head)
+    image_id = nodes.cache_state(cluster.head, profile.image_ref)["image"]
+    gen = generation(image_id)
+    if gen is None:
+        raise DeployError(f"{cluster.head.name}: image {profile.image_ref} is missing; nothing to key the kernel cache by")
+    subdirs = " ".join(sorted(set(cache_vars(profile.engine).values())))  # this engine's caches only
+    # What production used before, to return to when the prewarm fails: its 'current', whether the
+    # new generation's directory existed (removed again if this run made it), its units.
+    previous, created = {}, []
+    if prewarm:
+        for node in cluster.nodes:
+            root = shlex.quote(node.kernel_cache_dir)
+            link, _, there = nodes.run(
+                node.name, f"echo \"$(readlink {root}/current)|$([ -d {root}/{gen} ] && echo there)\"", "readlink",
+                check=False).strip().partition("|")
+            previous[node.name] = link.strip() or None
+            if there.strip() != "there":
+                created.append(node)
+    for node in cluster.nodes:
+        root = shlex.quote(node.kernel_cache_dir)
+        nodes.run(
+            node.name,
+            f"cd {root} && for d in {subdirs}; do mkdir -p {gen}/$d; done && ln -sfn {gen} current && touch {gen}",
+            f"linking the kernel cache to generation {gen}",
+        )
+    if not prewarm:
+        _merge(nodes, profile, gen, image_id)
+    else:
+        from roles.serving.history import history_file, record_command
+
+        logger.info(f"    [{host.name}] prewarm of generation {gen} ({profile.image_ref})")
+        history, commit = history_file(cluster.head, profile), profile.recipe.commit
+        units = {n.name: nodes.run(n.name, unit_state_command(unit_name(n)), "unit state", check=False) for n in cluster.nodes}
+        nodes.run(cluster.head.name, record_command(history, "attempted", commit), "recording the attempted commit")
+        try:
+            _prewarm(nodes, profile)  # its containers are stopped and removed however it ends
+            _merge(nodes, profile, gen, image_id)
+        except Exception as exc:
+            failure = (f"the prewarm of kernel-cache generation {gen} ({profile.image_ref}) failed: "
+                       f"{exc if isinstance(exc, DeployError) else repr(exc)}")
+            logger.error(f"    [{host.name}] {failure.splitlines()[0]}; restoring the previous production")
+            nodes.run(cluster.head.name, record_command(history, "failed", commit), "recording the failure", check=False)
+            restored, problem = _restore_production(nodes, profile, gen, previous, units_to_restore(units), history)
+            for node in created:  # never warmed, never sealed: as before the run (a re-run warms it afresh)
+                root = shlex.quote(node.kernel_cache_dir)
+                nodes.run(node.name, f"cd {root} && [ \"$(readlink current)\" != {gen} ] && rm -rf {gen} {gen}.manifest; true",
+                          "removing the unwarmed generation", check=False)
+            raise DeployError(prewarm_failure_message(failure, restored, problem)) from None
     for node in cluster.nodes:
         old = expire.get(node.name)
         if prewarm:  # new generation: retention is decided now that it exists

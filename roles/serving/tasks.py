@@ -2,6 +2,7 @@
 
 Order when the pair restarts: head stopped, workers restarted, each worker's container running,
 then the head started and its /health awaited (bounded, with progress); the endpoint is printed.
+The head's history (roles/serving/history.py) records the commit attempted, served or failed.
 """
 from io import StringIO
 
@@ -11,9 +12,10 @@ from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.image.checks import history_path
+from roles.kernel_cache.checks import cache_plan
 from roles.serving.api_key import curl_config, key_file
-from roles.image.facts import DeployedCommits
-from roles.serving.checks import pair_state, wait_for_container, wait_for_health
+from roles.serving.checks import pair_state, wait_for_container
+from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
 from roles.serving.engine import unit_name
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
@@ -64,6 +66,12 @@ server.shell(
 # 3. The pair restarts as one: head stopped first, workers started first, head last. Each step is
 # defined on every host (gated by _if) so that pyinfra orders it against the other hosts' steps.
 on_head, restart = node.is_head, pair.restart
+events_file, commit = history_file(node, profile), profile.recipe.commit
+server.shell(
+    name="Record the attempted recipe commit",  # a prewarm recorded it already (roles/kernel_cache)
+    commands=[record_command(events_file, "attempted", commit)],
+    _if=lambda: on_head and restart and not cache_plan(state).prewarm,
+)
 server.shell(
     name="Stop the head (the pair restarts)",
     commands=[f"systemctl stop {unit}.service"],
@@ -87,7 +95,9 @@ server.shell(
 )
 python.call(
     name="Wait for the head's /health",
-    function=wait_for_health,
+    function=wait_then_record,  # roles/serving/checks.py wait_for_health; a failure is recorded
+    history=events_file,
+    commit=commit,
     unit=unit,
     port=profile.port,
     timeout_s=node.serving_health_timeout_s,
@@ -98,15 +108,16 @@ python.call(
     _if=lambda: on_head and (restart or not pair.healthy),
 )
 
-# 4. Once the pair serves: the recipe commit it serves, last in the history (drift and rollback read it).
+# 4. Once the pair serves: the recipe commit it serves, last in .deployed (the drift check reads it)
+#    and a served event in the history (rollback reads it: roles/serving/history.py).
 history = history_path(node, profile)
-commit = profile.recipe.commit
-served = host.get_fact(DeployedCommits, path=history) if on_head else []
+events = host.get_fact(RecipeHistory, path=events_file, deployed=history) if on_head else []
 server.shell(
     name="Record the served recipe commit",
     commands=[
         f"mkdir -p $(dirname {history}) && touch {history}",
         f"sed -i '/^{commit}$/d' {history} && echo {commit} >> {history}",
+        record_command(events_file, "served", commit),
     ],
-    _if=lambda: on_head and (not served or served[-1] != commit),
+    _if=lambda: on_head and (restart or not same_commit(last_served(events), commit)),
 )

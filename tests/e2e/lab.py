@@ -13,7 +13,7 @@ SSH_CONFIG = LAB_STATE / "ssh_config"
 INVENTORY = "lab/inventory.py"
 HOSTS = ("spark-a", "spark-b")
 
-_OP = re.compile(r"^--> Starting operation: (?:\S+ \| )?(?P<name>.*?)\s*$")
+_OP = re.compile(r"^--> Starting operation: (?:\S+ \| )*(?P<name>.*?)\s*$")  # every include prefix off
 _RESULT = re.compile(r"^\s*\[(?P<host>[^\]]+)\] (?P<result>Success|No changes|Error.*)\s*$")
 
 

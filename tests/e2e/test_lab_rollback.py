@@ -1,0 +1,136 @@
+"""Rollback means the last good commit, on the lab: a bump to v2 whose prewarm fails leaves v1
+serving (the kernel caches linked back, the units restarted worker-first, /health awaited) and the
+deploy fails naming the prewarm; `make rollback` (rollback.py) then returns to v1, the commit that
+served last, with nothing rebuilt; after v2 did serve, rollback returns to v1 as well.
+
+Runs alone after `make lab-reset` (its first deploy brings the pair up) or after the other lab
+modules; it leaves the pair serving v1 as the inventory's data says.
+"""
+import pytest
+
+from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, on, run
+
+pytestmark = pytest.mark.lab
+
+COMMITS = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if line.strip())
+V1, V2 = COMMITS["v1"], COMMITS["v2"]
+IMAGE = "sparkfleet/glm-5.3-flash-exl3"
+HISTORY = "/var/lib/sparkfleet/recipes/glm-5.3-flash-exl3.history"
+# v2 flips KV_SLOTMAP_PIN, which nothing pins (test_lab_serving.py covers pinning it): acknowledged,
+# so the rendered files stay v1's and only the commit changes (as in test_lab_recipe_drift.py).
+ACK = ("--data", 'recipe_drift_acknowledged=["KV_SLOTMAP_PIN"]')
+BUMP = ("--data", f"serving_recipe_commit={V2}", *ACK)
+# A legitimate prewarm failure: an environment value the engine refuses, so the new pair exits
+# before it is up (the lab stand-in refuses a SFL_STANDIN_JIT_MS that is not a number).
+ENGINE_EXITS = ("--data", 'serving_env_pins={"SFL_STANDIN_JIT_MS": "soon"}')
+
+
+def rollback(*extra):
+    return run([str(BIN / "pyinfra"), "-y", INVENTORY, "rollback.py", *extra])
+
+
+def models() -> str:
+    return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+
+
+def container_image(host: str, unit: str) -> str:
+    return on(host, f"docker inspect --format '{{{{.Config.Image}}}}' {unit}").strip()
+
+
+def generation_of(host: str, commit: str) -> str:
+    return on(host, f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}:{commit}").strip().removeprefix("sha256:")[:12]
+
+
+def current(host: str) -> str:
+    return on(host, "readlink /var/lib/sparkfleet/kernel-cache/current").strip()
+
+
+def events() -> list[tuple[str, str]]:
+    """(event, commit) of every line of the head's history."""
+    return [tuple(line.split()[1:3]) for line in on("spark-a", f"cat {HISTORY} 2>/dev/null || true").splitlines()]
+
+
+def serves(commit: str) -> None:
+    assert container_image("spark-a", "sparkfleet-head") == f"{IMAGE}:{commit}"
+    assert container_image("spark-b", "sparkfleet-worker") == f"{IMAGE}:{commit}"
+    for host, unit in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker")):
+        assert on(host, f"systemctl is-active {unit}").strip() == "active"
+        assert current(host) == generation_of(host, commit)
+    assert '"id": "glm-5.3-flash"' in models()
+
+
+def remove_v2_images():
+    for host in ("spark-a", "spark-b"):
+        on(host, f"docker image rm {IMAGE}:{V2} 198.19.77.1:5000/{IMAGE}:{V2} >/dev/null 2>&1 || true")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serving_v1():
+    first = deploy(*ACK)  # from a lab left on v2, v2 -> v1 is a bump (KV_SLOTMAP_PIN 1 -> 0, acknowledged)
+    assert first.returncode == 0, first.output
+    serves(V1)
+    yield
+    back = deploy(*ACK)
+    assert back.returncode == 0, back.output
+    serves(V1)
+    plain = deploy()
+    assert plain.returncode == 0 and plain.changed() == [], plain.output
+    remove_v2_images()  # test_lab_serving.py builds and ships v2 itself
+
+
+def test_a_failed_prewarm_leaves_v1_serving_and_rollback_stays_there():
+    remove_v2_images()  # a lab used before: v2 is built, shipped and warmed again
+    seen = len(events())
+
+    failed = deploy(*BUMP, *ENGINE_EXITS)
+    assert failed.returncode != 0
+    out = failed.output
+    assert f"the prewarm of kernel-cache generation {generation_of('spark-a', V2)} ({IMAGE}:{V2}) failed" in out, out
+    assert "the prewarm engine stopped" in out, out
+    assert (f"The previous production is serving again: {IMAGE}:{V1} (recipe {V1}) on kernel-cache generation "
+            f"{generation_of('spark-a', V1)}; restarted spark-b then spark-a; /health 200") in out, out
+    assert "Traceback" not in out
+    ops = failed.changed()
+    assert (f"Build {IMAGE}:{V2} on the head", "spark-a") in ops
+    assert not [op for op, _ in ops
+                if op.startswith(("Restart", "Start", "Stop", "Record the attempted", "Record the served"))], ops
+    serves(V1)  # both containers on v1's image, 'current' back at v1's generation, the API answers
+    v2_generation = generation_of("spark-a", V2)
+    for host in ("spark-a", "spark-b"):
+        assert on(host, "docker ps -aq --filter name=sparkfleet-prewarm").strip() == ""
+        # The generation the failed run created is gone again (never warmed, never sealed).
+        assert on(host, f"ls -d /var/lib/sparkfleet/kernel-cache/{v2_generation}* 2>/dev/null || true").strip() == ""
+    assert events()[seen:] == [("attempted", V2), ("failed", V2), ("served", V1)]
+
+    # make rollback: data still names v2; the commit that served last other than v2 is v1.
+    back = rollback(*BUMP)
+    assert back.returncode == 0, back.output
+    assert f"recipe {V2} -> {V1}" in back.output
+    # (v2 may have served in this lab before: test_lab_serving.py; then .deployed says so, untimed.)
+    assert f"from {V2[:12]} (what data names: last attempted " in back.output and ", last failed " in back.output
+    assert f'set serving_recipe_commit = "{V1}" in data' in back.output
+    assert not [op for op, _ in back.changed() if op.startswith(("Build", "Pull", "Push", "Prewarm", "Restart",
+                                                                   "Start", "Stop"))], back.output
+    serves(V1)
+
+
+def test_after_v2_served_rollback_returns_to_v1():
+    # A re-run of the same bump repairs: v2 (built and shipped by the failed run) is warmed and served.
+    up = deploy(*BUMP)
+    assert up.returncode == 0, up.output
+    assert ("Prewarm and merge the kernel caches", "spark-a") in up.changed()
+    assert not [op for op, _ in up.changed() if op.startswith(("Build", "Pull"))], up.output
+    serves(V2)
+    assert events()[-2:] == [("attempted", V2), ("served", V2)]
+
+    back = rollback(*BUMP)
+    assert back.returncode == 0, back.output
+    assert f"recipe {V2} -> {V1}" in back.output and "last served" in back.output
+    ops = back.changed()
+    assert not [op for op, _ in ops if op.startswith(("Build", "Pull", "Push", "Prewarm"))], back.output
+    assert ("Restart the workers (workers first)", "spark-b") in ops
+    serves(V1)
+    assert events()[-2:] == [("attempted", V1), ("served", V1)]
+    # Once more changes nothing: v1 is still the commit that served last other than the one data names.
+    again = rollback(*BUMP)
+    assert again.returncode == 0 and again.changed() == [], again.output
