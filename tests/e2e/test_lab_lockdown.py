@@ -1,0 +1,178 @@
+"""The locked-down pair seen from outside, in the lab: a third machine on the management network
+(a network namespace on the lab's bridge, not a node) gets 401 without the key and 200 with it,
+and cannot reach the fabric's services even through a route to a fabric address via a node, while
+the peer node reaches them and a re-deploy still ships images and weights over the fabric. A
+weights source whose manifest names '../' is refused with nothing written outside the model
+directory, and an abbreviated recipe commit is refused naming the full SHA the head resolved.
+
+Runs on any deployed lab, or alone after `make lab-reset` (the module's first deploy brings the pair up).
+"""
+import hashlib
+import http.server
+import json
+import socketserver
+import subprocess
+import threading
+import time
+
+import pytest
+
+from roles.serving.schema import load_profile
+from tests.e2e.lab import REPO, deploy, on
+
+pytestmark = pytest.mark.lab
+
+PROFILE = load_profile("glm-5.3-flash-exl3")
+COMMITS = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if line.strip())
+IMAGE = f"sparkfleet/glm-5.3-flash-exl3:{COMMITS['v1']}"
+NETNS, OUTSIDE_IP = "sfl-lan", "198.18.0.50"
+HEAD_MGMT, HEAD_FABRIC, PEER_FABRIC_NET = "198.18.0.11", "198.19.77.1", "198.19.77.0/24"
+# The fabric's services on the head: the image registry, the rsync daemon, the engine's rendezvous.
+FABRIC_PORTS = {"registry": 5000, "rsync": 873, "rendezvous": PROFILE.master_port}
+APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
+
+
+def sh(command: str, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"`{command}` failed ({result.returncode}): {result.stdout}{result.stderr}")
+    return result
+
+
+def outside(command: str, check=False) -> subprocess.CompletedProcess:
+    """A command on the third machine (the namespace on the management bridge)."""
+    return sh(f"ip netns exec {NETNS} {command}", check=check)
+
+
+def reaches(ip: str, port: int) -> bool:
+    """Whether the third machine opens a TCP connection to ip:port."""
+    return outside(f"timeout 4 bash -c 'exec 3<>/dev/tcp/{ip}/{port}'").returncode == 0
+
+
+def peer_reaches(ip: str, port: int) -> bool:
+    return on("spark-b", f"timeout 4 bash -c 'exec 3<>/dev/tcp/{ip}/{port}' && echo open || echo closed",
+              check=False).strip() == "open"
+
+
+def http_code(extra: str = "") -> str:
+    out = outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' {extra} http://{HEAD_MGMT}:{PROFILE.port}/v1/models")
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serving_pair():
+    run = deploy()
+    assert run.returncode == 0, run.output
+    yield
+
+
+@pytest.fixture(scope="module")
+def third_machine():
+    """A network namespace with one leg on the lab's management bridge, like a laptop on the office LAN."""
+    sh(f"ip netns del {NETNS} 2>/dev/null; ip link del sfl-lan-br 2>/dev/null; true")
+    sh(f"ip netns add {NETNS} && ip link add sfl-lan-br type veth peer name sfl-lan0 && "
+       f"ip link set sfl-lan0 netns {NETNS} && ip link set sfl-lan-br master sfl-mgmt0 up && "
+       f"ip -n {NETNS} addr add {OUTSIDE_IP}/24 dev sfl-lan0 && ip -n {NETNS} link set sfl-lan0 up && "
+       f"ip -n {NETNS} link set lo up")
+    deadline = time.monotonic() + 20
+    while outside(f"ping -c1 -W1 {HEAD_MGMT}").returncode != 0:
+        assert time.monotonic() < deadline, "the third machine cannot reach spark-a's management address"
+    yield
+    sh(f"ip netns del {NETNS}; ip link del sfl-lan-br 2>/dev/null; true", check=False)
+
+
+def test_from_the_management_network_the_api_wants_the_key(third_machine, tmp_path):
+    assert http_code() == "401"
+    key = on("spark-a", "cat /etc/sparkfleet/api-key").strip()
+    config = tmp_path / "curl.cfg"
+    config.touch(mode=0o600)
+    config.write_text(f'header = "Authorization: Bearer {key}"\n')
+    assert http_code(f"-K {config}") == "200"
+    assert http_code("-H 'Authorization: Bearer not-the-key'") == "401"
+
+
+def test_a_route_to_the_fabric_through_a_node_reaches_none_of_the_fabrics_services(third_machine):
+    outside(f"ip route replace {PEER_FABRIC_NET} via {HEAD_MGMT}", check=True)
+    try:
+        # Control: without sparkfleet's table, Linux answers its fabric address on the management
+        # interface: the route really leads to the registry (the hole the firewall closes).
+        on("spark-a", "nft delete table inet sparkfleet")
+        assert reaches(HEAD_FABRIC, FABRIC_PORTS["registry"]), "control: the route does not reach the registry"
+        run = deploy()
+        assert run.returncode == 0, run.output
+        assert (APPLY, "spark-a") in run.changed()
+        open_outside = {name: port for name, port in FABRIC_PORTS.items() if reaches(HEAD_FABRIC, port)}
+        assert open_outside == {}, f"reachable from the management network through spark-a: {open_outside}"
+        # The peer node still reaches every one of them over the fabric.
+        closed_to_peer = {name: port for name, port in FABRIC_PORTS.items() if not peer_reaches(HEAD_FABRIC, port)}
+        assert closed_to_peer == {}, f"spark-b cannot reach over the fabric: {closed_to_peer}"
+    finally:
+        outside(f"ip route del {PEER_FABRIC_NET}")
+
+
+def test_a_redeploy_still_ships_images_and_weights_over_the_fabric_and_then_changes_nothing():
+    model_dir = f"/var/lib/sparkfleet/models/{PROFILE.model}"
+    victim = on("spark-b", f"cd {model_dir} && find . -type f -name '*.safetensors' | sort | head -1").strip()
+    assert victim, "no weights file on spark-b"
+    on("spark-b", f"docker image rm -f {IMAGE} 198.19.77.1:5000/{IMAGE} >/dev/null; rm -f {model_dir}/{victim}")
+    run = deploy()
+    assert run.returncode == 0, run.output
+    changed = run.changed()
+    assert (f"Pull {IMAGE} from the head", "spark-b") in changed, changed
+    assert (f"Send {PROFILE.model} to the workers over the fabric", "spark-b") in changed, changed
+    assert on("spark-b", f"test -f {model_dir}/{victim} && echo back").strip() == "back"
+    again = deploy()
+    assert again.returncode == 0 and again.changed() == [], again.output
+    assert "--> sparkfleet firewall" in again.output
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hostile_weights_source(tmp_path):
+    """An HTTP weights source on the bridge whose manifest for the profile's model names '../'."""
+    root = tmp_path / "source"
+    model = root / PROFILE.model
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}\n")
+    payload = b"planted\n"
+    sha, config_sha = hashlib.sha256(payload).hexdigest(), hashlib.sha256(b"{}\n").hexdigest()
+    (root / f"{PROFILE.model}.manifest").write_text(
+        "# sparkfleet weights manifest v1\n"
+        f"{config_sha}\t3\tconfig.json\n"
+        f"{sha}\t{len(payload)}\t../../../../etc/sparkfleet-planted\n"
+    )
+    handler = lambda *a, **kw: _Quiet(*a, directory=str(root), **kw)  # noqa: E731
+    server = socketserver.ThreadingTCPServer(("198.18.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://198.18.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_manifest_line_leaving_the_model_directory_is_refused_and_nothing_is_written(hostile_weights_source):
+    model_dir = f"/var/lib/sparkfleet/models/{PROFILE.model}"
+    before = on("spark-a", f"cd {model_dir} && find . -type f -printf '%p %s %T@\\n' | sort")
+    run = deploy("--data", f"weights_source={hostile_weights_source}")
+    assert run.returncode != 0
+    assert "manifest line 3: '..' in the path: '../../../../etc/sparkfleet-planted'" in run.output, run.output
+    assert "refused, nothing was written" in run.output
+    assert on("spark-a", "test -e /etc/sparkfleet-planted && echo planted || echo absent").strip() == "absent"
+    assert on("spark-a", f"cd {model_dir} && find . -type f -printf '%p %s %T@\\n' | sort") == before
+    assert on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    back = deploy()
+    assert back.returncode == 0 and back.changed() == [], back.output
+
+
+def test_an_abbreviated_recipe_commit_is_refused_naming_the_full_sha_before_any_change():
+    full = COMMITS["v1"]
+    run = deploy("--data", f"serving_recipe_commit={full[:7]}")
+    assert run.returncode != 0
+    assert f"key 'serving_recipe_commit' = '{full[:7]}' is an abbreviated commit" in run.output, run.output
+    assert f'serving_recipe_commit = "{full}" (resolved on spark-a)' in run.output
+    assert run.changed() == []
+    assert json.loads(on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models"))
