@@ -4,6 +4,8 @@ and a recipe bump that rebuilds once, ships only new layers over the fabric, res
 Runs after test_lab_fabric.py (same lab, pair already deployed by it).
 """
 
+import secrets
+
 import pytest
 
 from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, state_checks
@@ -48,13 +50,19 @@ def test_the_api_needs_the_key_and_a_new_key_restarts_the_head_with_it():
     assert "Traceback" not in refused.output
     # A new key (the operator rotates it): the head restarts with it; the old one is refused.
     old = on("spark-a", "cat /etc/sparkfleet/api-key").strip()
-    on("spark-a", "printf '%s\\n' rotated-key-0123456789abcdef > /etc/sparkfleet/api-key")
+    new = f"rotated-key-{secrets.token_hex(12)}"  # new on every run, on a lab used before too
+    on("spark-a", f"printf '%s\\n' {new} > /etc/sparkfleet/api-key")
     run = deploy()
     assert run.returncode == 0, run.output
     assert "the API key is new or changed" in run.output
-    assert old not in run.output and "rotated-key-0123456789abcdef" not in run.output
+    assert old not in run.output and new not in run.output
     assert "/etc/sparkfleet/api-key on spark-a (root-only" in run.output
-    assert code("curl -H 'Authorization: Bearer rotated-key-0123456789abcdef'") == "200"
+    # No more than a rotation needs: the derived key files, then the pair restarted once (a TP pair
+    # restarts as one); nothing built, shipped, fetched, warmed or re-firewalled.
+    ops = run.changed()
+    assert not [op for op, _ in ops if op.startswith(("Build", "Pull", "Push", "Fetch", "Send", "Prewarm", "Apply"))], ops
+    assert [h for op, h in ops if op == "Start the head (every worker is up)"] == ["spark-a"], ops
+    assert code(f"curl -H 'Authorization: Bearer {new}'") == "200"
     assert code(f"curl -H 'Authorization: Bearer {old}'") == "401"
 
 
