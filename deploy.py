@@ -15,6 +15,9 @@ with refusals_stop_the_run():
     #    headroom, refused settings, the drafter license.
     local.include("roles/guards/tasks.py")
 
+    # 2b. Host settings a pair needs to stay up (logind's RemoveIPC), each a file, applied on change.
+    local.include("roles/host/tasks.py")
+
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")
 

@@ -21,6 +21,7 @@ from roles.fabric.schema import JUMBO_MTU, FabricData
 from roles.fanout.schema import FanoutData
 from roles.firewall.schema import FirewallData
 from roles.guards.schema import GuardsData
+from roles.host.schema import HostData
 from roles.image.schema import ImageData
 from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
@@ -45,8 +46,8 @@ class ConfigError(Refusal):
         super().__init__(title, problems, footer)
 
 
-class NodeConfig(FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData, GuardsData, ServingData, DockerData, FabricData,
-                 PreflightData):
+class NodeConfig(FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData, GuardsData, ServingData, DockerData,
+                 HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.

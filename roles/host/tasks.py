@@ -1,0 +1,30 @@
+"""roles/host: host settings every node needs for a pair to stay up, each a file the deploy writes
+(templates/ mirrors the target path) and a state test checks; applied only when the file changes."""
+from io import StringIO
+
+from pyinfra import host, state
+from pyinfra.operations import files, server
+
+from roles.host.schema import LOGIND_DROP_IN
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.render import render
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+
+# 1. logind keeps the engines' IPC across SSH logouts (RemoveIPC=no); logind reads it when it restarts.
+files.directory(name="Create /etc/systemd/logind.conf.d", path="/etc/systemd/logind.conf.d", mode="0755")
+logind = files.put(
+    name=f"Write {LOGIND_DROP_IN} (RemoveIPC)",
+    src=StringIO(render("host", LOGIND_DROP_IN, node=node)),
+    dest=LOGIND_DROP_IN,
+    user="root",
+    group="root",
+    mode="0644",
+)
+# try-restart: logind restarts in place (sessions survive it since systemd 230); not started if absent.
+server.shell(
+    name="Restart systemd-logind (its drop-in changed)",
+    commands=["systemctl try-restart systemd-logind.service"],
+    _if=logind.did_change,
+)
