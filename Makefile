@@ -26,6 +26,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
 	@$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	@command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync; }  # tests/unit/test_watchdog.py
 	$(BIN)/pip install -q --disable-pip-version-check -e .
 	@touch $@
 

@@ -1,0 +1,58 @@
+"""The JSON config each node's sfl_watch.py reads (/etc/sparkfleet/watchdog.json): a pure function of
+the cluster, the node, the served profile and the watchdog data, so a test renders what a deploy writes.
+
+Not called by the deploy yet. `wd` is anything with the watchdog_* keys of roles/watchdog/schema.py
+(a WatchdogData today; the node itself once NodeConfig includes WatchdogData).
+"""
+import json
+
+from roles.serving.api_key import key_file
+from roles.serving.engine import unit_name
+from roles.watchdog.schema import RSYNC_MODULE, WATCH_UNIT
+
+
+def state_source(node, wd) -> str:
+    """Where the peers read `node`'s watchdog state: its fabric rsync daemon, module watchdog."""
+    return f"rsync://{node.fabric_ip}:{node.fanout_rsync_port}/{RSYNC_MODULE}/state.json"
+
+
+def watch_config(cluster, node, profile, wd) -> dict:
+    config = {
+        "role": "head" if node.is_head else "worker",
+        "node": node.name,
+        "unit": unit_name(node),
+        "container": unit_name(node),  # the unit runs `docker run --name <unit>`
+        "state_dir": wd.watchdog_state_dir,
+        "interval_s": wd.watchdog_interval_s,
+        "follow_interval_s": wd.watchdog_follow_interval_s,
+        "probe_timeout_s": wd.watchdog_probe_timeout_s,
+        "failures_before_restart": wd.watchdog_failures_before_restart,
+        "max_restarts": wd.watchdog_max_restarts,
+        "window_s": wd.watchdog_window_s,
+        "backoff_s": wd.watchdog_backoff_s,
+        "startup_grace_s": wd.watchdog_startup_grace_s,
+        # A cold start, as the deploy waits for it (roles/serving/checks.py wait_for_health).
+        "ready_timeout_s": node.serving_health_timeout_s,
+        # systemctl stop/restart waits for docker stop (stop_timeout_s, then SIGKILL): the unit's
+        # TimeoutStopSec is stop_timeout_s + 30 (templates/serving_unit.j2).
+        "stop_timeout_s": profile.container.stop_timeout_s + 60,
+        # rsync's own --timeout/--contimeout for a peer's state (a few hundred bytes).
+        "rsync_timeout_s": 10,
+    }
+    if node.is_head:
+        config.update(
+            port=profile.port,
+            model=profile.api_model_name,
+            key_file=key_file(node),
+            workers=[{"name": w.name, "state": state_source(w, wd)} for w in cluster.workers],
+        )
+    else:
+        config["head"] = {"name": cluster.head.name, "state": state_source(cluster.head, wd)}
+    return config
+
+
+def watch_config_text(cluster, node, profile, wd) -> str:
+    return json.dumps(watch_config(cluster, node, profile, wd), indent=1, sort_keys=True) + "\n"
+
+
+UNIT_PATH = f"/etc/systemd/system/{WATCH_UNIT}.service"

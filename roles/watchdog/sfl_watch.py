@@ -1,0 +1,1069 @@
+#!/usr/bin/env python3
+"""sparkfleet's watchdog: keeps the serving pair serving, unattended. Python 3 standard library only
+(it runs on DGX OS); installed as /usr/local/libexec/sparkfleet/sfl_watch.py and run on every node by
+sparkfleet-watchdog.service, from one JSON config file written by the deploy.
+
+  sfl_watch.py run CONFIG      the node's loop: the head's (probe, restart the pair) or a worker's (follow)
+  sfl_watch.py probe CONFIG    run the probe once; print 'ok: ...' or 'failed: <reason>'; exit 0 or 1
+  sfl_watch.py status CONFIG   print the node's state (JSON), then one line 'verdict: ok|fail: ...';
+                               exit 0 when the verdict is ok, 1 otherwise
+Exit codes: 0 ok, 1 not ok, 2 usage or config error.
+
+Design
+------
+Liveness means serving. The probe (head only) passes when all of these hold:
+  (a) the head's container is running and not paused, and no process of it (its main process or any
+      descendant: the engine runs under the container's init) is stopped (state T in /proc/<pid>/stat:
+      a SIGSTOPped rank blocks every request while /health stays 200);
+  (b) a real request succeeds: POST http://127.0.0.1:<port>/v1/completions
+      {"model": <served name>, "prompt": "ping", "max_tokens": 1} with "Authorization: Bearer <key>",
+      the key read from the root-only key file at each probe (urllib in this process: the key is never
+      on a command line, in an environment, in the journal or in a state file), answered 200 with a
+      choice within probe_timeout_s (a hard bound on the whole request); its latency is recorded;
+  (c) every worker's state is fresh and says its container is running with no process stopped.
+/health is never asked: it stays 200 through the hangs this watchdog exists for. A worker's state
+that is stale or unreadable while the completion passes fails the probe (status and doctor say the
+watchdog is blind) but never restarts the pair: a restart could not be done in order without it.
+
+How ranks learn that the pair must restart, with no SSH between nodes and no new network daemon:
+each node's watchdog writes its own state, atomically, to <state_dir>/state.json; the read-only
+rsync daemon every node already runs on its fabric address (roles/fanout, peers only) serves that
+directory as module `watchdog`; a node reads a peer's state with
+  rsync --timeout=N --contimeout=N rsync://<peer fabric ip>:<port>/watchdog/state.json <tmp file>
+(a peer's state source may also be a local path, for tests). Nothing is ever pushed. The head
+drives, the workers follow:
+  * The head's state carries `generation` (a counter of pair restarts) and `want`
+    (serving | restarting | stopped, with `gave_up: {at, reason}` when stopped).
+  * Each worker's state carries its container's state and `handled_generation`, the last generation
+    it acted on, and a `seq` that grows with every write. The head judges a worker's freshness by
+    that seq advancing (on the head's own monotonic clock, so clock skew between nodes does not
+    matter); the one-shot `probe` command, which sees one snapshot, uses the worker's wall-clock
+    `updated` instead (nodes keep NTP time).
+
+The head's loop, every interval_s: run the probe. Within startup_grace_s of the head unit's start
+(systemd's InactiveExitTimestampMonotonic: a cold start takes minutes) a failure is not judged,
+unless a container is not running, a process is stopped, or a rank's container restarted on its own
+(below). failures_before_restart consecutive judged failures restart the pair as one, in the
+deploy's order:
+  1. stop the head unit;
+  2. generation += 1, want = restarting (written to the head's state);
+  3. wait (bounded) until every worker's state shows handled_generation == generation and its
+     container running; a worker that does not get there fails the attempt and the head stays
+     stopped (a head started beside a worker that never came up cannot serve);
+  4. start the head unit, want = serving;
+  5. wait (bounded: ready_timeout_s, a cold start) for the probe to pass; log how long it all took.
+Backoff: the k-th restart within window_s waits backoff_s * 2**(k-1) after the previous one ended
+(the probe keeps running meanwhile; a pass cancels the restart). Once max_restarts restarts fell
+within window_s and the probe still fails, the head gives up: it stops the head unit, sets
+want = stopped and gave_up = {at, reason}, and says so in the journal; the workers stop their units.
+It keeps probing without restarting, and clears gave_up (and the restart count) as soon as the probe
+passes again (someone deployed a fix). A restart interrupted by the watchdog's own stop
+(want = restarting in its state when it starts) is resumed from step 3.
+A rank restarted alone (its container's start time or pid changed without a pair restart by this
+watchdog, e.g. systemd's Restart=on-failure after an engine exited) leaves its peer orphaned: a vLLM
+headless worker cannot rejoin a restarted head. Such a pair gets no start-up grace: a failing probe
+is judged at once, and the pair restarted as one (a probe that passes forgives it: the ranks
+rejoined). The containers seen running when the watchdog starts are its baseline (kept in memory).
+A deploy restarts the pair itself: it stops sparkfleet-watchdog on every node first and starts it
+again after, so that the watchdog never acts on a pair the deploy is changing.
+
+A worker's loop, every follow_interval_s: read the head's state, then
+  * want == restarting and generation != handled_generation: `systemctl restart` its unit, wait
+    (bounded) for its container to run, set handled_generation = generation;
+  * otherwise generation != handled_generation (the head's state was reset, this worker's state is
+    new, or it missed a restart the head finished): adopt the head's generation without restarting;
+  * want == stopped: stop its unit, once per give-up (gave_up.at remembered as handled_stop);
+  * the head's state unreachable: do nothing but log (rate-limited);
+and always write its own state (updated, seq, container running | absent | <docker status>, the
+stopped processes if any).
+
+Journal: every decision is one line on stdout (journald), prefixed 'sparkfleet-watchdog:', e.g.
+  sparkfleet-watchdog: probe failed 2/2 (completion timed out after 30 s); restarting the pair (restart 1 of 3 in 7200 s)
+and state.json keeps the last 20 actions with their times (for make status / make doctor).
+External commands (systemctl, docker, rsync) run through one runner with a timeout each; their
+names come from the config's `commands`.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+PREFIX = "sparkfleet-watchdog"
+ACTIONS_KEPT = 20
+STATE_FILE = "state.json"
+
+DEFAULTS = {
+    "node": None,  # this node's name (default: the host name)
+    "interval_s": 30.0,  # head: seconds between probes
+    "follow_interval_s": 5.0,  # worker: seconds between reads of the head's state
+    "probe_timeout_s": 30.0,  # bound on the completion request
+    "failures_before_restart": 3,
+    "max_restarts": 3,
+    "window_s": 7200.0,
+    "backoff_s": 60.0,
+    "startup_grace_s": 1200.0,
+    "stale_after_s": None,  # derived when absent (stale_after())
+    "worker_wait_s": 300.0,  # a worker's bound on its container running after its restart
+    "ready_timeout_s": 1200.0,  # head: bound on the probe passing after the head started
+    "command_timeout_s": 30.0,  # systemctl show, docker inspect
+    "stop_timeout_s": 180.0,  # systemctl stop / restart (docker stop waits stop_timeout_s, then kills)
+    "rsync_timeout_s": 10.0,
+    "unreachable_log_every_s": 300.0,
+    "api_host": "127.0.0.1",
+    "commands": {},
+    "port": None,
+    "model": None,
+    "key_file": None,
+    "workers": [],
+    "head": None,
+}
+REQUIRED = ("role", "unit", "container", "state_dir")
+COMMANDS = {"systemctl": ["systemctl"], "docker": ["docker"], "rsync": ["rsync"]}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Config:
+    def __init__(self, data, path):
+        unknown = sorted(set(data) - set(DEFAULTS) - set(REQUIRED))
+        if unknown:
+            raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}")
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise ConfigError(f"{path}: missing keys {', '.join(missing)}")
+        merged = {**DEFAULTS, **data}
+        for key, value in merged.items():
+            setattr(self, key, value)
+        if self.role not in ("head", "worker"):
+            raise ConfigError(f"{path}: role must be head or worker, not {self.role!r}")
+        if self.role == "head":
+            for key in ("port", "model", "key_file"):
+                if merged[key] in (None, ""):
+                    raise ConfigError(f"{path}: the head needs {key}")
+            for w in self.workers:
+                if not isinstance(w, dict) or not w.get("name") or not w.get("state"):
+                    raise ConfigError(f"{path}: each worker needs a name and a state source: {w!r}")
+        elif not isinstance(self.head, dict) or not self.head.get("name") or not self.head.get("state"):
+            raise ConfigError(f"{path}: a worker needs head: {{name, state}}")
+        for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "window_s", "backoff_s",
+                    "startup_grace_s", "worker_wait_s", "ready_timeout_s", "command_timeout_s",
+                    "stop_timeout_s", "rsync_timeout_s", "unreachable_log_every_s"):
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{path}: {key} must be a number >= 0, not {v!r}")
+            setattr(self, key, float(v))
+        for key in ("failures_before_restart", "max_restarts"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{path}: {key} must be an integer >= 1, not {v!r}")
+        self.node = self.node or socket.gethostname()
+        cmds = dict(COMMANDS)
+        for name, value in (self.commands or {}).items():
+            if name not in COMMANDS:
+                raise ConfigError(f"{path}: commands: unknown command {name!r} (known: {', '.join(COMMANDS)})")
+            cmds[name] = [value] if isinstance(value, str) else list(value)
+        self.commands = cmds
+        if self.stale_after_s is None:
+            self.stale_after_s = stale_after(self)
+        self.stale_after_s = float(self.stale_after_s)
+        self.state_path = os.path.join(self.state_dir, STATE_FILE)
+
+    @classmethod
+    def load(cls, path):
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{path}: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a JSON object")
+        return cls(data, path)
+
+
+def stale_after(cfg):
+    """Seconds without a new write after which a peer's state is stale: three of the slower loop's
+    periods, plus one probe and one state read (a head's loop iteration can take that long)."""
+    return 3 * max(cfg.interval_s, cfg.follow_interval_s) + cfg.probe_timeout_s + 2 * cfg.rsync_timeout_s
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+def say(msg):
+    print(f"{PREFIX}: {msg}", flush=True)
+
+
+def iso(t=None):
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() if t is None else t))
+
+
+def secs(x):
+    """A duration for a log line: whole seconds from 10 s up, one decimal below."""
+    return f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
+
+
+def num(x):
+    return f"{x:g}"
+
+
+# --------------------------------------------------------------------------------------------- commands
+
+class Result:
+    def __init__(self, rc, out, err, timed_out=False):
+        self.rc, self.out, self.err, self.timed_out = rc, out, err, timed_out
+
+    @property
+    def ok(self):
+        return self.rc == 0
+
+    def why(self):
+        if self.timed_out:
+            return "timed out"
+        text = (self.err or self.out or "").strip().splitlines()
+        return f"exit {self.rc}" + (f": {text[-1][:200]}" if text else "")
+
+
+class Runner:
+    """Every external command: its program from the config, a timeout, output captured."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def run(self, name, args, timeout):
+        argv = [*self.cfg.commands[name], *args]
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        except OSError as e:
+            return Result(127, "", f"{argv[0]}: {e.strerror}")
+        try:
+            out, err = p.communicate(timeout=timeout)
+            return Result(p.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.communicate()
+            return Result(None, "", "", timed_out=True)
+
+    def systemctl(self, verb, unit, timeout=None):
+        return self.run("systemctl", [verb, f"{unit}.service"], timeout or self.cfg.stop_timeout_s)
+
+
+# -------------------------------------------------------------------------------------- local facts
+
+def proc_table():
+    """{pid: (ppid, state letter, comm)} of every process in /proc."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        head, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        if len(fields) < 2:
+            continue
+        comm = head.partition("(")[2]
+        table[int(name)] = (int(fields[1]), fields[0], comm)
+    return table
+
+
+def stopped_processes(pid):
+    """[(pid, comm)] of the processes stopped by a signal (state T) among pid and its descendants;
+    None when pid is gone. A tracing stop (t: a debugger, py-spy) is not counted."""
+    table = proc_table()
+    if pid not in table:
+        return None
+    children = {}
+    for p, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    stopped, todo, seen = [], [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if table[p][1] == "T":
+            stopped.append((p, table[p][2]))
+        todo.extend(children.get(p, ()))
+    return sorted(stopped)
+
+
+def container_state(runner, cfg):
+    """The node's serving container: {container, running, pid, started_at, process, stopped, detail}.
+    container: running | absent | paused | <docker's status>; process: running | stopped | gone | -."""
+    r = runner.run("docker", ["inspect", "--format", "{{json .State}}", cfg.container], cfg.command_timeout_s)
+    if not r.ok:
+        text = (r.err or "").lower()
+        if not r.timed_out and ("no such" in text or "not found" in text):
+            return {"container": "absent", "running": False, "pid": 0, "started_at": None, "process": "-",
+                    "stopped": [], "detail": f"container {cfg.container} does not exist"}
+        return {"container": "unknown", "running": False, "pid": 0, "started_at": None, "process": "-",
+                "stopped": [], "detail": f"docker inspect {cfg.container}: {r.why()}"}
+    try:
+        st = json.loads(r.out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"container": "unknown", "running": False, "pid": 0, "started_at": None, "process": "-",
+                "stopped": [], "detail": f"docker inspect {cfg.container}: unreadable output"}
+    pid = int(st.get("Pid") or 0)
+    out = {"container": "running" if st.get("Running") else (st.get("Status") or "not running"),
+           "running": bool(st.get("Running")), "pid": pid, "started_at": st.get("StartedAt"),
+           "process": "-", "stopped": [], "detail": ""}
+    if st.get("Paused"):
+        out.update(container="paused", running=False, detail=f"container {cfg.container} is paused")
+        return out
+    if not out["running"]:
+        out["detail"] = f"container {cfg.container} is {out['container']}"
+        return out
+    stopped = stopped_processes(pid) if pid else None
+    if stopped is None:
+        out.update(process="gone", detail=f"container {cfg.container}'s main process {pid} is gone")
+    elif stopped:
+        out.update(process="stopped", stopped=[[p, c] for p, c in stopped],
+                   detail=f"{cfg.container}: process " + ", ".join(f"{p} ({c})" for p, c in stopped)
+                   + " stopped (SIGSTOP): the rank makes no progress")
+    else:
+        out["process"] = "running"
+    return out
+
+
+def container_ok(cs):
+    return cs["running"] and cs["process"] == "running"
+
+
+def unit_state(runner, cfg):
+    """{active, started_mono (seconds on CLOCK_MONOTONIC, None if never started)} of the node's unit."""
+    r = runner.run("systemctl", ["show", "-p", "ActiveState", "-p", "InactiveExitTimestampMonotonic",
+                                 f"{cfg.unit}.service"], cfg.command_timeout_s)
+    vals = {}
+    for line in (r.out or "").splitlines():
+        k, _, v = line.partition("=")
+        vals[k.strip()] = v.strip()
+    try:
+        usec = int(vals.get("InactiveExitTimestampMonotonic") or 0)
+    except ValueError:
+        usec = 0
+    return {"active": vals.get("ActiveState") or ("unknown" if not r.ok else ""), "started_mono": usec / 1e6 or None}
+
+
+# ------------------------------------------------------------------------------------------- state files
+
+def read_json(path):
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def write_state(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".state-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def fetch_state(runner, cfg, source):
+    """(peer state dict, None) or (None, why). source: rsync://... (the peer's rsync daemon) or a path."""
+    if not source.startswith("rsync://"):
+        try:
+            return read_json(source), None
+        except FileNotFoundError:
+            return None, f"{source} does not exist"
+        except (OSError, ValueError) as e:
+            return None, f"{source}: {e}"
+    tmpdir = tempfile.mkdtemp(prefix="sfl-watch-")
+    try:
+        dest = os.path.join(tmpdir, STATE_FILE)  # a new file each time: rsync's quick check never skips it
+        t = max(1, int(cfg.rsync_timeout_s + 0.5))
+        r = runner.run("rsync", ["--quiet", f"--timeout={t}", f"--contimeout={t}", source, dest],
+                       cfg.rsync_timeout_s + 5)
+        if not r.ok:
+            return None, f"rsync {source}: {r.why()}"
+        try:
+            return read_json(dest), None
+        except (OSError, ValueError) as e:
+            return None, f"{source}: {e}"
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+# -------------------------------------------------------------------------------------------- the probe
+
+def read_key(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def completion(cfg):
+    """(ok, reason, latency seconds) of one tiny completion through the head's API, bounded by
+    probe_timeout_s as a whole. urllib in this process: the key never reaches a command line."""
+    t = cfg.probe_timeout_s
+    try:
+        key = read_key(cfg.key_file)
+    except OSError as e:
+        return False, f"cannot read the API key file {cfg.key_file}: {e.strerror}", None
+    if not key:
+        return False, f"the API key file {cfg.key_file} is empty", None
+    url = f"http://{cfg.api_host}:{int(cfg.port)}/v1/completions"
+    body = json.dumps({"model": cfg.model, "prompt": "ping", "max_tokens": 1}).encode()
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy for loopback
+    got = {}
+
+    def send():
+        try:
+            with opener.open(req, timeout=t) as r:
+                got["code"], got["body"] = r.status, r.read(1 << 20)
+        except urllib.error.HTTPError as e:
+            got["code"] = e.code
+            try:
+                got["body"] = e.read(4096)
+            except Exception:
+                got["body"] = b""
+        except Exception as e:  # noqa: BLE001: every failure is a reason, never a crash
+            got["error"] = e
+
+    start = time.monotonic()
+    th = threading.Thread(target=send, daemon=True)
+    th.start()
+    th.join(t)
+    latency = time.monotonic() - start
+    if th.is_alive() or isinstance(got.get("error"), (socket.timeout, TimeoutError)) or (
+            isinstance(got.get("error"), urllib.error.URLError)
+            and isinstance(getattr(got["error"], "reason", None), (socket.timeout, TimeoutError))):
+        return False, f"completion timed out after {num(t)} s", latency
+    if "error" in got:
+        e = got["error"]
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ConnectionRefusedError):
+            return False, f"connection refused on {cfg.api_host}:{cfg.port} (the API is not listening)", latency
+        return False, f"completion failed: {redact(str(reason), key)}", latency
+    code = got["code"]
+    if code == 401:
+        return False, "the API refused the key (401)", latency
+    text = redact(got.get("body", b"").decode("utf-8", "replace"), key)
+    if code != 200:
+        snippet = " ".join(text.split())[:200]
+        return False, f"completion answered HTTP {code}" + (f": {snippet}" if snippet else ""), latency
+    try:
+        choices = json.loads(text).get("choices")
+    except (ValueError, AttributeError):
+        choices = None
+    if not choices:
+        return False, "completion answered 200 without a choice", latency
+    return True, f"completion in {latency:.2f} s", latency
+
+
+def redact(text, key):
+    return text.replace(key, "<key>") if key else text
+
+
+# How much a probe problem weighs. WATCH: the watchdog cannot see a peer (its state stale or
+# unreadable) while the pair may serve: reported (probe, status, doctor), never a restart, which
+# could not happen in order anyway. SOFT: the completion failed: judged outside the start-up grace.
+# HARD: a container not running, a process stopped, a rank restarted alone: judged at once.
+OK, WATCH, SOFT, HARD = 0, 1, 2, 3
+SEVERITY = ("ok", "watch", "soft", "hard")
+
+
+class Probe:
+    """The head's probe. One instance per loop: it remembers each worker's last seq (freshness on
+    this node's monotonic clock) and each rank's container identity (a rank restarted alone)."""
+
+    def __init__(self, cfg, runner, one_shot=False):
+        self.cfg, self.runner, self.one_shot = cfg, runner, one_shot
+        self.seen = {}  # worker -> (seq, monotonic time it changed, state)
+        self.identity = {}  # rank name -> (started_at, pid) last seen running
+        self.unpaired = None  # why the pair is not one pair any more (a rank restarted alone)
+
+    def forget_identities(self):
+        self.identity.clear()
+        self.unpaired = None
+
+    def _identity(self, name, started_at, pid, running):
+        if not running or not started_at:
+            return
+        ident = (started_at, pid)
+        before = self.identity.get(name)
+        self.identity[name] = ident
+        if before and before != ident and not self.unpaired:
+            self.unpaired = (f"{name}'s container restarted on its own (pid {before[1]} -> {pid}): "
+                             f"its peer is orphaned, the pair restarts as one")
+
+    def worker_view(self, w):
+        """(view for the head's state, problem or None, its severity)."""
+        state, err = fetch_state(self.runner, self.cfg, w["state"])
+        now = time.monotonic()
+        name = w["name"]
+        if state is not None:
+            seq = state.get("seq")
+            last = self.seen.get(name)
+            if last is None or last[0] != seq:
+                self.seen[name] = (seq, now, state)
+            else:
+                self.seen[name] = (seq, last[1], state)
+        if name not in self.seen:
+            return {"reachable": False, "error": err}, f"{name}: state unreadable ({err})", WATCH
+        seq, changed, state = self.seen[name]
+        if self.one_shot:
+            try:
+                age = time.time() - float(state.get("updated_epoch"))
+            except (TypeError, ValueError):
+                age = float("inf")
+        else:
+            age = now - changed
+        view = {"reachable": err is None, "error": err, "age_s": round(age, 1), "container": state.get("container"),
+                "process": state.get("process"), "started_at": state.get("started_at"),
+                "unit": state.get("unit_active"), "handled_generation": state.get("handled_generation")}
+        if age > self.cfg.stale_after_s:
+            more = f"; last read: {err}" if err else ""
+            return view, f"{name}: state not updated for {secs(age)}{more}", WATCH
+        self._identity(name, state.get("started_at"), state.get("pid"), state.get("container") == "running")
+        if state.get("container") != "running":
+            return view, f"{name}: {state.get('detail') or 'container ' + str(state.get('container'))}", HARD
+        if state.get("process") != "running":
+            return view, f"{name}: {state.get('detail') or 'process ' + str(state.get('process'))}", HARD
+        return view, None, OK
+
+    def run(self):
+        """{ok, reason, latency_s, severity, head, workers, at} (severity: OK, WATCH, SOFT or HARD)."""
+        cfg = self.cfg
+        problems, severity = [], OK
+        cs = container_state(self.runner, cfg)
+        self._identity(cfg.node, cs["started_at"], cs["pid"], cs["running"])
+        if not container_ok(cs):
+            problems.append(cs["detail"])
+            severity = HARD
+        workers = {}
+        for w in cfg.workers:
+            view, problem, level = self.worker_view(w)
+            workers[w["name"]] = view
+            if problem:
+                problems.append(problem)
+                severity = max(severity, level)
+        latency = None
+        if severity < HARD:
+            ok, why, latency = completion(cfg)
+            if not ok:
+                problems.insert(0, why)
+                severity = max(severity, SOFT)
+        if severity >= SOFT and self.unpaired:
+            problems.append(self.unpaired)
+            severity = HARD
+        result = {"ok": not problems, "reason": "; ".join(problems) if problems else f"completion in {latency:.2f} s",
+                  "latency_s": None if latency is None else round(latency, 3), "severity": severity, "at": iso(),
+                  "head": {k: cs[k] for k in ("container", "process", "pid", "started_at")}, "workers": workers}
+        if severity < SOFT:
+            self.unpaired = None  # the pair serves: whatever restarted, it rejoined
+        return result
+
+
+# ------------------------------------------------------------------------------------------ the loops
+
+class Stop(BaseException):
+    """SIGTERM or SIGINT: leave the loop (a restart in progress resumes at the next start)."""
+
+
+class Node:
+    def __init__(self, cfg):
+        self.cfg, self.runner = cfg, Runner(cfg)
+        try:
+            self.state = read_json(cfg.state_path)
+        except FileNotFoundError:
+            self.state = {}
+        except (OSError, ValueError) as e:
+            say(f"own state {cfg.state_path} unreadable ({e}); starting afresh")
+            self.state = {}
+        self.state.setdefault("actions", [])
+        self.seq = int(self.state.get("seq") or 0)  # continued: a peer sees every write as new
+        self._limited = {}
+
+    def act(self, msg):
+        """A decision: one journal line, and one of the last actions in the state."""
+        say(msg)
+        self.state["actions"] = (self.state.get("actions") or [])[-(ACTIONS_KEPT - 1):] + [{"at": iso(), "what": msg}]
+
+    def say_limited(self, key, msg, every):
+        """say() at most once per `every` seconds for one condition (key); forget(key) ends it."""
+        last = self._limited.get(key)
+        now = time.monotonic()
+        if last is None or now - last >= every:
+            say(msg)
+            self._limited[key] = now
+
+    def forget(self, *keys):
+        for key in keys:
+            self._limited.pop(key, None)
+
+    def save(self, **fields):
+        self.seq += 1
+        self.state.update(fields)
+        self.state.update(role=self.cfg.role, node=self.cfg.node, unit=self.cfg.unit, container_name=self.cfg.container,
+                          seq=self.seq, updated=iso(), updated_epoch=round(time.time(), 3), pid_watchdog=os.getpid())
+        write_state(self.cfg.state_path, self.state)
+
+    def sleep(self, seconds):
+        time.sleep(max(0.0, seconds))
+
+
+class Head(Node):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.probe = Probe(cfg, self.runner)
+        self.failures = 0
+        self.grace_exempt_start = None  # the unit start this watchdog made and already waited for
+        self.backoff_told = None  # the backoff already announced in the journal
+        self.state.setdefault("generation", 0)
+        self.state.setdefault("want", "serving")
+        self.state.setdefault("restarts", [])
+        self.state.setdefault("gave_up", None)
+
+    # ---- bookkeeping
+    def recent_restarts(self):
+        now = time.time()
+        return [r for r in self.state["restarts"] if now - r["started_epoch"] < self.cfg.window_s]
+
+    def record_probe(self, result):
+        self.state["last_probe"] = {**{k: result[k] for k in ("ok", "reason", "latency_s", "at")},
+                                    "kind": SEVERITY[result["severity"]]}
+        self.state["head_container"] = result["head"]
+        self.state["workers"] = result["workers"]
+        self.state["failures"] = self.failures
+
+    def in_grace(self, u):
+        """Seconds of start-up grace left for the head unit's current start (0: none)."""
+        start = u["started_mono"]
+        if start is None or u["active"] not in ("active", "activating", "reloading"):
+            return 0.0
+        if self.grace_exempt_start is not None and abs(start - self.grace_exempt_start) < 1e-3:
+            return 0.0
+        return max(0.0, start + self.cfg.startup_grace_s - time.monotonic())
+
+    # ---- the loop
+    def run(self):
+        cfg = self.cfg
+        say(f"head {cfg.node}: probing {cfg.unit} every {num(cfg.interval_s)} s through "
+            f"http://{cfg.api_host}:{cfg.port}/v1/completions and the states of "
+            f"{', '.join(w['name'] for w in cfg.workers) or 'no worker'}; generation {self.state['generation']}")
+        if self.state.get("want") == "restarting":
+            self.act(f"a restart of the pair was interrupted (generation {self.state['generation']}); resuming it")
+            self.restart_pair(resume=True)
+        elif self.state.get("gave_up"):
+            g = self.state["gave_up"]
+            say(f"still given up since {g.get('at')} ({g.get('reason')}); probing without restarting")
+        self.save()
+        first = True
+        while True:
+            started = time.monotonic()
+            try:
+                self.tick(first)
+                first = False
+            except Exception as e:  # noqa: BLE001: a watchdog keeps watching
+                say(f"internal error ({type(e).__name__}: {e}); continuing")
+            self.sleep(started + cfg.interval_s - time.monotonic())
+
+    def tick(self, first=False):
+        cfg = self.cfg
+        result = self.probe.run()
+        unit = unit_state(self.runner, cfg)
+        self.state["unit_active"] = unit["active"]
+        n = cfg.failures_before_restart
+        if result["ok"]:
+            if self.failures:
+                self.act(f"probe ok again ({result['reason']}) after {self.failures} failure(s)")
+            elif first:
+                say(f"probe ok ({result['reason']})")
+            self.failures = 0
+            self.forget("watch", "grace", "gave-up")
+            g = self.state.get("gave_up")
+            if g:
+                self.act(f"probe passes again ({result['reason']}): clearing the give-up of {g.get('at')} "
+                         f"({g.get('reason')}); watching and restarting again")
+                self.state.update(gave_up=None, want="serving", restarts=[])
+            self.record_probe(result)
+            self.save()
+            return
+        if result["severity"] < SOFT:
+            self.failures = 0
+            self.record_probe(result)
+            self.say_limited("watch", f"probe: the pair serves, but {result['reason']}; no restart for that (the "
+                             f"watchdog cannot order one without the peers' states)", cfg.unreachable_log_every_s)
+            self.save()
+            return
+        self.forget("watch")
+        grace = self.in_grace(unit)
+        if grace > 0 and result["severity"] < HARD:
+            self.record_probe(result)
+            self.say_limited("grace", f"probe failed ({result['reason']}); not judged: start-up grace, "
+                             f"{secs(grace)} left", 60)
+            self.save()
+            return
+        self.failures += 1
+        self.record_probe(result)
+        if self.state.get("gave_up"):
+            g = self.state["gave_up"]
+            self.say_limited("gave-up", f"probe failed ({result['reason']}); given up at {g.get('at')}: not "
+                             f"restarting (deploy a fix, or start the pair by hand)", cfg.unreachable_log_every_s)
+            self.save()
+            return
+        line = f"probe failed {self.failures}/{n} ({result['reason']})"
+        if self.failures < n:
+            self.act(line)
+            self.save()
+            return
+        recent = self.recent_restarts()
+        if len(recent) >= cfg.max_restarts:
+            self.give_up(f"{len(recent)} restart(s) within {num(cfg.window_s)} s did not keep the pair serving; "
+                         f"last probe: {result['reason']}", line)
+            return
+        k = len(recent) + 1
+        if recent:
+            wait = cfg.backoff_s * 2 ** (k - 1)
+            due = recent[-1]["finished_epoch"] + wait
+            left = due - time.time()
+            if left > 0:
+                if self.backoff_told != (k, recent[-1]["started_epoch"]):
+                    self.act(f"{line}; restart {k} of {cfg.max_restarts} waits for its backoff: {secs(left)} more "
+                             f"({num(wait)} s after restart {k - 1} ended)")
+                    self.backoff_told = (k, recent[-1]["started_epoch"])
+                else:
+                    say(line)
+                self.save()
+                return
+        self.act(f"{line}; restarting the pair (restart {k} of {cfg.max_restarts} in {num(cfg.window_s)} s)")
+        self.restart_pair(k=k, reason=result["reason"])
+
+    # ---- actions
+    def give_up(self, reason, line):
+        cfg = self.cfg
+        self.act(f"{line}; GAVE UP: {reason}. Stopping {cfg.unit}; the workers stop theirs. The pair stays "
+                 f"stopped until the probe passes again (deploy a fix, or start the pair by hand)")
+        r = self.runner.systemctl("stop", cfg.unit)
+        if not r.ok:
+            self.act(f"systemctl stop {cfg.unit} failed ({r.why()})")
+        self.state.update(want="stopped", gave_up={"at": iso(), "at_epoch": round(time.time(), 3), "reason": reason})
+        self.save()
+
+    def workers_ready(self, generation):
+        """{worker: None when restarted and running for generation, else what it shows}."""
+        out = {}
+        for w in self.cfg.workers:
+            state, err = fetch_state(self.runner, self.cfg, w["state"])
+            if state is None:
+                out[w["name"]] = f"state unreadable ({err})"
+            elif state.get("handled_generation") != generation:
+                out[w["name"]] = f"handled generation {state.get('handled_generation')}, want {generation}"
+            elif state.get("container") != "running" or state.get("process") != "running":
+                out[w["name"]] = state.get("detail") or f"container {state.get('container')}"
+            else:
+                out[w["name"]] = None
+        return out
+
+    def restart_pair(self, k=None, reason="", resume=False):
+        cfg = self.cfg
+        label = f"restart {k}" if k else "restart"
+        t0, t0_epoch = time.monotonic(), time.time()
+        entry = {"started": iso(t0_epoch), "started_epoch": round(t0_epoch, 3), "reason": reason}
+        if not resume:
+            self.state["restarts"] = self.recent_restarts() + [entry]
+            say(f"{label}: stopping {cfg.unit}")
+            r = self.runner.systemctl("stop", cfg.unit)
+            if not r.ok:
+                self.act(f"{label}: systemctl stop {cfg.unit} failed ({r.why()}); going on")
+            self.state["generation"] = int(self.state.get("generation") or 0) + 1
+            self.state["want"] = "restarting"
+            self.save()
+        elif not self.state["restarts"]:
+            self.state["restarts"] = [entry]
+        gen = self.state["generation"]
+        self.probe.forget_identities()
+        bound = cfg.worker_wait_s + cfg.stop_timeout_s + 2 * cfg.follow_interval_s + cfg.rsync_timeout_s
+        names = ", ".join(w["name"] for w in cfg.workers) or "none"
+        say(f"{label}: generation {gen}: waiting for the workers ({names}) to restart their units "
+            f"(up to {secs(bound)})")
+        poll = max(0.05, min(cfg.interval_s, cfg.follow_interval_s, 2.0))
+        deadline = time.monotonic() + bound
+        last_report = time.monotonic()
+        while True:
+            pending = {n: why for n, why in self.workers_ready(gen).items() if why}
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                shown = "; ".join(f"{n}: {why}" for n, why in pending.items())
+                self.finish_restart(False, f"{label} failed after {secs(time.monotonic() - t0)}: the workers did not "
+                                    f"restart within {secs(bound)} ({shown}); {cfg.unit} stays stopped")
+                return
+            if time.monotonic() - last_report >= 60:
+                say(f"{label}: still waiting for {', '.join(pending)} ({secs(time.monotonic() - t0)})")
+                last_report = time.monotonic()
+            self.save()
+            self.sleep(poll)
+        say(f"{label}: workers restarted and running after {secs(time.monotonic() - t0)}; starting {cfg.unit}")
+        r = self.runner.systemctl("start", cfg.unit)
+        if not r.ok:
+            self.act(f"{label}: systemctl start {cfg.unit} failed ({r.why()})")
+        self.state["want"] = "serving"
+        self.save()
+        deadline = time.monotonic() + cfg.ready_timeout_s
+        poll = max(0.05, min(cfg.interval_s, 5.0))
+        last_report = time.monotonic()
+        while True:
+            result = self.probe.run()
+            self.record_probe(result)
+            if result["severity"] < SOFT:  # serving (a peer's state unseen is reported, not waited for)
+                self.grace_exempt_start = None
+                self.finish_restart(True, f"{label}: the pair serves again after {secs(time.monotonic() - t0)} "
+                                    f"({result['reason']})")
+                return
+            if time.monotonic() >= deadline:
+                self.grace_exempt_start = unit_state(self.runner, cfg)["started_mono"]
+                self.finish_restart(False, f"{label} failed: the probe still fails {secs(cfg.ready_timeout_s)} after "
+                                    f"{cfg.unit} started ({result['reason']})")
+                return
+            if time.monotonic() - last_report >= 60:
+                say(f"{label}: waiting for the pair to serve ({secs(time.monotonic() - t0)}): {result['reason']}")
+                last_report = time.monotonic()
+            self.save()
+            self.sleep(poll)
+
+    def finish_restart(self, ok, msg):
+        self.act(msg)
+        now = time.time()
+        if self.state["restarts"]:
+            last = self.state["restarts"][-1]
+            last.update(finished=iso(now), finished_epoch=round(now, 3), ok=ok,
+                        took_s=round(now - last["started_epoch"], 1))
+        self.failures = 0
+        self.state["failures"] = 0
+        self.save()
+
+
+class Worker(Node):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.state.setdefault("handled_generation", None)
+        self.state.setdefault("handled_stop", None)
+
+    def observe(self):
+        """This rank's container and unit into the state; the container's state returned."""
+        cs = container_state(self.runner, self.cfg)
+        self.state.update({k: cs[k] for k in ("container", "process", "pid", "started_at", "stopped", "detail")})
+        self.state["unit_active"] = unit_state(self.runner, self.cfg)["active"]
+        return cs
+
+    def run(self):
+        cfg = self.cfg
+        say(f"worker {cfg.node}: following head {cfg.head['name']} ({cfg.head['state']}) every "
+            f"{num(cfg.follow_interval_s)} s; handled generation {self.state['handled_generation']}")
+        while True:
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001
+                say(f"internal error ({type(e).__name__}: {e}); continuing")
+            self.sleep(started + cfg.follow_interval_s - time.monotonic())
+
+    def tick(self):
+        cfg = self.cfg
+        head, err = fetch_state(self.runner, cfg, cfg.head["state"])
+        if head is None:
+            self.say_limited("unreachable", f"head {cfg.head['name']}'s state unreachable ({err}); doing nothing",
+                             cfg.unreachable_log_every_s)
+            self.state["head"] = {"reachable": False, "error": err, "at": iso()}
+            self.observe()
+            self.save()
+            return
+        if "unreachable" in self._limited:
+            say(f"head {cfg.head['name']}'s state readable again")
+            self.forget("unreachable")
+        gen, want, handled = head.get("generation"), head.get("want"), self.state.get("handled_generation")
+        self.state["head"] = {"reachable": True, "generation": gen, "want": want, "at": iso()}
+        if not isinstance(gen, int):
+            self.say_limited("bad", f"head {cfg.head['name']}'s state has no generation; doing nothing", 300)
+        elif want == "restarting" and gen != handled:
+            self.restart(gen)
+        elif gen != handled:
+            if handled is None:
+                self.act(f"first sight of head {cfg.head['name']}: adopting its generation {gen} ({want}) "
+                         f"without a restart")
+            elif gen < handled:
+                self.act(f"head {cfg.head['name']}'s generation {gen} is below this worker's {handled} (the head's state "
+                         f"was reset): adopting {gen} without a restart")
+            else:
+                self.act(f"head {cfg.head['name']} is at generation {gen} ({want}), this worker handled {handled}: "
+                         f"adopting {gen} without a restart (the head is not waiting for one)")
+            self.state["handled_generation"] = gen
+        if want == "stopped":
+            g = head.get("gave_up") or {}
+            mark = g.get("at") or f"generation {gen}"
+            if self.state.get("handled_stop") != mark:
+                self.act(f"head {cfg.head['name']} gave up at {g.get('at')} ({g.get('reason')}): stopping {cfg.unit}")
+                r = self.runner.systemctl("stop", cfg.unit)
+                if not r.ok:
+                    self.act(f"systemctl stop {cfg.unit} failed ({r.why()})")
+                self.state["handled_stop"] = mark
+        self.observe()
+        self.save()
+
+    def restart(self, gen):
+        """Restart this rank for the head's generation `gen`. The generation counts as handled however
+        the attempt ends (an error included): the head judges the result, and a rank is never
+        restarted twice for one generation."""
+        cfg = self.cfg
+        t0 = time.monotonic()
+        self.act(f"head {cfg.head['name']} restarts the pair (generation {gen}): restarting {cfg.unit}")
+        self.state["busy"] = f"restarting {cfg.unit} since {iso()}"
+        try:
+            self.observe()
+            self.save()
+            r = self.runner.systemctl("restart", cfg.unit)
+            if not r.ok:
+                self.act(f"systemctl restart {cfg.unit} failed ({r.why()})")
+            deadline = time.monotonic() + cfg.worker_wait_s
+            while True:
+                cs = self.observe()
+                if container_ok(cs):
+                    self.act(f"{cfg.unit}'s container running after {secs(time.monotonic() - t0)}; "
+                             f"handled generation {gen}")
+                    break
+                if time.monotonic() >= deadline:
+                    self.act(f"{cfg.unit}'s container not running {secs(cfg.worker_wait_s)} after its restart "
+                             f"({cs['detail']}); handled generation {gen} anyway (the head decides)")
+                    break
+                self.save()
+                self.sleep(min(1.0, cfg.follow_interval_s))
+        finally:
+            self.state["busy"] = None
+            self.state["handled_generation"] = gen
+
+
+# -------------------------------------------------------------------------------------------- commands
+
+def verdict(cfg, state, now=None):
+    """(ok, one line) for `status`: what doctor and make status print."""
+    now = time.time() if now is None else now
+    try:
+        age = now - float(state.get("updated_epoch"))
+    except (TypeError, ValueError):
+        return False, "no valid state (the watchdog never wrote one)"
+    period = cfg.interval_s if cfg.role == "head" else cfg.follow_interval_s
+    limit = max(cfg.stale_after_s, 3 * period + cfg.probe_timeout_s)
+    if age > limit and not state.get("busy"):
+        return False, f"state not updated for {secs(age)}: is sparkfleet-watchdog running on {cfg.node}?"
+    if cfg.role == "head":
+        g, probe = state.get("gave_up"), state.get("last_probe") or {}
+        restarts = state.get("restarts") or []
+        tail = f"; generation {state.get('generation')}, {len(restarts)} restart(s) in the window"
+        if g:
+            return False, f"GAVE UP at {g.get('at')}: {g.get('reason')}"
+        if state.get("want") == "restarting":
+            return False, f"restarting the pair (generation {state.get('generation')})"
+        if not probe:
+            return False, "no probe yet"
+        if probe.get("kind") == "watch":
+            return False, (f"the pair serves, but the watchdog cannot see it whole at {probe.get('at')}: "
+                           f"{probe.get('reason')}{tail}")
+        if not probe.get("ok"):
+            return False, (f"probe failing ({state.get('failures', 0)} judged failure(s) in a row) at "
+                           f"{probe.get('at')}: {probe.get('reason')}{tail}")
+        return True, f"serving: probe ok at {probe.get('at')} ({probe.get('reason')}){tail}"
+    head = state.get("head") or {}
+    where = (f"head at generation {head.get('generation')} ({head.get('want')})" if head.get("reachable")
+             else f"head state unreachable ({head.get('error')})")
+    line = (f"container {state.get('container')}, process {state.get('process')}; handled generation "
+            f"{state.get('handled_generation')}; {where}")
+    if state.get("busy"):
+        return False, f"{state['busy']}; {line}"
+    ok = state.get("container") == "running" and state.get("process") == "running"
+    if head.get("want") == "stopped" and not ok:
+        return False, f"stopped: the head gave up; {line}"
+    return ok, line
+
+
+def cmd_status(cfg):
+    try:
+        state = read_json(cfg.state_path)
+    except FileNotFoundError:
+        print(json.dumps({}, indent=1))
+        print(f"verdict: fail: no state at {cfg.state_path} (the watchdog never ran on {cfg.node})")
+        return 1
+    except (OSError, ValueError) as e:
+        print(json.dumps({}, indent=1))
+        print(f"verdict: fail: state {cfg.state_path} unreadable ({e})")
+        return 1
+    ok, line = verdict(cfg, state)
+    print(json.dumps(state, indent=1, sort_keys=True))
+    print(f"verdict: {'ok' if ok else 'fail'}: {line}")
+    return 0 if ok else 1
+
+
+def cmd_probe(cfg):
+    runner = Runner(cfg)
+    if cfg.role == "head":
+        result = Probe(cfg, runner, one_shot=True).run()
+        print(("ok: " if result["ok"] else "failed: ") + result["reason"])
+        return 0 if result["ok"] else 1
+    cs = container_state(runner, cfg)
+    if container_ok(cs):
+        print(f"ok: {cfg.container} running (pid {cs['pid']})")
+        return 0
+    print(f"failed: {cs['detail']}")
+    return 1
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="sfl_watch.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=("run", "probe", "status"))
+    p.add_argument("config")
+    a = p.parse_args(argv)
+    try:
+        cfg = Config.load(a.config)
+    except ConfigError as e:
+        print(f"{PREFIX}: config error: {e}", file=sys.stderr)
+        return 2
+    if a.command == "status":
+        return cmd_status(cfg)
+    if a.command == "probe":
+        return cmd_probe(cfg)
+
+    def stop(signum, _frame):
+        raise Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        (Head if cfg.role == "head" else Worker)(cfg).run()
+    except Stop as e:
+        say(f"stopping ({e})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

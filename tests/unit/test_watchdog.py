@@ -1,0 +1,711 @@
+"""roles/watchdog/sfl_watch.py, run for real: the head's and a worker's loops as processes with short
+intervals, against a local HTTP server imitating the head's API (200, hang, 401; it checks the key
+header), fake `systemctl` and `docker` programs that keep unit and container state in files (each
+container's main process is a real process tree, so a SIGSTOP is a real one), and each node's state
+served by its own rsync daemon as module `watchdog`, as on the nodes.
+"""
+import http.server
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAM = ROOT / "roles" / "watchdog" / "sfl_watch.py"
+HEAD, WORKER = "sparkfleet-head", "sparkfleet-worker"
+MUTATING = ("start", "stop", "restart")
+
+# The fakes: one Python program each, the world's directory baked in. A unit's start spawns a process
+# tree standing for the container (sh, and sleep under it: the engine under the container's init).
+FAKE_SYSTEMCTL = r'''
+import json, os, signal, subprocess, sys, time
+W = {world!r}
+argv = sys.argv[1:]
+with open(os.path.join(W, "calls.log"), "a") as f:
+    f.write(f"{{time.time():.3f}} systemctl {{' '.join(argv)}}\n")
+verb, unit = argv[0], argv[-1].removesuffix(".service")
+ufile, cfile = os.path.join(W, "units", unit), os.path.join(W, "containers", unit)
+
+def kill():
+    try:
+        pid = json.load(open(cfile))["Pid"]
+        os.killpg(pid, signal.SIGKILL)
+    except (OSError, ValueError, KeyError):
+        pass
+    if os.path.exists(cfile):
+        os.remove(cfile)  # docker run --rm
+
+def api(mode):
+    with open(os.path.join(W, "api_mode.new"), "w") as f:
+        f.write(mode)
+    os.replace(os.path.join(W, "api_mode.new"), os.path.join(W, "api_mode"))
+
+if verb == "show":
+    u = json.load(open(ufile)) if os.path.exists(ufile) else {{"active": "inactive", "started_usec": 0}}
+    print(f"ActiveState={{u['active']}}")
+    print(f"InactiveExitTimestampMonotonic={{u['started_usec']}}")
+elif verb in ("start", "restart"):
+    if verb == "start" and os.path.exists(cfile):
+        sys.exit(0)
+    kill()
+    p = subprocess.Popen(["sh", "-c", "sleep 120 & wait"], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(W, "pids"), "a") as f:
+        f.write(f"{{p.pid}}\n")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{{time.time_ns() % 10**9:09d}}Z"
+    json.dump({{"Status": "running", "Running": True, "Paused": False, "Pid": p.pid, "StartedAt": started}}, open(cfile, "w"))
+    json.dump({{"active": "active", "started_usec": int(time.monotonic() * 1e6)}}, open(ufile, "w"))
+    if unit == "sparkfleet-head":
+        start_mode = os.path.join(W, "head_start_mode")
+        api(open(start_mode).read().strip() if os.path.exists(start_mode) else "ok")
+elif verb == "stop":
+    kill()
+    json.dump({{"active": "inactive", "started_usec": 0}}, open(ufile, "w"))
+    if unit == "sparkfleet-head":
+        api("down")
+else:
+    sys.exit(f"fake systemctl: {{verb}}?")
+'''
+
+FAKE_DOCKER = r'''
+import json, os, sys, time
+W = {world!r}
+argv = sys.argv[1:]
+with open(os.path.join(W, "calls.log"), "a") as f:
+    f.write(f"{{time.time():.3f}} docker {{' '.join(argv)}}\n")
+assert argv[:3] == ["inspect", "--format", "{{{{json .State}}}}"], argv
+cfile = os.path.join(W, "containers", argv[3])
+if not os.path.exists(cfile):
+    sys.exit(f"Error: No such object: {{argv[3]}}")
+st = json.load(open(cfile))
+try:  # the container ends when its main process does
+    with open(f"/proc/{{st['Pid']}}/stat") as f:
+        alive = f.read().rpartition(")")[2].split()[0] != "Z"
+except OSError:
+    alive = False
+if not alive:
+    st.update(Status="exited", Running=False, Pid=0)
+print(json.dumps(st))
+'''
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Api(http.server.BaseHTTPRequestHandler):
+    """The head's API as the probe sees it: the mode file says ok, hang, 401 or down."""
+
+    world = None
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.world.requests.append(("GET", self.path, None))
+        self.answer(200, {"status": "ok"})  # /health is always green: the probe must not care
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        authed = self.headers.get("Authorization") == f"Bearer {self.world.key}"
+        self.world.requests.append(("POST", self.path, {"authed": authed, "body": body}))
+        mode = self.world.api_mode()
+        if mode == "hang":
+            deadline = time.monotonic() + 5
+            while self.world.api_mode() == "hang" and time.monotonic() < deadline and not self.world.closing:
+                time.sleep(0.05)
+            return
+        if mode == "down":
+            return self.answer(503, {"error": "engine dead"})
+        if mode == "401" or not authed:
+            return self.answer(401, {"error": "Unauthorized"})
+        if self.path != "/v1/completions" or body.get("max_tokens") != 1 or body.get("model") != "test-model":
+            return self.answer(400, {"error": f"unexpected request {self.path} {body}"})
+        self.answer(200, {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "!"}]})
+
+    def answer(self, code, obj):
+        data = json.dumps(obj).encode()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            pass
+
+
+class World:
+    """Two nodes on one machine: the head's and the worker's state dirs, units, containers, API."""
+
+    def __init__(self, tmp: Path):
+        self.dir = tmp
+        self.key = "sk-" + secrets.token_hex(24)
+        self.closing = False
+        self.requests = []
+        self.procs = {}
+        self.daemons = []
+        for sub in ("bin", "units", "containers", "head-state", "worker-state", "logs"):
+            (tmp / sub).mkdir()
+        (tmp / "calls.log").write_text("")
+        (tmp / "api_mode").write_text("down")
+        self.key_file = tmp / "api-key"
+        self.key_file.write_text(self.key + "\n")
+        self.key_file.chmod(0o600)
+        for name, text in (("systemctl", FAKE_SYSTEMCTL), ("docker", FAKE_DOCKER)):
+            path = tmp / "bin" / name
+            path.write_text(f"#!{sys.executable} -S\n" + text.format(world=str(tmp)))
+            path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        handler = type("Handler", (Api,), {"world": self})
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.port = self.server.server_address[1]
+        self.sources = {"head": self.serve("head"), "worker": self.serve("worker")}
+
+    # ---- each node's rsync daemon (module watchdog), as roles/fanout runs it on the fabric address
+    def serve(self, node):
+        state_dir = self.dir / f"{node}-state"
+        if not shutil.which("rsync"):  # the transport under test: never a silent local-path fallback
+            pytest.fail("rsync is not installed on this machine (`make install` installs it)")
+        port = free_port()
+        conf = self.dir / f"rsyncd-{node}.conf"
+        conf.write_text(
+            f"port = {port}\naddress = 127.0.0.1\nuse chroot = no\nread only = yes\nlist = no\n"
+            f"hosts allow = 127.0.0.1\npid file = {self.dir}/rsyncd-{node}.pid\nlog file = {self.dir}/logs/rsyncd-{node}.log\n"
+            f"[watchdog]\npath = {state_dir}\nuid = {os.getuid()}\ngid = {os.getgid()}\n"
+        )
+        p = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        self.daemons.append(p)
+
+        def listening():
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(listening, 5, f"the {node} rsync daemon")
+        return f"rsync://127.0.0.1:{port}/watchdog/state.json"
+
+    # ---- the fake world
+    def api_mode(self):
+        return (self.dir / "api_mode").read_text().strip()
+
+    def set_api(self, mode):
+        (self.dir / "api_mode").write_text(mode)
+
+    def systemctl(self, *args):
+        subprocess.run([str(self.dir / "bin" / "systemctl"), *args], check=True, timeout=10)
+
+    def deploy(self):
+        """What a deploy does to the pair: head stopped, worker restarted, head started."""
+        self.systemctl("stop", f"{HEAD}.service")
+        self.systemctl("restart", f"{WORKER}.service")
+        self.systemctl("start", f"{HEAD}.service")
+
+    def container(self, unit):
+        path = self.dir / "containers" / unit
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def engine_pid(self, unit):
+        """The container's engine: the child of its main process."""
+        main = self.container(unit)["Pid"]
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    fields = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == main:
+                    return int(name)
+        raise AssertionError(f"{unit}: no child of {main}")
+
+    def calls(self, since=0.0, verbs=MUTATING):
+        out = []
+        for line in (self.dir / "calls.log").read_text().splitlines():
+            t, prog, *args = line.split()
+            if float(t) >= since and prog == "systemctl" and args[0] in verbs:
+                out.append(f"{args[0]} {args[-1]}")
+        return out
+
+    # ---- the watchdogs
+    def config(self, role, **over):
+        common = {
+            "state_dir": str(self.dir / f"{role}-state"),
+            "interval_s": 0.2, "follow_interval_s": 0.1, "probe_timeout_s": 0.5, "failures_before_restart": 2,
+            "max_restarts": 3, "window_s": 60, "backoff_s": 0.2, "startup_grace_s": 0, "worker_wait_s": 3,
+            "ready_timeout_s": 2, "stop_timeout_s": 5, "command_timeout_s": 5, "rsync_timeout_s": 2,
+            "stale_after_s": 2.5,
+            "commands": {"systemctl": str(self.dir / "bin" / "systemctl"), "docker": str(self.dir / "bin" / "docker")},
+        }
+        if role == "head":
+            cfg = {"role": "head", "node": "spark-a", "unit": HEAD, "container": HEAD, "port": self.port,
+                   "model": "test-model", "key_file": str(self.key_file),
+                   "workers": [{"name": "spark-b", "state": self.sources["worker"]}]}
+        else:
+            cfg = {"role": "worker", "node": "spark-b", "unit": WORKER, "container": WORKER,
+                   "head": {"name": "spark-a", "state": self.sources["head"]}}
+        cfg = {**common, **cfg, **over}
+        path = self.dir / f"{role}.json"
+        path.write_text(json.dumps(cfg))
+        return path
+
+    def start(self, role, **over):
+        path = self.config(role, **over)
+        log = open(self.dir / "logs" / f"{role}.log", "a")
+        self.procs[role] = subprocess.Popen([sys.executable, str(PROGRAM), "run", str(path)], stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=self.dir)
+        return self.procs[role]
+
+    def start_pair(self, head=None, worker=None):
+        """The worker's watchdog first (its state exists when the head's first probe reads it)."""
+        self.start("worker", **(worker or {}))
+        wait_until(lambda: self.state("worker").get("seq", 0) >= 2, 10, "the worker's first states")
+        self.start("head", **(head or {}))
+
+    def stop(self, role):
+        p = self.procs.pop(role)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=10)
+
+    def log(self, role):
+        path = self.dir / "logs" / f"{role}.log"
+        return path.read_text() if path.exists() else ""
+
+    def state(self, role):
+        try:
+            return json.loads((self.dir / f"{role}-state" / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def command(self, cmd, role):
+        return subprocess.run([sys.executable, str(PROGRAM), cmd, str(self.dir / f"{role}.json")],
+                              capture_output=True, text=True, timeout=30)
+
+    def close(self):
+        self.closing = True
+        for role in list(self.procs):
+            p = self.procs.pop(role)
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=5)
+        for p in self.daemons:
+            p.kill()
+            p.wait(timeout=5)
+        pids = (self.dir / "pids").read_text().split() if (self.dir / "pids").exists() else []
+        for pid in pids:  # the container process trees the fake systemctl started
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class KeyWatch:
+    """Samples every process's command line and environment while a test runs: the key must be in none."""
+
+    def __init__(self, key):
+        self.key, self.found, self.stop = key.encode(), [], threading.Event()
+        self.samples = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) == os.getpid():
+                    continue
+                for part in ("cmdline", "environ"):
+                    try:
+                        data = Path(f"/proc/{name}/{part}").read_bytes()
+                    except OSError:
+                        continue
+                    if self.key in data:
+                        self.found.append((name, part, data[:200]))
+            self.samples += 1
+            self.stop.wait(0.02)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = World(tmp_path)
+    watch = KeyWatch(w.key)
+    yield w
+    watch.close()
+    for role in ("head", "worker"):  # shown by pytest when the test failed
+        print(f"----- {role} journal\n{w.log(role)}")
+    print("----- calls\n" + "\n".join(w.calls()))
+    try:
+        # The key is in no process's argv or environment, no journal, no state and no command log.
+        assert not watch.found, f"the API key appeared in {watch.found}"
+        assert watch.samples > 0
+        for path in [*tmp_path.glob("logs/*"), tmp_path / "calls.log", *tmp_path.glob("*-state/*")]:
+            assert w.key not in path.read_text(), f"the API key appeared in {path}"
+    finally:
+        w.close()
+
+
+def lines(text, needle):
+    return [line for line in text.splitlines() if needle in line]
+
+
+def in_order(calls, *wanted):
+    """The indexes of wanted calls, in order, in calls (each after the previous)."""
+    at, found = 0, []
+    for want in wanted:
+        at = calls.index(want, at)
+        found.append(at)
+        at += 1
+    return found
+
+
+def test_a_healthy_pair_is_left_alone(world):
+    world.deploy()
+    t0 = time.time()
+    world.start_pair()
+    wait_until(lambda: world.state("head").get("seq", 0) >= 8, 15, "eight head states")
+    assert world.calls(since=t0) == []
+    head, worker = world.state("head"), world.state("worker")
+    assert head["last_probe"]["ok"] and head["last_probe"]["latency_s"] is not None
+    assert head["generation"] == 0 and head["want"] == "serving" and head["gave_up"] is None
+    assert head["workers"]["spark-b"]["container"] == "running"
+    assert worker["handled_generation"] == 0 and worker["container"] == "running" and worker["process"] == "running"
+    assert lines(world.log("head"), "sparkfleet-watchdog: probe ok (completion in")
+    assert not lines(world.log("head"), "failed")
+    assert lines(world.log("worker"), "first sight of head spark-a: adopting its generation 0")
+    # Every completion carried the key; /health was never asked.
+    posts = [r for r in world.requests if r[0] == "POST"]
+    assert posts and all(r[2]["authed"] for r in posts)
+    assert not [r for r in world.requests if r[0] == "GET"]
+
+    status = world.command("status", "head")
+    assert status.returncode == 0, status.stdout
+    assert status.stdout.splitlines()[-1].startswith("verdict: ok: serving: probe ok at ")
+    assert json.loads(status.stdout.rsplit("\nverdict:", 1)[0])["role"] == "head"
+    assert world.command("status", "worker").returncode == 0
+    probe = world.command("probe", "head")
+    assert probe.returncode == 0 and probe.stdout.startswith("ok: completion in "), probe.stdout
+
+
+def test_a_hung_api_restarts_the_pair_in_the_deploys_order(world):
+    world.deploy()
+    world.start_pair()
+    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    t0 = time.time()
+    world.set_api("hang")  # /health stays green; completions hang, as with a SIGSTOPped vLLM worker
+    wait_until(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    calls = world.calls(since=t0)
+    in_order(calls, f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
+    assert len(calls) == 3, calls
+    log = world.log("head")
+    assert lines(log, "sparkfleet-watchdog: probe failed 1/2 (completion timed out after 0.5 s)")
+    assert lines(log, "sparkfleet-watchdog: probe failed 2/2 (completion timed out after 0.5 s); restarting the pair "
+                      "(restart 1 of 3 in 60 s)")
+    assert lines(log, "restart 1: generation 1: waiting for the workers (spark-b)")
+    assert lines(log, "sparkfleet-watchdog: restart 1: the pair serves again after ")
+    wlog = world.log("worker")
+    assert lines(wlog, "head spark-a restarts the pair (generation 1): restarting sparkfleet-worker")
+    assert lines(wlog, "sparkfleet-worker's container running after")
+    head, worker = world.state("head"), world.state("worker")
+    assert head["generation"] == 1 and head["want"] == "serving" and worker["handled_generation"] == 1
+    assert [r["ok"] for r in head["restarts"]] == [True] and head["restarts"][0]["took_s"] > 0
+    assert [a["what"] for a in head["actions"]][-1].startswith("restart 1: the pair serves again")
+    assert world.command("status", "head").returncode == 0
+
+
+@pytest.mark.parametrize("fault", ["container gone", "engine stopped"])
+def test_a_failed_worker_rank_restarts_the_pair(world, fault):
+    world.deploy()
+    world.start_pair()
+    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    t0 = time.time()
+    if fault == "container gone":
+        os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
+        (world.dir / "containers" / WORKER).unlink()  # --rm
+        why = "spark-b: container sparkfleet-worker does not exist"
+    else:
+        engine = world.engine_pid(WORKER)
+        os.kill(engine, signal.SIGSTOP)  # the worker's engine frozen; its container's init still runs
+        why = f"spark-b: sparkfleet-worker: process {engine} (sleep) stopped (SIGSTOP)"
+    wait_until(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    in_order(world.calls(since=t0), f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
+    failed = lines(world.log("head"), "probe failed 2/2")[0]
+    assert why in failed and failed.endswith("restarting the pair (restart 1 of 3 in 60 s)"), failed
+    assert world.state("worker")["process"] == "running"
+
+
+def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
+    world.deploy()
+    (world.dir / "head_start_mode").write_text("hang")  # from now on, a restart does not cure it
+    world.start_pair(head={"max_restarts": 2, "ready_timeout_s": 0.3, "probe_timeout_s": 0.3})
+    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    t0 = time.time()
+    world.set_api("hang")
+    wait_until(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
+    gave = lines(world.log("head"), "GAVE UP")[0]
+    assert "2 restart(s) within 60 s did not keep the pair serving; last probe: completion timed out after 0.3 s" in gave
+    wait_until(lambda: lines(world.log("worker"), "gave up at"), 10, "the worker stopping")
+    time.sleep(0.6)  # probing goes on, restarting does not
+    calls = world.calls(since=t0)
+    assert calls.count(f"start {HEAD}.service") == 2 and calls.count(f"restart {WORKER}.service") == 2, calls
+    assert calls[-2:] == [f"stop {HEAD}.service", f"stop {WORKER}.service"], calls
+    head = world.state("head")
+    assert head["want"] == "stopped" and "2 restart(s) within 60 s" in head["gave_up"]["reason"]
+    assert [r["ok"] for r in head["restarts"]] == [False, False]
+    assert world.state("worker")["container"] == "absent"
+    status = world.command("status", "head")
+    assert status.returncode == 1 and status.stdout.splitlines()[-1].startswith("verdict: fail: GAVE UP at "), status.stdout
+    probe = world.command("probe", "head")
+    assert probe.returncode == 1 and probe.stdout.startswith("failed: container sparkfleet-head does not exist"), probe.stdout
+    assert world.command("status", "worker").returncode == 1
+
+    (world.dir / "head_start_mode").write_text("ok")  # someone deployed a fix
+    t1 = time.time()
+    world.deploy()
+    wait_until(lambda: lines(world.log("head"), "clearing the give-up"), 10, "the give-up cleared")
+    head = world.state("head")
+    assert head["gave_up"] is None and head["want"] == "serving" and head["restarts"] == []
+    time.sleep(0.5)
+    assert world.calls(since=t1) == [f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service"]
+    assert world.command("status", "head").returncode == 0
+
+
+def test_restarts_back_off(world):
+    world.deploy()
+    (world.dir / "head_start_mode").write_text("hang")
+    # One failure restarts, so the backoff, not the failure count, spaces the restarts.
+    world.start_pair(head={"backoff_s": 0.5, "ready_timeout_s": 0.3, "failures_before_restart": 1,
+                           "probe_timeout_s": 0.2, "interval_s": 0.1})
+    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.set_api("hang")
+    wait_until(lambda: lines(world.log("head"), "GAVE UP"), 40, "the give-up")
+    r = world.state("head")["restarts"]
+    assert len(r) == 3
+    gaps = [r[i + 1]["started_epoch"] - r[i]["finished_epoch"] for i in range(2)]
+    # backoff_s * 2**(k-1) after the previous one ended (plus at most a probe or two, on a busy machine)
+    assert 1.0 <= gaps[0] < 1.0 + 2.0 and 2.0 <= gaps[1] < 2.0 + 2.0, gaps
+    log = world.log("head")
+    assert lines(log, "restart 2 of 3 waits for its backoff") and lines(log, "(1 s after restart 1 ended)")
+    assert lines(log, "restart 3 of 3 waits for its backoff") and lines(log, "(2 s after restart 2 ended)")
+    assert len(lines(log, "waits for its backoff")) == 2  # announced once each; the probes in between say less
+    assert lines(log, "restarting the pair (restart 3 of 3 in 60 s)")
+
+
+def test_a_worker_adopts_the_heads_generation_and_restarts_only_when_asked(world):
+    world.deploy()
+    world.systemctl("stop", f"{HEAD}.service")  # no head watchdog here: the test writes the head's state
+    head_state = world.dir / "head-state" / "state.json"
+
+    def head_says(**state):
+        tmp = head_state.with_suffix(".new")
+        tmp.write_text(json.dumps({"role": "head", "seq": time.time_ns(), **state}))
+        tmp.replace(head_state)
+
+    (world.dir / "worker-state" / "state.json").write_text(json.dumps({"handled_generation": 5, "seq": 40}))
+    head_says(generation=0, want="serving")  # the head's state was reset
+    t0 = time.time()
+    world.start("worker")
+    wait_until(lambda: world.state("worker").get("handled_generation") == 0, 10, "the worker adopting generation 0")
+    assert lines(world.log("worker"), "head spark-a's generation 0 is below this worker's 5 (the head's state was "
+                                      "reset): adopting 0 without a restart")
+    assert world.state("worker")["seq"] > 40
+    head_says(generation=3, want="serving")  # a restart this worker missed, finished without it
+    wait_until(lambda: world.state("worker").get("handled_generation") == 3, 10, "the worker adopting generation 3")
+    assert world.calls(since=t0) == []
+    head_says(generation=4, want="restarting")  # the head waits for this worker
+    wait_until(lambda: world.state("worker").get("handled_generation") == 4, 10, "the worker handling generation 4")
+    assert world.calls(since=t0) == [f"restart {WORKER}.service"]
+    head_says(generation=4, want="stopped", gave_up={"at": "then", "reason": "test"})
+    wait_until(lambda: world.state("worker").get("handled_stop") == "then", 10, "the worker stopping")
+    time.sleep(0.5)
+    assert world.calls(since=t0) == [f"restart {WORKER}.service", f"stop {WORKER}.service"]  # once
+
+
+def test_an_unreachable_head_makes_a_worker_log_and_do_nothing(world):
+    world.deploy()
+    t0 = time.time()
+    world.start("worker", unreachable_log_every_s=300)
+    wait_until(lambda: world.state("worker").get("seq", 0) >= 8, 10, "eight worker states")
+    unreachable = lines(world.log("worker"), "state unreachable")
+    assert len(unreachable) == 1 and "doing nothing" in unreachable[0], unreachable  # rate-limited
+    worker = world.state("worker")
+    assert worker["head"]["reachable"] is False and worker["container"] == "running"
+    assert world.calls(since=t0) == []
+    status = world.command("status", "worker")
+    assert "head state unreachable" in status.stdout.splitlines()[-1]
+    world.start("head")  # its state appears
+    wait_until(lambda: lines(world.log("worker"), "state readable again"), 10, "the head's state read again")
+    assert world.calls(since=t0) == []
+
+
+def test_start_up_grace_and_a_rank_restarted_alone(world):
+    world.deploy()
+    world.set_api("hang")  # a cold start: no completion yet
+    world.start_pair(head={"startup_grace_s": 60})
+    wait_until(lambda: lines(world.log("head"), "not judged: start-up grace"), 10, "the grace")
+    time.sleep(1.0)
+    t0 = time.time()
+    assert world.calls(since=t0 - 2) == [] and world.state("head")["failures"] == 0
+    # systemd's Restart=on-failure brings the worker back alone: the head still waits on the old one.
+    world.systemctl("restart", f"{WORKER}.service")
+    wait_until(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    failed = lines(world.log("head"), "probe failed 2/2")[0]
+    assert "spark-b's container restarted on its own" in failed, failed
+    in_order(world.calls(since=t0), f"restart {WORKER}.service", f"stop {HEAD}.service",
+             f"restart {WORKER}.service", f"start {HEAD}.service")
+
+
+def test_the_probe_reports_a_refused_key_and_never_logs_it(world):
+    world.deploy()
+    world.start("worker")
+    wait_until(lambda: world.state("worker").get("seq", 0) >= 2, 10, "the worker's states")
+    world.config("head")
+    world.set_api("ok")
+    assert world.command("probe", "head").returncode == 0
+    world.set_api("401")
+    probe = world.command("probe", "head")
+    assert probe.returncode == 1 and probe.stdout.strip() == "failed: the API refused the key (401)"
+    world.set_api("ok")
+    world.key_file.write_text("sk-" + secrets.token_hex(24))  # a rotated key file is read at each probe
+    assert world.command("probe", "head").stdout.startswith("failed: the API refused the key (401)")
+    world.key_file.write_text(world.key)
+    assert world.command("probe", "head").returncode == 0
+    # urllib in the watchdog's own process: no curl, no subprocess sees the key.
+    source = PROGRAM.read_text()
+    assert "curl" not in source.split('"""', 2)[2]
+    world.stop("worker")
+    time.sleep(1.0)
+    world.config("head", stale_after_s=0.5)  # one-shot: the worker's own wall-clock time of its last write
+    stale = world.command("probe", "head")
+    assert stale.returncode == 1 and stale.stdout.startswith("failed: spark-b: state not updated for "), stale.stdout
+
+
+def test_a_stale_worker_state_is_reported_but_restarts_nothing(world):
+    world.deploy()
+    world.start_pair(head={"stale_after_s": 1})
+    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    t0 = time.time()
+    world.stop("worker")  # the worker's watchdog is gone; the pair still serves
+    wait_until(lambda: lines(world.log("head"), "the pair serves, but spark-b: state not updated"), 10, "the report")
+    time.sleep(0.6)
+    assert world.calls(since=t0) == []
+    status = world.command("status", "head")
+    assert status.returncode == 1 and "spark-b: state not updated for" in status.stdout.splitlines()[-1]
+
+
+def test_bad_configs_are_refused(tmp_path):
+    cases = {
+        "unknown key": ({"role": "head", "unit": "u", "container": "c", "state_dir": "/x", "port": 1, "model": "m",
+                         "key_file": "/k", "intervall_s": 3}, "unknown keys intervall_s"),
+        "worker without head": ({"role": "worker", "unit": "u", "container": "c", "state_dir": "/x"}, "a worker needs head"),
+        "bad number": ({"role": "worker", "unit": "u", "container": "c", "state_dir": "/x",
+                        "head": {"name": "a", "state": "/s"}, "max_restarts": 0}, "max_restarts must be an integer >= 1"),
+    }
+    for name, (cfg, want) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(cfg))
+        r = subprocess.run([sys.executable, str(PROGRAM), "status", str(path)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and want in r.stderr, (name, r.stderr)
+
+
+def test_the_rsync_daemon_serves_the_watchdog_state_once_the_data_has_it():
+    """rsyncd.conf renders as before for today's data; with the watchdog keys it gains the module."""
+    from roles.watchdog.schema import RSYNC_MODULE, WatchdogData
+    from sparkfleet.config import build_cluster
+    from sparkfleet.render import render
+    from tests.unit.helpers import pair
+
+    node = build_cluster(pair()).node("spark-b")
+    before = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=node, fabric_network=node.fabric_address.network)
+    assert f"[{RSYNC_MODULE}]" not in before and before.endswith("comment = JIT kernel cache generations and their manifests\n")
+
+    class WithWatchdog:
+        def __init__(self, node, **data):
+            self._node, self._data = node, WatchdogData(**data)
+
+        def __getattr__(self, name):
+            return getattr(self._data, name) if name.startswith("watchdog_") else getattr(self._node, name)
+
+    after = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=WithWatchdog(node),
+                   fabric_network=node.fabric_address.network)
+    assert after.startswith(before)
+    assert after[len(before):].endswith(f"[{RSYNC_MODULE}]\npath = /var/lib/sparkfleet/watchdog\n"
+                                        "comment = this node's watchdog state (state.json), read by its peers\n")
+    off = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=WithWatchdog(node, watchdog_enabled=False),
+                 fabric_network=node.fabric_address.network)
+    assert off == before
+
+
+def test_the_deploy_side_config_is_one_the_program_accepts(tmp_path):
+    from roles.serving.schema import node_profile
+    from roles.watchdog.node_config import watch_config
+    from roles.watchdog.schema import WATCH_UNIT, WatchdogData
+    from sparkfleet.config import build_cluster
+    from sparkfleet.render import render
+    from tests.unit.helpers import pair
+
+    cluster = build_cluster(pair())
+    wd = WatchdogData()
+    for node in cluster.nodes:
+        cfg = watch_config(cluster, node, node_profile(node), wd)
+        cfg["state_dir"] = str(tmp_path / node.name)
+        path = tmp_path / f"{node.name}.json"
+        path.write_text(json.dumps(cfg))
+        r = subprocess.run([sys.executable, str(PROGRAM), "status", str(path)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "no state at" in r.stdout, r.stdout + r.stderr  # valid, never ran
+        unit = render("watchdog", f"/etc/systemd/system/{WATCH_UNIT}.service", node=node, unit=cfg["unit"],
+                      state_dir=wd.watchdog_state_dir, program="/usr/local/libexec/sparkfleet/sfl_watch.py",
+                      config="/etc/sparkfleet/watchdog.json")
+        assert "ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sfl_watch.py run /etc/sparkfleet/watchdog.json" in unit
+    head = watch_config(cluster, cluster.head, node_profile(cluster.head), wd)
+    assert head["workers"] == [{"name": "spark-b", "state": "rsync://10.77.77.2:873/watchdog/state.json"}]
+    assert head["key_file"] == "/etc/sparkfleet/api-key" and head["port"] == 8000
+    worker = watch_config(cluster, cluster.node("spark-b"), node_profile(cluster.node("spark-b")), wd)
+    assert worker["head"] == {"name": "spark-a", "state": "rsync://10.77.77.1:873/watchdog/state.json"}
+
+
+def test_backoff_and_window_arithmetic_in_the_schema_defaults():
+    """The defaults give up on a pair that never comes back: max_restarts cold starts and their
+    backoffs fit in the window."""
+    from roles.serving.schema import ServingData
+    from roles.watchdog.schema import WatchdogData
+
+    wd, health = WatchdogData(), ServingData.model_fields["serving_health_timeout_s"].default
+    worst = sum(health + wd.watchdog_backoff_s * 2 ** (k - 1) for k in range(1, wd.watchdog_max_restarts + 1))
+    assert worst < wd.watchdog_window_s
+    assert wd.watchdog_startup_grace_s >= health
+    # sfl_watch.py's own defaults are the schema's
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import sfl_watch
+    finally:
+        sys.path.pop(0)
+    for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "failures_before_restart", "max_restarts",
+                "window_s", "backoff_s", "startup_grace_s"):
+        assert sfl_watch.DEFAULTS[key] == getattr(wd, f"watchdog_{key}"), key
