@@ -3,6 +3,7 @@
 The stand-in runs as a subprocess on 127.0.0.1 with free ports; nothing here imports lab/ code.
 Every wait is bounded, and every process a test starts is killed when the test ends.
 """
+import ast
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,22 +41,42 @@ def free_port():
 
 
 def env(**extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "SFL_STANDIN_")) and k not in JIT_CACHES}
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("VLLM_", "SFL_STANDIN_", "TORCH_NCCL_")) and k not in JIT_CACHES}
     e.update({"VLLM_HOST_IP": "127.0.0.1", "SFL_STANDIN_JOIN_TIMEOUT_S": "10", **extra})
     return {k: v for k, v in e.items() if v is not None}
 
 
-def get(port, path, key=None):
+def get(port, path, key=None, timeout=2):
     """(status, parsed JSON body), or (None, None) while nothing listens; `key` as a Bearer token."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers),
-                                    timeout=2) as r:
+                                    timeout=timeout) as r:
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)
     except (urllib.error.URLError, ConnectionError):
         return None, None
+
+
+def post_chat(port, content="hi", timeout=15):
+    """(status, parsed JSON body) of a small chat completion to the stand-in (served name "lab")."""
+    body = {"model": "lab", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def constant(path, name):
+    """The value of a module-level constant NAME = <literal> in a stand-in's source."""
+    [value] = [ast.literal_eval(node.value) for node in ast.parse(path.read_text()).body
+               if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]]
+    return value
 
 
 def wait_for(predicate, timeout=5.0, what="condition"):
@@ -92,10 +114,10 @@ def worker_args(ports, model=MODEL, rank="1"):
             "--master-port", str(ports["master"])]
 
 
-def start_pair(run, ports):
-    head = run(*head_args(ports))
+def start_pair(run, ports, head_env=None, worker_env=None):
+    head = run(*head_args(ports), **(head_env or {}))
     wait_for(lambda: get(ports["http"], "/health")[0], what="the head's HTTP server")
-    worker = run(*worker_args(ports))
+    worker = run(*worker_args(ports), **(worker_env or {}))
     wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after the worker joined")
     return head, worker
 
@@ -121,7 +143,10 @@ def test_head_waits_for_the_worker_then_serves(run, ports):
 
     head.send_signal(signal.SIGTERM)
     assert head.wait(timeout=5) == 0
-    assert worker.wait(timeout=5) != 0  # its head went away
+    time.sleep(0.5)
+    assert worker.poll() is None  # a headless worker outlives its head (vllm#32136)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0
     out = head.communicate(timeout=5)[0]
     assert "standin[rank 0]: argv: vllm serve org/lab-model" in out
     assert "standin[rank 0]: rank 1 joined from 127.0.0.1" in out
@@ -134,18 +159,70 @@ def test_worker_sigterm_exits_0(run, ports):
     assert worker.wait(timeout=5) == 0
 
 
-def test_killing_the_worker_stops_the_head(run, ports):
-    head, worker = start_pair(run, ports)
-    worker.kill()
-    assert head.wait(timeout=5) == 1
-    assert "rank 1 (127.0.0.1) dropped its connection" in head.communicate(timeout=5)[0]
+STEP_TIMEOUT_S = 2  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS in the tests below (vLLM's default is 300)
 
 
-def test_killing_the_head_stops_the_worker(run, ports):
-    head, worker = start_pair(run, ports)
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_dead_or_frozen_worker_is_found_only_by_a_request_after_the_step_timeout(run, ports, signum):
+    """vLLM 0.33: /health never asks the workers; a request waits out the step's RPC deadline, then
+    the engine dies (500 to every waiting request, /health 503) and the API server exits at its
+    watchdog's next check, with the status the stand-in infers from vLLM's code."""
+    head, worker = start_pair(run, ports, head_env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S)})
+    worker.send_signal(signum)
+    if signum == signal.SIGKILL:
+        worker.wait(timeout=5)
+    time.sleep(0.5)
+    assert head.poll() is None and get(ports["http"], "/health") == (200, {"status": "ok", "ranks": 2})
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append((post_chat(ports["http"]), time.monotonic())))
+               for _ in range(2)]  # a second request queues behind the first step
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    time.sleep(STEP_TIMEOUT_S - 0.7)
+    assert results == [] and get(ports["http"], "/health")[0] == 200  # blocked, unanswered, /health green
+    for t in threads:
+        t.join(timeout=STEP_TIMEOUT_S + 5)
+    assert len(results) == 2
+    for (status, body), answered in results:
+        assert status == 500 and body["error"]["type"] == "InternalServerError", body
+        assert body["error"]["message"] == "The server had an error while processing your request."
+        assert STEP_TIMEOUT_S <= answered - started < STEP_TIMEOUT_S + 1.5
+    died = max(answered for _, answered in results)
+    assert get(ports["http"], "/health") == (503, {"status": "engine dead", "ranks": 2})
+    assert post_chat(ports["http"])[0] == 500  # a new request meets the dead engine at once
+    assert head.poll() is None  # the API server's watchdog has not looked yet
+
+    assert head.wait(timeout=8) == constant(VLLM, "ENGINE_DEATH_EXIT_STATUS") == 0
+    assert time.monotonic() - died >= constant(VLLM, "WATCHDOG_S") - 0.5
+    out = head.communicate(timeout=5)[0]
+    assert "EngineCore encountered a fatal error." in out
+    assert "TimeoutError: RPC call to execute_model timed out." in out
+    assert ("rank 1 (127.0.0.1) dropped its connection" in out) == (signum == signal.SIGKILL)
+
+
+def test_a_killed_head_leaves_its_worker_up_until_sigterm(run, ports):
+    head, worker = start_pair(run, ports, worker_env={"TORCH_NCCL_COORD_CHECK_MILSEC": "200"})
     head.kill()
+    head.wait(timeout=5)
+    time.sleep(1.5)
+    assert worker.poll() is None  # no exit, no rejoin: it waits for an outside restart (vllm#32136)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0
+    out = worker.communicate(timeout=5)[0]
+    assert "the head dropped the connection; as vLLM's headless worker, staying up" in out
+    lines = [line for line in out.splitlines() if "[c10d] recvValue failed on SocketImpl(" in line]
+    assert len(lines) >= 4, out  # torch's heartbeat monitor: one line per TCPStore poll, every 0.2 s here
+    assert all(line.endswith("Connection was likely closed. Did the remote server shutdown or crash?") for line in lines)
+    assert "SIGTERM: exiting 0" in out
+
+
+def test_worker_waits_for_the_head_for_the_distributed_timeout(run, ports):
+    worker = run(*worker_args(ports), "--distributed-timeout-seconds", "1", SFL_STANDIN_JOIN_TIMEOUT_S=None)
     assert worker.wait(timeout=5) == 1
-    assert "the head dropped the connection" in worker.communicate(timeout=5)[0]
+    assert "not reachable after 1 s" in worker.communicate(timeout=5)[0]
 
 
 @pytest.mark.parametrize("model, rank, why", [
@@ -190,6 +267,7 @@ def test_single_node_serves_at_once(run, ports):
     (["--limit-mm-per-prompt", "{image"], {}, "not valid JSON"),
     ([], {"VLLM_HOST_IP": None}, "VLLM_HOST_IP is not set"),
     ([], {"SFL_STANDIN_JIT_MS": "-1"}, "SFL_STANDIN_JIT_MS must be a number of milliseconds"),
+    ([], {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1.5"}, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: invalid literal for int()"),
 ])
 def test_refusals_exit_2_saying_why(args, extra_env, message):
     p = subprocess.run([sys.executable, str(VLLM), "serve", MODEL, *args], env=env(**extra_env),

@@ -6,16 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from tests.unit.test_lab_standin import JIT_CACHES, MODEL, free_port, get, wait_for
+from tests.unit.test_lab_standin import JIT_CACHES, MODEL, constant, free_port, get, post_chat, wait_for
 from tests.unit.test_serving_engines import STANDIN
 
 
 def env(**extra):
     e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("VLLM_", "SFL_STANDIN_", "GLOO_")) and k not in JIT_CACHES}
+         if not k.startswith(("VLLM_", "SFL_STANDIN_", "GLOO_", "SGLANG_")) and k not in JIT_CACHES}
     e.update({"PYTHONPATH": str(STANDIN), "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": "lo",
               "SFL_STANDIN_JOIN_TIMEOUT_S": "10", **extra})
     return {k: v for k, v in e.items() if v is not None}
@@ -47,12 +49,27 @@ def rank_args(ports, rank, model=MODEL, nnodes="2", tp="2"):
     return args + (["--host", "127.0.0.1", "--port", str(ports["http"])] if rank == "0" else [])
 
 
-def start_pair(run, ports):
-    head = run(*rank_args(ports, "0"))
+def start_pair(run, ports, extra=(), head_env=None, worker_env=None):
+    """Both ranks up (rank 0 first), `extra` flags on both, and /health 200."""
+    head = run(*rank_args(ports, "0"), *extra, **(head_env or {}))
     wait_for(lambda: get(ports["http"], "/health")[0], what="the head's HTTP server")
-    worker = run(*rank_args(ports, "1"))
+    worker = run(*rank_args(ports, "1"), *extra, **(worker_env or {}))
     wait_for(lambda: get(ports["http"], "/health")[0] == 200, what="/health 200 after rank 1 joined")
     return head, worker
+
+
+def in_background(call, *args, **kwargs):
+    """Run call(*args, **kwargs) in a daemon thread; its outcome (a result or the exception) lands in
+    the returned list."""
+    outcome = []
+
+    def target():
+        try:
+            outcome.append(call(*args, **kwargs))
+        except Exception as e:  # the server died under the request
+            outcome.append(e)
+    threading.Thread(target=target, daemon=True).start()
+    return outcome
 
 
 def test_head_waits_for_every_rank_then_serves(run, ports):
@@ -90,8 +107,24 @@ def test_ranks_above_0_serve_no_http_even_when_given_a_port(run, ports):
     assert head.poll() is None and worker.poll() is None
 
 
-def test_worker_sigterm_exits_0(run, ports):
-    _, worker = start_pair(run, ports)
+def test_a_joined_worker_ignores_sigterm_until_its_head_goes(run, ports):
+    head, worker = start_pair(run, ports)
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    assert worker.poll() is None  # SGLang's rank >= 1 waits for rank 0's ShutdownReq instead
+    assert get(ports["http"], "/health") == (200, {"status": "ok", "ranks": 2})
+    assert get(ports["http"], "/health_generate") == (200, {"status": "ok", "ranks": 2})
+    assert post_chat(ports["http"])[0] == 200  # the pair still serves
+    head.send_signal(signal.SIGTERM)
+    assert head.wait(timeout=5) == 0
+    assert worker.wait(timeout=5) == 1
+    assert ("SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq broadcast to stop the "
+            "schedulers.") in worker.communicate(timeout=5)[0]
+
+
+def test_a_worker_sigterm_before_it_joined_exits_0(run, ports):
+    worker = run(*rank_args(ports, "1"))  # no head yet: still joining, SIGTERM is not replaced
+    time.sleep(0.5)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=5) == 0
 
@@ -99,15 +132,75 @@ def test_worker_sigterm_exits_0(run, ports):
 def test_killing_the_worker_stops_the_head(run, ports):
     head, worker = start_pair(run, ports)
     worker.kill()
-    assert head.wait(timeout=5) == 1
-    assert "rank 1 (127.0.0.1) dropped its connection" in head.communicate(timeout=5)[0]
+    assert head.wait(timeout=5) == constant(STANDIN / "sglang" / "launch_server.py", "SCHEDULER_DEATH_EXIT") == 1
+    out = head.communicate(timeout=5)[0]
+    assert "rank 1 (127.0.0.1) dropped its connection" in out
+    assert "[TP0] Scheduler hit an exception" in out and "Connection closed by peer [127.0.0.1]:" in out
+    assert "Received sigquit from a child process. It usually means the child failed." in out
 
 
 def test_killing_the_head_stops_the_worker(run, ports):
     head, worker = start_pair(run, ports)
     head.kill()
     assert worker.wait(timeout=5) == 1
-    assert "the head dropped the connection" in worker.communicate(timeout=5)[0]
+    out = worker.communicate(timeout=5)[0]
+    assert "the head dropped the connection" in out
+    assert "[TP1] Scheduler hit an exception" in out and "Connection closed by peer [127.0.0.1]:" in out
+
+
+GLOO_S = 7  # SFL_STANDIN_GLOO_TIMEOUT_S below (SGLang's Gloo group: 7200 s)
+
+
+def test_a_frozen_idle_worker_fails_health_and_holds_requests_until_the_gloo_timeout(run, ports):
+    """Idle, nothing is in flight: the scheduler watchdog stays inactive (it would have ended the head
+    after 1.0-1.5 x 0.5 s + 5 s), /health's probe gets no answer (503 after SGLANG_HEALTH_CHECK_TIMEOUT),
+    a request waits, and only the Gloo timeout of the blocked broadcast ends the head."""
+    head, worker = start_pair(run, ports, extra=("--watchdog-timeout", "0.5"),
+                              head_env={"SGLANG_HEALTH_CHECK_TIMEOUT": "2", "SFL_STANDIN_GLOO_TIMEOUT_S": str(GLOO_S)})
+    time.sleep(0.3)  # past the iteration right after /health's probe: the loop is idle
+    worker.send_signal(signal.SIGSTOP)
+    frozen = time.monotonic()
+    assert get(ports["http"], "/health", timeout=6) == (503, {"status": "unhealthy", "ranks": 2})
+    assert 2 <= time.monotonic() - frozen < 3.5
+    answer = in_background(post_chat, ports["http"], timeout=GLOO_S + 5)
+    time.sleep(GLOO_S - 1 - (time.monotonic() - frozen))
+    assert head.poll() is None and answer == []  # no watchdog exit, the request still unanswered
+    assert head.wait(timeout=4) == 1
+    assert time.monotonic() - frozen >= GLOO_S - 0.5
+    wait_for(lambda: answer, what="the held request to fail with the head")
+    assert isinstance(answer[0], Exception), answer  # never answered: the connection died with the head
+    out = head.communicate(timeout=5)[0]
+    assert ("Health check failed. Server couldn't get a response from detokenizer for last 2 seconds. "
+            "tic start time: ") in out
+    assert f"Timed out waiting {GLOO_S * 1000}ms for send operation to complete" in out
+    assert "Scheduler watchdog timeout" not in out
+
+
+@pytest.mark.parametrize("frozen", ["worker", "head"])
+def test_a_rank_frozen_with_a_batch_in_flight_is_ended_by_the_other_ranks_watchdog(run, ports, tmp_path, frozen):
+    """The frozen rank compiles slowly (0.5 s a request, under --watchdog-timeout 1: a request alone
+    does not trip it); frozen mid-forward, the other rank's scheduler watchdog fires 1.0-2.0 x 1 s
+    after the forward began (it looks every 0.5 s), logs, waits 5 s and ends its process."""
+    slow = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), "SFL_STANDIN_JIT_MS": "500"}
+    gloo = {"SFL_STANDIN_GLOO_TIMEOUT_S": "60"}
+    head, worker = start_pair(run, ports, extra=("--watchdog-timeout", "1"),
+                              head_env={**gloo, **(slow if frozen == "head" else {})},
+                              worker_env={**gloo, **(slow if frozen == "worker" else {})})
+    stalled, survivor = (worker, head) if frozen == "worker" else (head, worker)
+    kernels = lambda: len([f for f in (tmp_path / "cache").rglob("*.json")])  # noqa: E731
+    wait_for(lambda: kernels() == 1, what="the slow rank's startup kernels")
+    assert post_chat(ports["http"])[0] == 200  # a 0.5 s forward: no watchdog
+    assert kernels() == 2
+    in_background(post_chat, ports["http"], " ".join(["word"] * 40), timeout=15)  # a new shape: 0.5 s again
+    wait_for(lambda: kernels() == 3, what="the slow rank's forward")
+    stalled.send_signal(signal.SIGSTOP)
+    began = time.monotonic()
+    assert survivor.wait(timeout=10) == 1
+    assert 6 - 0.3 <= time.monotonic() - began <= 7 + 1
+    out = survivor.communicate(timeout=5)[0]
+    assert "Scheduler watchdog timeout (self.watchdog_timeout=1.0, self.soft=False)" in out
+    assert "Received sigquit from a child process. It usually means the child failed." in out
+    assert "Timed out waiting" not in out
 
 
 @pytest.mark.parametrize("changes, why", [
@@ -170,6 +263,8 @@ SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--s
     (["--speculative-num-steps", "3"], {}, "--speculative-num-steps without --speculative-algorithm"),
     (["--enable-multimodal", "--language-model-only"], {}, "contradict each other"),
     ([], {"SFL_STANDIN_JIT_MS": "soon"}, "SFL_STANDIN_JIT_MS must be a number of milliseconds"),
+    ([], {"SFL_STANDIN_GLOO_TIMEOUT_S": "0"}, "SFL_STANDIN_GLOO_TIMEOUT_S must be a positive number of seconds"),
+    ([], {"SGLANG_HEALTH_CHECK_TIMEOUT": "2.5"}, "SGLANG_HEALTH_CHECK_TIMEOUT: invalid literal for int()"),
 ])
 def test_refusals_exit_2_saying_why(args, extra_env, message):
     p = subprocess.run(command(*BASE, *args), env=env(**extra_env), capture_output=True, text=True, timeout=10)

@@ -3,8 +3,8 @@
 accepts exactly the flags sparkfleet renders for SGLang (anything else is refused, no
 abbreviations), runs the same command on every rank like a real multi-node SGLang pair (no
 --headless: rank 0 serves HTTP, ranks > 0 join it over --dist-init-addr HOST:PORT), answers
-/health and /v1/models once every rank has joined, and fails like a real pair (a rank drops, its
-peer exits 1). Python 3.11 standard library only, Linux only. Never used by the deploy on real
+/health and /v1/models once every rank has joined, and fails like a real SGLang 0.5.23 pair
+(below). Python 3.11 standard library only, Linux only. Never used by the deploy on real
 Sparks. Run it as `python3 -m sglang.launch_server` with this file's parent directory on
 PYTHONPATH (the lab image installs it so).
 
@@ -15,13 +15,30 @@ each rank writes its own files (named by rank), a shape seen before is a cache h
 nothing, and the head answers only once every rank is done. Images are refused (400) under
 --language-model-only.
 
-Environment: GLOO_SOCKET_IFNAME (required when --nnodes > 1: torch's Gloo group binds to that
-netdev's address, and without it multi-node SGLang in Docker picks loopback and its peers are
-refused; each rank's connection here is made from that address), SFL_STANDIN_JOIN_TIMEOUT_S
-(ranks > 0: how long to keep trying the head, default 600), the kernel cache variables of
-JIT_CACHES (SGLang's set, roles/kernel_cache/schema.py CACHE_VARS["sglang"]; each used only when set
-and non-empty), SFL_STANDIN_JIT_MS (milliseconds of "compile time" per kernel file
-written, default 20)."""
+Like SGLang, the ranks run in lockstep: every iteration of rank 0's scheduler loop, idle or not,
+broadcasts its new requests to every rank over the Gloo group and waits for them, then runs the
+batch (a forward) on every rank. So (the upstream code is named next to each behaviour below):
+- A rank killed: the other rank's next broadcast fails ("Connection closed by peer"); its
+  scheduler dies and the process exits SCHEDULER_DEATH_EXIT within a second.
+- A rank frozen (SIGSTOP): the other rank blocks in the broadcast. Every request then blocks, with
+  no timeout of its own; /health and /health_generate push a probe through the loop and answer 503
+  when nothing came back within SGLANG_HEALTH_CHECK_TIMEOUT. With a batch in flight, the scheduler
+  watchdog (--watchdog-timeout) ends the process 1.0-1.5 x that timeout after the last forward began,
+  plus 5 s; idle, only the Gloo timeout (SFL_STANDIN_GLOO_TIMEOUT_S) ends it.
+- Ranks > 0 serve no HTTP, and once joined they ignore SIGTERM (SGLang's warning is logged; only
+  rank 0's shutdown, a dropped link or SIGKILL ends them).
+- No heartbeat on the rank connections (no TCP keepalive).
+
+Environment, as SGLang and torch read it: GLOO_SOCKET_IFNAME (required when --nnodes > 1: torch's
+Gloo group binds to that netdev's address, and without it multi-node SGLang in Docker picks
+loopback and its peers are refused; each rank's connection here is made from that address),
+SGLANG_HEALTH_CHECK_TIMEOUT (rank 0: seconds /health waits for its probe, default 20, an integer
+as srt/entrypoints/http_server.py reads it), the kernel cache variables of JIT_CACHES (SGLang's
+set, roles/kernel_cache/schema.py CACHE_VARS["sglang"]; each used only when set and non-empty).
+Stand-in only: SFL_STANDIN_JOIN_TIMEOUT_S (ranks > 0: how long to keep trying the head, default
+600), SFL_STANDIN_JIT_MS (milliseconds of "compile time" per kernel file written, default 20),
+SFL_STANDIN_GLOO_TIMEOUT_S (seconds a broadcast of the lockstep may wait for the other rank,
+default 7200: the Gloo group's timeout, which no SGLang flag sets; shorten it to test)."""
 import argparse
 import contextlib
 import fcntl
@@ -59,9 +76,24 @@ JIT_CACHES = ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR",
               "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "FLASHINFER_WORKSPACE_BASE", "TILELANG_CACHE_DIR",
               "CUTE_DSL_CACHE_DIR", "TVM_FFI_CACHE_DIR", "CUDA_CACHE_PATH")
 JIT_FILE_BYTES = 4096
-JIT_WAIT_S = 10  # how long the head waits for the other ranks to compile a request's shape
 JIT_LOCK = threading.Lock()  # one compile at a time per process
 STARTUP = ("startup", 0)  # the shape of the model's load-time kernels (the field report's TileLang ones)
+# The Gloo group of every rank's scheduler (tp_group.cpu_group) times out after 120 * 60 s:
+# srt/distributed/parallel_state.py GroupCoordinator.__init__, gloo_timeout=timedelta(seconds=120 * 60);
+# --dist-timeout does not reach it. SFL_STANDIN_GLOO_TIMEOUT_S replaces it in the stand-in.
+GLOO_TIMEOUT_S = 120 * 60
+# The real scheduler loop spins; the stand-in's idle iterations pause this long (no work, less CPU).
+IDLE_TICK_S = 0.05
+# srt/utils/watchdog.py WatchdogRaw._watchdog_once: after a watchdog timeout it sleeps 5 s ("so that
+# the parent process can print the error"), then SIGQUITs the parent.
+WATCHDOG_GRACE_S = 5
+# The exit status once a scheduler died (an exception, a watchdog timeout). Real SGLang: the
+# scheduler SIGQUITs its parent (srt/managers/scheduler.py run_scheduler_process), whose
+# launch_phase_sigquit_handler (srt/entrypoints/engine.py) calls kill_process_tree(os.getpid()),
+# which SIGKILLs the tree and the process itself: status 137 in the container. The stand-in exits 1,
+# as it always did on a dropped rank: a failure to systemd's Restart=on-failure either way, and a 1
+# tells a stand-in exit from a real SIGKILL.
+SCHEDULER_DEATH_EXIT = 1
 
 
 
@@ -69,12 +101,64 @@ def log(msg):
     print(f"sglang-standin[rank {RANK}]: {msg}", flush=True)
 
 
-def keepalive(conn):
-    """Notice a peer that vanished without closing (host frozen, cable pulled) within ~15 s."""
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 5)):
-        if hasattr(socket, opt):
-            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+def scheduler_died(tp_rank, error):
+    """A scheduler exception, as SGLang ends on one: run_scheduler_process (srt/managers/scheduler.py)
+    logs "Scheduler hit an exception" and SIGQUITs its parent, whose launch_phase_sigquit_handler
+    (srt/entrypoints/engine.py) kills the process tree. Exits SCHEDULER_DEATH_EXIT at once."""
+    log(f"[TP{tp_rank}] Scheduler hit an exception: Traceback (most recent call last): ... "
+        f"in broadcast_pyobj ... RuntimeError: {error}")
+    sigquit()
+
+
+def sigquit():
+    log("Received sigquit from a child process. It usually means the child failed.")
+    log(f"exiting {SCHEDULER_DEATH_EXIT} (real SGLang SIGKILLs its own process tree here: status 137)")
+    sys.stdout.flush()
+    os._exit(SCHEDULER_DEATH_EXIT)
+
+
+def gloo_closed(peer):
+    return f"[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [{peer[0]}]:{peer[1]}"
+
+
+def gloo_timed_out(seconds, op):
+    return (f"[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+            f"{round(seconds * 1000)}ms for {op} operation to complete")
+
+
+class Progress:
+    """What a scheduler's watchdog reads: forward_ct (batches begun) and cur_batch_for_debug (the
+    batch of the current iteration, None when idle), as srt/managers/scheduler.py keeps them."""
+
+    def __init__(self):
+        self.forward_ct = 0
+        self.cur_batch = None
+
+
+def scheduler_watchdog(timeout, progress, tp_rank):
+    """--watchdog-timeout, as create_scheduler_watchdog (srt/managers/scheduler_components/
+    invariant_checker.py) builds it on every rank: WatchdogRaw (srt/utils/watchdog.py), active only
+    while a batch is in flight, checks every timeout / 2 and fires once forward_ct has not moved for
+    more than `timeout`, i.e. 1.0-1.5 x timeout after the last forward began; then it logs, waits
+    WATCHDOG_GRACE_S and SIGQUITs the process. Idle, it never fires."""
+
+    def watch():
+        last_counter, last_time = 0, time.perf_counter()  # _watchdog_once, line for line
+        while True:
+            current = time.perf_counter()
+            batch = progress.cur_batch
+            if batch is not None:
+                if last_counter == progress.forward_ct:
+                    if current > last_time + timeout:
+                        break
+                else:
+                    last_counter, last_time = progress.forward_ct, current
+            time.sleep(max(timeout / 2, 0.01))
+        log(f"[TP{tp_rank}] Scheduler debug info:\nscheduler.cur_batch_for_debug.batch_size()={len(batch)}")
+        log(f"[TP{tp_rank}] Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
+        time.sleep(WATCHDOG_GRACE_S)
+        sigquit()
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def jit_compile(args, shape):
@@ -111,13 +195,18 @@ def jit_compile(args, shape):
     log(f"jit: {kind}/{bucket}: compiled {compiled}, cached {cached}" + (f", failed {failed}" if failed else ""))
 
 
-def jit_request(line):
-    """The shape in the head's line {"jit": [kind, bucket]}, or None."""
+def tick_request(line):
+    """The head's lockstep line {"tick": n, "reqs": k, "jit": [[kind, bucket], ...]} as
+    (n, k, shapes), or None."""
     try:
-        kind, bucket = json.loads(line)["jit"]
+        tick = json.loads(line)
+        n, reqs, shapes = tick["tick"], tick["reqs"], [tuple(shape) for shape in tick["jit"]]
     except (ValueError, KeyError, TypeError):
         return None
-    return (kind, bucket) if isinstance(kind, str) and type(bucket) is int else None
+    if type(n) is not int or type(reqs) is not int or not all(
+            len(shape) == 2 and isinstance(shape[0], str) and type(shape[1]) is int for shape in shapes):
+        return None
+    return n, reqs, shapes
 
 
 def openai_error(code, message, param=None):
@@ -276,7 +365,7 @@ def parse(argv):
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--quantization")
     p.add_argument("--dist-timeout", type=int)
-    p.add_argument("--watchdog-timeout", type=float)
+    p.add_argument("--watchdog-timeout", type=float, default=300.0)  # srt/arg_groups/fields/device.py: 300
     p.add_argument("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
     for name in SPECULATIVE_NUMBERS:
         p.add_argument("--" + name.replace("_", "-"), type=int)
@@ -335,6 +424,21 @@ def parse(argv):
             raise ValueError
     except ValueError:
         p.error("SFL_STANDIN_JIT_MS must be a number of milliseconds (0 to 60000)")
+    try:
+        a.gloo_timeout = float(os.environ.get("SFL_STANDIN_GLOO_TIMEOUT_S") or GLOO_TIMEOUT_S)
+        if not a.gloo_timeout > 0:
+            raise ValueError
+    except ValueError:
+        p.error("SFL_STANDIN_GLOO_TIMEOUT_S must be a positive number of seconds")
+    # srt/entrypoints/http_server.py: HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20)),
+    # read when rank 0's HTTP server is imported; a value int() refuses fails the real server too.
+    a.health_check_timeout = None
+    if a.node_rank == 0:
+        try:
+            a.health_check_timeout = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))
+        except ValueError as e:
+            p.error(f"SGLANG_HEALTH_CHECK_TIMEOUT: {e} (srt/entrypoints/http_server.py reads it with int())")
+    a.tp_rank = a.node_rank * (a.tp_size // a.nnodes)  # the first TP rank on this node, as SGLang logs it
     return a
 
 
@@ -345,29 +449,39 @@ def hello_of(args):
 
 class Link:
     """The head's end of a joined rank's rendezvous connection. Head.member() reads it (the rank's
-    answers go to `answers`, then None once it dropped); a request holds `lock` for a whole round
-    trip (send, wait for the answer), so answers never go to the wrong request."""
+    answers go to `answers`, then None once it dropped); only the scheduler thread sends on it and
+    waits for its answers, and `lock` is held while the hello is answered, so no tick overtakes it."""
 
-    def __init__(self, rank, conn):
-        self.rank, self.conn = rank, conn
+    def __init__(self, rank, conn, peer):
+        self.rank, self.conn, self.peer = rank, conn, peer
         self.lock = threading.Lock()
         self.answers = queue.Queue()
 
     def send(self, message):
         self.conn.sendall((json.dumps(message) + "\n").encode())
 
-    def wait_done(self, shape, deadline):
-        """None once the rank answered {"jit_done": shape} (before `deadline`), else why not."""
+    def expect(self, key, n, deadline):
+        """Wait for the rank's {key: n}: True once it came, False at `deadline` (None: no deadline),
+        None once the rank dropped."""
         while True:
             try:
-                answer = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                answer = self.answers.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                return f"rank {self.rank} did not finish compiling {shape[0]}/{shape[1]} within {JIT_WAIT_S} s"
+                return False
             if answer is None:
-                return f"rank {self.rank} dropped its connection"
-            if answer.get("jit_done") == list(shape):
+                self.answers.put(None)  # stays dropped for every later wait
                 return None
-            # else a late answer to an earlier request that gave up waiting: skip it
+            if answer.get(key) == n:
+                return True
+
+
+class Item:
+    """A unit of work for the scheduler loop: a request's kernel shape, or None for /health's probe
+    (a 1-token generate that compiles nothing new). `done` is set once its batch ran on every rank."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.done = threading.Event()
 
 
 class Head:
@@ -377,7 +491,12 @@ class Head:
         self.joined = {}  # rank -> {"host_ip", "peer_ip", "peer_port"}
         self.links = {}  # rank -> Link
         self.started = threading.Event()  # set once this rank's startup kernels are compiled
-        self.failed = threading.Event()
+        self.up = threading.Event()  # set once the first iteration ran on every rank (ServerStatus.Up)
+        self.cond = threading.Condition()  # guards pending, completed, last_receive
+        self.pending = []  # Items not yet taken by the scheduler loop
+        self.completed = 0  # Items whose batch ran (the tokenizer manager's received outputs)
+        self.last_receive = time.time()
+        self.progress = Progress()
         self.name = args.served_model_name or args.model_path
 
     def missing(self):
@@ -408,7 +527,7 @@ class Head:
             log(f"refused a connection from {peer[0]}:{peer[1]}: no valid hello ({e})")
             conn.close()
             return
-        link = Link(hello.get("rank"), conn)
+        link = Link(hello.get("rank"), conn, peer)
         with link.lock:  # until the hello is answered: no request's jit line may overtake the answer
             with self.lock:
                 why = self.refusal(hello)
@@ -433,9 +552,8 @@ class Head:
             jit_compile(self.args, STARTUP)
             self.started.set()
         try:
-            keepalive(conn)
-            conn.settimeout(None)
-            for line in reader:  # until the rank drops: its answers to jit requests
+            conn.settimeout(None)  # no keepalive, no timeout: Gloo sets neither on its sockets
+            for line in reader:  # until the rank drops: its answers to the scheduler's ticks
                 try:
                     answer = json.loads(line)
                 except ValueError:
@@ -446,32 +564,88 @@ class Head:
                     log(f"rank {rank}: ignoring a line that is no JSON object: {line[:100]!r}")
         except OSError:
             pass
-        link.answers.put(None)  # wakes a request waiting for this rank
-        log(f"rank {rank} ({peer[0]}) dropped its connection; the pair is broken, exiting 1")
-        self.failed.set()
+        link.answers.put(None)  # the scheduler's next broadcast fails on it
+        log(f"rank {rank} ({peer[0]}) dropped its connection; the pair is broken")
 
-    def jit_round(self, shape):
-        """Compile `shape` on every rank: send each joined rank {"jit": shape}, compile it here
-        meanwhile, then wait (bounded) for every {"jit_done": shape}. None when all are done, else why not.
-        Every rank compiles its startup kernels first (a worker before it reads any request)."""
-        self.started.wait(JIT_WAIT_S)
+    def scheduler(self):
+        """Rank 0's scheduler loop (srt/managers/scheduler.py event_loop_normal). Each iteration, idle
+        included: ingest_requests -> recv_requests -> _broadcast_reqs_across_ranks
+        (srt/managers/scheduler_components/request_receiver.py) -> broadcast_pyobj on the Gloo group:
+        here a tick with the new work to every rank, waited for up to the Gloo timeout. Then
+        cur_batch_for_debug = the batch (None when idle) and, with a batch, run_batch: forward_ct += 1
+        and the forward on every rank (each compiles the batch's new shapes), waited for without a
+        bound of its own (the watchdog is the bound). A broadcast that fails or times out is a
+        scheduler exception: the process exits."""
+        self.started.wait()
         with self.lock:
             links = [self.links[r] for r in sorted(self.links)]
-        with contextlib.ExitStack() as held:
-            for link in links:  # always in rank order, so two requests cannot deadlock
-                held.enter_context(link.lock)
+        scheduler_watchdog(self.args.watchdog_timeout, self.progress, self.args.tp_rank)
+        gloo = self.args.gloo_timeout
+        n = 0
+        while True:
+            with self.cond:
+                if not self.pending:
+                    self.cond.wait(IDLE_TICK_S)
+                items, self.pending = self.pending, []
+            n += 1
+            shapes = list(dict.fromkeys(item.shape for item in items if item.shape))
+            tick = {"tick": n, "reqs": len(items), "jit": [list(shape) for shape in shapes]}
+            deadline = time.monotonic() + gloo
             for link in links:
                 try:
-                    link.send({"jit": list(shape)})
-                except OSError as e:
-                    return f"cannot send to rank {link.rank} ({e})"
-            jit_compile(self.args, shape)
-            deadline = time.monotonic() + JIT_WAIT_S
+                    link.send(tick)
+                except OSError:
+                    scheduler_died(self.args.tp_rank, gloo_closed(link.peer))
             for link in links:
-                why = link.wait_done(shape, deadline)
-                if why:
-                    return why
-        return None
+                got = link.expect("got", n, deadline)
+                if not got:
+                    scheduler_died(self.args.tp_rank, gloo_timed_out(gloo, "send") if got is False else
+                                   gloo_closed(link.peer))
+            self.progress.cur_batch = items or None
+            if items:
+                self.progress.forward_ct += 1
+                for shape in shapes:
+                    jit_compile(self.args, shape)
+                for link in links:
+                    if link.expect("done", n, None) is None:
+                        scheduler_died(self.args.tp_rank, gloo_closed(link.peer))
+                for item in items:
+                    item.done.set()
+            with self.cond:
+                self.completed += len(items)
+                if items:
+                    self.last_receive = time.time()
+                self.cond.notify_all()
+            self.up.set()
+
+    def submit(self, item):
+        with self.cond:
+            self.pending.append(item)
+            self.cond.notify_all()
+
+    def health(self):
+        """/health and /health_generate, one handler in SGLang (srt/entrypoints/http_server.py
+        health_generate): 503 while starting; else a 1-token generate goes through the scheduler loop
+        and the answer is 200 as soon as any output arrives after it was sent (last_receive_tstamp),
+        503 after SGLANG_HEALTH_CHECK_TIMEOUT without one. (The real handler looks once a second;
+        the stand-in answers at once.)"""
+        if not self.up.is_set():
+            return 503, {"status": "starting", "ranks": self.args.nnodes}
+        timeout, tic = self.args.health_check_timeout, time.time()
+        probe = Item(None)
+        with self.cond:
+            before = self.completed
+            self.pending.append(probe)
+            self.cond.notify_all()
+            if self.cond.wait_for(lambda: self.completed > before, timeout=timeout):
+                return 200, {"status": "ok", "ranks": self.args.nnodes}
+            with contextlib.suppress(ValueError):  # the probe is dropped, as its rid is
+                self.pending.remove(probe)
+            last = self.last_receive
+        log(f"Health check failed. Server couldn't get a response from detokenizer for last {timeout} seconds. "
+            f"tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
+            f"last_heartbeat time: {time.strftime('%H:%M:%S', time.localtime(last))}")
+        return 503, {"status": "unhealthy", "ranks": self.args.nnodes}
 
     def chat(self, data):
         """POST /v1/chat/completions: (status, body). Answered once every rank has compiled the
@@ -487,11 +661,9 @@ class Head:
             return 404, openai_error(404, f"The model `{model}` does not exist.", "model")
         if images and self.args.language_model_only:
             return 400, openai_error(400, "image input is disabled: the server runs with --language-model-only")
-        shape = jit_shape(words, images, tools)
-        why = self.jit_round(shape)
-        if why:
-            log(f"jit: {shape[0]}/{shape[1]}: {why}; answering 500")
-            return 500, openai_error(500, why)
+        item = Item(jit_shape(words, images, tools))
+        self.submit(item)
+        item.done.wait()  # no timeout of its own, as in SGLang: a stalled loop holds the request
         return 200, chat_reply(self.name, words + IMAGE_TOKENS * images, tools, max_tokens)
 
     def route(self, path):
@@ -500,9 +672,8 @@ class Head:
             with self.lock:
                 rows = [{"rank": r, **self.joined[r]} for r in sorted(self.joined)]
             return 200, [{"rank": 0, "host_ip": self.args.host_ip, "peer_ip": None, "peer_port": None}] + rows
-        if path == "/health":
-            return (503, {"status": "waiting", "ranks": n, "missing": missing}) if missing else \
-                (200, {"status": "ok", "ranks": n})
+        if path in ("/health", "/health_generate"):
+            return (503, {"status": "waiting", "ranks": n, "missing": missing}) if missing else self.health()
         if path == "/v1/models":
             return (503, {"object": "error", "message": f"waiting for ranks {missing}"}) if missing else \
                 (200, {"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": OWNER,
@@ -578,14 +749,15 @@ class Head:
             log(f"single node; serving {self.args.model_path} on {self.args.host}:{self.args.port}")
             jit_compile(self.args, STARTUP)
             self.started.set()
-        while not self.failed.wait(0.5):
-            pass
-        return 1
+        threading.Thread(target=self.scheduler, daemon=True).start()
+        while True:  # until a signal, or a scheduler's death (os._exit)
+            time.sleep(3600)
 
 
 def join(args):
-    """Rank > 0: no HTTP server, as in SGLang; joins the head, compiles what it asks for, and
-    lives as long as the link."""
+    """Rank > 0: no HTTP server, as in SGLang; joins the head, then runs its side of the lockstep:
+    each of the head's ticks is acknowledged (the broadcast received), and one that carries a batch
+    is run (its new shapes compiled) and reported done. It lives as long as the link."""
     head, timeout = args.dist_init_addr, args.join_timeout
     deadline, last_note, tries = time.monotonic() + timeout, float("-inf"), 0
     log(f"joining head {head[0]}:{head[1]} from {args.host_ip} (for up to {timeout:g} s)")
@@ -615,21 +787,44 @@ def join(args):
         log(f"the head refused rank {args.node_rank}: {answer.get('error', 'connection closed')}; exiting 1")
         return 1
     log(f"joined head {head[0]}:{head[1]} as rank {args.node_rank} of {args.nnodes}")
-    keepalive(conn)
-    conn.settimeout(None)
+    peer = conn.getpeername()[:2]
     jit_compile(args, STARTUP)
+
+    # srt/entrypoints/engine.py: once its schedulers are ready, a rank >= 1 replaces SIGTERM by a
+    # handler that only logs; rank 0's ShutdownReq broadcast (or a kill) ends it, so `docker stop`
+    # costs the container's stop timeout unless the head stopped first.
+    def sigterm_handler(_signum, _frame):
+        log(f"SIGTERM received on node_rank {args.node_rank}; waiting for the rank-0 ShutdownReq broadcast "
+            "to stop the schedulers.")
+    signal.signal(signal.SIGTERM, sigterm_handler)
+
+    progress = Progress()
+    scheduler_watchdog(args.watchdog_timeout, progress, args.tp_rank)
+    conn.settimeout(args.gloo_timeout)  # no keepalive: Gloo sets none; its timeout bounds each receive
     try:
-        for line in reader:  # until the head drops: its jit requests, each answered once compiled
-            shape = jit_request(line)
-            if shape is None:
-                log(f"ignoring a line from the head that is no jit request: {line[:100]!r}")
+        while True:  # event_loop_normal on this rank: ingest (the broadcast from rank 0), then the batch
+            try:
+                line = reader.readline()
+            except TimeoutError:
+                scheduler_died(args.tp_rank, gloo_timed_out(args.gloo_timeout, "recv"))
+            if not line:
+                break
+            tick = tick_request(line)
+            if tick is None:
+                log(f"ignoring a line from the head that is no tick: {line[:100]!r}")
                 continue
-            jit_compile(args, shape)
-            conn.sendall((json.dumps({"jit_done": list(shape)}) + "\n").encode())
+            n, reqs, shapes = tick
+            conn.sendall((json.dumps({"got": n}) + "\n").encode())
+            progress.cur_batch = [None] * reqs or None  # kept while blocked in the next broadcast
+            if reqs:
+                progress.forward_ct += 1
+                for shape in shapes:
+                    jit_compile(args, shape)
+                conn.sendall((json.dumps({"done": n}) + "\n").encode())
     except OSError:
         pass
-    log("the head dropped the connection; the pair is broken, exiting 1")
-    return 1
+    log("the head dropped the connection; the pair is broken")
+    scheduler_died(args.tp_rank, gloo_closed(peer))
 
 
 def main(argv):
