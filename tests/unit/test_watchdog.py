@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_lab_standin import free_port, wait_for  # the shared helpers of the unit tests
+
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "roles" / "watchdog" / "sfl_watch.py"
 HEAD, WORKER = "sparkfleet-head", "sparkfleet-worker"
@@ -97,22 +99,6 @@ if not alive:
     st.update(Status="exited", Running=False, Pid=0)
 print(json.dumps(st))
 '''
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Api(http.server.BaseHTTPRequestHandler):
@@ -205,7 +191,7 @@ class World:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_until(listening, 5, f"the {node} rsync daemon")
+        wait_for(listening, 5, f"the {node} rsync daemon")
         return f"rsync://127.0.0.1:{port}/watchdog/state.json"
 
     # ---- the fake world
@@ -281,7 +267,7 @@ class World:
     def start_pair(self, head=None, worker=None):
         """The worker's watchdog first (its state exists when the head's first probe reads it)."""
         self.start("worker", **(worker or {}))
-        wait_until(lambda: self.state("worker").get("seq", 0) >= 2, 10, "the worker's first states")
+        wait_for(lambda: self.state("worker").get("seq", 0) >= 2, 10, "the worker's first states")
         self.start("head", **(head or {}))
 
     def stop(self, role):
@@ -389,7 +375,7 @@ def test_a_healthy_pair_is_left_alone(world):
     world.deploy()
     t0 = time.time()
     world.start_pair()
-    wait_until(lambda: world.state("head").get("seq", 0) >= 8, 15, "eight head states")
+    wait_for(lambda: world.state("head").get("seq", 0) >= 8, 15, "eight head states")
     assert world.calls(since=t0) == []
     head, worker = world.state("head"), world.state("worker")
     assert head["last_probe"]["ok"] and head["last_probe"]["latency_s"] is not None
@@ -416,10 +402,10 @@ def test_a_healthy_pair_is_left_alone(world):
 def test_a_hung_api_restarts_the_pair_in_the_deploys_order(world):
     world.deploy()
     world.start_pair()
-    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     t0 = time.time()
     world.set_api("hang")  # /health stays green; completions hang, as with a SIGSTOPped vLLM worker
-    wait_until(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
     calls = world.calls(since=t0)
     in_order(calls, f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
     assert len(calls) == 3, calls
@@ -443,7 +429,7 @@ def test_a_hung_api_restarts_the_pair_in_the_deploys_order(world):
 def test_a_failed_worker_rank_restarts_the_pair(world, fault):
     world.deploy()
     world.start_pair()
-    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     t0 = time.time()
     if fault == "container gone":
         os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
@@ -453,7 +439,7 @@ def test_a_failed_worker_rank_restarts_the_pair(world, fault):
         engine = world.engine_pid(WORKER)
         os.kill(engine, signal.SIGSTOP)  # the worker's engine frozen; its container's init still runs
         why = f"spark-b: sparkfleet-worker: process {engine} (sleep) stopped (SIGSTOP)"
-    wait_until(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
     in_order(world.calls(since=t0), f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
     failed = lines(world.log("head"), "probe failed 2/2")[0]
     assert why in failed and failed.endswith("restarting the pair (restart 1 of 3 in 60 s)"), failed
@@ -464,13 +450,13 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     world.deploy()
     (world.dir / "head_start_mode").write_text("hang")  # from now on, a restart does not cure it
     world.start_pair(head={"max_restarts": 2, "ready_timeout_s": 0.3, "probe_timeout_s": 0.3})
-    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     t0 = time.time()
     world.set_api("hang")
-    wait_until(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
+    wait_for(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
     gave = lines(world.log("head"), "GAVE UP")[0]
     assert "2 restart(s) within 60 s did not keep the pair serving; last probe: completion timed out after 0.3 s" in gave
-    wait_until(lambda: lines(world.log("worker"), "gave up at"), 10, "the worker stopping")
+    wait_for(lambda: lines(world.log("worker"), "gave up at"), 10, "the worker stopping")
     time.sleep(0.6)  # probing goes on, restarting does not
     calls = world.calls(since=t0)
     assert calls.count(f"start {HEAD}.service") == 2 and calls.count(f"restart {WORKER}.service") == 2, calls
@@ -488,7 +474,7 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     (world.dir / "head_start_mode").write_text("ok")  # someone deployed a fix
     t1 = time.time()
     world.deploy()
-    wait_until(lambda: lines(world.log("head"), "clearing the give-up"), 10, "the give-up cleared")
+    wait_for(lambda: lines(world.log("head"), "clearing the give-up"), 10, "the give-up cleared")
     head = world.state("head")
     assert head["gave_up"] is None and head["want"] == "serving" and head["restarts"] == []
     time.sleep(0.5)
@@ -502,9 +488,9 @@ def test_restarts_back_off(world):
     # One failure restarts, so the backoff, not the failure count, spaces the restarts.
     world.start_pair(head={"backoff_s": 0.5, "ready_timeout_s": 0.3, "failures_before_restart": 1,
                            "probe_timeout_s": 0.2, "interval_s": 0.1})
-    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     world.set_api("hang")
-    wait_until(lambda: lines(world.log("head"), "GAVE UP"), 40, "the give-up")
+    wait_for(lambda: lines(world.log("head"), "GAVE UP"), 40, "the give-up")
     r = world.state("head")["restarts"]
     assert len(r) == 3
     gaps = [r[i + 1]["started_epoch"] - r[i]["finished_epoch"] for i in range(2)]
@@ -531,18 +517,18 @@ def test_a_worker_adopts_the_heads_generation_and_restarts_only_when_asked(world
     head_says(generation=0, want="serving")  # the head's state was reset
     t0 = time.time()
     world.start("worker")
-    wait_until(lambda: world.state("worker").get("handled_generation") == 0, 10, "the worker adopting generation 0")
+    wait_for(lambda: world.state("worker").get("handled_generation") == 0, 10, "the worker adopting generation 0")
     assert lines(world.log("worker"), "head spark-a's generation 0 is below this worker's 5 (the head's state was "
                                       "reset): adopting 0 without a restart")
     assert world.state("worker")["seq"] > 40
     head_says(generation=3, want="serving")  # a restart this worker missed, finished without it
-    wait_until(lambda: world.state("worker").get("handled_generation") == 3, 10, "the worker adopting generation 3")
+    wait_for(lambda: world.state("worker").get("handled_generation") == 3, 10, "the worker adopting generation 3")
     assert world.calls(since=t0) == []
     head_says(generation=4, want="restarting")  # the head waits for this worker
-    wait_until(lambda: world.state("worker").get("handled_generation") == 4, 10, "the worker handling generation 4")
+    wait_for(lambda: world.state("worker").get("handled_generation") == 4, 10, "the worker handling generation 4")
     assert world.calls(since=t0) == [f"restart {WORKER}.service"]
     head_says(generation=4, want="stopped", gave_up={"at": "then", "reason": "test"})
-    wait_until(lambda: world.state("worker").get("handled_stop") == "then", 10, "the worker stopping")
+    wait_for(lambda: world.state("worker").get("handled_stop") == "then", 10, "the worker stopping")
     time.sleep(0.5)
     assert world.calls(since=t0) == [f"restart {WORKER}.service", f"stop {WORKER}.service"]  # once
 
@@ -551,7 +537,7 @@ def test_an_unreachable_head_makes_a_worker_log_and_do_nothing(world):
     world.deploy()
     t0 = time.time()
     world.start("worker", unreachable_log_every_s=300)
-    wait_until(lambda: world.state("worker").get("seq", 0) >= 8, 10, "eight worker states")
+    wait_for(lambda: world.state("worker").get("seq", 0) >= 8, 10, "eight worker states")
     unreachable = lines(world.log("worker"), "state unreachable")
     assert len(unreachable) == 1 and "doing nothing" in unreachable[0], unreachable  # rate-limited
     worker = world.state("worker")
@@ -560,7 +546,7 @@ def test_an_unreachable_head_makes_a_worker_log_and_do_nothing(world):
     status = world.command("status", "worker")
     assert "head state unreachable" in status.stdout.splitlines()[-1]
     world.start("head")  # its state appears
-    wait_until(lambda: lines(world.log("worker"), "state readable again"), 10, "the head's state read again")
+    wait_for(lambda: lines(world.log("worker"), "state readable again"), 10, "the head's state read again")
     assert world.calls(since=t0) == []
 
 
@@ -568,13 +554,13 @@ def test_start_up_grace_and_a_rank_restarted_alone(world):
     world.deploy()
     world.set_api("hang")  # a cold start: no completion yet
     world.start_pair(head={"startup_grace_s": 60})
-    wait_until(lambda: lines(world.log("head"), "not judged: start-up grace"), 10, "the grace")
+    wait_for(lambda: lines(world.log("head"), "not judged: start-up grace"), 10, "the grace")
     time.sleep(1.0)
     t0 = time.time()
     assert world.calls(since=t0 - 2) == [] and world.state("head")["failures"] == 0
     # systemd's Restart=on-failure brings the worker back alone: the head still waits on the old one.
     world.systemctl("restart", f"{WORKER}.service")
-    wait_until(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
     failed = lines(world.log("head"), "probe failed 2/2")[0]
     assert "spark-b's container restarted on its own" in failed, failed
     in_order(world.calls(since=t0), f"restart {WORKER}.service", f"stop {HEAD}.service",
@@ -584,7 +570,7 @@ def test_start_up_grace_and_a_rank_restarted_alone(world):
 def test_the_probe_reports_a_refused_key_and_never_logs_it(world):
     world.deploy()
     world.start("worker")
-    wait_until(lambda: world.state("worker").get("seq", 0) >= 2, 10, "the worker's states")
+    wait_for(lambda: world.state("worker").get("seq", 0) >= 2, 10, "the worker's states")
     world.config("head")
     world.set_api("ok")
     assert world.command("probe", "head").returncode == 0
@@ -609,10 +595,10 @@ def test_the_probe_reports_a_refused_key_and_never_logs_it(world):
 def test_a_stale_worker_state_is_reported_but_restarts_nothing(world):
     world.deploy()
     world.start_pair(head={"stale_after_s": 1})
-    wait_until(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     t0 = time.time()
     world.stop("worker")  # the worker's watchdog is gone; the pair still serves
-    wait_until(lambda: lines(world.log("head"), "the pair serves, but spark-b: state not updated"), 10, "the report")
+    wait_for(lambda: lines(world.log("head"), "the pair serves, but spark-b: state not updated"), 10, "the report")
     time.sleep(0.6)
     assert world.calls(since=t0) == []
     status = world.command("status", "head")
