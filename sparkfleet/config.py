@@ -26,6 +26,7 @@ from roles.image.schema import ImageData
 from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.serving.schema import ServingData, serving_problems
+from roles.watchdog.schema import WatchdogData, watchdog_problems
 from roles.weights.schema import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem
 from sparkfleet.values import node_value_problems
@@ -46,8 +47,8 @@ class ConfigError(Refusal):
         super().__init__(title, problems, footer)
 
 
-class NodeConfig(FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData, GuardsData, ServingData, DockerData,
-                 HostData, FabricData, PreflightData):
+class NodeConfig(WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData, GuardsData, ServingData,
+                 DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.
@@ -237,6 +238,7 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
                                 key="fabric_mtu"))
     for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
         problems.extend(node_value_problems(n))
+    problems.extend(watchdog_problems(nodes))  # one watchdog for the pair; its grace and window fit a cold start
     if nodes and not problems:
         problems.extend(as_problem(p, names) for p in serving_problems(nodes))
     if nodes and not problems:

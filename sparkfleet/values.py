@@ -30,6 +30,7 @@ OWNED_DIRS = {
     "weights_dir": "weights",
     "kernel_cache_dir": "kernel caches",
     "serving_dir": "the ranks' root-only env files and the API key",
+    "watchdog_state_dir": "watchdog's state (served to the peers by the rsync daemon)",
 }
 # Where images, weights and caches live (its free space is checked); may hold the owned dirs.
 DATA_DIR = "preflight_data_dir"
@@ -153,7 +154,7 @@ def node_value_problems(node) -> list[Problem]:
                 refuse(outer, f"key '{outer}' = {dirs[outer]!r} holds key '{inner}' = {dirs[inner]!r}: the "
                        f"{OWNED_DIRS[outer]} and the {OWNED_DIRS[inner]} each need a directory of their own",
                        "give each its own directory (the defaults: /var/lib/sparkfleet/models, "
-                       "/var/lib/sparkfleet/kernel-cache, /etc/sparkfleet)")
+                       "/var/lib/sparkfleet/kernel-cache, /etc/sparkfleet, /var/lib/sparkfleet/watchdog)")
     for key in owned:
         if under(dirs[DATA_DIR], dirs[key]):
             refuse(DATA_DIR, f"key '{DATA_DIR}' = {dirs[DATA_DIR]!r} is inside key '{key}' = {dirs[key]!r}; the "

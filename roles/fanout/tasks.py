@@ -1,7 +1,7 @@
 """roles/fanout: the one path bulk data takes between nodes, over the fabric.
 
-Every node runs a read-only rsync daemon bound to its fabric address (weights and kernel-cache
-modules), and carries sfl_files.py, which fetches, pulls, resumes and writes manifests. Workers
+Every node runs a read-only rsync daemon bound to its fabric address (weights, kernel-cache and,
+while the watchdog runs, watchdog modules: roles/watchdog), and carries sfl_files.py, which fetches, pulls, resumes and writes manifests. Workers
 pull from the head; nothing is ever pushed, so no node needs a key to another.
 """
 from io import StringIO
@@ -30,8 +30,10 @@ files.put(
     mode="0755",
 )
 
-# 2. What the daemon serves must exist before it starts.
-for path in (node.weights_dir, node.kernel_cache_dir):
+# 2. What the daemon serves must exist before it starts: the watchdog's state directory too (module
+#    watchdog, while the watchdog runs; roles/watchdog installs the program that writes into it).
+served = (node.weights_dir, node.kernel_cache_dir, *((node.watchdog_state_dir,) if node.watchdog_enabled else ()))
+for path in served:
     files.directory(name=f"Create {path}", path=path, user="root", group="root", mode="0755")
 
 # 3. The daemon, read-only, on the fabric address only; restarted only when its files changed.

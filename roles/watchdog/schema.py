@@ -1,9 +1,13 @@
 """Data of roles/watchdog: the per-node watchdog that keeps the serving pair serving (sfl_watch.py).
 
-Not yet part of sparkfleet/config.py's NodeConfig (nor of README.md's data table): the deploy does
-not install the watchdog yet. The node-side program's own defaults (sfl_watch.py DEFAULTS) match these.
+Part of sparkfleet/config.py's NodeConfig; the checks across keys (and across roles: the start-up
+grace and the window against serving_health_timeout_s) are watchdog_problems(), run with the other
+cluster checks before any connection. The node-side program's own defaults (sfl_watch.py DEFAULTS)
+match these.
 """
 from pydantic import BaseModel, Field
+
+from sparkfleet.refusal import Problem
 
 # Where roles/watchdog installs the program, its config and its unit on every node.
 SFL_WATCH = "/usr/local/libexec/sparkfleet/sfl_watch.py"
@@ -52,3 +56,65 @@ class WatchdogData(BaseModel):
     watchdog_follow_interval_s: int = Field(
         5, ge=1, description="seconds between a worker's reads of the head's state"
     )
+
+
+# The pair has one watchdog: the head's config carries the follow interval its staleness bound is
+# computed from, and a worker whose watchdog is off never restarts when the head asks. Each node
+# keeps its own state directory (the peers read it through the rsync module, not by path).
+SHARED_WATCHDOG_KEYS = tuple(k for k in WatchdogData.model_fields if k != "watchdog_state_dir")
+
+
+def give_up_span_s(node) -> int:
+    """Seconds from the first of watchdog_max_restarts restarts of a pair that never comes back to the
+    judgement that gives up (sfl_watch.py Head.tick): each restart waits up to serving_health_timeout_s
+    for the pair (a cold start); restart k >= 2 starts once watchdog_failures_before_restart probes
+    failed again and its backoff (watchdog_backoff_s x 2^(k-1)) passed; the give-up needs those
+    failed probes once more. All of it must fall within watchdog_window_s."""
+    failed_probes = node.watchdog_failures_before_restart * (node.watchdog_interval_s + node.watchdog_probe_timeout_s)
+    restarts = node.watchdog_max_restarts
+    waits = sum(max(failed_probes, node.watchdog_backoff_s * 2 ** (k - 1)) for k in range(2, restarts + 1))
+    return restarts * node.serving_health_timeout_s + waits + failed_probes
+
+
+def watchdog_problems(nodes) -> list[Problem]:
+    """What the schema alone cannot refuse: one watchdog setting for the pair, a start-up grace that
+    covers a cold start, and a window that holds watchdog_max_restarts of them (else a pair that
+    never comes back is restarted forever, never given up on)."""
+    problems: list[Problem] = []
+    names = [n.name for n in nodes]
+    for key in SHARED_WATCHDOG_KEYS:
+        values = {repr(getattr(n, key)) for n in nodes}
+        if len(values) > 1:
+            found = ", ".join(f"{n.name}={getattr(n, key)!r}" for n in nodes)
+            problems.append(Problem(
+                f"key '{key}' differs between nodes ({found}); the pair has one watchdog: the head drives it and "
+                f"every worker follows", names, key=key, fix="set it once for every node (group_data)",
+            ))
+    if problems:
+        return problems
+    for n in nodes:
+        if not n.watchdog_enabled:
+            continue
+        if n.watchdog_startup_grace_s < n.serving_health_timeout_s:
+            problems.append(Problem(
+                f"key 'watchdog_startup_grace_s' = {n.watchdog_startup_grace_s}: must be at least "
+                f"serving_health_timeout_s ({n.serving_health_timeout_s}): a cold start that the deploy waits for "
+                f"would be judged failed, and the pair restarted, before it could serve", [n.name],
+                key="watchdog_startup_grace_s",
+                fix=f"set watchdog_startup_grace_s to {n.serving_health_timeout_s} or more (or lower "
+                    f"serving_health_timeout_s)",
+            ))
+        span = give_up_span_s(n)
+        if n.watchdog_window_s <= span:
+            problems.append(Problem(
+                f"key 'watchdog_window_s' = {n.watchdog_window_s}: must be more than {span} s, what "
+                f"watchdog_max_restarts ({n.watchdog_max_restarts}) restarts of a pair that never comes back take "
+                f"before the give-up ({n.watchdog_max_restarts} x serving_health_timeout_s "
+                f"{n.serving_health_timeout_s}, the backoffs of watchdog_backoff_s {n.watchdog_backoff_s} and "
+                f"watchdog_failures_before_restart x (watchdog_interval_s + watchdog_probe_timeout_s) between "
+                f"them); with less the first restart leaves the window first, and the watchdog never gives up",
+                [n.name], key="watchdog_window_s",
+                fix=f"set watchdog_window_s above {span} (or lower watchdog_max_restarts, watchdog_backoff_s or "
+                    f"serving_health_timeout_s)",
+            ))
+    return problems

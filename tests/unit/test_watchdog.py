@@ -620,32 +620,21 @@ def test_bad_configs_are_refused(tmp_path):
         assert r.returncode == 2 and want in r.stderr, (name, r.stderr)
 
 
-def test_the_rsync_daemon_serves_the_watchdog_state_once_the_data_has_it():
-    """rsyncd.conf renders as before for today's data; with the watchdog keys it gains the module."""
-    from roles.watchdog.schema import RSYNC_MODULE, WatchdogData
+def test_the_rsync_daemon_serves_the_watchdog_state_while_the_watchdog_runs():
+    """rsyncd.conf gains the module with the watchdog on (the default); off, it is as before the watchdog."""
+    from roles.watchdog.schema import RSYNC_MODULE
     from sparkfleet.config import build_cluster
     from sparkfleet.render import render
     from tests.unit.helpers import pair
 
-    node = build_cluster(pair()).node("spark-b")
-    before = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=node, fabric_network=node.fabric_address.network)
+    off = build_cluster(pair(**{n: {"watchdog_enabled": False} for n in ("spark-a", "spark-b")})).node("spark-b")
+    before = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=off, fabric_network=off.fabric_address.network)
     assert f"[{RSYNC_MODULE}]" not in before and before.endswith("comment = JIT kernel cache generations and their manifests\n")
-
-    class WithWatchdog:
-        def __init__(self, node, **data):
-            self._node, self._data = node, WatchdogData(**data)
-
-        def __getattr__(self, name):
-            return getattr(self._data, name) if name.startswith("watchdog_") else getattr(self._node, name)
-
-    after = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=WithWatchdog(node),
-                   fabric_network=node.fabric_address.network)
+    node = build_cluster(pair()).node("spark-b")
+    after = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=node, fabric_network=node.fabric_address.network)
     assert after.startswith(before)
     assert after[len(before):].endswith(f"[{RSYNC_MODULE}]\npath = /var/lib/sparkfleet/watchdog\n"
                                         "comment = this node's watchdog state (state.json), read by its peers\n")
-    off = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=WithWatchdog(node, watchdog_enabled=False),
-                 fabric_network=node.fabric_address.network)
-    assert off == before
 
 
 def test_the_deploy_side_config_is_one_the_program_accepts(tmp_path):
