@@ -7,6 +7,8 @@ sparkfleet-watchdog.service, from one JSON config file written by the deploy.
   sfl_watch.py probe CONFIG    run the probe once; print 'ok: ...' or 'failed: <reason>'; exit 0 or 1
   sfl_watch.py status CONFIG   print the node's state (JSON), then one line 'verdict: ok|fail: ...';
                                exit 0 when the verdict is ok, 1 otherwise
+  sfl_watch.py deployed CONFIG the deploy hands the pair back (run by the deploy while this node's
+                               watchdog is stopped, before it starts it): see 'A deploy' below
 Exit codes: 0 ok, 1 not ok, 2 usage or config error.
 
 Design
@@ -64,8 +66,13 @@ watchdog, e.g. systemd's Restart=on-failure after an engine exited) leaves its p
 headless worker cannot rejoin a restarted head. Such a pair gets no start-up grace: a failing probe
 is judged at once, and the pair restarted as one (a probe that passes forgives it: the ranks
 rejoined). The containers seen running when the watchdog starts are its baseline (kept in memory).
-A deploy restarts the pair itself: it stops sparkfleet-watchdog on every node first and starts it
-again after, so that the watchdog never acts on a pair the deploy is changing.
+A deploy restarts the pair itself: it stops sparkfleet-watchdog on every node first (the head's
+first) and starts it again after (the workers' first), so that the watchdog never acts on a pair
+the deploy is changing. Before starting it, the deploy runs `deployed` on every node: the pair it
+hands back serves (the deploy awaited it), so on the head a restart the stop interrupted
+(want = restarting) is not resumed, a give-up is cleared and the restart count starts afresh
+(want = serving, gave_up = None, restarts = []); each node records the hand-over as an action.
+`deployed` refuses (exit 1) while the node's `run` loop is alive (the pid in its state).
 
 A worker's loop, every follow_interval_s: read the head's state, then
   * want == restarting and generation != handled_generation: `systemctl restart` its unit, wait
@@ -746,7 +753,8 @@ class Head(Node):
         k = len(recent) + 1
         if recent:
             wait = cfg.backoff_s * 2 ** (k - 1)
-            due = recent[-1]["finished_epoch"] + wait
+            # A restart whose watchdog was stopped before it ended has no end: count from its start.
+            due = (recent[-1].get("finished_epoch") or recent[-1]["started_epoch"]) + wait
             left = due - time.time()
             if left > 0:
                 if self.backoff_told != (k, recent[-1]["started_epoch"]):
@@ -864,12 +872,35 @@ class Head(Node):
         self.state["failures"] = 0
         self.save()
 
+    def handed_over(self):
+        """The pair serves (the deploy awaited it): nothing of before is resumed or counted."""
+        st = self.state
+        dropped = []
+        if st.get("want") == "restarting":
+            dropped.append(f"the restart of generation {st.get('generation')} it interrupted is not resumed")
+        g = st.get("gave_up")
+        if g:
+            dropped.append(f"the give-up of {g.get('at')} ({g.get('reason')}) is cleared")
+        recent = self.recent_restarts()
+        if recent:
+            dropped.append(f"{len(recent)} restart(s) in the window are forgotten")
+        st.update(want="serving", gave_up=None, restarts=[], failures=0)
+        self.act("a deploy handed the pair back (the watchdog was stopped meanwhile)" + (": " + "; ".join(dropped) if dropped
+                 else "") + f"; watching generation {st.get('generation')}")
+
 
 class Worker(Node):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.state.setdefault("handled_generation", None)
         self.state.setdefault("handled_stop", None)
+        if self.state.get("busy"):  # written by a loop that was stopped mid-restart: that restart is over
+            say(f"the previous run was stopped while {self.state['busy']}; the head's state decides what is next")
+            self.state["busy"] = None
+
+    def handed_over(self):
+        self.act(f"a deploy handed the pair back (this rank's watchdog was stopped meanwhile); following head "
+                 f"{self.cfg.head['name']} from handled generation {self.state.get('handled_generation')}")
 
     def observe(self):
         """This rank's container and unit into the state; the container's state returned."""
@@ -1024,6 +1055,38 @@ def cmd_status(cfg):
     return 0 if ok else 1
 
 
+def running_loop(state):
+    """The pid of this node's `run` loop when it is alive (the pid its state names runs sfl_watch.py run)."""
+    pid = state.get("pid_watchdog")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    return pid if b"run" in argv and any(a.endswith(b"sfl_watch.py") for a in argv) else None
+
+
+def cmd_deployed(cfg):
+    try:
+        state = read_json(cfg.state_path)
+    except FileNotFoundError:
+        print(f"{PREFIX}: no state at {cfg.state_path}: nothing to hand over (the watchdog starts afresh)")
+        return 0
+    except (OSError, ValueError):
+        state = {}  # Node starts afresh from an unreadable state, and says so
+    pid = running_loop(state)
+    if pid:
+        print(f"{PREFIX}: the watchdog runs on {cfg.node} (pid {pid}); stop sparkfleet-watchdog before `deployed`",
+              file=sys.stderr)
+        return 1
+    node = (Head if cfg.role == "head" else Worker)(cfg)
+    node.handed_over()
+    node.save()
+    return 0
+
+
 def cmd_probe(cfg):
     runner = Runner(cfg)
     if cfg.role == "head":
@@ -1040,7 +1103,7 @@ def cmd_probe(cfg):
 
 def main(argv):
     p = argparse.ArgumentParser(prog="sfl_watch.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("run", "probe", "status"))
+    p.add_argument("command", choices=("run", "probe", "status", "deployed"))
     p.add_argument("config")
     a = p.parse_args(argv)
     try:
@@ -1052,6 +1115,8 @@ def main(argv):
         return cmd_status(cfg)
     if a.command == "probe":
         return cmd_probe(cfg)
+    if a.command == "deployed":
+        return cmd_deployed(cfg)
 
     def stop(signum, _frame):
         raise Stop(signal.Signals(signum).name)

@@ -605,6 +605,82 @@ def test_a_stale_worker_state_is_reported_but_restarts_nothing(world):
     assert status.returncode == 1 and "spark-b: state not updated for" in status.stdout.splitlines()[-1]
 
 
+def test_a_deploy_hands_back_a_pair_whose_restart_it_interrupted(world):
+    """The deploy stops the watchdogs mid-restart, restarts the pair itself and runs `deployed`: the
+    interrupted restart is not resumed when the watchdogs start again (no rank restarted alone)."""
+    world.deploy()
+    world.start_pair()
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.stop("worker")  # so that the head's restart waits for it, want = restarting
+    world.set_api("hang")
+    wait_for(lambda: world.state("head").get("want") == "restarting", 20, "a restart under way")
+    refused = world.command("deployed", "head")
+    assert refused.returncode == 1 and "stop sparkfleet-watchdog before `deployed`" in refused.stderr, refused
+    world.stop("head")  # the deploy's pause
+    assert world.state("head")["want"] == "restarting" and world.state("head")["generation"] == 1
+    world.deploy()  # the deploy's own pair restart
+    for role in ("head", "worker"):
+        r = world.command("deployed", role)
+        assert r.returncode == 0 and "a deploy handed the pair back" in r.stdout, r
+    head = world.state("head")
+    assert head["want"] == "serving" and head["restarts"] == [] and head["gave_up"] is None and head["failures"] == 0
+    assert "the restart of generation 1 it interrupted is not resumed; 1 restart(s) in the window are forgotten" in \
+        head["actions"][-1]["what"]
+    assert "a deploy handed the pair back (this rank's watchdog was stopped meanwhile); following head spark-a" in \
+        world.state("worker")["actions"][-1]["what"]
+    t0 = time.time()
+    world.start_pair()
+    seq = world.state("head")["seq"]
+    wait_for(lambda: world.state("head").get("seq", 0) >= seq + 6, 15, "six more head states")
+    assert world.calls(since=t0) == []  # neither the head's restart resumed nor the worker's for generation 1
+    assert world.state("head")["last_probe"]["ok"] and world.command("status", "head").returncode == 0
+    wait_for(lambda: world.state("worker").get("handled_generation") == 1, 10, "the worker adopting generation 1")
+    assert lines(world.log("worker"), "without a restart")
+
+
+def test_deployed_clears_a_give_up_and_needs_no_state(world):
+    world.config("head")
+    r = world.command("deployed", "head")
+    assert r.returncode == 0 and "nothing to hand over" in r.stdout and world.state("head") == {}
+    (world.dir / "head-state" / "state.json").write_text(json.dumps({
+        "generation": 4, "want": "stopped", "gave_up": {"at": "then", "reason": "3 restart(s) did not help"},
+        "restarts": [{"started_epoch": time.time() - 5, "finished_epoch": time.time() - 4, "ok": False}],
+        "seq": 9, "pid_watchdog": os.getpid()}))  # this test's pid: not a watchdog loop
+    assert world.command("deployed", "head").returncode == 0
+    head = world.state("head")
+    assert head["want"] == "serving" and head["gave_up"] is None and head["generation"] == 4 and head["seq"] == 10
+    assert "the give-up of then (3 restart(s) did not help) is cleared" in head["actions"][-1]["what"]
+
+
+def test_a_worker_stopped_mid_restart_is_not_busy_forever(world):
+    world.deploy()
+    (world.dir / "head-state" / "state.json").write_text(json.dumps({"generation": 2, "want": "serving", "seq": 1}))
+    (world.dir / "worker-state" / "state.json").write_text(json.dumps(
+        {"handled_generation": 1, "busy": "restarting sparkfleet-worker since then", "seq": 5}))
+    world.start("worker")
+    wait_for(lambda: world.state("worker").get("seq", 0) >= 8, 10, "three worker states")
+    worker = world.state("worker")
+    assert worker["busy"] is None and worker["handled_generation"] == 2
+    assert lines(world.log("worker"), "the previous run was stopped while restarting sparkfleet-worker since then")
+    assert world.command("status", "worker").returncode == 0
+
+
+def test_a_restart_that_never_ended_still_backs_off(world):
+    """A watchdog stopped while it waited for the pair leaves a restart without an end: the next one
+    counts its backoff from that restart's start (it used to fail every tick instead)."""
+    world.deploy()
+    now = time.time()
+    (world.dir / "head-state" / "state.json").write_text(json.dumps({
+        "generation": 1, "want": "serving", "seq": 1,
+        "restarts": [{"started": "then", "started_epoch": now - 0.5, "reason": "test"}]}))
+    world.start_pair()
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.set_api("hang")
+    wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    assert lines(world.log("head"), "restarting the pair (restart 2 of 3 in 60 s)")
+    assert not lines(world.log("head"), "internal error")
+
+
 def test_bad_configs_are_refused(tmp_path):
     cases = {
         "unknown key": ({"role": "head", "unit": "u", "container": "c", "state_dir": "/x", "port": 1, "model": "m",
