@@ -39,8 +39,14 @@ with refusals_stop_the_run():
     # 7b. The head's API key (root-only files), before the prewarm starts the first engine.
     local.include("roles/serving/api_key_tasks.py")
 
+    # 7c. The watchdog paused (head first) when the prewarm or the pair restart will stop units.
+    local.include("roles/watchdog/pause_tasks.py")
+
     # 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
     local.include("roles/kernel_cache/tasks.py")
 
     # 9. The units: --headless workers first, then the head; /health awaited, endpoint printed.
     local.include("roles/serving/tasks.py")
+
+    # 10. The watchdog: installed, configured, started again where paused or stopped (workers first).
+    local.include("roles/watchdog/tasks.py")

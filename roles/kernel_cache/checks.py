@@ -387,11 +387,12 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
     return files
 
 
-def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
+def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tuple[str, ...] = ()) -> None:
     """Operation body, on the head: link every node to the image's generation, prewarm when it was
     never warmed, give every rank the union, write and compare the manifests, drop old generations.
     When a prewarm, or the merge after it, fails, the previous production comes back (its cache link,
-    its units, /health awaited) and a generation directory this run created is removed."""
+    its units, /health awaited), the watchdogs this run paused (`watchdogs`, roles/watchdog) watch it
+    again, and a generation directory this run created is removed."""
     from pyinfra import host, state
 
     nodes = _Nodes(state)
@@ -439,6 +440,11 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]]) -> None:
             logger.error(f"    [{host.name}] {failure.splitlines()[0]}; restoring the previous production")
             nodes.run(cluster.head.name, record_command(history, "failed", commit), "recording the failure", check=False)
             restored, problem = _restore_production(nodes, profile, gen, previous, units_to_restore(units), history)
+            if restored:
+                from roles.watchdog.checks import resume_watchdogs
+
+                resumed = resume_watchdogs(nodes.run, cluster, watchdogs)
+                restored += f"; {resumed}" if resumed else ""
             for node in created:  # never warmed, never sealed: as before the run (a re-run warms it afresh)
                 root = shlex.quote(node.kernel_cache_dir)
                 nodes.run(node.name, f"cd {root} && [ \"$(readlink current)\" != {gen} ] && rm -rf {gen} {gen}.manifest; true",

@@ -10,6 +10,7 @@ from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_f
 from roles.serving.checks import resolve_gid_index
 from roles.serving.engine import mounted_files
 from roles.serving.schema import node_profile
+from roles.watchdog.checks import watchdog_plan
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -47,5 +48,6 @@ python.call(
     function=converge_caches,
     prewarm=plan.prewarm,
     expire=plan.expire,
+    watchdogs=watchdog_plan(state).pause,  # paused by step 7c; started again if a failed prewarm restores production
     _if=lambda: node.is_head and plan.converge,
 )

@@ -1,14 +1,19 @@
-"""The JSON config each node's sfl_watch.py reads (/etc/sparkfleet/watchdog.json): a pure function of
-the cluster, the node, the served profile and the watchdog data, so a test renders what a deploy writes.
+"""The JSON config each node's sfl_watch.py reads (/etc/sparkfleet/watchdog.json) and the unit that
+runs it: pure functions of the cluster, the node, the served profile and the watchdog data, so a test
+renders what a deploy writes (roles/watchdog/tasks.py). `wd` is anything with the watchdog_* keys of
+roles/watchdog/schema.py: the node itself in the deploy (NodeConfig includes WatchdogData).
 
-Not called by the deploy yet. `wd` is anything with the watchdog_* keys of roles/watchdog/schema.py
-(a WatchdogData today; the node itself once NodeConfig includes WatchdogData).
+With the watchdog off (watchdog_enabled false) the config is still written: `sfl_watch.py probe` is
+the doctor's liveness. The head's then names no worker state (no worker's watchdog writes one, and
+the rsync daemons do not serve the module): its probe is the completion and the head's own rank,
+and the doctor probes each worker's rank on the worker.
 """
 import json
 
 from roles.serving.api_key import key_file
 from roles.serving.engine import unit_name
-from roles.watchdog.schema import RSYNC_MODULE, WATCH_UNIT
+from roles.watchdog.schema import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.render import render
 
 
 def state_source(node, wd) -> str:
@@ -44,7 +49,7 @@ def watch_config(cluster, node, profile, wd) -> dict:
             port=profile.port,
             model=profile.api_model_name,
             key_file=key_file(node),
-            workers=[{"name": w.name, "state": state_source(w, wd)} for w in cluster.workers],
+            workers=[{"name": w.name, "state": state_source(w, wd)} for w in cluster.workers] if wd.watchdog_enabled else [],
         )
     else:
         config["head"] = {"name": cluster.head.name, "state": state_source(cluster.head, wd)}
@@ -56,3 +61,9 @@ def watch_config_text(cluster, node, profile, wd) -> str:
 
 
 UNIT_PATH = f"/etc/systemd/system/{WATCH_UNIT}.service"
+
+
+def unit_text(node) -> str:
+    """sparkfleet-watchdog.service on `node`: `sfl_watch.py run` on the config above."""
+    return render("watchdog", UNIT_PATH, node=node, unit=unit_name(node), state_dir=node.watchdog_state_dir,
+                  program=SFL_WATCH, config=WATCH_CONFIG)

@@ -90,3 +90,247 @@ def test_booleans_and_numbers_are_not_converted():
     assert "true or false" in str(refused(watchdog_enabled="yes"))
     assert "30 without quotes" in str(refused(watchdog_interval_s="30"))
     assert "greater than or equal to 5" in str(refused(watchdog_interval_s=1))
+
+
+# ------------------------------------------------------------------------------- the files it writes
+
+def test_the_config_and_unit_it_writes():
+    import json
+
+    from roles.serving.schema import node_profile
+    from roles.watchdog.node_config import unit_text, watch_config_text
+
+    c = both()
+    head = json.loads(watch_config_text(c, c.head, node_profile(c.head), c.head))
+    assert head["role"] == "head" and head["unit"] == head["container"] == "sparkfleet-head"
+    assert head["workers"] == [{"name": "spark-b", "state": "rsync://10.77.77.2:873/watchdog/state.json"}]
+    assert head["ready_timeout_s"] == 1200 and head["startup_grace_s"] == 1200 and head["window_s"] == 7200
+    worker = json.loads(watch_config_text(c, c.node("spark-b"), node_profile(c.head), c.node("spark-b")))
+    assert worker["head"] == {"name": "spark-a", "state": "rsync://10.77.77.1:873/watchdog/state.json"}
+    assert "key_file" not in worker and "workers" not in worker
+    # Off: still written (the doctor's probe), without worker states nobody writes or serves.
+    off = both(watchdog_enabled=False)
+    assert json.loads(watch_config_text(off, off.head, node_profile(off.head), off.head))["workers"] == []
+    for node in c.nodes:
+        text = unit_text(node)
+        assert text.startswith("# Managed by sparkfleet (roles/watchdog)")
+        lines = text.splitlines()
+        assert "ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sfl_watch.py run /etc/sparkfleet/watchdog.json" in lines
+        assert "Restart=always" in lines and "WantedBy=multi-user.target" in lines
+        assert f"Description=sparkfleet watchdog ({'head' if node.is_head else 'worker'}) of " \
+               f"{'sparkfleet-head' if node.is_head else 'sparkfleet-worker'}" in lines
+
+
+def test_the_program_accepts_the_config_with_the_watchdog_off(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from roles.serving.schema import node_profile
+    from roles.watchdog.node_config import watch_config
+    from tests.unit.test_watchdog import PROGRAM
+
+    c = both(watchdog_enabled=False)
+    cfg = watch_config(c, c.head, node_profile(c.head), c.head)
+    cfg["state_dir"] = str(tmp_path / "state")
+    path = tmp_path / "watchdog.json"
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, str(PROGRAM), "status", str(path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "no state at" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------- the deploy's steps, without any host
+#
+# The task files run as pyinfra runs them at prepare time (once per host, `host` and `state` set),
+# with pyinfra's operations replaced by recorders. The recorded operations are then "executed" in
+# pyinfra's order (by include, then by line in the file: each step is defined on every host, gated
+# by _if) with _if evaluated when the step runs, as pyinfra does. State operations (files.put,
+# files.directory, systemd.service without restarted) count only when the test says they change.
+
+import runpy  # noqa: E402
+import sys  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from pyinfra import state as pyinfra_state  # noqa: E402
+from pyinfra.context import ctx_host, ctx_state  # noqa: E402
+from pyinfra.operations import apt, files, python, server, systemd  # noqa: E402
+
+from roles.watchdog.checks import WatchdogPlan, plan_for  # noqa: E402
+
+COMMANDS = ("server.shell", "python.call", "systemd.daemon_reload")
+INCLUDES = ("roles/fanout/tasks.py", "roles/watchdog/pause_tasks.py", "roles/watchdog/tasks.py")
+
+
+class Op:
+    def __init__(self, kind, kwargs, changed):
+        self.kind, self.kwargs, self.changed = kind, kwargs, changed
+        self.name = kwargs.get("name")
+
+    def did_change(self):
+        return self.changed
+
+    def gate(self):
+        cond = self.kwargs.get("_if")
+        if cond is None:
+            return True
+        return all(c() for c in cond) if isinstance(cond, list) else bool(cond())
+
+
+class FakeHost:
+    def __init__(self, name):
+        self.name = name
+
+    def get_fact(self, cls, **kwargs):
+        return {"Which": "/usr/bin/rsync"}.get(cls.__name__)
+
+
+class Deploy:
+    def __init__(self, monkeypatch, cluster, plan: WatchdogPlan, changed=()):
+        self.cluster, self.changed = cluster, set(changed)
+        self.state = SimpleNamespace(_sparkfleet_cluster=cluster)
+        # once_per_run keeps its registry in the __dict__ of the `state` it is given: pyinfra's context
+        # proxy (from pyinfra import state), for the whole process. The plan is this test's, and only its.
+        monkeypatch.setitem(pyinfra_state.__dict__, "_sparkfleet_once", {"watchdog-plan": ("ok", plan)})
+        self.ops = []  # (include index, line, occurrence, host index, Op)
+        for module, names in ((files, ("put", "directory")), (server, ("shell",)), (python, ("call",)),
+                              (systemd, ("service", "daemon_reload")), (apt, ("packages",))):
+            for n in names:
+                monkeypatch.setattr(module, n, self.recorder(f"{module.__name__.rsplit('.', 1)[1]}.{n}"))
+
+    def recorder(self, kind):
+        def op(**kwargs):
+            frame = sys._getframe(1)
+            line = frame.f_lineno
+            seen = sum(1 for o in self.ops if o[:2] == (self.include_no, line) and o[3] == self.host_no)
+            o = Op(kind, kwargs, kwargs.get("name") in self.changed)
+            self.ops.append((self.include_no, line, seen, self.host_no, o))
+            return o
+        return op
+
+    def run(self, includes=INCLUDES):
+        for self.include_no, path in enumerate(includes):
+            for self.host_no, node in enumerate(self.cluster.nodes):
+                with ctx_state.use(self.state), ctx_host.use(FakeHost(node.name)):
+                    runpy.run_path(path, run_name="__pyinfra_task__")
+        done = []
+        for include_no, line, seen, host_no, o in sorted(self.ops, key=lambda x: x[:4]):
+            if not o.gate():
+                o.changed = False
+                continue
+            if o.kind in COMMANDS or (o.kind == "systemd.service" and o.kwargs.get("restarted")):
+                o.changed = True
+            if o.changed:
+                done.append((o.name, self.cluster.nodes[host_no].name))
+        return done
+
+    def op(self, name, host):
+        return next(o for *_k, h, o in self.ops if o.name == name and self.cluster.nodes[h].name == host)
+
+
+def plan(cluster, moves=None, running=("spark-a", "spark-b")):
+    units = {n.name: {"active": "active" if n.name in running else "inactive"} for n in cluster.nodes}
+    return plan_for(cluster, moves, units)
+
+
+PAUSE_HEAD = ("Pause the head's sparkfleet-watchdog (the deploy moves the pair)", "spark-a")
+PAUSE_WORKER = ("Pause the workers' sparkfleet-watchdog (the deploy moves the pair)", "spark-b")
+HAND_OVER = "Hand the pair over to the watchdog (sfl_watch.py deployed)"
+START_WORKER = ("Start the workers' sparkfleet-watchdog", "spark-b")
+START_HEAD = ("Start the head's sparkfleet-watchdog (every worker's runs)", "spark-a")
+
+
+def test_an_unchanged_deploy_stops_and_starts_nothing(monkeypatch):
+    c = both()
+    assert Deploy(monkeypatch, c, plan(c)).run() == []
+
+
+@pytest.mark.parametrize("moves", ["the prewarm", "the pair restart"])
+def test_the_watchdog_pauses_before_the_pair_moves_and_starts_after_workers_first(monkeypatch, moves):
+    c = both()
+    done = Deploy(monkeypatch, c, plan(c, moves)).run()
+    assert done == [PAUSE_HEAD, PAUSE_WORKER, (HAND_OVER, "spark-a"), (HAND_OVER, "spark-b"), START_WORKER, START_HEAD]
+
+
+def test_the_pause_comes_before_the_prewarm_and_the_start_after_the_pair_serves():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "deploy.py").read_text()
+    order = [line.split('"')[1] for line in text.splitlines() if "local.include(" in line]
+    at = order.index
+    assert at("roles/fanout/tasks.py") < at("roles/watchdog/pause_tasks.py") < at("roles/kernel_cache/tasks.py") \
+        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 1
+
+
+def test_a_watchdog_found_stopped_is_handed_over_and_started_even_when_nothing_moves(monkeypatch):
+    """What a re-run does after a deploy that failed with the watchdogs paused."""
+    c = both()
+    done = Deploy(monkeypatch, c, plan(c, running=())).run()
+    assert done == [(HAND_OVER, "spark-a"), (HAND_OVER, "spark-b"), START_WORKER, START_HEAD]
+    done = Deploy(monkeypatch, c, plan(c, moves="the pair restart", running=("spark-b",))).run()
+    assert done == [PAUSE_WORKER, (HAND_OVER, "spark-a"), (HAND_OVER, "spark-b"), START_WORKER, START_HEAD]
+
+
+def test_a_changed_program_or_config_restarts_a_running_watchdog_without_a_hand_over(monkeypatch):
+    c = both()
+    config = "Write /etc/sparkfleet/watchdog.json"
+    done = Deploy(monkeypatch, c, plan(c), changed={config}).run()
+    check = "Check /etc/sparkfleet/watchdog.json with the program"
+    assert done == [(config, "spark-a"), (config, "spark-b"), (check, "spark-a"), (check, "spark-b"),
+                    START_WORKER, START_HEAD]
+    unit = "Write the sparkfleet-watchdog unit"
+    done = Deploy(monkeypatch, c, plan(c), changed={unit}).run()
+    reload = "Reload systemd (sparkfleet-watchdog unit changed)"
+    assert done == [(unit, "spark-a"), (unit, "spark-b"), (reload, "spark-a"), (reload, "spark-b"),
+                    START_WORKER, START_HEAD]
+
+
+def test_the_first_deploy_creates_the_state_dir_before_rsyncd_serves_it_and_starts_the_watchdog(monkeypatch):
+    c = both()
+    new = {"Create /var/lib/sparkfleet/watchdog", "Write the fabric rsync daemon config",
+           "Install sfl_watch.py (the pair's watchdog: probe, restart as one, status)",
+           "Write /etc/sparkfleet/watchdog.json", "Write the sparkfleet-watchdog unit", "Set sparkfleet-watchdog start at boot to True"}
+    d = Deploy(monkeypatch, c, plan(c, moves="the pair restart", running=()), changed=new)
+    done = [name for name, host in d.run() if host == "spark-b"]
+    assert done.index("Create /var/lib/sparkfleet/watchdog") < done.index("Restart sparkfleet-rsyncd (config changed)")
+    assert done[-5:] == ["Reload systemd (sparkfleet-watchdog unit changed)", "Check /etc/sparkfleet/watchdog.json with the program",
+                         "Set sparkfleet-watchdog start at boot to True", HAND_OVER, START_WORKER[0]]
+    assert d.op("Write /etc/sparkfleet/watchdog.json", "spark-a").kwargs["mode"] == "0600"
+    assert d.op("Install sfl_watch.py (the pair's watchdog: probe, restart as one, status)", "spark-a").kwargs["dest"] \
+        == "/usr/local/libexec/sparkfleet/sfl_watch.py"
+
+
+def test_enabled_at_boot_with_the_pair_only_and_stopped_when_off(monkeypatch):
+    c = build_cluster(pair(**{"spark-a": {"serving_start_at_boot": False}}))
+    d = Deploy(monkeypatch, c, plan(c))
+    d.run()
+    assert d.op("Set sparkfleet-watchdog start at boot to False", "spark-a").kwargs["enabled"] is False
+    assert d.op("Set sparkfleet-watchdog start at boot to True", "spark-b").kwargs["enabled"] is True
+    off = both(watchdog_enabled=False)
+    d = Deploy(monkeypatch, off, plan(off, moves="the pair restart"))
+    stop = "Stop sparkfleet-watchdog (watchdog_enabled is false)"
+    assert d.run() == [PAUSE_HEAD, PAUSE_WORKER, (stop, "spark-a"), (stop, "spark-b")]
+    assert d.op("Set sparkfleet-watchdog start at boot to False", "spark-b").kwargs["running"] is None
+    assert "Create /var/lib/sparkfleet/watchdog" not in {o.name for *_k, o in d.ops}
+    # Off and already stopped: nothing to do.
+    assert Deploy(monkeypatch, off, plan(off, moves="the pair restart", running=())).run() == []
+
+
+def test_a_failed_prewarm_that_restored_production_starts_the_watchdogs_it_paused():
+    from pyinfra.api.exceptions import DeployError
+
+    from roles.watchdog.checks import resume_watchdogs
+
+    c = both()
+    ran = []
+    assert resume_watchdogs(lambda n, cmd, what: ran.append((n, cmd)), c, ()) is None and ran == []
+    said = resume_watchdogs(lambda n, cmd, what: ran.append((n, cmd)), c, ("spark-a", "spark-b"))
+    deployed = "python3 /usr/local/libexec/sparkfleet/sfl_watch.py deployed /etc/sparkfleet/watchdog.json"
+    start = "systemctl restart sparkfleet-watchdog.service"
+    assert ran == [("spark-b", deployed), ("spark-a", deployed), ("spark-b", start), ("spark-a", start)]
+    assert said == "sparkfleet-watchdog watches it again on spark-b, spark-a"
+
+    def failing(n, cmd, what):
+        raise DeployError(f"{n}: {what} failed:\nboom")
+
+    said = resume_watchdogs(failing, c, ("spark-a",))
+    assert said.startswith("sparkfleet-watchdog stays stopped (spark-a: handing the pair over to its watchdog failed:)")

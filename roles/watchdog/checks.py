@@ -1,0 +1,132 @@
+"""What roles/watchdog does in a deploy, decided once at prepare time, and the commands it runs.
+
+The deploy pauses the watchdog around its own restarts of the pair: the watchdog must never act on
+a pair the deploy is changing (it would see a stopped head as a hang and restart the pair against
+the deploy). The decision is the deploy's own prepare-time one: the pair moves when the kernel
+caches are prewarmed (roles/kernel_cache: the prewarm stops the production units) or the pair
+restarts (roles/serving). Then, before the prewarm or the pair restart stops any unit (deploy.py
+step 7c, roles/watchdog/pause_tasks.py), sparkfleet-watchdog stops on every node where it runs,
+the head's first (its restart in flight, if any, is then cut at a point it resumes from, and no
+worker is left waiting on it). At the end (step 10, roles/watchdog/tasks.py), once the pair serves,
+every node whose watchdog this run stopped, or found stopped, gets `sfl_watch.py deployed` (the
+hand-over: the head does not resume a restart the stop interrupted, clears a give-up, counts its
+restarts afresh) and its watchdog is started, the workers' first, the head's last. An unchanged
+deploy stops nothing and starts nothing.
+
+A deploy that fails in between leaves the watchdogs stopped and still enabled (a reboot starts
+them); `make doctor` fails on that ("sparkfleet-watchdog is inactive"); the next deploy finds them
+stopped and hands over and starts them at its end, whatever else it does. A failed prewarm whose
+previous production serves again (roles/kernel_cache) hands over to, and starts, the watchdogs it
+paused itself, before the deploy stops (resume_watchdogs).
+"""
+from dataclasses import dataclass
+
+from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
+
+from roles.watchdog.facts import WatchdogUnit
+from roles.watchdog.schema import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import active_hosts, once_per_run
+
+# systemctl is-active values of a unit whose process runs or is about to (auto-restart included).
+RUNNING = ("active", "activating", "reloading")
+
+
+def runs(unit: dict | None) -> bool:
+    return bool(unit) and unit.get("active") in RUNNING
+
+
+def stop_command() -> str:
+    return f"systemctl stop {WATCH_UNIT}.service"
+
+
+def start_command() -> str:
+    """(Re)start: reads the unit, program and config afresh, and starts a stopped one too."""
+    return f"systemctl restart {WATCH_UNIT}.service"
+
+
+def hand_over_command() -> str:
+    return f"python3 {SFL_WATCH} deployed {WATCH_CONFIG}"
+
+
+def check_config_command() -> str:
+    """The node's program accepts the config it was given (status exits 2 on a config error only)."""
+    return f"python3 {SFL_WATCH} status {WATCH_CONFIG} >/dev/null; test $? -lt 2"
+
+
+@dataclass(frozen=True)
+class WatchdogPlan:
+    moves: str | None  # what moves the pair in this run ("the prewarm", "the pair restart"), or None
+    running: dict[str, bool]  # node -> its watchdog ran at prepare time
+    pause: tuple[str, ...]  # nodes whose watchdog this run stops before the pair moves, head first
+
+
+@dataclass(frozen=True)
+class NodeSteps:
+    """What roles/watchdog does on one node; `start` is what it does whatever changed: a running
+    watchdog whose program, config or unit changed is restarted too (decided when the files are written)."""
+
+    pause: bool  # stopped before the prewarm or the pair restart (pause_tasks.py)
+    stop: bool  # stopped at the end: watchdog_enabled is false and it runs
+    hand_over: bool  # `sfl_watch.py deployed` before the start
+    start: bool  # started at the end: this run stopped it, or found it stopped
+    enable: bool  # enabled at boot
+
+
+def plan_for(cluster, moves: str | None, units: dict[str, dict]) -> WatchdogPlan:
+    running = {name: runs(unit) for name, unit in units.items()}
+    order = (cluster.head, *cluster.workers)
+    pause = tuple(n.name for n in order if moves and running.get(n.name))
+    return WatchdogPlan(moves=moves, running=running, pause=pause)
+
+
+def node_steps(node, plan: WatchdogPlan) -> NodeSteps:
+    on, paused, running = node.watchdog_enabled, node.name in plan.pause, plan.running.get(node.name, False)
+    again = on and (paused or not running)
+    return NodeSteps(pause=paused, stop=not on and running, hand_over=again, start=again,
+                     enable=on and node.serving_start_at_boot)
+
+
+def _plan(state) -> WatchdogPlan:
+    from roles.kernel_cache.checks import cache_plan
+    from roles.serving.checks import pair_state
+
+    cluster = cluster_from_state(state)
+    moves = "the prewarm" if cache_plan(state).prewarm else "the pair restart" if pair_state(state).restart else None
+    units = {h.name: h.get_fact(WatchdogUnit) for h in active_hosts(state)}
+    plan = plan_for(cluster, moves, units)
+    stopped = [n for n, r in plan.running.items() if not r]
+    if plan.pause:
+        summary = f"paused on {', '.join(plan.pause)} before {moves}, started again at the end"
+    elif moves:
+        summary = f"not running, nothing to pause before {moves}"
+    else:
+        summary = "left running (the pair does not move)"
+    if stopped and cluster.head.watchdog_enabled:
+        summary += f"; started at the end on {', '.join(stopped)} (found stopped)"
+    logger.info(f"--> sparkfleet watchdog: {summary}")
+    return plan
+
+
+def watchdog_plan(state) -> WatchdogPlan:
+    return once_per_run(state, "watchdog-plan", lambda: _plan(state))
+
+
+def resume_watchdogs(run, cluster, paused) -> str | None:
+    """After a failed prewarm brought the previous production back: hand the pair over to the
+    watchdogs this run paused and start them, workers first. `run(node name, command, what)` runs a
+    command on a node and raises DeployError when it fails (roles/kernel_cache's _Nodes.run).
+    Returns what it did (None: nothing was paused), or why the watchdogs stay stopped."""
+    order = [n for n in (*cluster.workers, cluster.head) if n.name in paused]
+    if not order:
+        return None
+    try:
+        for n in order:  # the head's hand-over before any worker's watchdog reads its state
+            run(n.name, hand_over_command(), "handing the pair over to its watchdog")
+        for n in order:
+            run(n.name, start_command(), f"starting {WATCH_UNIT}")
+    except DeployError as exc:
+        return (f"{WATCH_UNIT} stays stopped ({str(exc).splitlines()[0]}); the next deploy starts it "
+                f"(or: systemctl start {WATCH_UNIT})")
+    return f"{WATCH_UNIT} watches it again on {', '.join(n.name for n in order)}"

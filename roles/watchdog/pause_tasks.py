@@ -1,0 +1,31 @@
+"""Step 7c: the watchdog paused before the deploy moves the pair (roles/watchdog/checks.py).
+
+Before the prewarm (roles/kernel_cache) or the pair restart (roles/serving) stops any unit,
+sparkfleet-watchdog stops on every node where it runs, the head's first: a watchdog must never
+see the deploy's own stop of the head as a hang. Decided at prepare time with the same verdicts
+(cache_plan, pair_state): an unchanged deploy stops nothing. roles/watchdog/tasks.py (step 10)
+starts it again once the pair serves.
+"""
+from pyinfra import host, state
+from pyinfra.operations import server
+
+from roles.watchdog.checks import node_steps, stop_command, watchdog_plan
+from roles.watchdog.schema import WATCH_UNIT
+from sparkfleet.inventory import cluster_from_state
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+plan = watchdog_plan(state)
+on_head, pause = node.is_head, node_steps(node, plan).pause
+
+# Defined on every host, gated by _if, so that pyinfra orders the head's before the workers'.
+server.shell(
+    name=f"Pause the head's {WATCH_UNIT} (the deploy moves the pair)",
+    commands=[stop_command()],
+    _if=lambda: on_head and pause,
+)
+server.shell(
+    name=f"Pause the workers' {WATCH_UNIT} (the deploy moves the pair)",
+    commands=[stop_command()],
+    _if=lambda: not on_head and pause,
+)
