@@ -1,7 +1,9 @@
 """Read-only health check of a deployed pair: pyinfra inventory.py doctor.py
 
 Every guard, the fabric (netplan file, live link, jumbo pings to every peer), docker, image IDs,
-units and the head's /health, as one table. Defines no operation: nothing is changed.
+units, the pair's health (the watchdog's probe: a real completion, every rank's processes; never
+/health alone) and each node's watchdog (running, and not given up), as one table. Defines no
+operation: nothing is changed.
 """
 from pyinfra import state
 

@@ -1,6 +1,12 @@
 """The doctor: every guard and the fabric, docker, image and serving checks on live machines,
 read-only, as one table. For after a reboot or a firmware update: `make doctor`.
 
+Health is the watchdog's probe (`sfl_watch.py probe`, as root on the head: a 1-token completion
+through the API with the key, every rank's container running and no engine process stopped), never
+/health alone; each worker's own probe too (its container and processes, seen on the worker). With
+the watchdog on, each node's watchdog must run, be enabled as data says, and its own verdict
+(`sfl_watch.py status`) must pass: a watchdog that gave up fails the doctor with its reason.
+
 It defines no operation and changes nothing; it exits non-zero when any check fails.
 """
 from pyinfra import logger
@@ -17,6 +23,8 @@ from roles.preflight.checks import preflight_rows
 from roles.serving.engine import unit_name
 from roles.serving.facts import HeadHealth, UnitState, is_serving
 from roles.serving.schema import node_profile
+from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
+from roles.watchdog.schema import SFL_WATCH, WATCH_UNIT
 from roles.weights.checks import weights_plan
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
@@ -65,9 +73,56 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
                  + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
     head = hosts.get(cluster.head.name)
     if head is not None:
-        healthy = head.get_fact(HeadHealth, port=profile.port)
-        rows.append(("health", cluster.head.name, [] if healthy else [f"{cluster.head.name}: /health is not 200"]))
+        rows.append(("health", cluster.head.name, health_problems(cluster, hosts, profile.port)))
+    for name, h in hosts.items():
+        node = cluster.node(name)
+        if node.watchdog_enabled:
+            rows.append(("watchdog", name, watchdog_problems(node, h.get_fact(WatchdogUnit), h.get_fact(WatchStatus))))
     return rows
+
+
+def probe_problem(name: str, probe: dict) -> str | None:
+    """The problem a node's `sfl_watch.py probe` reports, or None when it passed."""
+    if probe.get("rc") == "0":
+        return None
+    if probe.get("rc") == "absent":
+        return f"{name}: the probe is not installed ({SFL_WATCH} or its config missing): deploy"
+    return f"{name}: {probe.get('line') or 'the probe said nothing'} (probe exit {probe.get('rc')})"
+
+
+def health_problems(cluster, hosts, port: int) -> list[str]:
+    """The head's probe (the pair serves a completion), then each worker's own (its rank runs, no
+    process stopped). /health is shown beside a failure, never counted: it stays 200 through hangs."""
+    head = hosts[cluster.head.name]
+    problems = []
+    problem = probe_problem(cluster.head.name, head.get_fact(WatchProbe))
+    if problem:
+        code = "200" if head.get_fact(HeadHealth, port=port) else "not 200"
+        problems.append(f"{problem}; /health {code}")
+    for worker in cluster.workers:
+        h = hosts.get(worker.name)
+        problem = h is not None and probe_problem(worker.name, h.get_fact(WatchProbe))
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def watchdog_problems(node, unit: dict, status: dict) -> list[str]:
+    """The node's sparkfleet-watchdog: running, enabled as data says, and its own verdict ok."""
+    name, problems = node.name, []
+    if unit.get("active") != "active":
+        problems.append(f"{name}: {WATCH_UNIT} is {unit.get('active') or 'unknown'} (a deploy that paused it did not "
+                        f"finish? the next deploy starts it; or systemctl start {WATCH_UNIT})")
+    want = "enabled" if node.serving_start_at_boot else "disabled"
+    if (unit.get("enabled") == "enabled") != node.serving_start_at_boot:
+        problems.append(f"{name}: {WATCH_UNIT} is {unit.get('enabled') or 'not installed'} at boot, data says {want} "
+                        f"(serving_start_at_boot): deploy")
+    if status.get("rc") == "absent":
+        problems.append(f"{name}: {SFL_WATCH} or its config is missing: deploy")
+    elif status.get("rc") != "0":
+        verdict = status.get("verdict") or (status.get("text") or "").strip() or f"status exit {status.get('rc')}"
+        problems.append(f"{name}: watchdog: {verdict}")
+    return problems
 
 
 def _doctor(state) -> None:

@@ -334,3 +334,105 @@ def test_a_failed_prewarm_that_restored_production_starts_the_watchdogs_it_pause
 
     said = resume_watchdogs(failing, c, ("spark-a",))
     assert said.startswith("sparkfleet-watchdog stays stopped (spark-a: handing the pair over to its watchdog failed:)")
+
+
+# ------------------------------------------------------------------------ doctor: probe and verdicts
+
+def program_output(tmp_path, command, cfg_over=None, state=None):
+    """What program_command prints on a node: the real program's output, then `rc=N`."""
+    import json
+    import subprocess
+
+    from roles.serving.schema import node_profile
+    from roles.watchdog.node_config import watch_config
+    from tests.unit.test_watchdog import PROGRAM
+
+    c = both()
+    cfg = {**watch_config(c, c.head, node_profile(c.head), c.head), "state_dir": str(tmp_path), **(cfg_over or {})}
+    (tmp_path / "watchdog.json").write_text(json.dumps(cfg))
+    if state is not None:
+        (tmp_path / "state.json").write_text(json.dumps(state))
+    r = subprocess.run([sys.executable, str(PROGRAM), command, str(tmp_path / "watchdog.json")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+    return (r.stdout + f"rc={r.returncode}\n").splitlines()
+
+
+def test_the_status_fact_reads_the_programs_verdict(tmp_path):
+    import time
+
+    from roles.watchdog.facts import WatchStatus
+
+    gave_up = {"role": "head", "generation": 3, "want": "stopped", "updated_epoch": time.time(), "seq": 4,
+               "gave_up": {"at": "2026-01-01T00:00:00+0000", "reason": "3 restart(s) within 7200 s did not keep "
+                           "the pair serving; last probe: completion timed out after 30 s"},
+               "actions": [{"at": "then", "what": "GAVE UP"}]}
+    fact = WatchStatus().process(program_output(tmp_path, "status", state=gave_up))
+    assert fact["rc"] == "1" and fact["state"]["generation"] == 3 and fact["state"]["actions"][0]["what"] == "GAVE UP"
+    assert fact["verdict"] == ("fail: GAVE UP at 2026-01-01T00:00:00+0000: 3 restart(s) within 7200 s did not keep the "
+                               "pair serving; last probe: completion timed out after 30 s")
+    broken = WatchStatus().process(program_output(tmp_path, "status", cfg_over={"max_restarts": 0}))
+    assert broken["rc"] == "2" and broken["state"] == {} and "max_restarts must be an integer >= 1" in broken["text"]
+    assert WatchStatus().process(["rc=absent"]) == {"rc": "absent", "state": {}, "verdict": "", "text": ""}
+
+
+def test_the_probe_fact_reads_the_programs_line(tmp_path):
+    from roles.watchdog.facts import WatchProbe, program_command
+
+    fact = WatchProbe().process(program_output(tmp_path, "probe", cfg_over={
+        "commands": {"docker": "false"}, "workers": [], "key_file": str(tmp_path / "nokey")}))
+    assert fact["rc"] == "1" and fact["line"].startswith("failed: docker inspect sparkfleet-head: exit 1"), fact
+    assert program_command("probe") == (
+        "if [ -f /usr/local/libexec/sparkfleet/sfl_watch.py ] && [ -f /etc/sparkfleet/watchdog.json ]; then "
+        "python3 /usr/local/libexec/sparkfleet/sfl_watch.py probe /etc/sparkfleet/watchdog.json 2>&1; echo rc=$?; "
+        "else echo rc=absent; fi")
+
+
+class DoctorHost:
+    def __init__(self, **facts):
+        self.facts = facts
+
+    def get_fact(self, cls, **kwargs):
+        return self.facts[cls.__name__]
+
+
+def test_the_doctors_health_is_the_probe_never_health_alone():
+    from sparkfleet.doctor import health_problems
+
+    c = both()
+    ok = {"rc": "0", "line": "ok: completion in 0.05 s"}
+    hung = {"rc": "1", "line": "failed: completion timed out after 30 s"}
+    worker_ok = DoctorHost(WatchProbe={"rc": "0", "line": "ok: sparkfleet-worker running (pid 7)"})
+    assert health_problems(c, {"spark-a": DoctorHost(WatchProbe=ok), "spark-b": worker_ok}, 8000) == []
+    hosts = {"spark-a": DoctorHost(WatchProbe=hung, HeadHealth=True), "spark-b": worker_ok}
+    assert health_problems(c, hosts, 8000) == ["spark-a: failed: completion timed out after 30 s (probe exit 1); /health 200"]
+    stopped = DoctorHost(WatchProbe={"rc": "1", "line": "failed: sparkfleet-worker: process 4242 (python3) stopped "
+                                                        "(SIGSTOP): the rank makes no progress"})
+    hosts = {"spark-a": DoctorHost(WatchProbe=ok), "spark-b": stopped}
+    assert health_problems(c, hosts, 8000) == ["spark-b: failed: sparkfleet-worker: process 4242 (python3) stopped "
+                                               "(SIGSTOP): the rank makes no progress (probe exit 1)"]
+    hosts = {"spark-a": DoctorHost(WatchProbe={"rc": "absent", "line": ""}, HeadHealth=True), "spark-b": worker_ok}
+    assert health_problems(c, hosts, 8000) == ["spark-a: the probe is not installed (/usr/local/libexec/sparkfleet/"
+                                               "sfl_watch.py or its config missing): deploy; /health 200"]
+
+
+def test_a_watchdog_that_gave_up_or_does_not_run_fails_the_doctor():
+    from sparkfleet.doctor import watchdog_problems
+
+    c = both()
+    head = c.head
+    running = {"active": "active", "enabled": "enabled"}
+    assert watchdog_problems(head, running, {"rc": "0", "verdict": "ok: serving: probe ok"}) == []
+    gave_up = {"rc": "1", "verdict": "fail: GAVE UP at then: 3 restart(s) within 7200 s did not keep the pair serving"}
+    assert watchdog_problems(head, running, gave_up) == [
+        "spark-a: watchdog: fail: GAVE UP at then: 3 restart(s) within 7200 s did not keep the pair serving"]
+    paused = watchdog_problems(head, {"active": "inactive", "enabled": "enabled"},
+                               {"rc": "1", "verdict": "fail: state not updated for 600 s: is sparkfleet-watchdog running on spark-a?"})
+    assert paused[0].startswith("spark-a: sparkfleet-watchdog is inactive (a deploy that paused it did not finish? "
+                                "the next deploy starts it")
+    assert len(paused) == 2
+    no_boot = build_cluster(pair(**{"spark-a": {"serving_start_at_boot": False}})).head
+    assert watchdog_problems(no_boot, running, {"rc": "0"}) == [
+        "spark-a: sparkfleet-watchdog is enabled at boot, data says disabled (serving_start_at_boot): deploy"]
+    assert watchdog_problems(head, {"active": "inactive", "enabled": ""}, {"rc": "absent"})[1:] == [
+        "spark-a: sparkfleet-watchdog is not installed at boot, data says enabled (serving_start_at_boot): deploy",
+        "spark-a: /usr/local/libexec/sparkfleet/sfl_watch.py or its config is missing: deploy"]
