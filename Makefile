@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit parity parity-venvs lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean doctor rollback
+.PHONY: help install demo test unit parity parity-venvs lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -19,6 +19,7 @@ help:
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
+	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
 	@echo "make rollback [INVENTORY=...]  back to the recipe commit that served last, no rebuild"
 
 # The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
@@ -61,6 +62,11 @@ config: install
 # Read-only: every guard and check on live machines, one table; changes nothing.
 doctor: install
 	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) doctor.py
+
+# Read-only: per pair the probe and its latency, each rank's unit, container and uptime, the
+# watchdog's last actions and the served recipe commit; judges nothing (that is doctor).
+status: install
+	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) status.py
 
 # The commit that served last (the head's history), for this run only; data still names the newer one.
 rollback: install

@@ -1,4 +1,5 @@
-"""Facts of roles/watchdog: the unit's state on a node, and the program's own verdicts (probe, status)."""
+"""Facts of roles/watchdog: the unit's state on a node, the program's own verdicts (probe, status),
+and a rank's container as `make status` shows it."""
 import shlex
 
 from pyinfra.api import FactBase
@@ -65,3 +66,17 @@ class WatchStatus(FactBase):
             state = {}
         return {"rc": rc, "state": state if isinstance(state, dict) else {}, "verdict": verdict.removeprefix("verdict: "),
                 "text": body if not state else ""}
+
+
+class RankContainer(FactBase):
+    """{"status", "started_at", "image", "up_s"} of a rank's container, from docker inspect and the
+    node's own clock (status "missing" when there is none; up_s only while it runs)."""
+
+    def command(self, unit: str) -> str:
+        u = shlex.quote(unit)
+        return (f"s=$(docker inspect --format '{{{{.State.Status}}}} {{{{.State.StartedAt}}}} {{{{.Config.Image}}}}' {u} "
+                f"2>/dev/null) || s='missing - -'; set -- $s; echo status=$1; echo started_at=$2; echo image=$3; "
+                f"[ \"$1\" = running ] && echo up_s=$(( $(date +%s) - $(date -d \"$2\" +%s) )); true")
+
+    def process(self, output):
+        return key_values(output)

@@ -436,3 +436,72 @@ def test_a_watchdog_that_gave_up_or_does_not_run_fails_the_doctor():
     assert watchdog_problems(head, {"active": "inactive", "enabled": ""}, {"rc": "absent"})[1:] == [
         "spark-a: sparkfleet-watchdog is not installed at boot, data says enabled (serving_start_at_boot): deploy",
         "spark-a: /usr/local/libexec/sparkfleet/sfl_watch.py or its config is missing: deploy"]
+
+
+# ------------------------------------------------------------------------------------- make status
+
+def test_the_rank_container_fact_reads_docker_and_the_nodes_clock(tmp_path):
+    import os
+    import subprocess
+
+    from roles.watchdog.facts import RankContainer
+
+    docker = tmp_path / "docker"
+    started = subprocess.run(["date", "-u", "-d", "-90 seconds", "+%Y-%m-%dT%H:%M:%S.123456789Z"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    docker.write_text(f"#!/bin/sh\n[ \"$4\" = sparkfleet-head ] || exit 1\necho running {started} sparkfleet/p:abc1234\n")
+    docker.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+    def fact(unit):
+        r = subprocess.run(["sh", "-c", RankContainer().command(unit)], capture_output=True, text=True, env=env, timeout=10)
+        assert r.returncode == 0, r.stderr
+        return RankContainer().process(r.stdout.splitlines())
+
+    got = fact("sparkfleet-head")
+    assert got["status"] == "running" and got["image"] == "sparkfleet/p:abc1234" and got["started_at"] == started
+    assert 89 <= int(got["up_s"]) <= 95
+    assert fact("sparkfleet-worker") == {"status": "missing", "started_at": "-", "image": "-"}
+
+
+def test_status_shows_probe_ranks_watchdog_actions_and_the_served_commit():
+    from roles.serving.history import parse_history
+    from roles.serving.schema import node_profile
+    from sparkfleet.status import duration, status_lines
+
+    assert [duration(s) for s in (42, 425, 10920, 187200, None)] == ["42 s", "7 min 05 s", "3 h 02 min", "2 d 4 h", "?"]
+    c = both()
+    profile = node_profile(c.head)
+    commit = profile.recipe.commit
+    image = f"{profile.image}:{commit}"
+    units = {"spark-a": {"active": "active", "enabled": "enabled", "container": "running"},
+             "spark-b": {"active": "active", "enabled": "enabled", "container": "running"}}
+    containers = {"spark-a": {"status": "running", "started_at": "2026-01-01T00:00:00Z", "image": image, "up_s": "3720"},
+                  "spark-b": {"status": "running", "started_at": "2026-01-01T00:00:00Z", "image": image, "up_s": "3725"}}
+    watch_units = {n: {"active": "active", "enabled": "enabled"} for n in ("spark-a", "spark-b")}
+    actions = [{"at": f"2026-01-01T00:0{i}:00+0000", "what": f"action {i}"} for i in range(7)]
+    statuses = {
+        "spark-a": {"rc": "0", "verdict": "ok: serving: probe ok at then (completion in 0.08 s)",
+                    "state": {"generation": 2, "want": "serving", "restarts": [{}], "actions": actions,
+                              "last_probe": {"ok": True, "at": "then", "latency_s": 0.08}}},
+        "spark-b": {"rc": "0", "verdict": "ok: container running", "state": {"actions": []}},
+    }
+    events = parse_history([f"2026-01-01T00:00:00Z attempted {commit}", f"2026-01-01T00:10:00Z served {commit}"])
+    probe = {"rc": "0", "line": "ok: completion in 0.07 s"}
+    text = "\n".join(status_lines(c, profile, probe, units, containers, watch_units, statuses, events))
+    assert "  probe     spark-a    ok: completion in 0.07 s  [latency 0.07 s]" in text
+    assert (f"  rank      spark-b    worker sparkfleet-worker active, enabled at boot; container running, up 1 h 02 min "
+            f"(since 2026-01-01T00:00:00Z); image {image}") in text
+    assert ("  watchdog  spark-a    sparkfleet-watchdog active: ok: serving: probe ok at then (completion in 0.08 s); "
+            "generation 2, want serving, 1 restart(s) in the window; its last probe ok at then (latency 0.08 s)") in text
+    assert "action 1" not in text and "2026-01-01T00:06:00+0000  action 6" in text  # the last five
+    assert "  watchdog  spark-b    sparkfleet-watchdog active: ok: container running\n" in text + "\n"
+    assert f"  recipe    spark-a    {commit}, last served 2026-01-01T00:10:00Z" in text
+    # A failed upgrade after it: the running commit, and the history's last word.
+    events += parse_history([f"2026-01-02T00:00:00Z failed {'b' * 40}"])
+    containers["spark-a"] = {"status": "exited", "started_at": "-", "image": image}
+    text = "\n".join(status_lines(c, profile, {"rc": "1", "line": "failed: connection refused on 127.0.0.1:8000"}, units,
+                                  containers, watch_units, statuses, events))
+    assert "  probe     spark-a    failed: connection refused on 127.0.0.1:8000\n" in text
+    assert f"last in the history: failed {'b' * 40} at 2026-01-02T00:00:00Z" in text
+    assert "container exited; image" in text
