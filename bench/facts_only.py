@@ -1,5 +1,6 @@
 """Baseline for bench/noop.py: a pyinfra run that gathers the facts sparkfleet's own code reads to
-decide what to do (preflight, guards, fabric, docker, image, fanout, weights, kernel caches, serving), on the same hosts, and does
+decide what to do (preflight, guards, fabric, docker, image, fanout, weights, kernel caches, serving,
+watchdog), on the same hosts, and does
 nothing else: no operations, no checks, no tables. The facts pyinfra's operations read for
 themselves (files.put's file facts, systemd's unit state) are not here: they are part of what the
 benchmark measures as sparkfleet's cost on top."""
@@ -20,6 +21,7 @@ from roles.serving.engine import env_file_path, unit_name
 from roles.serving.facts import HeadHealth, UnitState
 from roles.serving.history import RecipeHistory, history_file
 from roles.serving.schema import node_profile
+from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import model_dir, profile_models
 from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state
@@ -46,6 +48,7 @@ host.get_fact(Which, command="rsync")
 for model, _revision in profile_models(profile):
     host.get_fact(ModelCopy, root=node.weights_dir, model=model)
 host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
+host.get_fact(WatchdogUnit)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))
     host.get_fact(Which, command="git")
