@@ -225,6 +225,6 @@ def test_a_refusal_inside_an_operation_is_one_block_and_the_run_says_where_it_st
     assert code == 1, out
     assert "Traceback" not in out and "Unexpected error in Python callback" not in out, out
     assert "Over 0% of hosts failed" not in out and "pyinfra error" not in out, out
-    assert "--> sparkfleet: @local: recipe c73f804ea9b8 -> 0a1b2c3d4e5f, launch defaults (start.sh): CG_ESTIMATE" in out
+    assert "--> sparkfleet: @local: recipe a510aeb64931 -> 0a1b2c3d4e5f, launch defaults (start.sh): CG_ESTIMATE" in out
     assert ("--> sparkfleet: the run stopped at \"Check the recipe's launch defaults against the served commit\": "
             "@local failed") in out

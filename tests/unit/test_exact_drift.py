@@ -93,12 +93,12 @@ def test_v3_adds_a_flag_that_stops_until_adopted_or_acknowledged(tmp_path):
     lines, stops = exact_report(findings_for(tmp_path, START_V3, c), [])
     assert lines == ["--max-num-seqs 64: the recipe passes it, sparkfleet does not [every rank] (NOT adopted)"]
     assert [(f.kind, f.name, f.value) for f in stops] == [("flag", "--max-num-seqs", ("64",))]
-    message = stop_message("6016c5394a92705f6f3d9bc7357508ebc34959ea", "start.sh", "img:6016c53", lines, stops)
+    message = stop_message("2a7a12582a35282b73ef6df5dde6fe860713d1f3", "start.sh", "img:2a7a125", lines, stops)
     assert message.startswith(
-        "exact recipe drift at 6016c5394a92: the recipe's launcher start.sh (run in img:6016c53 with the engine "
+        "exact recipe drift at 2a7a12582a35: the recipe's launcher start.sh (run in img:2a7a125 with the engine "
         "replaced by a recorder) differs from what sparkfleet renders: --max-num-seqs 64: the recipe passes it, "
         "sparkfleet does not. To go on: adopt it (data: serving_extra_args: [\"--max-num-seqs\", \"64\"], or the "
-        "profile's extra_args) or acknowledge (recipe_drift_acknowledged: [\"--max-num-seqs=64\"]). img:6016c53 "
+        "profile's extra_args) or acknowledge (recipe_drift_acknowledged: [\"--max-num-seqs=64\"]). img:2a7a125 "
         "is built on the head; nothing was pushed or restarted.")
 
     for ack in (["--max-num-seqs"], ["--max-num-seqs=64"]):

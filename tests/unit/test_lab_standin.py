@@ -60,16 +60,27 @@ def get(port, path, key=None, timeout=2):
         return None, None
 
 
-def post_chat(port, content="hi", timeout=15):
-    """(status, parsed JSON body) of a small chat completion to the stand-in (served name "lab")."""
-    body = {"model": "lab", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+def post(port, path, body, timeout=15):
+    """(status, parsed JSON body) of a POST of `body` as JSON to the stand-in."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)
+
+
+def post_chat(port, content="hi", timeout=15):
+    """(status, parsed JSON body) of a small chat completion to the stand-in (served name "lab")."""
+    body = {"model": "lab", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+    return post(port, "/v1/chat/completions", body, timeout)
+
+
+def post_completion(port, body=None, timeout=15):
+    """(status, parsed JSON body) of the watchdog's probe request: POST /v1/completions, max_tokens 1."""
+    body = {"model": "lab", "prompt": "ping", "max_tokens": 1} if body is None else body
+    return post(port, "/v1/completions", body, timeout)
 
 
 def constant(path, name):
@@ -152,6 +163,21 @@ def test_head_waits_for_the_worker_then_serves(run, ports):
     assert "standin[rank 0]: rank 1 joined from 127.0.0.1" in out
     assert f"standin[rank 0]: all 2 ranks joined; serving {MODEL} on 127.0.0.1:{ports['http']}" in out
 
+
+
+def test_a_completion_is_one_step_over_every_rank_and_a_frozen_worker_holds_it(run, ports):
+    """POST /v1/completions (the watchdog's probe) answers a text_completion cut to max_tokens, checks
+    its body like the chat route, and, like a chat completion, waits for every rank's step."""
+    head, worker = start_pair(run, ports, head_env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "2"})
+    status, body = post_completion(ports["http"])
+    assert status == 200 and body["object"] == "text_completion", body
+    assert body["choices"][0]["text"] == "sparkfleet" and body["choices"][0]["finish_reason"] == "length"
+    assert post_completion(ports["http"], {"model": "lab", "prompt": 3})[0] == 400
+    assert post_completion(ports["http"], {"model": "other", "prompt": "ping"})[0] == 404
+    worker.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    assert post_completion(ports["http"])[0] == 500
+    assert time.monotonic() - started >= 2
 
 def test_worker_sigterm_exits_0(run, ports):
     _, worker = start_pair(run, ports)

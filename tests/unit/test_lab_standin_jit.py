@@ -221,7 +221,8 @@ def test_wrong_model_and_malformed_bodies_are_refused_and_compile_nothing(pair, 
         status, body = post(p.port, bad)
         assert status == 400, (bad, body)
         assert body["error"]["type"] == "BadRequestError" and body["error"]["message"], bad
-    assert post(p.port, chat("hi"), path="/v1/completions")[0] == 404
+    assert post(p.port, chat("hi"), path="/v1/completions")[0] == 400  # a chat body has no 'prompt'
+    assert post(p.port, chat("hi"), path="/v1/embeddings")[0] == 404
     for rank, root in enumerate(p.roots):
         assert set(files(root)) == kernels(engine, rank, STARTUP)
 

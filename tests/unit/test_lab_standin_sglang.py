@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.unit.test_lab_standin import JIT_CACHES, MODEL, constant, free_port, get, post_chat, wait_for
+from tests.unit.test_lab_standin import JIT_CACHES, MODEL, constant, free_port, get, post_chat, \
+    post_completion, wait_for
 from tests.unit.test_serving_engines import STANDIN
 
 
@@ -106,6 +107,22 @@ def test_ranks_above_0_serve_no_http_even_when_given_a_port(run, ports):
     assert get(worker_port, "/health") == (None, None)
     assert head.poll() is None and worker.poll() is None
 
+
+
+def test_a_completion_goes_through_the_scheduler_loop_and_a_frozen_worker_holds_it(run, ports):
+    """POST /v1/completions (the watchdog's probe) answers a text_completion cut to max_tokens; with a
+    rank frozen it waits, unanswered, like every request in SGLang's stalled loop."""
+    _, worker = start_pair(run, ports)
+    status, body = post_completion(ports["http"])
+    assert status == 200 and body["object"] == "text_completion", body
+    assert body["choices"][0]["text"] == "sparkfleet"
+    assert post_completion(ports["http"], {"model": "lab", "prompt": []})[0] == 400
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(TimeoutError):
+            post_completion(ports["http"], timeout=3)
+    finally:
+        worker.send_signal(signal.SIGCONT)
 
 def test_a_joined_worker_ignores_sigterm_until_its_head_goes(run, ports):
     head, worker = start_pair(run, ports)

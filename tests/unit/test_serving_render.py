@@ -17,7 +17,7 @@ from tests.unit.test_templates import GOLDEN, check_golden
 LAB = {
     "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
-    "serving_recipe_commit": "c73f804ea9b854c7d96e80f52ffd4cfb75712ec8", "serving_ulimit_memlock": "8388608",
+    "serving_recipe_commit": "a510aeb6493132c2c4ec841d58e0881d8734d7ed", "serving_ulimit_memlock": "8388608",
 }
 # Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
 GIDS = {"spark-a": 3, "spark-b": 5}

@@ -214,15 +214,21 @@ def openai_error(code, message, param=None):
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def chat_request(data):
-    """Check a chat completion body; (model, words, images, tools, max_tokens), where words counts
-    the whitespace-separated words of every text part. Raises ValueError saying what is wrong."""
+def json_body(data):
+    """The request body as a JSON object; ValueError saying what is wrong."""
     try:
         req = json.loads(data)
     except ValueError as e:
         raise ValueError(f"the body is not valid JSON ({e})")
     if not isinstance(req, dict):
         raise ValueError("the body must be a JSON object")
+    return req
+
+
+def chat_request(data):
+    """Check a chat completion body; (model, words, images, tools, max_tokens), where words counts
+    the whitespace-separated words of every text part. Raises ValueError saying what is wrong."""
+    req = json_body(data)
     model, messages, tools, max_tokens = (req.get(k) for k in ("model", "messages", "tools", "max_tokens"))
     if not isinstance(model, str):
         raise ValueError("'model' must be a string")
@@ -260,6 +266,35 @@ def chat_request(data):
     if req.get("stream"):
         raise ValueError("'stream' is not supported by the lab stand-in")
     return model, words, images, tools, max_tokens
+
+def completion_request(data):
+    """Check a (legacy) completion body: (model, words, max_tokens). The probe of the pair's watchdog
+    sends one: {"model": ..., "prompt": "ping", "max_tokens": 1}. Raises ValueError saying what is wrong."""
+    req = json_body(data)
+    model, prompt, max_tokens = (req.get(k) for k in ("model", "prompt", "max_tokens"))
+    if not isinstance(model, str):
+        raise ValueError("'model' must be a string")
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
+        raise ValueError("'prompt' must be a string or a non-empty list of strings")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise ValueError("'max_tokens' must be a positive integer")
+    if req.get("stream"):
+        raise ValueError("'stream' is not supported by the lab stand-in")
+    return model, sum(len(p.split()) for p in prompt), max_tokens
+
+
+def completion_reply(model, prompt_tokens, max_tokens):
+    """A text_completion: REPLY cut to max_tokens words."""
+    words = REPLY.split()[:max_tokens]
+    finish = "stop" if len(words) == len(REPLY.split()) else "length"
+    return {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "text": " ".join(words), "logprobs": None,
+                                         "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                      "total_tokens": prompt_tokens + len(words)}}
+
 
 
 def jit_shape(words, images, tools):
@@ -666,6 +701,23 @@ class Head:
         item.done.wait()  # no timeout of its own, as in SGLang: a stalled loop holds the request
         return 200, chat_reply(self.name, words + IMAGE_TOKENS * images, tools, max_tokens)
 
+    def complete(self, data):
+        """POST /v1/completions (sglang/srt/entrypoints/http_server.py openai_v1_completions): a text
+        prompt through the same scheduler loop as a chat completion, so a stalled loop holds it."""
+        missing = self.missing()
+        if missing:
+            return 503, {"object": "error", "message": f"waiting for ranks {missing}"}
+        try:
+            model, words, max_tokens = completion_request(data)
+        except ValueError as e:
+            return 400, openai_error(400, str(e))
+        if model != self.name:
+            return 404, openai_error(404, f"The model `{model}` does not exist.", "model")
+        item = Item(jit_shape(words, 0, []))
+        self.submit(item)
+        item.done.wait()
+        return 200, completion_reply(self.name, words, max_tokens)
+
     def route(self, path):
         missing, n = self.missing(), self.args.nnodes
         if path == "/ranks":
@@ -713,13 +765,14 @@ class Head:
                 path = self.path.split("?", 1)[0]
                 if not self.authorized():
                     return
-                if path != "/v1/chat/completions":
+                if path not in ("/v1/chat/completions", "/v1/completions"):
                     return self.reply(404, {"object": "error", "message": f"no route {path}"})
                 length = self.headers.get("Content-Length", "")
                 if not length.isdigit() or int(length) > MAX_BODY:
                     return self.reply(400, openai_error(400, f"a JSON body with a Content-Length of at most "
                                                              f"{MAX_BODY} bytes is required"))
-                self.reply(*head.chat(self.rfile.read(int(length))))
+                body = self.rfile.read(int(length))
+                self.reply(*(head.chat(body) if path == "/v1/chat/completions" else head.complete(body)))
 
             def log_message(self, *_):  # no line per request: probes poll /health
                 pass
