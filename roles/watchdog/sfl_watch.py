@@ -311,6 +311,9 @@ def stopped_processes(pid):
     return sorted(stopped)
 
 
+FAILED = "FAILED: "  # workers_ready's mark of a worker whose restart for this generation failed for good
+
+
 def container_state(runner, cfg):
     """The node's serving container: {container, running, pid, started_at, process, stopped, detail}.
     container: running | absent | paused | <docker's status>; process: running | stopped | gone | -."""
@@ -355,8 +358,8 @@ def container_ok(cs):
 
 def unit_state(runner, cfg):
     """{active, started_mono (seconds on CLOCK_MONOTONIC, None if never started)} of the node's unit."""
-    r = runner.run("systemctl", ["show", "-p", "ActiveState", "-p", "InactiveExitTimestampMonotonic",
-                                 f"{cfg.unit}.service"], cfg.command_timeout_s)
+    r = runner.run("systemctl", ["show", "-p", "ActiveState", "-p", "SubState", "-p", "ExecMainStatus",
+                                 "-p", "InactiveExitTimestampMonotonic", f"{cfg.unit}.service"], cfg.command_timeout_s)
     vals = {}
     for line in (r.out or "").splitlines():
         k, _, v = line.partition("=")
@@ -365,7 +368,25 @@ def unit_state(runner, cfg):
         usec = int(vals.get("InactiveExitTimestampMonotonic") or 0)
     except ValueError:
         usec = 0
-    return {"active": vals.get("ActiveState") or ("unknown" if not r.ok else ""), "started_mono": usec / 1e6 or None}
+    return {"active": vals.get("ActiveState") or ("unknown" if not r.ok else ""), "started_mono": usec / 1e6 or None,
+            "sub": vals.get("SubState") or "", "status": vals.get("ExecMainStatus") or ""}
+
+
+def start_failed(us):
+    """Whether the unit's last start ended in a failure systemd saw (its process exited non-zero or was
+    killed): it is failed, or waiting for its automatic restart (Restart=always, RestartSec)."""
+    return us["active"] == "failed" or us["sub"] == "auto-restart"
+
+
+def kill_if_frozen(runner, cfg):
+    """A rank whose processes are stopped (SIGSTOP) cannot shut down: `docker stop` would wait its
+    whole stop timeout for nothing. Kill its container first; None, or what was done."""
+    cs = container_state(runner, cfg)
+    if cs["process"] != "stopped":
+        return None
+    r = runner.run("docker", ["kill", cfg.container], cfg.command_timeout_s)
+    return (f"killed container {cfg.container} ({cs['detail']})" if r.ok
+            else f"docker kill {cfg.container} failed ({r.why()})")
 
 
 # ------------------------------------------------------------------------------------------- state files
@@ -410,6 +431,8 @@ def fetch_state(runner, cfg, source):
         t = max(1, int(cfg.rsync_timeout_s + 0.5))
         r = runner.run("rsync", ["--quiet", f"--timeout={t}", f"--contimeout={t}", source, dest],
                        cfg.rsync_timeout_s + 5)
+        if not r.ok and "No such file or directory" in (r.err or ""):
+            return None, f"{source}: no state written yet (that node's watchdog has not run since it was installed)"
         if not r.ok:
             return None, f"rsync {source}: {r.why()}"
         try:
@@ -788,6 +811,8 @@ class Head(Node):
                 out[w["name"]] = f"state unreadable ({err})"
             elif state.get("handled_generation") != generation:
                 out[w["name"]] = f"handled generation {state.get('handled_generation')}, want {generation}"
+            elif state.get("failed_generation") == generation:
+                out[w["name"]] = FAILED + (state.get("failed_why") or "its restart failed")
             elif state.get("container") != "running" or state.get("process") != "running":
                 out[w["name"]] = state.get("detail") or f"container {state.get('container')}"
             else:
@@ -802,6 +827,9 @@ class Head(Node):
         if not resume:
             self.state["restarts"] = self.recent_restarts() + [entry]
             say(f"{label}: stopping {cfg.unit}")
+            killed = kill_if_frozen(self.runner, cfg)
+            if killed:
+                self.act(f"{label}: {killed}")
             r = self.runner.systemctl("stop", cfg.unit)
             if not r.ok:
                 self.act(f"{label}: systemctl stop {cfg.unit} failed ({r.why()}); going on")
@@ -823,6 +851,12 @@ class Head(Node):
             pending = {n: why for n, why in self.workers_ready(gen).items() if why}
             if not pending:
                 break
+            failed = {n: why[len(FAILED):] for n, why in pending.items() if why.startswith(FAILED)}
+            if failed:
+                shown = "; ".join(f"{n}: {why}" for n, why in failed.items())
+                self.finish_restart(False, f"{label} failed after {secs(time.monotonic() - t0)}: a worker's unit "
+                                    f"did not start ({shown}); {cfg.unit} stays stopped")
+                return
             if time.monotonic() >= deadline:
                 shown = "; ".join(f"{n}: {why}" for n, why in pending.items())
                 self.finish_restart(False, f"{label} failed after {secs(time.monotonic() - t0)}: the workers did not "
@@ -974,6 +1008,9 @@ class Worker(Node):
         try:
             self.observe()
             self.save()
+            killed = kill_if_frozen(self.runner, cfg)
+            if killed:
+                self.act(killed)
             r = self.runner.systemctl("restart", cfg.unit)
             if not r.ok:
                 self.act(f"systemctl restart {cfg.unit} failed ({r.why()})")
@@ -983,6 +1020,13 @@ class Worker(Node):
                 if container_ok(cs):
                     self.act(f"{cfg.unit}'s container running after {secs(time.monotonic() - t0)}; "
                              f"handled generation {gen}")
+                    break
+                us = unit_state(self.runner, cfg)
+                if not cs["running"] and start_failed(us):
+                    why = (f"{cfg.unit} exited with status {us['status'] or '?'} at its start "
+                           f"(journalctl -u {cfg.unit})")
+                    self.act(f"{why}; handled generation {gen} as failed (the head decides)")
+                    self.state.update(failed_generation=gen, failed_why=why)
                     break
                 if time.monotonic() >= deadline:
                     self.act(f"{cfg.unit}'s container not running {secs(cfg.worker_wait_s)} after its restart "

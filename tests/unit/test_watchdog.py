@@ -55,7 +55,12 @@ def api(mode):
 if verb == "show":
     u = json.load(open(ufile)) if os.path.exists(ufile) else {{"active": "inactive", "started_usec": 0}}
     print(f"ActiveState={{u['active']}}")
+    print(f"SubState={{u.get('sub', 'running' if u['active'] == 'active' else 'dead')}}")
+    print(f"ExecMainStatus={{u.get('status', 0)}}")
     print(f"InactiveExitTimestampMonotonic={{u['started_usec']}}")
+elif verb in ("start", "restart") and os.path.exists(os.path.join(W, "start_fails", unit)):
+    kill()  # its container's `docker run` fails (an image gone): systemd waits RestartSec to try again
+    json.dump({{"active": "activating", "sub": "auto-restart", "status": 125, "started_usec": 0}}, open(ufile, "w"))
 elif verb in ("start", "restart"):
     if verb == "start" and os.path.exists(cfile):
         sys.exit(0)
@@ -85,6 +90,14 @@ W = {world!r}
 argv = sys.argv[1:]
 with open(os.path.join(W, "calls.log"), "a") as f:
     f.write(f"{{time.time():.3f}} docker {{' '.join(argv)}}\n")
+if argv[0] == "kill":  # SIGKILL to the container's main process group: the container is gone (--rm)
+    cfile = os.path.join(W, "containers", argv[1])
+    try:
+        os.killpg(json.load(open(cfile))["Pid"], 9)
+        os.remove(cfile)
+    except (OSError, ValueError, KeyError):
+        sys.exit(f"Error response from daemon: cannot kill container: {{argv[1]}}")
+    sys.exit(0)
 assert argv[:3] == ["inspect", "--format", "{{{{json .State}}}}"], argv
 cfile = os.path.join(W, "containers", argv[3])
 if not os.path.exists(cfile):
@@ -231,7 +244,7 @@ class World:
         out = []
         for line in (self.dir / "calls.log").read_text().splitlines():
             t, prog, *args = line.split()
-            if float(t) >= since and prog == "systemctl" and args[0] in verbs:
+            if float(t) >= since and (prog == "systemctl" and args[0] in verbs or prog == "docker" and args[0] == "kill"):
                 out.append(f"{args[0]} {args[-1]}")
         return out
 
@@ -440,7 +453,13 @@ def test_a_failed_worker_rank_restarts_the_pair(world, fault):
         os.kill(engine, signal.SIGSTOP)  # the worker's engine frozen; its container's init still runs
         why = f"spark-b: sparkfleet-worker: process {engine} (sleep) stopped (SIGSTOP)"
     wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
-    in_order(world.calls(since=t0), f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
+    calls = world.calls(since=t0)
+    in_order(calls, f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
+    # a frozen rank cannot stop: its container is killed first, never waited for (docker stop's timeout)
+    assert (f"kill {WORKER}" in calls) == (fault == "engine stopped"), calls
+    if fault == "engine stopped":
+        in_order(calls, f"kill {WORKER}", f"restart {WORKER}.service")
+        assert lines(world.log("worker"), f"killed container {WORKER} ({WORKER}: process {engine} (sleep) stopped")
     failed = lines(world.log("head"), "probe failed 2/2")[0]
     assert why in failed and failed.endswith("restarting the pair (restart 1 of 3 in 60 s)"), failed
     assert world.state("worker")["process"] == "running"
@@ -481,6 +500,28 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     assert world.calls(since=t1) == [f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service"]
     assert world.command("status", "head").returncode == 0
 
+
+
+def test_a_worker_that_cannot_start_fails_the_restart_at_once_and_the_watchdog_gives_up(world):
+    """The worker's image is gone: its unit's start fails (systemd's auto-restart). The worker says so
+    at once and the head fails that restart without waiting worker_wait_s, backs off, and gives up
+    after max_restarts with the worker's reason."""
+    world.deploy()
+    world.start_pair(head={"max_restarts": 2}, worker={"worker_wait_s": 60})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    (world.dir / "start_fails").mkdir()
+    (world.dir / "start_fails" / WORKER).write_text("")
+    t0 = time.monotonic()
+    os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
+    wait_for(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
+    assert time.monotonic() - t0 < 20  # never worker_wait_s (60 s) per restart
+    why = f"{WORKER} exited with status 125 at its start (journalctl -u {WORKER})"
+    failed = lines(world.log("head"), "restart 1 failed")[0]
+    assert f"a worker's unit did not start (spark-b: {why})" in failed, failed
+    assert lines(world.log("worker"), f"{why}; handled generation 1 as failed")
+    assert "last probe" in lines(world.log("head"), "GAVE UP")[0]
+    status = world.command("status", "head")
+    assert status.returncode == 1 and "GAVE UP" in status.stdout.splitlines()[-1], status.stdout
 
 def test_restarts_back_off(world):
     world.deploy()
