@@ -34,7 +34,7 @@ class WatchdogData(BaseModel):
         3, ge=1, description="consecutive failed probes before the pair restarts"
     )
     watchdog_max_restarts: int = Field(
-        3, ge=1, description="restarts within watchdog_window_s after which the watchdog gives up: it stops the "
+        3, ge=1, description="failed restarts within watchdog_window_s after which the watchdog gives up: it stops the "
         "pair and says why in the journal, in make status and in make doctor"
     )
     watchdog_window_s: int = Field(

@@ -55,8 +55,10 @@ deploy's order:
   4. start the head unit, want = serving;
   5. wait (bounded: ready_timeout_s, a cold start) for the probe to pass; log how long it all took.
 Backoff: the k-th restart within window_s waits backoff_s * 2**(k-1) after the previous one ended
-(the probe keeps running meanwhile; a pass cancels the restart). Once max_restarts restarts fell
-within window_s and the probe still fails, the head gives up: it stops the head unit, sets
+(the probe keeps running meanwhile; a pass cancels the restart). Once max_restarts restarts that did
+not bring the pair back (or were interrupted) fell within window_s and the probe still fails, the
+head gives up (a restart that worked never counts: three unrelated crashes in a window are three
+recoveries, not a reason to stop serving): it stops the head unit, sets
 want = stopped and gave_up = {at, reason}, and says so in the journal; the workers stop their units.
 It keeps probing without restarting, and clears gave_up (and the restart count) as soon as the probe
 passes again (someone deployed a fix). A restart interrupted by the watchdog's own stop
@@ -85,7 +87,7 @@ and always write its own state (updated, seq, container running | absent | <dock
 stopped processes if any).
 
 Journal: every decision is one line on stdout (journald), prefixed 'sparkfleet-watchdog:', e.g.
-  sparkfleet-watchdog: probe failed 2/2 (completion timed out after 30 s); restarting the pair (restart 1 of 3 in 7200 s)
+  sparkfleet-watchdog: probe failed 2/2 (completion timed out after 30 s); restarting the pair (restart 1 within 7200 s; 0 failed, the watchdog gives up at 3)
 and state.json keeps the last 20 actions with their times (for make status / make doctor).
 External commands (systemctl, docker, rsync) run through one runner with a timeout each; their
 names come from the config's `commands`.
@@ -769,8 +771,11 @@ class Head(Node):
             self.save()
             return
         recent = self.recent_restarts()
-        if len(recent) >= cfg.max_restarts:
-            self.give_up(f"{len(recent)} restart(s) within {num(cfg.window_s)} s did not keep the pair serving; "
+        # Only restarts that did not bring the pair back count towards the give-up (an interrupted one
+        # has no verdict: it counts); the backoff below grows with every restart in the window.
+        failed = [r for r in recent if r.get("ok") is not True]
+        if len(failed) >= cfg.max_restarts:
+            self.give_up(f"{len(failed)} restart(s) within {num(cfg.window_s)} s did not keep the pair serving; "
                          f"last probe: {result['reason']}", line)
             return
         k = len(recent) + 1
@@ -781,14 +786,15 @@ class Head(Node):
             left = due - time.time()
             if left > 0:
                 if self.backoff_told != (k, recent[-1]["started_epoch"]):
-                    self.act(f"{line}; restart {k} of {cfg.max_restarts} waits for its backoff: {secs(left)} more "
+                    self.act(f"{line}; restart {k} waits for its backoff: {secs(left)} more "
                              f"({num(wait)} s after restart {k - 1} ended)")
                     self.backoff_told = (k, recent[-1]["started_epoch"])
                 else:
                     say(line)
                 self.save()
                 return
-        self.act(f"{line}; restarting the pair (restart {k} of {cfg.max_restarts} in {num(cfg.window_s)} s)")
+        self.act(f"{line}; restarting the pair (restart {k} within {num(cfg.window_s)} s; {len(failed)} failed, "
+                 f"the watchdog gives up at {cfg.max_restarts})")
         self.restart_pair(k=k, reason=result["reason"])
 
     # ---- actions
