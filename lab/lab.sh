@@ -6,6 +6,8 @@
 #   lab.sh down     stop the hosts, delete them and everything the lab put on the machine
 #   lab.sh status   one line per host; exit 0 only when both hosts are fully up
 #   lab.sh reset    down, then up
+#   lab.sh reboot [--power-cut] HOST...   reboot hosts (systemd's own reboot, or every process of the
+#                   host SIGKILLed at once: nothing flushed, its connections vanish without a FIN), then up
 #
 # Management network: bridge sfl-mgmt0 (198.18.0.1/24) <-> host0 in each host (spark-a .11, spark-b .12).
 # Fabric: one veth pair, one end in each host as enp1s0f0np0 (MTU 1500, no address, link down; the
@@ -569,6 +571,20 @@ ensure_fabric() {
   nsenter -t "$la" -n ip link set dev "${FAB_VETH[spark-a]}" name "$FABRIC_IF"
   nsenter -t "$lb" -n ip link set dev "${FAB_VETH[spark-b]}" name "$FABRIC_IF"
   say "fabric: created veth pair, $FABRIC_IF in spark-a and spark-b (mtu 1500, no address, down)"
+  FABRIC_NEW=1
+}
+
+# A new veth pair (a host rebooted: its end died, and with it the peer's) is renamed after the hosts'
+# systemd-networkd has seen it under its first name, and a container has no udev to announce the
+# rename, so networkd leaves it unmanaged. On a real Spark the NIC is named before networkd starts.
+# Have networkd apply the host's own configuration (netplan's, when a deploy wrote one) to it.
+reconfigure_fabric() {
+  local name
+  [[ -n ${FABRIC_NEW:-} ]] || return 0
+  for name in "${HOSTS[@]}"; do
+    ssh_lab "$name" networkctl reconfigure "$FABRIC_IF" >/dev/null 2>&1 ||
+      warn "$name: networkctl reconfigure $FABRIC_IF failed"
+  done
 }
 
 
@@ -671,6 +687,7 @@ cmd_up() {
   for name in "${HOSTS[@]}"; do wait_leader "$name"; done
   ensure_fabric
   for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
+  reconfigure_fabric
   ensure_recipe_repo
   ensure_models
   ensure_base_image
@@ -758,6 +775,36 @@ cmd_status() {
   return "$rc"
 }
 
+# A reboot or a power cut of the named hosts, at the same moment, then `up` boots them again from
+# their rootfs (docker's and systemd's state on disk survive, as on a real machine). The drills of
+# tests/e2e/test_lab_drills.py use it.
+cmd_reboot() { # [--power-cut] name...
+  local cut= name npid leaders l pids=()
+  if [[ ${1:-} == --power-cut ]]; then cut=1; shift; fi
+  (($#)) || die "usage: lab.sh reboot [--power-cut] HOST... (hosts: ${HOSTS[*]})"
+  for name in "$@"; do
+    [[ " ${HOSTS[*]} " == *" $name "* ]] || die "unknown host $name (hosts: ${HOSTS[*]})"
+    npid=$(nspawn_pid "$name")
+    leaders=$(leader_pids "$name")
+    [[ -n $npid && -n $leaders ]] || die "$name is not running (lab.sh up first)"
+    # shellcheck disable=SC2206
+    pids+=($npid $leaders)
+  done
+  for name in "$@"; do
+    leaders=$(leader_pids "$name")
+    if [[ -n $cut ]]; then
+      say "$name: power cut"
+      # shellcheck disable=SC2086
+      kill -KILL $leaders 2>/dev/null || true # PID 1 of its pid namespace: every process of the host goes
+    else
+      say "$name: rebooting"
+      for l in $leaders; do timeout 10 nsenter -t "$l" -a systemctl reboot >/dev/null 2>&1 || true; done
+    fi
+  done
+  wait_gone "$STOP_TIMEOUT" "${pids[@]}" || die "$*: still running ${STOP_TIMEOUT}s after the reboot"
+  cmd_up
+}
+
 main() {
   local cmd=${1:-}
   case $cmd in
@@ -765,9 +812,10 @@ main() {
     down) cmd_down ;;
     status) check_paths; cmd_status ;;
     reset) cmd_down; exec 9>&-; cmd_up ;;
+    reboot) check_paths; shift; cmd_reboot "$@" ;;
     __launch) cmd_launch "$2" ;;
     *)
-      echo "usage: $0 up|down|status|reset   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
+      echo "usage: $0 up|down|status|reset|reboot [--power-cut] HOST...   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
       exit 2
       ;;
   esac
