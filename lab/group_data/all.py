@@ -26,3 +26,12 @@ weights_free_margin_gib = 1.0
 # Kernel caches: the stand-in engine "compiles" in milliseconds; a shorter long prompt will do.
 kernel_cache_prewarm_timeout_s = 120
 kernel_cache_prewarm_long_prompt_words = 1024
+# The watchdog at lab speed: the stand-ins start in seconds, so the drills (tests/e2e/test_lab_drills.py)
+# see a hang after 2 x (5 + 5) s instead of the production 3 x (30 + 30) s. The grace still covers a
+# start (serving_health_timeout_s), and the window fits three restarts with their backoffs.
+watchdog_interval_s = 5
+watchdog_probe_timeout_s = 5
+watchdog_failures_before_restart = 2
+watchdog_backoff_s = 5
+watchdog_startup_grace_s = 120
+watchdog_window_s = 900
