@@ -42,7 +42,7 @@ class WatchdogData(BaseModel):
         "(serving_health_timeout_s + the backoffs), or a pair that never comes back is never given up on"
     )
     watchdog_backoff_s: int = Field(
-        60, ge=0, description="the k-th restart within the window waits this x 2^(k-1) after the previous one ended"
+        60, ge=0, description="a restart waits this x 2^f after the previous one ended, f = the failed restarts in the window"
     )
     watchdog_startup_grace_s: int = Field(
         1200, ge=0, description="seconds after the head unit starts during which a failed completion is not judged "

@@ -54,8 +54,8 @@ deploy's order:
      stopped (a head started beside a worker that never came up cannot serve);
   4. start the head unit, want = serving;
   5. wait (bounded: ready_timeout_s, a cold start) for the probe to pass; log how long it all took.
-Backoff: the k-th restart within window_s waits backoff_s * 2**(k-1) after the previous one ended
-(the probe keeps running meanwhile; a pass cancels the restart). Once max_restarts restarts that did
+Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
+window_s that did not bring the pair back (the probe keeps running meanwhile; a pass cancels it). Once max_restarts restarts that did
 not bring the pair back (or were interrupted) fell within window_s and the probe still fails, the
 head gives up (a restart that worked never counts: three unrelated crashes in a window are three
 recoveries, not a reason to stop serving): it stops the head unit, sets
@@ -730,7 +730,7 @@ class Head(Node):
         if result["ok"]:
             if self.failures:
                 self.act(f"probe ok again ({result['reason']}) after {self.failures} failure(s)")
-            elif first:
+            elif first or "grace" in self._limited:  # the first pass, or the first after a start-up
                 say(f"probe ok ({result['reason']})")
             self.failures = 0
             self.forget("watch", "grace", "gave-up")
@@ -780,7 +780,8 @@ class Head(Node):
             return
         k = len(recent) + 1
         if recent:
-            wait = cfg.backoff_s * 2 ** (k - 1)
+            # Doubles with each failed restart in the window; after one that worked, backoff_s again.
+            wait = cfg.backoff_s * 2 ** len(failed)
             # A restart whose watchdog was stopped before it ended has no end: count from its start.
             due = (recent[-1].get("finished_epoch") or recent[-1]["started_epoch"]) + wait
             left = due - time.time()
