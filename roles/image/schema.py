@@ -5,6 +5,9 @@ resumes (the fetch keeps what arrived, docker build its layer cache, push and pu
 already there)."""
 from pydantic import BaseModel, Field
 
+# The head's registry unit, retried until the fabric address binds (templates beside this file).
+REGISTRY_DROPIN = "/etc/systemd/system/docker-registry.service.d/50-sparkfleet.conf"
+
 
 class ImageData(BaseModel):
     image_git_fetch_timeout_s: int = Field(

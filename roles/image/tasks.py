@@ -15,6 +15,7 @@ from pyinfra import host, logger, state
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations.util import any_changed
 
 from roles.docker.checks import registry_address
 from roles.image.checks import (
@@ -25,6 +26,7 @@ from roles.image.commands import (
     build_command, build_step, checkout_step, git_fetch_command, pull_command, pull_step, push_command, push_step,
 )
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
+from roles.image.schema import REGISTRY_DROPIN
 from roles.serving.engine import pinned_env
 from roles.serving.schema import FULL_SHA, node_profile
 from sparkfleet.inventory import cluster_from_state
@@ -88,12 +90,20 @@ if on_head:
         dest="/etc/docker/registry/config.yml",
         mode="0644",
     )
+    registry_dropin = files.put(
+        name=f"Write {REGISTRY_DROPIN} (retried until the fabric address binds)",
+        src=StringIO(render("image", REGISTRY_DROPIN)),
+        dest=REGISTRY_DROPIN,
+        mode="0644",
+        create_remote_dir=True,
+    )
+    systemd.daemon_reload(name="Reload systemd (registry drop-in changed)", _if=registry_dropin.did_change)
     systemd.service(name="Enable and start the registry", service="docker-registry", running=True, enabled=True)
     systemd.service(
-        name="Restart the registry (config changed)",
+        name="Restart the registry (config or drop-in changed)",
         service="docker-registry",
         restarted=True,
-        _if=registry_config.did_change,
+        _if=any_changed(registry_config, registry_dropin),
     )
 
 # 4. Build once on the head, tagged with the commit; push it to the registry for the workers.
