@@ -883,6 +883,7 @@ class Head(Node):
         deadline = time.monotonic() + cfg.ready_timeout_s
         poll = max(0.05, min(cfg.interval_s, 5.0))
         last_report = time.monotonic()
+        hard = 0  # probes in a row that found a rank's container gone or frozen: no cold start to wait for
         while True:
             result = self.probe.run()
             self.record_probe(result)
@@ -890,6 +891,11 @@ class Head(Node):
                 self.grace_exempt_start = None
                 self.finish_restart(True, f"{label}: the pair serves again after {secs(time.monotonic() - t0)} "
                                     f"({result['reason']})")
+                return
+            hard = hard + 1 if result["severity"] >= HARD else 0
+            if hard >= cfg.failures_before_restart:
+                self.finish_restart(False, f"{label} failed after {secs(time.monotonic() - t0)}: {result['reason']} "
+                                    f"({hard} probes in a row while waiting for the pair to serve)")
                 return
             if time.monotonic() >= deadline:
                 self.grace_exempt_start = unit_state(self.runner, cfg)["started_mono"]

@@ -523,6 +523,22 @@ def test_a_worker_that_cannot_start_fails_the_restart_at_once_and_the_watchdog_g
     status = world.command("status", "head")
     assert status.returncode == 1 and "GAVE UP" in status.stdout.splitlines()[-1], status.stdout
 
+
+def test_a_restart_whose_head_never_comes_up_fails_without_waiting_the_cold_start_bound(world):
+    """After the pair restart the head's container is gone at every probe: that is no cold start, and
+    the restart fails after failures_before_restart probes, not after ready_timeout_s."""
+    world.deploy()
+    world.start_pair(head={"ready_timeout_s": 60, "max_restarts": 1})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    (world.dir / "start_fails").mkdir()
+    (world.dir / "start_fails" / HEAD).write_text("")
+    t0 = time.monotonic()
+    os.killpg(world.container(HEAD)["Pid"], signal.SIGKILL)
+    wait_for(lambda: lines(world.log("head"), "restart 1 failed after"), 20, "the restart failing")
+    assert time.monotonic() - t0 < 20  # never ready_timeout_s (60 s)
+    failed = lines(world.log("head"), "restart 1 failed after")[0]
+    assert "container sparkfleet-head" in failed and "(2 probes in a row while waiting for the pair to serve)" in failed
+
 def test_restarts_back_off(world):
     world.deploy()
     (world.dir / "head_start_mode").write_text("hang")
