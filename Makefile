@@ -96,6 +96,7 @@ test: install parity-venvs lab-reset
 bench: install lab-up
 	$(BIN)/python bench/noop.py
 	$(BIN)/python bench/fanout.py
+	$(BIN)/python bench/recovery.py
 
 clean: lab-down
 	rm -rf $(VENV) *.egg-info

@@ -64,3 +64,11 @@ def on(host: str, command: str, check=True) -> str:
 def fabric_rx_bytes(host: str) -> int:
     """Bytes the host has received on its fabric netdev (what crossed the CX7 link to it)."""
     return int(on(host, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes"))
+
+
+def pause_watchdogs() -> None:
+    """Stop sparkfleet-watchdog on every node, the head's first, before a test breaks the pair on
+    purpose: the watchdog would repair it under the test. The next deploy hands the pair back to the
+    watchdogs and starts them (roles/watchdog, step 10)."""
+    for host in HOSTS:
+        on(host, "systemctl stop sparkfleet-watchdog 2>/dev/null || true")

@@ -5,7 +5,7 @@ Runs against the two lab hosts (`make lab-up`); the tests run in order and share
 import pytest
 
 from roles.fabric.schema import NETPLAN_FILE
-from tests.e2e.lab import HOSTS, deploy, on, state_checks
+from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -13,6 +13,7 @@ pytestmark = pytest.mark.lab
 @pytest.fixture(scope="module", autouse=True)
 def unconfigured_fabric():
     """Start from the fabric a fresh node has: no drop-in, no address, MTU 1500, link down."""
+    pause_watchdogs()  # a pair left serving by an earlier module must not be repaired under this one
     for h in HOSTS:
         on(h, f"rm -f {NETPLAN_FILE} && netplan apply && ip addr flush dev enp1s0f0np0 && "
               "ip link set enp1s0f0np0 mtu 1500 down")

@@ -6,13 +6,14 @@ import re
 
 import pytest
 
-from tests.e2e.lab import BIN, INVENTORY, deploy, on, run
+from tests.e2e.lab import BIN, INVENTORY, deploy, on, pause_watchdogs, run
 
 pytestmark = pytest.mark.lab
 
 
 def test_memory_admission_refuses_a_bring_up_that_does_not_fit_and_changes_nothing():
-    # A bring-up: no engine running on either rank.
+    # A bring-up: no engine running on either rank (and no watchdog to start them again).
+    pause_watchdogs()
     on("spark-a", "systemctl stop sparkfleet-head")
     on("spark-b", "systemctl stop sparkfleet-worker")
     # Lab-sized numbers: utilization 0.79 of the lab's MemTotal fits; 64 GiB of headroom on top cannot.

@@ -8,7 +8,7 @@ import secrets
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, state_checks
+from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -66,8 +66,10 @@ def test_the_api_needs_the_key_and_a_new_key_restarts_the_head_with_it():
     assert code(f"curl -H 'Authorization: Bearer {old}'") == "401"
 
 
-def test_a_hand_stopped_worker_container_is_caught_and_the_pair_is_brought_back():
-    on("spark-b", "docker stop sparkfleet-worker")
+def test_a_hand_stopped_worker_is_caught_and_the_pair_is_brought_back():
+    # The watchdog paused, and the unit stopped (a container stopped alone comes back by Restart=always).
+    pause_watchdogs()
+    on("spark-b", "systemctl stop sparkfleet-worker")
     checks = state_checks()
     assert checks.returncode != 0
     assert "FAILED tests/state/test_serving.py::test_the_rank_container_runs_the_profile_image[ssh://spark-b]" in checks.output

@@ -1,0 +1,136 @@
+"""Faults the watchdog must repair on the lab, and the clock on the repair: used by the e2e drills
+(tests/e2e/test_lab_drills.py) and `make bench` (bench/recovery.py).
+
+A drill injects one fault and then sends a real chat completion through the head every second until
+one is answered 200; the time from the fault to that answer is the time to recover. Nothing here
+deploys: recovering is the watchdog's job (and systemd's, after a reboot).
+"""
+import json
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+
+from tests.e2e.lab import REPO, SSH_CONFIG, on
+
+HEAD, WORKER = "spark-a", "spark-b"
+UNITS = {HEAD: "sparkfleet-head", WORKER: "sparkfleet-worker"}
+SERVED = "glm-5.3-flash"  # the lab's profile's api_model_name
+# A chat completion through the head's API, as a client sends it; its own 4 s bound.
+CHAT = ("curl -s -o /dev/null -w '%{http_code}' -m 4 -K /etc/sparkfleet/api-key.curl "
+        "-H 'Content-Type: application/json' -d "
+        + shlex.quote(json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
+        + " http://127.0.0.1:8000/v1/chat/completions")
+# The lab's watchdog (lab/group_data/all.py): 2 failed probes of 5 s + 5 s find a fault within 20 s,
+# and a pair restart of the stand-ins takes ~10 s. A reboot adds the host's boot. The README states
+# this bound for the lab.
+RECOVERY_BOUND_S = 120
+
+
+def chat_code() -> str:
+    """The HTTP status of one chat completion through the head, '000' when none came back."""
+    try:
+        r = subprocess.run(["ssh", "-F", str(SSH_CONFIG), "-o", "ConnectTimeout=3", HEAD, CHAT],
+                           capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "000"
+    return r.stdout.strip()[-3:] or "000"
+
+
+def wait_serving(since: float, bound: float = RECOVERY_BOUND_S) -> float:
+    """Seconds from `since` (time.monotonic()) until a chat completion is answered 200; AssertionError
+    naming the last status after `bound` seconds."""
+    code = None
+    while time.monotonic() - since < bound:
+        code = chat_code()
+        if code == "200":
+            return time.monotonic() - since
+        time.sleep(1)
+    raise AssertionError(f"the pair did not serve again within {bound} s of the fault (last status {code})")
+
+
+def engine_pid(host: str) -> int:
+    """The rank's engine: the child of its container's init (docker run --init)."""
+    unit = UNITS[host]
+    out = on(host, f"pgrep -P $(docker inspect -f '{{{{.State.Pid}}}}' {unit}) | head -1").strip()
+    return int(out)
+
+
+def signal_engine(host: str, signal: str) -> int:
+    pid = engine_pid(host)
+    on(host, f"kill -{signal} {pid}")
+    return pid
+
+
+def reboot(*hosts: str, power_cut=False) -> None:
+    """The lab's reboot (systemd's own) or power cut of `hosts`, then the hosts booted again."""
+    cmd = ["bash", "lab/lab.sh", "reboot", *(["--power-cut"] if power_cut else []), *hosts]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def watchdog_journal(host: str, since_epoch: float) -> str:
+    """What the host's watchdog logged since `since_epoch` (a reboot's earlier boots included)."""
+    return on(host, f"journalctl -u sparkfleet-watchdog --since @{int(since_epoch)} -o cat --no-pager")
+
+
+def wait_journal(host: str, since_epoch: float, needle: str, timeout: float = 60) -> str:
+    """The watchdog's journal since `since_epoch` once it has a line with `needle` (a client can be
+    served a moment before the watchdog's next probe says so); AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while needle not in (text := watchdog_journal(host, since_epoch)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{host}: no {needle!r} in the watchdog's journal after {timeout} s:\n{text}")
+        time.sleep(2)
+    return text
+
+
+@dataclass
+class Drill:
+    key: str
+    what: str
+    host: str
+
+    def inject(self) -> None:
+        if self.key in ("a", "c"):
+            signal_engine(self.host, "KILL")
+        elif self.key == "b":
+            signal_engine(self.host, "STOP")
+        elif self.key == "d":
+            reboot(WORKER)
+        elif self.key == "e":
+            reboot(HEAD, WORKER, power_cut=True)
+        else:
+            raise ValueError(self.key)
+
+
+DRILLS = {
+    "a": Drill("a", "SIGKILL the worker's engine", WORKER),
+    "b": Drill("b", "SIGSTOP the worker's engine", WORKER),
+    "c": Drill("c", "SIGKILL the head's engine", HEAD),
+    "d": Drill("d", "reboot spark-b", WORKER),
+    "e": Drill("e", "power cut of both hosts", HEAD),
+}
+
+
+def wait_watchdog_settled(timeout: float = RECOVERY_BOUND_S) -> None:
+    """Until the head's watchdog has seen the pair serve and ended any restart of its own: a fault
+    injected while it still waits on its last restart would be timed against that restart."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = json.loads(on(HEAD, "cat /var/lib/sparkfleet/watchdog/state.json"))
+        restarts = state.get("restarts") or []
+        if (state.get("last_probe") or {}).get("ok") and (not restarts or restarts[-1].get("finished")):
+            return
+        assert time.monotonic() < deadline, f"the head's watchdog did not settle in {timeout} s: {state}"
+        time.sleep(1)
+
+
+def run_drill(key: str) -> tuple[float, float]:
+    """Inject drill `key` once the pair serves and its watchdog has settled; (seconds until it serves
+    again, epoch of the fault)."""
+    wait_serving(time.monotonic())
+    wait_watchdog_settled()
+    epoch, start = time.time(), time.monotonic()
+    DRILLS[key].inject()
+    return wait_serving(start), epoch
