@@ -16,7 +16,7 @@ from pyinfra.facts.files import Sha1File
 from roles.image.checks import image_ids
 from roles.serving.engine import env_file_path, exec_start, mounted_files, rank_env, unit_name
 from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, is_serving, pick_gid_index
-from roles.serving.schema import node_profile
+from roles.serving.schema import SFL_GID, node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
 from sparkfleet.render import render, sha1_text
@@ -39,6 +39,7 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
         profile=profile,
         unit=unit_name(node),
         env_file=env_file,
+        gid_script=SFL_GID,
         drop_caches=node.serving_drop_caches,
         exec_start=exec_start(profile, cluster, node, env_file),
     )

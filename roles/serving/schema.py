@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # A commit that cannot move: recipe commits and, with trust_remote_code, hub revisions.
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Run by an RDMA rank's unit before every start: the RoCE v2 GID index read again (sfl_gid.sh here).
+SFL_GID = "/usr/local/libexec/sparkfleet/sfl_gid.sh"
 
 
 _EXTRA_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?$")

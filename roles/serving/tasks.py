@@ -5,6 +5,7 @@ then the head started and its /health awaited (bounded, with progress); the endp
 The head's history (roles/serving/history.py) records the commit attempted, served or failed.
 """
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host, state
 from pyinfra.facts.files import File
@@ -17,7 +18,7 @@ from roles.serving.api_key import curl_config, key_file
 from roles.serving.checks import pair_state, wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
 from roles.serving.engine import unit_name
-from roles.serving.schema import node_profile
+from roles.serving.schema import SFL_GID, node_profile
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -26,8 +27,17 @@ profile = node_profile(node)
 unit = unit_name(node)
 pair = pair_state(state)  # prepare-time decision for the whole pair
 
-# 1. The rank's environment (root-only: it may carry secrets) and its unit.
+# 1. The rank's environment (root-only: it may carry secrets) and its unit. On RDMA nodes the unit
+#    reads the RoCE v2 GID index again at every start (sfl_gid.sh; the tools directory exists:
+#    roles/fanout made it).
 files.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root", mode="0700")
+if node.rdma_hca:
+    files.put(
+        name="Install sfl_gid.sh (the RoCE v2 GID index, read again at every start)",
+        src=str(Path(__file__).with_name("sfl_gid.sh")),
+        dest=SFL_GID,
+        mode="0755",
+    )
 written = [
     files.put(
         name=f"Write {path}",

@@ -1,0 +1,63 @@
+#!/bin/sh
+# Managed by sparkfleet (roles/serving); installed as /usr/local/libexec/sparkfleet/sfl_gid.sh on RDMA
+# nodes and run by the rank's unit before every start (ExecStartPre).
+#
+#   sfl_gid.sh HCA IPV4 NETDEV ENV_FILE
+#
+# The RoCE v2 GID index of this rank's fabric address moves: it was 3 and then 4 on one Spark within
+# half an hour, and a pinned NCCL_IB_GID_INDEX then hangs the TP handshake (ibv_modify_qp err 61). The
+# deploy writes the index it read from sysfs into ENV_FILE; a reboot or a link event without a deploy
+# can move it. So at every start this reads it again, the way the deploy does (roles/serving/facts.py
+# pick_gid_index: the GID ::ffff:IPV4, type "RoCE v2", on NETDEV, port 1 of HCA), and rewrites the
+# NCCL_IB_GID_INDEX line of ENV_FILE when it moved (a deploy renders the same value from the same
+# sysfs, so it sees no change). No such GID yet (the fabric address is not up after a boot): exit 1,
+# and systemd starts the unit again after RestartSec; the rank waits for its fabric that way.
+# SFL_SYSFS (tests only) replaces /sys.
+set -eu
+[ $# -eq 4 ] || { echo "usage: sfl_gid.sh HCA IPV4 NETDEV ENV_FILE" >&2; exit 2; }
+hca=$1 ip=$2 netdev=$3 env_file=$4
+base=${SFL_SYSFS:-/sys}/class/infiniband/$hca/ports/1
+
+# ::ffff:a.b.c.d as sysfs prints it: 0000:0000:0000:0000:0000:ffff:aabb:ccdd
+old_ifs=$IFS
+IFS=.
+# shellcheck disable=SC2086
+set -- $ip
+IFS=$old_ifs
+[ $# -eq 4 ] || { echo "sfl_gid.sh: $ip is not an IPv4 address" >&2; exit 2; }
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$1" "$2" "$3" "$4")
+
+index= seen=
+for f in "$base"/gids/*; do
+  [ -r "$f" ] || continue
+  i=${f##*/}
+  gid=$(cat "$f" 2>/dev/null) || continue
+  [ "$gid" = 0000:0000:0000:0000:0000:0000:0000:0000 ] && continue
+  type=$(cat "$base/gid_attrs/types/$i" 2>/dev/null) || type=
+  ndev=$(cat "$base/gid_attrs/ndevs/$i" 2>/dev/null) || ndev=
+  seen="$seen $i:$gid/$type/$ndev;"
+  if [ "$(echo "$gid" | tr 'A-F' 'a-f')" = "$want" ] && [ "$(echo "$type" | tr 'A-Z' 'a-z')" = "roce v2" ] &&
+    [ "$ndev" = "$netdev" ]; then
+    index=$i
+    break
+  fi
+done
+if [ -z "$index" ]; then
+  echo "sparkfleet: no RoCE v2 GID for $ip on $hca/$netdev yet (sysfs shows${seen:- no GIDs}); is the fabric address up? systemd tries again" >&2
+  exit 1
+fi
+
+current=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' "$env_file" | tail -n 1)
+if [ "$current" = "$index" ]; then
+  echo "sparkfleet: RoCE v2 GID index $index for $ip on $hca/$netdev, as $env_file has it"
+  exit 0
+fi
+tmp=$env_file.gid.$$
+if [ -n "$current" ]; then # in place: the file stays byte for byte what a deploy renders now
+  sed "s/^NCCL_IB_GID_INDEX=.*/NCCL_IB_GID_INDEX=$index/" "$env_file" >"$tmp"
+else
+  { cat "$env_file"; echo "NCCL_IB_GID_INDEX=$index"; } >"$tmp"
+fi
+chmod 0600 "$tmp"
+mv -f "$tmp" "$env_file"
+echo "sparkfleet: RoCE v2 GID index for $ip on $hca/$netdev moved from ${current:-none} to $index; $env_file updated"
