@@ -533,6 +533,7 @@ class Probe:
         self.cfg, self.runner, self.one_shot = cfg, runner, one_shot
         self.seen = {}  # worker -> (seq, monotonic time it changed, state)
         self.identity = {}  # rank name -> (started_at, pid) last seen running
+        self.live = set()  # workers whose state this process has seen written (its seq moved)
         self.unpaired = None  # why the pair is not one pair any more (a rank restarted alone)
 
     def forget_identities(self):
@@ -557,6 +558,8 @@ class Probe:
         if state is not None:
             seq = state.get("seq")
             last = self.seen.get(name)
+            if last is not None and last[0] != seq:
+                self.live.add(name)
             if last is None or last[0] != seq:
                 self.seen[name] = (seq, now, state)
             else:
@@ -577,7 +580,8 @@ class Probe:
         if age > self.cfg.stale_after_s:
             more = f"; last read: {err}" if err else ""
             return view, f"{name}: state not updated for {secs(age)}{more}", WATCH
-        self._identity(name, state.get("started_at"), state.get("pid"), state.get("container") == "running")
+        if name in self.live:  # a state file left from before a reboot names a container long gone
+            self._identity(name, state.get("started_at"), state.get("pid"), state.get("container") == "running")
         if state.get("container") != "running":
             return view, f"{name}: {state.get('detail') or 'container ' + str(state.get('container'))}", HARD
         if state.get("process") != "running":

@@ -539,6 +539,31 @@ def test_a_restart_whose_head_never_comes_up_fails_without_waiting_the_cold_star
     failed = lines(world.log("head"), "restart 1 failed after")[0]
     assert "container sparkfleet-head" in failed and "(2 probes in a row while waiting for the pair to serve)" in failed
 
+
+def test_a_worker_state_left_from_before_a_reboot_is_not_taken_for_a_rank_restarted_alone(world):
+    """After a power cut the head's watchdog may read the worker's state.json from before the boot
+    (the worker's watchdog has not written yet): its container's pid is from the old boot. When the
+    worker then writes the new one, that is no 'restarted on its own', and nothing restarts."""
+    world.deploy()
+    world.start_pair()
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.stop("head")
+    world.stop("worker")
+    old = world.state("worker")
+    world.deploy()  # the boot: both ranks' containers start anew, the worker's old state file stays
+    t0 = time.time()
+    world.set_api("hang")  # the head's engine still loading: its probes fail, inside the start-up grace
+    world.start("head", startup_grace_s=60)
+    wait_for(lambda: lines(world.log("head"), "not judged: start-up grace"), 10, "the head's first probe")
+    assert world.state("worker")["pid"] == old["pid"]  # what the head read is the pre-boot state
+    world.start("worker")
+    wait_for(lambda: world.state("worker").get("seq", 0) >= old.get("seq", 0) + 3, 10, "fresh worker states")
+    time.sleep(1.5)  # a few more probes, each reading the new state
+    assert not lines(world.log("head"), "restarted on its own"), world.log("head")
+    world.set_api("ok")
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "the pair serving")
+    assert world.calls(since=t0) == []
+
 def test_restarts_back_off(world):
     world.deploy()
     (world.dir / "head_start_mode").write_text("hang")
