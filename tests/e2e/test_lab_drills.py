@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.e2e.drills import DRILLS, HEAD, RECOVERY_BOUND_S, UNITS, WORKER, run_drill, signal_engine, wait_serving, \
-    wait_journal, watchdog_journal
+    wait_journal, wait_watchdog_settled, watchdog_journal
 from tests.e2e.lab import BIN, INVENTORY, deploy, on, run
 
 pytestmark = pytest.mark.lab
@@ -48,6 +48,7 @@ def test_a_dead_or_frozen_rank_is_restarted_as_a_pair_by_the_watchdog(key, capsy
     assert "restarts the pair (generation" in worker and "container running after" in worker, worker
     if key == "b":
         assert "killed container sparkfleet-worker" in worker, worker  # never docker stop's 60 s wait
+    wait_watchdog_settled()  # a restart of its own still running would be the deploy's change
     run_ = deploy()
     assert run_.returncode == 0 and run_.changed() == [], run_.output
 
@@ -62,6 +63,7 @@ def test_after_a_reboot_or_a_power_cut_the_pair_serves_again_without_a_deploy(ke
     # Whether the ranks met by themselves or the watchdog restarted them, the journal says which.
     head = wait_journal(HEAD, since, "probe ok")  # a first passing probe, or one passing again
     assert "probe ok" in head or "the pair serves again after" in head, head
+    wait_watchdog_settled()  # a restart of its own still running would be the deploy's change
     run_ = deploy()
     assert run_.returncode == 0 and run_.changed() == [], run_.output
 
