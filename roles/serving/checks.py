@@ -96,6 +96,12 @@ def _pair_state(state) -> PairState:
 
     from roles.serving.api_key import key_state
 
+    from roles.fabric.checks import fabric_state
+
+    fabric = fabric_state(state)
+    for name in sorted(fabric.drift):  # step 1 re-applies it: the ranks' connections ride on that link
+        if fabric.drift[name] or not fabric.file_current[name]:
+            pair.reasons.append(f"{name}: the fabric link is reconfigured ({'; '.join(fabric.drift[name]) or 'its netplan file changed'})")
     if key_state(state) != "ok":  # the head's engine reads the key only when it starts
         pair.reasons.append(f"{cluster.head.name}: the API key is new or changed")
     fetched = weights_plan(state).fetch
