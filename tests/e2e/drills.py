@@ -74,13 +74,13 @@ def watchdog_journal(host: str, since_epoch: float) -> str:
     return on(host, f"journalctl -u sparkfleet-watchdog --since @{int(since_epoch)} -o cat --no-pager")
 
 
-def wait_journal(host: str, since_epoch: float, needle: str, timeout: float = 60) -> str:
-    """The watchdog's journal since `since_epoch` once it has a line with `needle` (a client can be
-    served a moment before the watchdog's next probe says so); AssertionError after `timeout`."""
+def wait_journal(host: str, since_epoch: float, *needles: str, timeout: float = 60) -> str:
+    """The watchdog's journal since `since_epoch` once it has a line with one of `needles` (a client
+    can be served a moment before the watchdog's next probe says so); AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout
-    while needle not in (text := watchdog_journal(host, since_epoch)):
+    while not any(n in (text := watchdog_journal(host, since_epoch)) for n in needles):
         if time.monotonic() > deadline:
-            raise AssertionError(f"{host}: no {needle!r} in the watchdog's journal after {timeout} s:\n{text}")
+            raise AssertionError(f"{host}: none of {needles} in the watchdog's journal after {timeout} s:\n{text}")
         time.sleep(2)
     return text
 
