@@ -55,16 +55,16 @@ deploy's order:
   4. start the head unit, want = serving;
   5. wait (bounded: ready_timeout_s, a cold start) for the probe to pass; log how long it all took.
 Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
-window_s that did not bring the pair back (the probe keeps running meanwhile; a pass cancels it). Once max_restarts restarts that did
-not bring the pair back (or were interrupted) fell within window_s and the probe still fails, the
-head gives up (a restart that worked never counts: three unrelated crashes in a window are three
+window_s that did not bring the pair back (the probe keeps running meanwhile; a pass cancels it).
+Once max_restarts restarts that did not bring the pair back (or were interrupted) fell within
+window_s and the probe still fails, the head gives up (a restart that worked never counts: three unrelated crashes in a window are three
 recoveries, not a reason to stop serving): it stops the head unit, sets
 want = stopped and gave_up = {at, reason}, and says so in the journal; the workers stop their units.
 It keeps probing without restarting, and clears gave_up (and the restart count) as soon as the probe
 passes again (someone deployed a fix). A restart interrupted by the watchdog's own stop
 (want = restarting in its state when it starts) is resumed from step 3.
 A rank restarted alone (its container's start time or pid changed without a pair restart by this
-watchdog, e.g. systemd's Restart=on-failure after an engine exited) leaves its peer orphaned: a vLLM
+watchdog, e.g. systemd's Restart=always after an engine exited) leaves its peer orphaned: a vLLM
 headless worker cannot rejoin a restarted head. Such a pair gets no start-up grace: a failing probe
 is judged at once, and the pair restarted as one (a probe that passes forgives it: the ranks
 rejoined). The containers seen running when the watchdog starts are its baseline (kept in memory).
@@ -311,9 +311,6 @@ def stopped_processes(pid):
             stopped.append((p, table[p][2]))
         todo.extend(children.get(p, ()))
     return sorted(stopped)
-
-
-FAILED = "FAILED: "  # workers_ready's mark of a worker whose restart for this generation failed for good
 
 
 def container_state(runner, cfg):
@@ -814,21 +811,20 @@ class Head(Node):
         self.save()
 
     def workers_ready(self, generation):
-        """{worker: None when restarted and running for generation, else what it shows}."""
-        out = {}
+        """({worker: what it shows} of those not yet restarted and running for generation,
+        {worker: why} of those whose restart for generation failed for good)."""
+        pending, failed = {}, {}
         for w in self.cfg.workers:
             state, err = fetch_state(self.runner, self.cfg, w["state"])
             if state is None:
-                out[w["name"]] = f"state unreadable ({err})"
+                pending[w["name"]] = f"state unreadable ({err})"
             elif state.get("handled_generation") != generation:
-                out[w["name"]] = f"handled generation {state.get('handled_generation')}, want {generation}"
+                pending[w["name"]] = f"handled generation {state.get('handled_generation')}, want {generation}"
             elif state.get("failed_generation") == generation:
-                out[w["name"]] = FAILED + (state.get("failed_why") or "its restart failed")
+                failed[w["name"]] = state.get("failed_why") or "its restart failed"
             elif state.get("container") != "running" or state.get("process") != "running":
-                out[w["name"]] = state.get("detail") or f"container {state.get('container')}"
-            else:
-                out[w["name"]] = None
-        return out
+                pending[w["name"]] = state.get("detail") or f"container {state.get('container')}"
+        return pending, failed
 
     def restart_pair(self, k=None, reason="", resume=False):
         cfg = self.cfg
@@ -859,10 +855,9 @@ class Head(Node):
         deadline = time.monotonic() + bound
         last_report = time.monotonic()
         while True:
-            pending = {n: why for n, why in self.workers_ready(gen).items() if why}
-            if not pending:
+            pending, failed = self.workers_ready(gen)
+            if not pending and not failed:
                 break
-            failed = {n: why[len(FAILED):] for n, why in pending.items() if why.startswith(FAILED)}
             if failed:
                 shown = "; ".join(f"{n}: {why}" for n, why in failed.items())
                 self.finish_restart(False, f"{label} failed after {secs(time.monotonic() - t0)}: a worker's unit "
