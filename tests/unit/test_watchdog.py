@@ -223,6 +223,11 @@ class World:
         self.systemctl("restart", f"{WORKER}.service")
         self.systemctl("start", f"{HEAD}.service")
 
+    def fail_starts(self, unit):
+        """From now on every start of `unit` fails as a `docker run` of a missing image does (status 125)."""
+        (self.dir / "start_fails").mkdir(exist_ok=True)
+        (self.dir / "start_fails" / unit).write_text("")
+
     def container(self, unit):
         path = self.dir / "containers" / unit
         return json.loads(path.read_text()) if path.exists() else None
@@ -509,8 +514,7 @@ def test_a_worker_that_cannot_start_fails_the_restart_at_once_and_the_watchdog_g
     world.deploy()
     world.start_pair(head={"max_restarts": 2}, worker={"worker_wait_s": 60})
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
-    (world.dir / "start_fails").mkdir()
-    (world.dir / "start_fails" / WORKER).write_text("")
+    world.fail_starts(WORKER)
     t0 = time.monotonic()
     os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
     wait_for(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
@@ -530,8 +534,7 @@ def test_a_restart_whose_head_never_comes_up_fails_without_waiting_the_cold_star
     world.deploy()
     world.start_pair(head={"ready_timeout_s": 60, "max_restarts": 1})
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
-    (world.dir / "start_fails").mkdir()
-    (world.dir / "start_fails" / HEAD).write_text("")
+    world.fail_starts(HEAD)
     t0 = time.monotonic()
     os.killpg(world.container(HEAD)["Pid"], signal.SIGKILL)
     wait_for(lambda: lines(world.log("head"), "restart 1 failed after"), 20, "the restart failing")
