@@ -1,9 +1,12 @@
 """The two-Spark lab as a sparkfleet inventory (lab mode: no GPU, no RDMA).
 
 Same schema as ../inventory.py; the lab's own group_data/all.py (beside this file) overrides the
-renderer and GPU expectation. Brought up by `make lab-up`.
+GPU expectation and more. Brought up by `make lab-up`. The netplan renderer is the one the lab's
+hosts run (`SFL_LAB_RENDERER` at `lab.sh up`, remembered by the lab): NetworkManager, as on DGX OS,
+unless the lab was brought up with systemd-networkd.
 """
 import os
+from pathlib import Path
 
 from sparkfleet.inventory import sparks
 
@@ -14,6 +17,9 @@ _ssh = {
     "ssh_known_hosts_file": f"{_state}/known_hosts",
     "ssh_strict_host_key_checking": "yes",
 }
+_renderer_file = Path(_state, "run", "renderer")
+_renderer = _renderer_file.read_text().strip() if _renderer_file.exists() else "NetworkManager"
+_ssh["netplan_renderer"] = {"networkd": "networkd"}.get(_renderer, "NetworkManager")
 
 spark_hosts = sparks(
     __file__,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The sparkfleet lab: two DGX Spark stand-ins (spark-a, spark-b) as systemd-nspawn containers on one
-# Linux machine. Debian bookworm + systemd + sshd + Docker + netplan (networkd), no GPU, no RDMA.
+# Linux machine. Debian bookworm + systemd + sshd + Docker + netplan, with NetworkManager (as DGX OS)
+# or systemd-networkd as its renderer (SFL_LAB_RENDERER); no GPU, no RDMA.
 #
 #   lab.sh up       build/boot the lab (idempotent; recovers from killed hosts)
 #   lab.sh down     stop the hosts, delete them and everything the lab put on the machine
@@ -197,7 +198,20 @@ safe_rmtree() {
 # runs on the machine against a finished debootstrap in $1 (via chroot); part of the cache key
 customize_base() {
   local d=$1 f
-  chroot "$d" systemctl enable systemd-networkd.service ssh.service docker.service
+  # NetworkManager (DGX OS's netplan renderer) from the mirror: debootstrap cannot configure its
+  # polkitd dependency itself. No service starts in the chroot (policy-rc.d).
+  printf '#!/bin/sh\nexit 101\n' >"$d/usr/sbin/policy-rc.d"
+  chmod 0755 "$d/usr/sbin/policy-rc.d"
+  mount -t proc proc "$d/proc"
+  if ! chroot "$d" sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends network-manager'; then
+    umount "$d/proc"
+    return 1
+  fi
+  umount "$d/proc"
+  rm -f "$d/usr/sbin/policy-rc.d"
+  chroot "$d" systemctl enable ssh.service docker.service
+  # the renderer (NetworkManager or systemd-networkd) is chosen per host: set_renderer_rootfs
+  chroot "$d" systemctl disable NetworkManager.service systemd-networkd.service 2>/dev/null || true
   # No udev in a container: `netplan apply` runs `udevadm trigger` and `udevadm settle`. The shim
   # belongs to the lab only. (/bin is an alias of /usr/bin; divert both names dpkg may use.)
   chroot "$d" dpkg-divert --local --rename --add /usr/bin/udevadm
@@ -318,7 +332,20 @@ create_host() {
   chmod 0444 "$tmp/etc/machine-id"
   install -d -m 0700 "$tmp/root/.ssh"
   install -m 0600 "$SSH_KEY.pub" "$tmp/root/.ssh/authorized_keys"
-  cat >"$tmp/etc/systemd/network/10-sfl-lab-host0.network" <<EOF
+  # host0's configuration for each renderer, kept in /etc/sfl-lab; set_renderer_rootfs installs the one
+  # of the renderer in use only (`netplan apply` starts systemd-networkd even under NetworkManager,
+  # and two daemons configuring host0 lose its routes).
+  install -d -m 0755 "$tmp/etc/sfl-lab"
+  # A lab host boots with its fabric unconfigured, and NetworkManager tries DHCP there (its
+  # "Wired connection" default): network-online.target would wait nm-online's whole 60 s for a
+  # lease that never comes. Ten seconds in the lab; once a deploy configured the fabric, a boot
+  # waits for nothing.
+  install -d -m 0755 "$tmp/etc/systemd/system/NetworkManager-wait-online.service.d"
+  printf '# sparkfleet lab\n[Service]\nEnvironment=NM_ONLINE_TIMEOUT=10\n' \
+    >"$tmp/etc/systemd/system/NetworkManager-wait-online.service.d/sfl-lab.conf"
+  # systemd's own file for an nspawn host0 (DHCP, link-local) is masked: host0 is configured below.
+  ln -sfn /dev/null "$tmp/etc/systemd/network/80-container-host0.network"
+  cat >"$tmp/etc/sfl-lab/10-sfl-lab-host0.network" <<EOF
 # sparkfleet lab management interface (nspawn host0 on the machine's bridge $BRIDGE)
 [Match]
 Name=host0
@@ -328,6 +355,22 @@ Address=${MGMT_IP[$name]}/$LAB_PREFIX
 Gateway=$BRIDGE_IP
 LinkLocalAddressing=no
 IPv6AcceptRA=no
+EOF
+  # the same for NetworkManager, as a keyfile (NM ignores keyfiles that are not root-only)
+  install -m 0600 /dev/null "$tmp/etc/sfl-lab/sfl-lab-host0.nmconnection"
+  cat >"$tmp/etc/sfl-lab/sfl-lab-host0.nmconnection" <<EOF
+# sparkfleet lab management interface (nspawn host0 on the machine's bridge $BRIDGE)
+[connection]
+id=sfl-lab-host0
+type=ethernet
+interface-name=host0
+
+[ipv4]
+method=manual
+address1=${MGMT_IP[$name]}/$LAB_PREFIX,$BRIDGE_IP
+
+[ipv6]
+method=disabled
 EOF
   ssh-keygen -q -t ed25519 -N '' -C "root@$name" -f "$tmp/etc/ssh/ssh_host_ed25519_key"
   mv -T "$tmp" "$root"
@@ -578,13 +621,54 @@ ensure_fabric() {
 # systemd-networkd has seen it under its first name, and a container has no udev to announce the
 # rename, so networkd leaves it unmanaged. On a real Spark the NIC is named before networkd starts.
 # Have networkd apply the host's own configuration (netplan's, when a deploy wrote one) to it.
-reconfigure_fabric() {
+# NetworkManager follows the rename itself (it reads the kernel's netlink events).
+reconfigure_fabric() { # renderer
   local name
-  [[ -n ${FABRIC_NEW:-} ]] || return 0
+  [[ -n ${FABRIC_NEW:-} && $1 == networkd ]] || return 0
   for name in "${HOSTS[@]}"; do
     ssh_lab "$name" networkctl reconfigure "$FABRIC_IF" >/dev/null 2>&1 ||
       warn "$name: networkctl reconfigure $FABRIC_IF failed"
   done
+}
+
+
+# --- the netplan renderer of the hosts: NetworkManager (as on DGX OS, the default) or systemd-networkd.
+# Chosen with SFL_LAB_RENDERER at `up` and remembered until `down`; `up` with another renderer than
+# the running hosts' powers them off, switches their root filesystems and boots them (switching
+# live leaves both daemons configuring host0: `netplan apply` starts NetworkManager again while it
+# finds files it generated for it, and networkd removes the routes it calls foreign). Both daemons
+# are installed in every host; exactly one is enabled. Each has its own file for host0 (the
+# management link), so either brings the host up on its own.
+RENDERER_FILE=$RUN_DIR/renderer
+declare -A RENDERER_UNIT=([NetworkManager]=NetworkManager.service [networkd]=systemd-networkd.service)
+
+lab_renderer() {
+  local r=${SFL_LAB_RENDERER:-}
+  [[ -n $r ]] || r=$(cat "$RENDERER_FILE" 2>/dev/null || true)
+  r=${r:-NetworkManager}
+  [[ -n ${RENDERER_UNIT[$r]:-} ]] || die "SFL_LAB_RENDERER must be NetworkManager or networkd (got '$r')"
+  echo "$r"
+}
+
+HOST0_NETWORKD=/etc/systemd/network/10-sfl-lab-host0.network
+HOST0_NM=/etc/NetworkManager/system-connections/sfl-lab-host0.nmconnection
+
+# The shell commands that make RENDERER the host's only network daemon, host0's file included.
+renderer_script() { # renderer
+  local other=NetworkManager
+  [[ $1 == NetworkManager ]] && other=networkd
+  if [[ $1 == NetworkManager ]]; then
+    echo "rm -f $HOST0_NETWORKD && install -m 0600 /etc/sfl-lab/${HOST0_NM##*/} $HOST0_NM"
+  else
+    echo "rm -f $HOST0_NM && install -m 0644 /etc/sfl-lab/${HOST0_NETWORKD##*/} $HOST0_NETWORKD"
+  fi
+  echo "systemctl disable ${RENDERER_UNIT[$other]} >/dev/null 2>&1 || true"
+  echo "systemctl enable ${RENDERER_UNIT[$1]}"
+}
+
+# offline, on a stopped host's rootfs
+set_renderer_rootfs() { # root renderer
+  chroot "$1" sh -ec "$(renderer_script "$2")" >/dev/null 2>&1 || die "${1##*/}: could not set the renderer $2"
 }
 
 
@@ -647,10 +731,15 @@ ensure_base_image() {
 # subcommands
 
 cmd_up() {
-  local name npid leaders end t0=$SECONDS
+  local name npid leaders end t0=$SECONDS renderer
   ensure_prereqs
   lock
   mkdir -p "$RUN_DIR" "$LOG_DIR" "$HOSTS_DIR"
+  renderer=$(lab_renderer)
+  if [[ -s $RENDERER_FILE && $(<"$RENDERER_FILE") != "$renderer" ]]; then
+    say "renderer: $(<"$RENDERER_FILE") -> $renderer (the hosts are powered off, switched and booted)"
+    for name in "${HOSTS[@]}"; do stop_host "$name"; done
+  fi
   ensure_keypair
   ensure_base
   resolve_mirror
@@ -679,6 +768,7 @@ cmd_up() {
       create_host "$name"
       say "$name: created rootfs $HOSTS_DIR/$name"
     fi
+    set_renderer_rootfs "$HOSTS_DIR/$name" "$renderer"
     boot_host "$name"
     say "$name: booting (pid $(<"$RUN_DIR/$name.pid"), log $LOG_DIR/$name.log)"
   done
@@ -687,7 +777,9 @@ cmd_up() {
   for name in "${HOSTS[@]}"; do wait_leader "$name"; done
   ensure_fabric
   for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
-  reconfigure_fabric
+  echo "$renderer" >"$RENDERER_FILE"
+  say "renderer: $renderer"
+  reconfigure_fabric "$renderer"
   ensure_recipe_repo
   ensure_models
   ensure_base_image

@@ -1,6 +1,6 @@
-"""Lab overrides: the lab hosts are Debian with systemd-networkd, no GPU and no RDMA, on whatever
-machine runs the lab (any architecture, a few GiB of memory and disk to spare)."""
-netplan_renderer = "networkd"
+"""Lab overrides: the lab hosts are Debian, no GPU and no RDMA, on whatever machine runs the lab (any
+architecture, a few GiB of memory and disk to spare). Their netplan renderer is NetworkManager as on
+DGX OS, or systemd-networkd: lab/inventory.py sets netplan_renderer to the one the lab runs."""
 gpu_expected = False
 rdma_hca = None
 preflight_allowed_archs = ["x86_64", "aarch64"]

@@ -4,6 +4,7 @@ The hosts point at TCP listeners on loopback (tests/unit/conftest.py) that count
 refusal must come with zero connections, and a valid inventory must reach them (so the probe can
 fail). Every class of bad input is in test_bad_input.py.
 """
+import os
 import subprocess
 import sys
 import textwrap
@@ -77,10 +78,15 @@ def test_config_printer_refuses_bad_data(tmp_path):
     assert "spark-a: key 'netplan_renderer' = 'wicked'" in result.stderr
 
 
-def test_lab_inventory_takes_the_lab_group_data():
-    result = subprocess.run(
-        [sys.executable, "-m", "sparkfleet", "config", "lab/inventory.py"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    )
-    assert "netplan_renderer: networkd" in result.stdout
-    assert "gpu_expected: false" in result.stdout
+def test_lab_inventory_takes_the_lab_group_data_and_the_renderer_the_lab_runs(tmp_path):
+    def config(state):
+        return subprocess.run(
+            [sys.executable, "-m", "sparkfleet", "config", "lab/inventory.py"],
+            cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, "SFL_LAB_STATE": str(state)},
+        ).stdout
+
+    fresh = config(tmp_path)  # no lab state: the lab's default, as DGX OS
+    assert fresh.count("netplan_renderer: NetworkManager") == 2 and "gpu_expected: false" in fresh
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "renderer").write_text("networkd\n")  # what `SFL_LAB_RENDERER=networkd lab.sh up` leaves
+    assert config(tmp_path).count("netplan_renderer: networkd") == 2
