@@ -11,6 +11,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
+from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
 from roles.fabric.schema import NETPLAN_FILE
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run
@@ -30,7 +31,7 @@ def link_drift(node, link: dict | None) -> list[str]:
         drift.append(f"mtu {link['mtu']} (want {node.fabric_mtu})")
     if not link["up"]:
         drift.append("link down")
-    if str(node.fabric_address) not in link["ipv4"]:
+    if link["ipv4"] != [str(node.fabric_address)]:  # missing, or another beside it (a second configuration)
         drift.append(f"address {', '.join(link['ipv4']) or 'none'} (want {node.fabric_address})")
     return drift
 
@@ -41,6 +42,21 @@ def link_failure(node, node_mtu, peer, peer_mtu) -> str:
         f"{peer.fabric_ip} ({peer.fabric_netdev} mtu {peer_mtu}) with unfragmented "
         f"{node.ping_payload}-byte pings (ping -M do -s {node.ping_payload}); both ends need mtu {node.fabric_mtu}"
     )
+
+
+def _fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
+    cluster = cluster_from_state(state)
+    out = {}
+    for node_host in active_hosts(state):
+        node = cluster.node(node_host.name)
+        facts = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev)
+        out[node_host.name] = (facts, other_configs(facts, node.fabric_netdev))
+    return out
+
+
+def fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
+    """node name -> (raw facts, every other configuration of its fabric netdev), read at prepare."""
+    return once_per_run(state, "fabric-others", lambda: _fabric_others(state))
 
 
 @dataclass
@@ -64,7 +80,7 @@ def _fabric_state(state) -> FabricState:
     links = {}
     for name, node_host in hosts.items():
         links[name], result.drift[name], result.file_current[name] = node_status(node_host, cluster.node(name))
-        if result.drift[name] or not result.file_current[name]:
+        if result.drift[name] or not result.file_current[name] or fabric_others(state)[name][1]:
             result.converged = False
     if result.converged:
         # Nothing will change: prove the link now, read-only, before any operation runs.

@@ -31,6 +31,12 @@ class FabricData(BaseModel):
         "NetworkManager",
         description="netplan renderer: NetworkManager on DGX OS, networkd on plain Debian/Ubuntu servers.",
     )
+    fabric_take_over: bool = Field(
+        False,
+        description="When another netplan file, NetworkManager connection or systemd-networkd file also "
+        "configures fabric_netdev: false stops the deploy naming it; true has the deploy disable it "
+        "(kept on disk: *.sparkfleet-disabled, autoconnect no) and say so.",
+    )
     rdma_hca: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_]+$",

@@ -1,10 +1,10 @@
 """roles/fabric: the CX7 link as a netplan drop-in, applied only on change, then proven end to end."""
 from io import StringIO
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.operations import files, python, server
 
-from roles.fabric.checks import fabric_state, netplan_text, prove_jumbo_frames
+from roles.fabric.checks import fabric_others, fabric_state, netplan_text, prove_jumbo_frames
 from roles.fabric.schema import NETPLAN_FILE
 from sparkfleet.inventory import cluster_from_state
 
@@ -12,7 +12,21 @@ cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 fabric = fabric_state(state)  # prepare-time verdict for all nodes; proves the link if nothing changes
 
-# 1. The drop-in, root-only: netplan warns about (and NVIDIA's guide avoids) world-readable files.
+# 1. Other configurations of the netdev: preflight stopped on them unless fabric_take_over is set
+#    (and each can be taken over); then each is disabled so that neither a re-run nor a reboot
+#    brings it back, and kept on disk.
+others = [c for c in fabric_others(state)[host.name][1] if c.takeover]
+if others and node.fabric_take_over:
+    for other in others:
+        logger.warning(f"{host.name}: fabric_take_over: {other.describe()}: {other.action}")
+    take_over = server.shell(
+        name="Take over the fabric netdev from its other configurations",
+        commands=[c.takeover for c in others],
+    )
+else:
+    take_over = None
+
+# 2. The drop-in, root-only: netplan warns about (and NVIDIA's guide avoids) world-readable files.
 netplan_file = files.put(
     name="Write the fabric netplan drop-in",
     src=StringIO(netplan_text(node)),
@@ -22,15 +36,16 @@ netplan_file = files.put(
     mode="0600",
 )
 
-# 2. Apply when the file changed, or when the live link drifted from it (an MTU set by hand).
+# 3. Apply when the file changed, when the live link drifted from it (an MTU set by hand), or when
+#    another configuration was just taken over.
 live_drift = fabric.drift[host.name]
 server.shell(
     name="Apply netplan (fabric file or live link changed)",
     commands=["netplan apply"],
-    _if=lambda: netplan_file.did_change() or bool(live_drift),
+    _if=lambda: netplan_file.did_change() or bool(live_drift) or bool(take_over and take_over.did_change()),
 )
 
-# 3. After every node has applied: jumbo frames to every peer, or the deploy stops naming both ends.
+# 4. After every node has applied: jumbo frames to every peer, or the deploy stops naming both ends.
 if not fabric.converged:
     python.call(
         name="Prove jumbo frames to every peer",

@@ -2,6 +2,8 @@
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
+from roles.fabric.checks import fabric_others
+from roles.fabric.others import conflict_failures
 from roles.fabric.schema import RENDERER_UNITS
 from roles.preflight.facts import NodeFacts
 from sparkfleet.inventory import cluster_from_state
@@ -95,7 +97,8 @@ def _rows(state) -> list[tuple]:
             netdev=node.fabric_netdev,
             renderer_unit=RENDERER_UNITS[node.netplan_renderer],
         )
-        rows.append((node, facts, requirement_failures(node, facts)))
+        others = fabric_others(state)[node_host.name][1]
+        rows.append((node, facts, requirement_failures(node, facts) + conflict_failures(node, others)))
     return rows
 
 

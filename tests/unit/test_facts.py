@@ -107,6 +107,8 @@ def test_link_drift_names_each_difference(head):
     link = {"mtu": 1500, "up": False, "operstate": "DOWN", "ipv4": [], "ipv6": []}
     assert link_drift(head, link) == ["mtu 1500 (want 9000)", "link down", "address none (want 10.77.77.1/30)"]
     assert link_drift(head, None) == ["enp1s0f0np0 missing"]
+    second = {"mtu": 9000, "up": True, "operstate": "UP", "ipv4": ["10.77.77.1/30", "192.168.100.12/24"], "ipv6": []}
+    assert link_drift(head, second) == ["address 10.77.77.1/30, 192.168.100.12/24 (want 10.77.77.1/30)"]
 
 
 def test_link_failure_names_both_hosts_and_mtus():
