@@ -13,7 +13,9 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from roles.docker.checks import DockerInfo, docker_info_problems
-from roles.fabric.checks import link_failure, node_status
+from roles.fabric.checks import fabric_others, link_failure, node_status
+from roles.fabric.others import renderer_in_effect
+from roles.fabric.schema import RENDERER_UNITS
 from roles.fabric.facts import FabricPing
 from roles.fabric.schema import NETPLAN_FILE
 from roles.guards.run import guard_problems
@@ -56,6 +58,7 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
                 mine, theirs = (links.get(name) or {}).get("mtu", "?"), (links.get(peer.name) or {}).get("mtu", "?")
                 problems.append(link_failure(node, mine, peer, theirs))
         rows.append(("fabric", name, problems))
+        rows.append(("netconfig", name, *netconfig_row(node, *fabric_others(state)[name])))
         rows.append(("docker", name, docker_info_problems(node, cluster, h.get_fact(DockerInfo))))
         unit = h.get_fact(UnitState, unit=unit_name(node))
         rows.append(("serving", name, [] if is_serving(unit) else [
@@ -79,6 +82,15 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
         if node.watchdog_enabled:
             rows.append(("watchdog", name, watchdog_problems(node, h.get_fact(WatchdogUnit), h.get_fact(WatchStatus))))
     return rows
+
+
+def netconfig_row(node, facts: dict, others) -> tuple[list[str], str]:
+    """(problems, note): the renderer in effect, and every other configuration of the fabric netdev."""
+    unit = RENDERER_UNITS[node.netplan_renderer]
+    problems = [f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}" for c in others]
+    if facts.get("units", {}).get(unit, {}).get("active") != "active":
+        problems.append(f"{node.name}: netplan_renderer is {node.netplan_renderer}, but {unit} is not active")
+    return problems, f"renderer {node.netplan_renderer} ({renderer_in_effect(facts)}); no other configuration"
 
 
 def probe_problem(name: str, probe: dict) -> str | None:
@@ -128,8 +140,9 @@ def watchdog_problems(node, unit: dict, status: dict) -> list[str]:
 def _doctor(state) -> None:
     rows = _checks(state)
     lines = [f"{'check':<10} {'host':<10} result"]
-    for check, host_name, problems in rows:
-        lines.append(f"{check:<10} {host_name:<10} " + ("ok" if not problems else "FAIL " + problems[0]))
+    for check, host_name, problems, *note in rows:
+        ok = "ok" + (f" ({note[0]})" if note else "")
+        lines.append(f"{check:<10} {host_name:<10} " + (ok if not problems else "FAIL " + problems[0]))
         lines += [f"{'':<21}     {p}" for p in problems[1:]]
     failed = [r for r in rows if r[2]]
     logger.info("--> sparkfleet doctor (read-only):\n" + "\n".join(lines) + "\n")

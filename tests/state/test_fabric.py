@@ -2,7 +2,8 @@
 import json
 
 from roles.fabric.checks import netplan_text
-from roles.fabric.schema import NETPLAN_FILE
+from roles.fabric.others import FabricConfigs, other_configs, renderer_in_effect
+from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
 
 
 def test_fabric_netdev_is_up_with_the_inventory_address_and_mtu(host, node):
@@ -32,3 +33,14 @@ def test_no_default_route_uses_the_fabric(host, node):
         routes = json.loads(host.check_output(f"ip -j {family} route show default") or "[]")
         via_fabric = [r for r in routes if r.get("dev") == node.fabric_netdev]
         assert not via_fabric, f"{node.name}: default route over {node.fabric_netdev}: {via_fabric}"
+
+
+def test_nothing_else_configures_the_fabric_netdev(host, node):
+    """No second netplan file, NetworkManager connection or systemd-networkd file binds the netdev
+    (they fight at the next reboot), and the renderer the data names is the one running."""
+    facts = FabricConfigs().process(host.check_output(FabricConfigs().command(node.fabric_netdev)).splitlines())
+    others = [c.describe() for c in other_configs(facts, node.fabric_netdev)]
+    assert not others, f"{node.name}: {node.fabric_netdev} is also configured by: " + "; ".join(others)
+    unit = RENDERER_UNITS[node.netplan_renderer]
+    assert facts["units"].get(unit, {}).get("active") == "active", \
+        f"{node.name}: netplan_renderer is {node.netplan_renderer} but {unit} is not active ({renderer_in_effect(facts)})"
