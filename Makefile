@@ -91,7 +91,7 @@ parity: install parity-venvs
 
 # Fresh lab hosts every run, so the first deploy really starts from nothing.
 test: install parity-venvs lab-reset
-	$(BIN)/pytest tests -q --lab --parity -p no:cacheprovider
+	$(BIN)/pytest tests -q --lab --parity -p no:cacheprovider --durations=25
 
 bench: install lab-up
 	$(BIN)/python bench/noop.py

@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from tests.e2e.lab import REPO, SSH_CONFIG, on
+from tests.e2e.lab import SSH_CONFIG, on, reboot
 
 HEAD, WORKER = "spark-a", "spark-b"
 UNITS = {HEAD: "sparkfleet-head", WORKER: "sparkfleet-worker"}
@@ -60,13 +60,6 @@ def signal_engine(host: str, signal: str) -> int:
     pid = engine_pid(host)
     on(host, f"kill -{signal} {pid}")
     return pid
-
-
-def reboot(*hosts: str, power_cut=False) -> None:
-    """The lab's reboot (systemd's own) or power cut of `hosts`, then the hosts booted again."""
-    cmd = ["bash", "lab/lab.sh", "reboot", *(["--power-cut"] if power_cut else []), *hosts]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def watchdog_journal(host: str, since_epoch: float) -> str:

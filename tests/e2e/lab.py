@@ -46,10 +46,10 @@ def deploy(*extra: str) -> Run:
     return run([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py", *extra])
 
 
-def state_checks(*extra: str) -> Run:
+def state_checks(*extra: str, path: str = "tests/state") -> Run:
     hosts = ",".join(f"ssh://{h}" for h in HOSTS)
     return run([
-        str(BIN / "pytest"), "tests/state", "-q", "-p", "no:cacheprovider", f"--hosts={hosts}",
+        str(BIN / "pytest"), path, "-q", "-p", "no:cacheprovider", f"--hosts={hosts}",
         f"--ssh-config={SSH_CONFIG}", f"--inventory={INVENTORY}", *extra,
     ])
 
@@ -72,3 +72,19 @@ def pause_watchdogs() -> None:
     watchdogs and starts them (roles/watchdog, step 10)."""
     for host in HOSTS:
         on(host, "systemctl stop sparkfleet-watchdog 2>/dev/null || true")
+
+
+def reboot(*hosts: str, power_cut=False) -> None:
+    """The lab's reboot (systemd's own) or power cut of `hosts`, then the hosts booted again."""
+    cmd = ["bash", "lab/lab.sh", "reboot", *(["--power-cut"] if power_cut else []), *hosts]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def use_renderer(renderer: str) -> None:
+    """Make every lab host run `renderer` (NetworkManager or networkd) as netplan's (the hosts are
+    rebooted when it changes); the lab remembers it, and lab/inventory.py gives it to the deploy
+    and the state checks."""
+    r = subprocess.run(["bash", "lab/lab.sh", "up"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "SFL_LAB_RENDERER": renderer})
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,27 +1,62 @@
-"""The lab end to end: deploy the fabric from nothing, prove idempotence, catch and repair drift.
+"""The lab end to end, once per netplan renderer: deploy the fabric from nothing, prove idempotence,
+catch and repair drift, stop on (or take over) another configuration of the netdev, survive a reboot.
 
-Runs against the two lab hosts (`make lab-up`); the tests run in order and share the lab.
+Runs against the two lab hosts (`make lab-up`); the tests run in order and share the lab. The whole
+module runs with systemd-networkd, then with NetworkManager (DGX OS's renderer, the lab's default,
+which the modules after this one keep).
 """
+import time
+
 import pytest
 
 from roles.fabric.schema import NETPLAN_FILE
-from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, state_checks
+from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
 
 pytestmark = pytest.mark.lab
 
+NETDEV = "enp1s0f0np0"
+ADDRESS = {"spark-a": "198.19.77.1/30", "spark-b": "198.19.77.2/30"}  # lab/inventory.py
+# What an operator following NVIDIA's guide leaves behind: their own netplan file for the CX7 port,
+# with another address; and the renderer's own kind of configuration for it.
+PLANTED_NETPLAN = "/etc/netplan/40-cx7.yaml"
+PLANTED_ADDRESS = "192.168.100.12/24"
+PLANTED = {
+    "NetworkManager": ("nmcli connection add type ethernet ifname enp1s0f0np0 con-name cx7-by-hand "
+                       "ipv4.method manual ipv4.addresses 192.168.100.22/24 ipv6.method disabled >/dev/null",
+                       "NetworkManager connection 'cx7-by-hand'"),
+    "networkd": ("printf '[Match]\\nName=enp1s0f0np0\\n\\n[Network]\\nAddress=192.168.100.22/24\\n' "
+                 "> /etc/systemd/network/30-cx7.network && networkctl reload",
+                 "networkd /etc/systemd/network/30-cx7.network"),
+}
+CLEAN_PLANTED = (f"rm -f {PLANTED_NETPLAN}* /etc/systemd/network/30-cx7.network*; "
+                 "nmcli connection delete cx7-by-hand >/dev/null 2>&1; true")
 
-@pytest.fixture(scope="module", autouse=True)
-def unconfigured_fabric():
-    """Start from the fabric a fresh node has: no drop-in, no address, MTU 1500, link down."""
-    pause_watchdogs()  # a pair left serving by an earlier module must not be repaired under this one
+
+def fabric_checks():
+    """The fabric's state checks (tests/state/test_fabric.py); the pair's own are other modules' concern."""
+    return state_checks(path="tests/state/test_fabric.py")
+
+
+@pytest.fixture(scope="module", autouse=True, params=["networkd", "NetworkManager"])
+def renderer(request):
+    """The lab on this renderer, from the fabric a fresh node has: no drop-in, no address, MTU 1500,
+    link down."""
+    def unconfigure():
+        pause_watchdogs()  # a pair left serving must not be repaired under this module
+        for h in HOSTS:
+            on(h, f"{CLEAN_PLANTED}; rm -f {NETPLAN_FILE} && netplan apply && ip addr flush dev {NETDEV} && "
+                  f"ip link set {NETDEV} mtu 1500 down")
+
+    unconfigure()  # under the renderer that wrote the file, so that nothing it generated outlives it
+    use_renderer(request.param)
+    unconfigure()
+    yield request.param
     for h in HOSTS:
-        on(h, f"rm -f {NETPLAN_FILE} && netplan apply && ip addr flush dev enp1s0f0np0 && "
-              "ip link set enp1s0f0np0 mtu 1500 down")
-    yield
+        on(h, CLEAN_PLANTED)
 
 
 def test_state_checks_fail_before_the_deploy():
-    checks = state_checks()
+    checks = fabric_checks()
     assert checks.returncode != 0
     assert "spark-a" in checks.output and "spark-b" in checks.output
 
@@ -38,7 +73,7 @@ def test_first_deploy_configures_and_proves_the_fabric():
 
 
 def test_state_checks_pass_after_the_deploy():
-    checks = state_checks()
+    checks = fabric_checks()
     assert checks.returncode == 0, checks.output
 
 
@@ -51,7 +86,7 @@ def test_second_deploy_changes_nothing():
 
 def test_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_deploy():
     on("spark-b", "ip link set enp1s0f0np0 mtu 1500")
-    checks = state_checks()
+    checks = fabric_checks()
     assert checks.returncode != 0
     failed = [l.split()[1] for l in checks.output.splitlines() if l.startswith("FAILED")]
     mtu_check = "test_fabric_netdev_is_up_with_the_inventory_address_and_mtu"
@@ -65,7 +100,7 @@ def test_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_deploy():
     assert run.returncode == 0, run.output
     assert ("Apply netplan (fabric file or live link changed)", "spark-b") in run.changed()
     assert ("Apply netplan (fabric file or live link changed)", "spark-a") not in run.changed()
-    assert state_checks().returncode == 0
+    assert fabric_checks().returncode == 0
     assert deploy().changed() == []
 
 
@@ -87,3 +122,54 @@ def test_preflight_failure_stops_the_deploy_before_any_change():
     assert "preflight failed, nothing was changed" in run.output
     assert "spark-a: MemTotal" in run.output and "spark-b: MemTotal" in run.output
     assert run.results() == []
+
+
+def test_another_configuration_of_the_netdev_stops_the_deploy_naming_it(renderer):
+    on("spark-b", f"umask 077; printf 'network:\\n  version: 2\\n  ethernets:\\n    {NETDEV}:\\n"
+                  f"      addresses: [{PLANTED_ADDRESS}]\\n' > {PLANTED_NETPLAN} && netplan apply")
+    on("spark-b", PLANTED[renderer][0])
+    assert PLANTED_ADDRESS in on("spark-b", f"ip -br addr show dev {NETDEV}")  # it applies, beside ours
+    run = deploy()
+    assert run.returncode != 0
+    assert "preflight failed, nothing was changed" in run.output
+    assert (f"spark-b: {NETDEV} is also configured by netplan {PLANTED_NETPLAN}: configures ethernets.{NETDEV} "
+            f"(addresses {PLANTED_ADDRESS})") in run.output, run.output
+    assert f"spark-b: {NETDEV} is also configured by {PLANTED[renderer][1]}" in run.output, run.output
+    assert "set fabric_take_over = true" in run.output
+    assert "spark-a: enp1s0f0np0 is also configured" not in run.output
+    assert run.results() == []
+
+
+def test_the_take_over_disables_them_says_so_and_a_rerun_changes_nothing(renderer):
+    run = deploy("--data", "fabric_take_over=true")
+    assert run.returncode == 0, run.output
+    assert f"spark-b: fabric_take_over: netplan {PLANTED_NETPLAN}" in run.output
+    assert f"renamed to {PLANTED_NETPLAN}.sparkfleet-disabled" in run.output
+    assert f"spark-b: fabric_take_over: {PLANTED[renderer][1]}" in run.output
+    assert ("Take over the fabric netdev from its other configurations", "spark-b") in run.changed()
+    assert ("Apply netplan (fabric file or live link changed)", "spark-b") in run.changed()
+    assert on("spark-b", f"ls {PLANTED_NETPLAN}.sparkfleet-disabled").strip()  # kept, not deleted
+    checks = fabric_checks()
+    assert checks.returncode == 0, checks.output
+    again = deploy("--data", "fabric_take_over=true")
+    assert again.returncode == 0 and again.changed() == [], again.output
+
+
+def link_after_boot(host: str, timeout: float = 60) -> tuple[str, str]:
+    """(mtu, addresses) once the renderer has configured the netdev after a boot (or the timeout)."""
+    end = time.monotonic() + timeout
+    while True:
+        mtu = on(host, f"cat /sys/class/net/{NETDEV}/mtu", check=False).strip()
+        addrs = on(host, f"ip -4 -br addr show dev {NETDEV}", check=False).split()[2:]
+        if (mtu == "9000" and addrs) or time.monotonic() > end:
+            return mtu, " ".join(addrs)
+        time.sleep(1)
+
+
+def test_after_a_reboot_of_spark_b_the_link_is_back_and_the_other_configurations_stay_off(renderer):
+    reboot("spark-b")
+    mtu, addrs = link_after_boot("spark-b")
+    assert (mtu, addrs) == ("9000", ADDRESS["spark-b"]), f"spark-b after its reboot: mtu {mtu}, addresses {addrs}"
+    assert on("spark-a", "ping -M do -s 8972 -c 3 -i 0.2 -W 2 -q 198.19.77.2 >/dev/null && echo ok", check=False).strip() == "ok"
+    checks = fabric_checks()
+    assert checks.returncode == 0, checks.output
