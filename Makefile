@@ -89,9 +89,16 @@ parity-venvs:
 parity: install parity-venvs
 	$(BIN)/pytest tests/parity -q --parity
 
-# Fresh lab hosts every run, so the first deploy really starts from nothing.
+# Fresh lab hosts every run, so the first deploy really starts from nothing. The lab tiers (e2e in
+# order, then the state checks) run alone against the lab; the unit and engine-parity tiers need no
+# lab and run beside them (the lab tier mostly waits on the hosts), their output printed after.
 test: install parity-venvs lab-reset
-	$(BIN)/pytest tests -q --lab --parity -p no:cacheprovider --durations=25
+	@log=$$(mktemp); \
+	$(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10 >"$$log" 2>&1 & other=$$!; \
+	$(BIN)/pytest tests/e2e tests/state -q --lab -p no:cacheprovider --durations=25; lab=$$?; \
+	wait $$other; rest=$$?; \
+	echo "== tests/unit and tests/parity (run beside the lab tiers):"; cat "$$log"; rm -f "$$log"; \
+	echo "== lab tiers exit $$lab, unit and parity exit $$rest"; [ $$lab -eq 0 ] && [ $$rest -eq 0 ]
 
 bench: install lab-up
 	$(BIN)/python bench/noop.py
