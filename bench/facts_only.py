@@ -10,6 +10,7 @@ from pyinfra.facts.server import Which
 
 from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
+from roles.fabric.others import FabricConfigs
 from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import history_path, recipe_dir
@@ -35,6 +36,7 @@ host.get_fact(ProcessMemory)
 host.get_fact(ContainerMemory, container=unit_name(node))
 host.get_fact(FabricLink, netdev=node.fabric_netdev)
 host.get_fact(Sha1File, path=NETPLAN_FILE)
+host.get_fact(FabricConfigs, netdev=node.fabric_netdev)
 for peer in cluster.peers(node):
     host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload)
 host.get_fact(Which, command="dockerd")
