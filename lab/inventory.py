@@ -19,7 +19,7 @@ _ssh = {
 }
 _renderer_file = Path(_state, "run", "renderer")
 _renderer = _renderer_file.read_text().strip() if _renderer_file.exists() else "NetworkManager"
-_ssh["netplan_renderer"] = {"networkd": "networkd"}.get(_renderer, "NetworkManager")
+_ssh["netplan_renderer"] = "networkd" if _renderer == "networkd" else "NetworkManager"
 
 spark_hosts = sparks(
     __file__,

@@ -14,9 +14,8 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import fabric_others, link_failure, node_status
-from roles.fabric.others import renderer_in_effect
-from roles.fabric.schema import RENDERER_UNITS
 from roles.fabric.facts import FabricPing
+from roles.fabric.others import netconfig_problems, renderer_in_effect
 from roles.fabric.schema import NETPLAN_FILE
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message, image_ids
@@ -86,11 +85,8 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
 
 def netconfig_row(node, facts: dict, others) -> tuple[list[str], str]:
     """(problems, note): the renderer in effect, and every other configuration of the fabric netdev."""
-    unit = RENDERER_UNITS[node.netplan_renderer]
-    problems = [f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}" for c in others]
-    if facts.get("units", {}).get(unit, {}).get("active") != "active":
-        problems.append(f"{node.name}: netplan_renderer is {node.netplan_renderer}, but {unit} is not active")
-    return problems, f"renderer {node.netplan_renderer} ({renderer_in_effect(facts)}); no other configuration"
+    note = f"renderer {node.netplan_renderer} ({renderer_in_effect(facts)}); no other configuration"
+    return netconfig_problems(node, facts, others), note
 
 
 def probe_problem(name: str, probe: dict) -> str | None:

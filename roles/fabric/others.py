@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import yaml
 from pyinfra.api import FactBase
 
-from roles.fabric.schema import NETPLAN_FILE
+from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
 
 # Where netplan reads YAML (netplan's generate: /run, /etc and /lib, same-named files overriding in
 # that order) and where systemd-networkd reads .network files (systemd.network(5): /etc, /run,
@@ -93,18 +93,23 @@ def _b64(text: str) -> str:
         return ""
 
 
+def _nmcli_unescape(value: str) -> str:
+    """nmcli -t escapes ':' and '\\' in a value."""
+    return value.replace("\\:", ":").replace("\\\\", "\\")
+
+
 def _nmcli_fields(text: str) -> dict[str, str]:
-    """nmcli -t -f a,b connection show X -> {a: value}; '\\:' is an escaped ':' in a value."""
+    """nmcli -t -f a,b connection show X -> {a: value}."""
     out = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep:
-            out.setdefault(key, value.replace("\\:", ":").replace("\\\\", "\\"))
+            out.setdefault(key, _nmcli_unescape(value))
     return out
 
 
 def parse_fabric_configs(lines: list[str]) -> dict:
-    facts = {"mac": "", "kind": "", "units": {}, "netplan": {}, "networkd": {}, "nm": {}}
+    facts = {"mac": "", "kind": "", "units": {}, "netplan": {}, "networkd": {}, "nm": {}, "nm_generated": []}
     files = {}
     for line in lines:
         head, _, rest = line.partition(" ")
@@ -123,11 +128,11 @@ def parse_fabric_configs(lines: list[str]) -> dict:
             if fields.get("connection.uuid"):
                 facts["nm"][fields["connection.uuid"]] = fields
         elif head == "nmgenerated":
-            facts.setdefault("nm_generated", []).append(_b64(rest))
+            facts["nm_generated"].append(_b64(rest))
         elif head == "nmfiles":  # UUID:FILENAME lines (a UUID has no ':'; the file name's are escaped)
             for entry in _b64(rest).splitlines():
                 uuid, _, filename = entry.partition(":")
-                files[uuid] = filename.replace("\\:", ":").replace("\\\\", "\\")
+                files[uuid] = _nmcli_unescape(filename)
     for uuid, filename in files.items():
         if uuid in facts["nm"]:
             facts["nm"][uuid]["FILENAME"] = filename
@@ -183,8 +188,8 @@ def _stanza_summary(key: str, stanza) -> str:
 
 def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[OtherConfig]:
     out = []
-    ids_for_netdev: dict[str, list[str]] = {}  # stanza id -> files that bind it to the netdev
-    parsed = {}
+    ids_for_netdev: set[str] = set()  # stanza ids (netplan's ids are global across files) bound to the netdev
+    parsed = {}  # path -> (network, {stanza id: (binds, exact)})
     for path, text in _effective(files, NETPLAN_DIRS).items():
         if path == NETPLAN_FILE or text is None:
             continue
@@ -197,18 +202,14 @@ def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[
         network = doc.get("network") if isinstance(doc, dict) else None
         if not isinstance(network, dict):
             continue
-        parsed[path] = network
-        for key, stanza in (network.get("ethernets") or {}).items():
-            binds, _ = _stanza_binds(str(key), stanza, netdev, mac)
-            if binds:
-                ids_for_netdev.setdefault(str(key), []).append(path)
-    for path, network in parsed.items():
-        mine, others, globbed, members = [], [], [], []
-        for key, stanza in (network.get("ethernets") or {}).items():
-            binds, exact = _stanza_binds(str(key), stanza, netdev, mac)
-            (mine if binds else others).append(str(key))
-            if binds and not exact:
-                globbed.append(str(key))
+        ethernets = {str(k): v for k, v in (network.get("ethernets") or {}).items()}
+        parsed[path] = (network, ethernets, {k: _stanza_binds(k, v, netdev, mac) for k, v in ethernets.items()})
+        ids_for_netdev.update(k for k, (binds, _) in parsed[path][2].items() if binds)
+    for path, (network, ethernets, judged) in parsed.items():
+        mine = [k for k, (binds, _) in judged.items() if binds]
+        others = [k for k, (binds, _) in judged.items() if not binds]
+        globbed = [k for k, (binds, exact) in judged.items() if binds and not exact]
+        members = []
         for section, member_key in NETPLAN_MEMBER_KEYS.items():
             for key, stanza in (network.get(section) or {}).items():
                 refs = stanza.get(member_key) if isinstance(stanza, dict) else None
@@ -217,7 +218,7 @@ def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[
                     members.append(f"{section}.{key}")
         if not mine and not members:
             continue
-        detail = "configures " + ", ".join([_stanza_summary(k, network["ethernets"][k]) for k in mine] + members)
+        detail = "configures " + ", ".join([_stanza_summary(k, ethernets[k]) for k in mine] + members)
         q = shlex.quote(path)
         if not path.startswith("/etc/netplan/"):
             take, why = None, (f"it is outside /etc/netplan (netplan reads {path.rsplit('/', 1)[0]} first or a package "
@@ -384,6 +385,16 @@ def other_configs(facts: dict, netdev: str) -> list[OtherConfig]:
     return (netplan_others(facts.get("netplan", {}), netdev, mac)
             + nm_others(facts.get("nm", {}), netdev, mac, facts.get("nm_generated", ()))
             + networkd_others(facts.get("networkd", {}), netdev, mac, facts.get("kind", "")))
+
+
+def netconfig_problems(node, facts: dict, configs: list[OtherConfig]) -> list[str]:
+    """What the doctor and the state checks fail on: every other configuration of the fabric netdev,
+    and a netplan_renderer whose service is not active."""
+    unit = RENDERER_UNITS[node.netplan_renderer]
+    problems = [f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}" for c in configs]
+    if facts.get("units", {}).get(unit, {}).get("active") != "active":
+        problems.append(f"{node.name}: netplan_renderer is {node.netplan_renderer}, but {unit} is not active")
+    return problems
 
 
 def conflict_failures(node, configs: list[OtherConfig]) -> list[str]:

@@ -2,8 +2,8 @@
 import json
 
 from roles.fabric.checks import netplan_text
-from roles.fabric.others import FabricConfigs, other_configs, renderer_in_effect
-from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
+from roles.fabric.others import FabricConfigs, netconfig_problems, other_configs, renderer_in_effect
+from roles.fabric.schema import NETPLAN_FILE
 
 
 def test_fabric_netdev_is_up_with_the_inventory_address_and_mtu(host, node):
@@ -39,8 +39,5 @@ def test_nothing_else_configures_the_fabric_netdev(host, node):
     """No second netplan file, NetworkManager connection or systemd-networkd file binds the netdev
     (they fight at the next reboot), and the renderer the data names is the one running."""
     facts = FabricConfigs().process(host.check_output(FabricConfigs().command(node.fabric_netdev)).splitlines())
-    others = [c.describe() for c in other_configs(facts, node.fabric_netdev)]
-    assert not others, f"{node.name}: {node.fabric_netdev} is also configured by: " + "; ".join(others)
-    unit = RENDERER_UNITS[node.netplan_renderer]
-    assert facts["units"].get(unit, {}).get("active") == "active", \
-        f"{node.name}: netplan_renderer is {node.netplan_renderer} but {unit} is not active ({renderer_in_effect(facts)})"
+    problems = netconfig_problems(node, facts, other_configs(facts, node.fabric_netdev))
+    assert not problems, "; ".join(problems) + f" ({renderer_in_effect(facts)})"
