@@ -57,9 +57,10 @@ deploy's order:
 Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
 window_s that did not bring the pair back (the probe keeps running meanwhile; a pass cancels it).
 Once max_restarts restarts that did not bring the pair back (or were interrupted) fell within
-window_s and the probe still fails, the head gives up (a restart that worked never counts: three unrelated crashes in a window are three
-recoveries, not a reason to stop serving): it stops the head unit, sets
-want = stopped and gave_up = {at, reason}, and says so in the journal; the workers stop their units.
+window_s and the probe still fails, the head gives up (a restart that worked never counts: three
+unrelated crashes in a window are three recoveries, not a reason to stop serving): it stops the
+head unit, sets want = stopped and gave_up = {at, reason}, and says so in the journal; the workers
+stop their units.
 It keeps probing without restarting, and clears gave_up (and the restart count) as soon as the probe
 passes again (someone deployed a fix). A restart interrupted by the watchdog's own stop
 (want = restarting in its state when it starts) is resumed from step 3.
