@@ -217,7 +217,8 @@ def test_wrong_model_and_malformed_bodies_are_refused_and_compile_nothing(pair, 
                 {"model": "lab", "messages": [{"content": "hi"}]},
                 chat([{"type": "audio", "audio": "x"}]), chat([{"type": "image_url", "image_url": "x"}]),
                 chat(7), chat("hi", tools=[{"type": "function"}]), chat("hi", tools={"name": "f"}),
-                chat("hi", max_tokens=0), chat("hi", max_tokens="16"), chat("hi", stream=True)]:
+                chat("hi", max_tokens=0), chat("hi", max_tokens="16"), chat("hi", stream=True, min_tokens=-1),
+                chat("hi", stream=True, tools=TOOLS)]:
         status, body = post(p.port, bad)
         assert status == 400, (bad, body)
         assert body["error"]["type"] == "BadRequestError" and body["error"]["message"], bad

@@ -94,6 +94,7 @@ WATCHDOG_GRACE_S = 5
 # as it always did on a dropped rank: a failure to systemd's Restart=on-failure either way, and a 1
 # tells a stand-in exit from a real SIGKILL.
 SCHEDULER_DEATH_EXIT = 1
+ENGINE_ERROR_MESSAGE = "Internal server error"  # unused: a stalled loop holds a stream, it never fails it
 
 
 
@@ -263,9 +264,62 @@ def chat_request(data):
                          "'parameters': {...}}}")
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         raise ValueError("'max_tokens' must be a positive integer")
-    if req.get("stream"):
-        raise ValueError("'stream' is not supported by the lab stand-in")
+    if req.get("stream") and tools:
+        raise ValueError("'stream' with 'tools' is not supported by the lab stand-in")
     return model, words, images, tools, max_tokens
+
+def stream_request(data):
+    """A streamed chat completion's settings, or None when 'stream' is not true: {"usage": bool,
+    "words": [...]} where words are the reply's tokens (one word each). Like the real engines' sampling
+    parameters: the reply ends after REPLY (the stand-in's end of sequence) unless 'ignore_eos' is true,
+    in which case it runs to 'max_tokens'; 'min_tokens' keeps it going at least that long (REPLY's
+    words again and again). Raises ValueError saying what is wrong."""
+    req = json_body(data)
+    if not req.get("stream"):
+        return None
+    options = req.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ValueError("'stream_options' must be an object")
+    max_tokens, min_tokens, ignore_eos = req.get("max_tokens"), req.get("min_tokens") or 0, req.get("ignore_eos")
+    if type(min_tokens) is not int or min_tokens < 0:
+        raise ValueError("'min_tokens' must be a non-negative integer")
+    if ignore_eos not in (None, True, False):
+        raise ValueError("'ignore_eos' must be a boolean")
+    reply = REPLY.split()
+    n = max(len(reply), min_tokens) if not ignore_eos else (max_tokens or len(reply))
+    n = min(n, max_tokens) if max_tokens else n
+    words = [reply[i % len(reply)] for i in range(n)]
+    return {"usage": bool(options.get("include_usage")), "words": words,
+            "finish": "length" if max_tokens and n == max_tokens and (ignore_eos or n != len(reply)) else "stop"}
+
+
+def stream_events(model, prompt_tokens, stream, step):
+    """The server-sent events of a streamed chat.completion, as the OpenAI servers of vLLM and SGLang
+    send them: a first chunk with the role, one chunk per token, the last with its finish_reason, a
+    usage chunk (no choices) when stream_options.include_usage, then [DONE]. step() runs one engine
+    step over every rank before each token (the decode); when it returns False the stream ends with an
+    error event."""
+    rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+
+    def chunk(delta, finish=None, **extra):
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}] if delta is not None else []
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": choices, **extra}
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    words = stream["words"]
+    for i, word in enumerate(words):
+        if i and not step():  # the first token came out of the prefill step
+            yield b"data: " + json.dumps(openai_error(500, ENGINE_ERROR_MESSAGE)).encode() + b"\n\n"
+            return
+        last = i == len(words) - 1
+        yield chunk({"content": word if i == 0 else " " + word}, stream["finish"] if last else None)
+    if stream["usage"]:
+        yield chunk(None, usage={"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                                 "total_tokens": prompt_tokens + len(words)})
+    yield b"data: [DONE]\n\n"
+
 
 def completion_request(data):
     """Check a (legacy) completion body: (model, words, max_tokens). The probe of the pair's watchdog
@@ -653,6 +707,13 @@ class Head:
                 self.cond.notify_all()
             self.up.set()
 
+    def decode(self, shape):
+        """One more iteration of the loop for a streamed request (its next token)."""
+        item = Item(shape)
+        self.submit(item)
+        item.done.wait()
+        return True
+
     def submit(self, item):
         with self.cond:
             self.pending.append(item)
@@ -690,15 +751,19 @@ class Head:
             return 503, {"object": "error", "message": f"waiting for ranks {missing}"}
         try:
             model, words, images, tools, max_tokens = chat_request(data)
+            stream = stream_request(data)
         except ValueError as e:
             return 400, openai_error(400, str(e))
         if model != self.name:
             return 404, openai_error(404, f"The model `{model}` does not exist.", "model")
         if images and self.args.language_model_only:
             return 400, openai_error(400, "image input is disabled: the server runs with --language-model-only")
-        item = Item(jit_shape(words, images, tools))
+        shape = jit_shape(words, images, tools)
+        item = Item(shape)
         self.submit(item)
         item.done.wait()  # no timeout of its own, as in SGLang: a stalled loop holds the request
+        if stream:  # each further token goes through the loop again, batched with whatever else runs
+            return 200, stream_events(self.name, words + IMAGE_TOKENS * images, stream, lambda: self.decode(shape))
         return 200, chat_reply(self.name, words + IMAGE_TOKENS * images, tools, max_tokens)
 
     def complete(self, data):
@@ -737,6 +802,16 @@ class Head:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def reply(self, code, body):
+                if not isinstance(body, (dict, list)):  # a stream of server-sent events
+                    self.send_response(code)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for event in body:
+                        self.wfile.write(event)
+                        self.wfile.flush()
+                    self.close_connection = True
+                    return
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
