@@ -50,3 +50,6 @@ with refusals_stop_the_run():
 
     # 10. The watchdog: installed, configured, started again where paused or stopped (workers first).
     local.include("roles/watchdog/tasks.py")
+
+    # 11. The benchmark receipt, when the pair (re)started: a short fixed load through the API, kept on the head.
+    local.include("roles/receipt/tasks.py")

@@ -25,6 +25,7 @@ from roles.host.schema import HostData
 from roles.image.schema import ImageData
 from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
+from roles.receipt.schema import ReceiptData
 from roles.serving.schema import ServingData, serving_problems
 from roles.watchdog.schema import WatchdogData, watchdog_problems
 from roles.weights.schema import WeightsData
@@ -47,8 +48,8 @@ class ConfigError(Refusal):
         super().__init__(title, problems, footer)
 
 
-class NodeConfig(WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData, GuardsData, ServingData,
-                 DockerData, HostData, FabricData, PreflightData):
+class NodeConfig(ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+                 GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.

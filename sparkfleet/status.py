@@ -4,7 +4,8 @@ Per pair: the probe (`sfl_watch.py probe` on the head, as the watchdog and the d
 completion through the API) and its latency; each rank's unit (active, enabled), container and its
 uptime, and the image it runs; each node's watchdog (unit, verdict, generation, restarts in the
 window, its last actions); the recipe commit the pair serves (the running image's tag) and what the
-head's history (<preflight_data_dir>/recipes/<profile>.history) says of it. It judges nothing and
+head's history (<preflight_data_dir>/recipes/<profile>.history) says of it; the latest benchmark receipt against
+the previous one, each figure that dropped by more than receipt_drop_threshold_pct flagged DROP. It judges nothing and
 changes nothing: `make doctor` is the verdict.
 """
 import re
@@ -13,6 +14,8 @@ from pyinfra import logger
 
 from roles.image.checks import history_path
 from roles.kernel_cache.checks import commit_of
+from roles.receipt.receipt import Receipts, receipt_path
+from roles.receipt.receipt import status_lines as receipt_lines
 from roles.serving.engine import unit_name
 from roles.serving.facts import UnitState
 from roles.serving.history import RecipeHistory, history_file, last_event, same_commit
@@ -97,7 +100,7 @@ def recipe_line(profile, events, container: dict) -> str:
 
 
 def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, watch_units: dict,
-                 statuses: dict, events) -> list[str]:
+                 statuses: dict, events, receipts: list | None = None) -> list[str]:
     """The report, from facts (node name -> fact value); pure, for the tests."""
     head = cluster.head
     names = " + ".join(n.name for n in cluster.nodes)
@@ -114,6 +117,9 @@ def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, w
         lines.append(f"  {'watchdog':<9} {node.name:<10} {first}")
         lines += [f"  {'':<9} {'':<10} {r}" for r in rest]
     lines.append(f"  {'recipe':<9} {head.name:<10} {recipe_line(profile, events, containers.get(head.name, {}))}")
+    first, *rest = receipt_lines(receipts or [], head.receipt_drop_threshold_pct)
+    lines.append(f"  {'receipt':<9} {head.name:<10} {first}")
+    lines += [f"  {'':<9} {'':<10} {r}" for r in rest]
     return lines
 
 
@@ -132,7 +138,8 @@ def _status(state) -> None:
     probe = head.get_fact(WatchProbe) if head else {"line": f"{cluster.head.name} not in this run"}
     events = head.get_fact(RecipeHistory, path=history_file(cluster.head, profile),
                            deployed=history_path(cluster.head, profile)) if head else []
-    lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events)
+    receipts = head.get_fact(Receipts, directory=receipt_path(cluster.head, profile)) if head else []
+    lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events, receipts)
     logger.info("--> sparkfleet status (read-only):\n" + "\n".join(lines) + "\n")
 
 

@@ -2,7 +2,8 @@
 """Build the lab's model directory: a small, deterministic stand-in for every model and drafter the
 shipped profiles name (roles/serving/profiles/*.yaml), each with the manifest sparkfleet's URL
 source reads, so the weights path (fetch on the head, fan-out to the worker, manifests) runs
-without the internet. Not a model: a tiny config.json and seeded random "safetensors" bytes.
+without the internet. Not a model: a tiny config.json, a word-level tokenizer.json and seeded random
+"safetensors" bytes.
 
   make-models.py DEST     writes DEST/<model id>/... and DEST/<model id>.manifest; idempotent
 
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 PROFILES = Path(__file__).resolve().parents[2] / "roles" / "serving" / "profiles"
+CORPUS = Path(__file__).resolve().parents[2] / "roles" / "receipt" / "corpus.txt"
 MIB = 1024 * 1024
 
 
@@ -31,6 +33,19 @@ def model_ids():
     return sorted(found.items())
 
 
+def tokenizer_json():
+    """A word-level tokenizer (the `tokenizers` library's JSON) over the words of the receipt's corpus
+    (roles/receipt/corpus.txt) and the stand-ins' reply: a real one, so the receipt's load generator
+    counts the prompt's tokens as the stand-in counts its words."""
+    text = (CORPUS.read_text() + " sparkfleet lab stand-in reply").replace("-", " - ")
+    words = sorted(set(re.findall(r"\w+|[^\w\s]+", text)))
+    vocab = {"[UNK]": 0, **{w: i for i, w in enumerate(words, 1)}}
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}
+    return (json.dumps(spec, sort_keys=True) + "\n").encode()
+
+
 def files_of(model, drafter, mib):
     """{relative path: bytes} of one stand-in model; the bytes depend only on the model id and size."""
     config = {
@@ -39,7 +54,7 @@ def files_of(model, drafter, mib):
         "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 1048576,
     }
     out = {"config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
-           "tokenizer.json": json.dumps({"model": {"type": "WordLevel", "vocab": {"<s>": 0}}}).encode()}
+           "tokenizer.json": tokenizer_json()}
     size = max(1, mib // 4 if drafter else mib // 2) * MIB
     shards = 1 if drafter else 2
     rng = random.Random(hashlib.sha256(f"{model}|{size}".encode()).digest())

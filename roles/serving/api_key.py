@@ -1,7 +1,8 @@
 """The head's API key: one root-only file, and the root-only files derived from it on the head.
 
 The key never passes through pyinfra (no fact returns it, no command carries it): the head reads
-the key file and writes, in serving_dir, each mode 0600 root:
+the key file and writes, in serving_dir, each mode 0600 root (the one reader on the controller is the
+benchmark receipt, roles/receipt/receipt.py, over SFTP into memory, then its load generator's stdin):
   api-key.env   VLLM_API_KEY=<key>            vLLM's --env-file (vllm/envs.py VLLM_API_KEY)
   api-key.yaml  api-key: "<key>"              SGLang's --config (mounted read-only; SGLang reads the key
                                               from --api-key only, sglang/srt/server_args.py)

@@ -14,6 +14,7 @@ from pyinfra.operations.util import any_changed
 
 from roles.image.checks import history_path
 from roles.kernel_cache.checks import cache_plan
+from roles.receipt.receipt import note_start
 from roles.serving.api_key import curl_config, key_file
 from roles.serving.checks import pair_state, wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
@@ -81,6 +82,12 @@ server.shell(
     name="Record the attempted recipe commit",  # a prewarm recorded it already (roles/kernel_cache)
     commands=[record_command(events_file, "attempted", commit)],
     _if=lambda: on_head and restart and not cache_plan(state).prewarm,
+)
+python.call(
+    name="Note when the pair's units start (the receipt's cold start)",
+    function=note_start,
+    pair=cluster.head.name,
+    _if=lambda: on_head and restart,
 )
 server.shell(
     name="Stop the head (the pair restarts)",

@@ -1,9 +1,11 @@
-"""The lab pair end to end: serving through the stand-in, repair after a hand-stopped container,
-and a recipe bump that rebuilds once, ships only new layers over the fabric, restarts worker-first.
+"""The lab pair end to end: serving through the stand-in, repair after a hand-stopped container (and
+the benchmark receipt that restart leaves, shown by `make status`), and a recipe bump that rebuilds
+once, ships only new layers over the fabric, restarts worker-first.
 
 Runs after test_lab_fabric.py (same lab, pair already deployed by it).
 """
 
+import json
 import secrets
 
 import pytest
@@ -14,6 +16,12 @@ pytestmark = pytest.mark.lab
 
 COMMITS = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if line.strip())
 IMAGE = "sparkfleet/glm-5.3-flash-exl3"
+RECEIPTS = "/var/lib/sparkfleet/receipts/glm-5.3-flash-exl3"
+
+
+def receipts() -> list[str]:
+    """The head's receipt files of the lab's profile, oldest first."""
+    return sorted(on("spark-a", f"ls -1 {RECEIPTS} 2>/dev/null || true").split())
 
 
 def models() -> str:
@@ -75,12 +83,48 @@ def test_a_hand_stopped_worker_is_caught_and_the_pair_is_brought_back():
     assert "FAILED tests/state/test_serving.py::test_the_rank_container_runs_the_profile_image[ssh://spark-b]" in checks.output
     assert "spark-b: no container sparkfleet-worker" in checks.output or "spark-b: sparkfleet-worker is not active" in checks.output
 
+    before = receipts()
     run = deploy()
     assert run.returncode == 0, run.output
     assert ("Restart the workers (workers first)", "spark-b") in run.changed()
     assert ("Start the head (every worker is up)", "spark-a") in run.changed()
     assert state_checks().returncode == 0
-    assert deploy().changed() == []
+
+    # The restart left one new benchmark receipt on the head, measured through the API with the key.
+    [new] = [name for name in receipts() if name not in before]
+    receipt = json.loads(on("spark-a", f"cat {RECEIPTS}/{new}"))
+    assert (receipt["profile"], receipt["recipe_commit"]) == ("glm-5.3-flash-exl3", COMMITS["v1"])
+    assert receipt["image_id"] == on("spark-a", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}:{COMMITS['v1']}").strip()
+    assert [f["concurrency"] for f in receipt["figures"]] == [1, 4]
+    assert all(f["decode_tps_aggregate"] > 0 and f["ttft_ms"] > 0 for f in receipt["figures"])
+    assert 0 < receipt["cold_start_s"] < 120
+    assert f"kept in {RECEIPTS}/{new}" in run.output and "decode t/s aggregate" in run.output
+
+    # A deploy that restarts nothing takes no receipt.
+    again = deploy()
+    assert again.changed() == [] and receipts() == before + [new], again.output
+    assert "Take the benchmark receipt" not in [op for op, _, result in again.results() if result != "No changes"]
+
+
+def test_status_shows_the_latest_receipt_against_the_previous_one_and_flags_a_drop():
+    *_, older, newest = receipts()
+    status = run_pyinfra("status.py")
+    assert status.returncode == 0, status.output
+    assert f"receipt   spark-a    receipt {json.loads(on('spark-a', f'cat {RECEIPTS}/{newest}'))['taken_at']}" in status.output
+    assert "previous receipt " + json.loads(on("spark-a", f"cat {RECEIPTS}/{older}"))["taken_at"] in status.output
+    # A previous receipt 10x faster than the latest (planted just before it): every figure is a drop.
+    planted = newest.replace("Z.json", "Y.json")  # sorts between the two
+    boost = ("import json,sys; r=json.load(sys.stdin); "
+             "[f.update(decode_tps_per_request=f['decode_tps_per_request']*10, decode_tps_aggregate=f['decode_tps_aggregate']*10)"
+             " for f in r['figures']]; json.dump(r, sys.stdout)")
+    on("spark-a", f"python3 -c \"{boost}\" < {RECEIPTS}/{newest} > {RECEIPTS}/{planted}")
+    try:
+        flagged = run_pyinfra("status.py")
+        assert flagged.returncode == 0, flagged.output
+        assert "DROP at concurrency 1: decode t/s per request" in flagged.output
+        assert "DROP at concurrency 4: decode t/s aggregate" in flagged.output and "threshold 10 %" in flagged.output
+    finally:
+        on("spark-a", f"rm -f {RECEIPTS}/{planted}")
 
 
 def container_image(host: str, container: str) -> str:
@@ -136,10 +180,14 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     assert deploy().changed() == []
 
 
-def run_rollback(*extra):
+def run_pyinfra(entry, *extra):
     from tests.e2e.lab import BIN, INVENTORY, run
 
-    return run([str(BIN / "pyinfra"), "-y", INVENTORY, "rollback.py", *extra])
+    return run([str(BIN / "pyinfra"), "-y", INVENTORY, entry, *extra])
+
+
+def run_rollback(*extra):
+    return run_pyinfra("rollback.py", *extra)
 
 
 def test_a_unit_of_the_other_role_is_removed():

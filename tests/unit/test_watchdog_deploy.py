@@ -258,7 +258,8 @@ def test_the_pause_comes_before_the_prewarm_and_the_start_after_the_pair_serves(
     order = [line.split('"')[1] for line in text.splitlines() if "local.include(" in line]
     at = order.index
     assert at("roles/fanout/tasks.py") < at("roles/watchdog/pause_tasks.py") < at("roles/kernel_cache/tasks.py") \
-        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 1
+        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 2
+    assert order[-1] == "roles/receipt/tasks.py"  # after it only the receipt, which measures and changes nothing
 
 
 def test_a_watchdog_found_stopped_is_handed_over_and_started_even_when_nothing_moves(monkeypatch):

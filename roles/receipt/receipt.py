@@ -1,0 +1,260 @@
+"""The benchmark receipt: what a pair delivers, measured right after the deploy that (re)started it.
+
+The load (roles/receipt/loadgen.py, llama-benchy) runs on the controller, through an SSH tunnel to the
+head's API on 127.0.0.1 (the firewall and the API's bind stay as they are), with the API key: read from
+the head's root-only key file over SFTP into memory and handed to the load generator on its stdin,
+never on a command line, in a fact or in a log. The receipt (JSON) is kept on the head,
+<receipt_dir>/<profile>/<UTC time>.json, with the profile, recipe commit, image ID and weights
+revision; one table is printed. `make status` shows the latest against the previous one.
+"""
+from __future__ import annotations
+
+import io
+import json
+import select
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pyinfra import logger
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.exceptions import DeployError
+
+REPO = Path(__file__).resolve().parents[2]
+# When the deploy (re)started each pair's units, in the controller's clock: set by the serving role's
+# "Note when the pair's units start" step, read by the receipt (cold start = first token - this).
+STARTED_AT: dict[str, float] = {}
+
+
+def note_start(pair: str) -> None:
+    """Operation body: the pair's units are being (re)started now."""
+    STARTED_AT[pair] = time.time()
+
+
+class Tunnel:
+    """127.0.0.1:<port> on the controller, forwarded to 127.0.0.1:<remote_port> on the host through the
+    deploy's own SSH connection (paramiko's direct-tcpip channels, one per accepted connection)."""
+
+    def __init__(self, transport, remote_port: int):
+        self.transport, self.remote_port = transport, remote_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                conn, peer = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pipe, args=(conn, peer), daemon=True).start()
+
+    def _pipe(self, conn, peer):
+        try:
+            chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", self.remote_port), peer)
+        except Exception:
+            conn.close()
+            return
+        try:
+            while True:
+                ready, _, _ = select.select([conn, chan], [], [], 1.0)
+                if conn in ready:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    chan.sendall(data)
+                if chan in ready:
+                    data = chan.recv(65536)
+                    if not data:
+                        break
+                    conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            chan.close()
+            conn.close()
+
+    def close(self):
+        self.closed = True
+        self.server.close()
+
+
+def api_base(host, port: int):
+    """(base URL reachable from the controller, tunnel or None) for the head's API on 127.0.0.1."""
+    client = getattr(host.connector, "client", None)
+    if client is None:  # @local: the controller is the head
+        return f"http://127.0.0.1:{port}/v1", None
+    tunnel = Tunnel(client.get_transport(), port)
+    return f"http://127.0.0.1:{tunnel.port}/v1", tunnel
+
+
+def read_remote(host, path: str) -> bytes | None:
+    buf = io.BytesIO()
+    try:
+        if not host.get_file(path, buf):
+            return None
+    except Exception:
+        return None
+    return buf.getvalue()
+
+
+def metric(run: dict, key: str) -> float | None:
+    value = run.get(key)
+    return round(value["mean"], 2) if isinstance(value, dict) and value.get("mean") is not None else None
+
+
+def figures(report: dict) -> list[dict]:
+    """Per concurrency: time to first token (ms, llama-benchy's e2e_ttft), decode tokens/s per request
+    and in aggregate (its tg_req_throughput and tg_throughput), from llama-benchy's JSON report."""
+    out = []
+    for run in report.get("benchmarks") or []:
+        if run.get("is_context_prefill_phase"):
+            continue
+        per_request = metric(run, "tg_req_throughput") or metric(run, "tg_throughput")
+        out.append({"concurrency": run["concurrency"], "prompt_tokens": run["prompt_size"],
+                    "decode_tokens": run["response_size"], "ttft_ms": metric(run, "e2e_ttft"),
+                    "decode_tps_per_request": per_request, "decode_tps_aggregate": metric(run, "tg_throughput")})
+    return sorted(out, key=lambda f: f["concurrency"])
+
+
+def table(receipt: dict) -> str:
+    rows = [f"  {'concurrency':>11}  {'TTFT ms':>9}  {'decode t/s per request':>22}  {'decode t/s aggregate':>20}"]
+    for f in receipt["figures"]:
+        rows.append(f"  {f['concurrency']:>11}  {f['ttft_ms'] or '?':>9}  {f['decode_tps_per_request'] or '?':>22}  "
+                    f"{f['decode_tps_aggregate'] or '?':>20}")
+    cold = receipt.get("cold_start_s")
+    head = (f"receipt {receipt['taken_at']}: profile {receipt['profile']}, recipe {receipt['recipe_commit'][:12]}, "
+            f"image {receipt['image_id'][:19]}, weights {receipt['weights_revision']}; "
+            f"cold start {cold if cold is not None else '?'} s (units started -> first token); "
+            f"{receipt['load']['prompt_tokens']} prompt + {receipt['load']['decode_tokens']} decode tokens per "
+            f"request, {receipt['load']['runs']} run(s) per concurrency, {receipt['tool']}, "
+            f"{receipt['load'].get('took_s', '?')} s")
+    return head + "\n" + "\n".join(rows)
+
+
+def drops(latest: dict, previous: dict, threshold_pct: float) -> list[str]:
+    """Each figure of `latest` worse than `previous`'s by more than threshold_pct percent, as a line."""
+    out = []
+    before = {f["concurrency"]: f for f in previous.get("figures") or []}
+    for f in latest.get("figures") or []:
+        p = before.get(f["concurrency"])
+        if not p:
+            continue
+        for key, what, higher_is_better in (("decode_tps_per_request", "decode t/s per request", True),
+                                            ("decode_tps_aggregate", "decode t/s aggregate", True),
+                                            ("ttft_ms", "TTFT ms", False)):
+            new, old = f.get(key), p.get(key)
+            if not new or not old:
+                continue
+            change = (new - old) / old * 100
+            worse = -change if higher_is_better else change
+            if worse > threshold_pct:
+                out.append(f"DROP at concurrency {f['concurrency']}: {what} {old} -> {new} "
+                           f"({change:+.1f} %, threshold {threshold_pct:g} %)")
+    return out
+
+
+def receipt_path(node, profile) -> str:
+    return f"{node.receipt_dir}/{profile.name}"
+
+
+def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> None:
+    """Operation body (head): the load through the API, then the receipt written on the head."""
+    from pyinfra import host
+
+    key = read_remote(host, key_path)
+    if not key:
+        raise DeployError(f"{host.name}: receipt: cannot read the API key file {key_path}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = read_remote(host, f"{model_dir}/tokenizer.json")
+        if tokenizer:
+            Path(tmp, "tokenizer.json").write_bytes(tokenizer)
+        base, tunnel = api_base(host, profile.port)
+        job = {"base_url": base, "api_key": key.decode().strip(), "model": profile.api_model_name,
+               "tokenizer": tmp if tokenizer else profile.model, "prompt_tokens": node.receipt_prompt_tokens,
+               "decode_tokens": node.receipt_decode_tokens, "concurrency": list(node.receipt_concurrency),
+               "runs": node.receipt_runs, "timeout_s": node.receipt_timeout_s}
+        began = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, "-m", "roles.receipt.loadgen"], input=json.dumps(job), cwd=REPO,
+                                  capture_output=True, text=True, timeout=node.receipt_timeout_s)
+        except subprocess.TimeoutExpired:
+            raise DeployError(f"{host.name}: receipt: the load did not finish within receipt_timeout_s = "
+                              f"{node.receipt_timeout_s} s")
+        finally:
+            if tunnel:
+                tunnel.close()
+    if done.returncode != 0:
+        raise DeployError(f"{host.name}: receipt: the load failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout)
+    load_s = round(time.monotonic() - began, 1)
+    started = STARTED_AT.get(pair)
+    _, out = host.run_shell_command(StringCommand(
+        f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)} 2>/dev/null; "
+        f"sha256sum < {shlex.quote(model_dir)}.manifest 2>/dev/null | cut -c1-64"))
+    lines = out.stdout.splitlines() if hasattr(out, "stdout") else []
+    image_id = lines[0] if lines else "?"
+    manifest = lines[1] if len(lines) > 1 else "?"
+    now = datetime.now(timezone.utc)
+    receipt = {
+        "receipt": "sparkfleet benchmark receipt v1", "taken_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "pair": pair,
+        "profile": profile.name, "engine": profile.engine, "model": profile.model,
+        "recipe_commit": profile.recipe.commit, "image": profile.image_ref, "image_id": image_id,
+        "weights_revision": profile.model_revision, "weights_manifest_sha256": manifest,
+        "cold_start_s": round(result["first_token_at"] - started, 1) if started else None,
+        "tool": f"llama-benchy {result['report'].get('version', '?')}",
+        "load": {"prompt_tokens": node.receipt_prompt_tokens, "decode_tokens": node.receipt_decode_tokens,
+                 "concurrency": list(node.receipt_concurrency), "runs": node.receipt_runs, "took_s": load_s},
+        "figures": figures(result["report"]), "report": result["report"],
+    }
+    directory = receipt_path(node, profile)
+    name = f"{directory}/{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    host.run_shell_command(StringCommand(f"mkdir -p -m 0755 {shlex.quote(directory)}"))
+    if not host.put_file(io.BytesIO((json.dumps(receipt, indent=1) + "\n").encode()), name):
+        raise DeployError(f"{host.name}: receipt: could not write {name}")
+    host.run_shell_command(StringCommand(
+        f"chmod 0644 {shlex.quote(name)}; cd {shlex.quote(directory)} && "
+        f"ls -1 *.json | sort | head -n -{node.receipt_keep} | xargs -r rm -f"))
+    logger.info(f"    [{host.name}] {table(receipt)}\n    [{host.name}] kept in {name}")
+
+
+class Receipts(FactBase):
+    """The last two receipts of a profile on the head, newest first: [{...}, ...] (parsed JSON)."""
+
+    def command(self, directory: str) -> str:
+        d = shlex.quote(directory)
+        return f"for f in $(ls -1 {d}/*.json 2>/dev/null | sort -r | head -2); do cat $f; echo; echo '#--'; done; true"
+
+    def process(self, output):
+        out, buf = [], []
+        for line in output:
+            if line == "#--":
+                try:
+                    out.append(json.loads("\n".join(buf)))
+                except ValueError:
+                    pass
+                buf = []
+            else:
+                buf.append(line)
+        return out
+
+
+def status_lines(receipts: list[dict], threshold_pct: float) -> list[str]:
+    """`make status`'s receipt section: the latest receipt's table, the previous one's, the drops."""
+    if not receipts:
+        return ["no receipt yet (one is taken after every deploy that restarts the pair)"]
+    latest, *rest = receipts
+    lines = table(latest).splitlines()
+    if rest:
+        lines += ["previous " + line if i == 0 else line for i, line in enumerate(table(rest[0]).splitlines())]
+        lines += drops(latest, rest[0], threshold_pct) or [f"no figure dropped by more than {threshold_pct:g} %"]
+    else:
+        lines.append("no previous receipt to compare with")
+    return lines
