@@ -97,7 +97,7 @@ def test_a_hand_stopped_worker_is_caught_and_the_pair_is_brought_back():
     assert receipt["image_id"] == on("spark-a", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}:{COMMITS['v1']}").strip()
     assert [f["concurrency"] for f in receipt["figures"]] == [1, 4]
     assert all(f["decode_tps_aggregate"] > 0 and f["ttft_ms"] > 0 for f in receipt["figures"])
-    assert 0 < receipt["cold_start_s"] < 120
+    assert receipt["cold_start_s"] > 0  # measured (units started -> first token); no bound on it here
     assert f"kept in {RECEIPTS}/{new}" in run.output and "decode t/s aggregate" in run.output
 
     # A deploy that restarts nothing takes no receipt.
