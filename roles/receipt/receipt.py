@@ -192,7 +192,8 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
             if tunnel:
                 tunnel.close()
     if done.returncode != 0:
-        raise DeployError(f"{host.name}: receipt: the load failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise DeployError(f"{host.name}: receipt: the load failed (exit {done.returncode}); the pair was restarted and "
+                          f"its /health passed; receipt_enabled = false skips the receipt:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout)
     load_s = round(time.monotonic() - began, 1)
     started = STARTED_AT.get(pair)
