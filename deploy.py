@@ -15,6 +15,9 @@ with refusals_stop_the_run():
     #    headroom, refused settings, the drafter license.
     local.include("roles/guards/tasks.py")
 
+    # 2a. The fleet fingerprint: kernel, GPU driver, CX7 firmware and Docker the same on every node.
+    local.include("roles/fingerprint/tasks.py")
+
     # 2b. Host settings a pair needs to stay up (logind's RemoveIPC), each a file, applied on change.
     local.include("roles/host/tasks.py")
 

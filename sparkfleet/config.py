@@ -19,6 +19,7 @@ from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 from roles.docker.schema import DockerData
 from roles.fabric.schema import JUMBO_MTU, FabricData
 from roles.fanout.schema import FanoutData
+from roles.fingerprint.schema import FingerprintData
 from roles.firewall.schema import FirewallData
 from roles.guards.schema import GuardsData
 from roles.host.schema import HostData
@@ -49,7 +50,7 @@ class ConfigError(Refusal):
 
 
 class NodeConfig(ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
-                 GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
+                 FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.

@@ -17,6 +17,7 @@ from roles.fabric.checks import fabric_others, link_failure, node_status
 from roles.fabric.facts import FabricPing
 from roles.fabric.others import netconfig_problems, renderer_in_effect
 from roles.fabric.schema import NETPLAN_FILE
+from roles.fingerprint.checks import doctor_rows as fingerprint_rows
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message, image_ids
 from roles.kernel_cache.checks import cache_plan
@@ -65,6 +66,7 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
     ids = image_ids(state, profile)
     same = None not in ids.values() and len(set(ids.values())) == 1
     rows.append(("image", "all", [] if same else [ids_differ_message(ids, profile.image_ref)]))
+    rows += fingerprint_rows(state)  # each node's values; a must-match field that differs fails
     # The deploy's own prepare-time verdicts (facts only): what a deploy would move is a failure here.
     weights = weights_plan(state)
     rows.append(("weights", "all", [f"{cluster.head.name}: {m}: {why}" for m, why in weights.fetch.items()]
@@ -135,11 +137,11 @@ def watchdog_problems(node, unit: dict, status: dict) -> list[str]:
 
 def _doctor(state) -> None:
     rows = _checks(state)
-    lines = [f"{'check':<10} {'host':<10} result"]
+    lines = [f"{'check':<11} {'host':<10} result"]  # 11: "fingerprint"
     for check, host_name, problems, *note in rows:
         ok = "ok" + (f" ({note[0]})" if note else "")
-        lines.append(f"{check:<10} {host_name:<10} " + (ok if not problems else "FAIL " + problems[0]))
-        lines += [f"{'':<21}     {p}" for p in problems[1:]]
+        lines.append(f"{check:<11} {host_name:<10} " + (ok if not problems else "FAIL " + problems[0]))
+        lines += [f"{'':<22}     {p}" for p in problems[1:]]
     failed = [r for r in rows if r[2]]
     logger.info("--> sparkfleet doctor (read-only):\n" + "\n".join(lines) + "\n")
     if failed:

@@ -49,7 +49,7 @@ def test_the_doctor_names_a_broken_link_and_leaves_it_as_it_is():
     try:
         result = doctor()
         assert result.returncode != 0
-        assert "fabric     spark-b    FAIL spark-b: mtu 1500 (want 9000)" in result.output
+        assert "fabric      spark-b    FAIL spark-b: mtu 1500 (want 9000)" in result.output
         assert "cannot reach spark-b at 198.19.77.2 (enp1s0f0np0 mtu 1500)" in result.output
         assert result.results() == []
         assert on("spark-b", "cat /sys/class/net/enp1s0f0np0/mtu").strip() == "1500"  # read-only

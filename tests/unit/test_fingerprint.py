@@ -1,0 +1,178 @@
+"""roles/fingerprint: the fact's command and parsing, the group's verdict and table, the data key."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from roles.fingerprint.checks import (
+    IMAGE_FIELDS, INSTALLED_BY_THE_DEPLOY, group_verdict, mismatches, must_match, note, problems, summary,
+)
+from roles.fingerprint.facts import Fingerprint, parse_fingerprint, visible_files
+from roles.fingerprint.schema import FINGERPRINT_FIELDS
+from sparkfleet.config import ConfigError, build_cluster
+from tests.unit.helpers import pair
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LAB_IMAGE = "sha256:3d632a13c1a27c105df7356a3ffd0ab374d9175717ef3a5b75b1bb723814e0e9"
+
+
+def recorded(name: str) -> dict:
+    return parse_fingerprint((FIXTURES / name).read_text().splitlines())
+
+
+def command(ref="sparkfleet/x:1", engine="vllm") -> str:
+    return Fingerprint().command(netdev="enp1s0f0np0", ref=ref, engine=engine)
+
+
+# --- the fact ------------------------------------------------------------------------------------
+
+def test_the_lab_hosts_have_no_driver_firmware_engine_or_nccl():
+    for host in ("spark-a", "spark-b"):
+        assert recorded(f"fingerprint-lab-{host}.txt") == {
+            "kernel": "6.18.44-fc-v669", "gpu_driver": None, "cx7_firmware": None, "docker": "20.10.24+dfsg1",
+            "image_id": LAB_IMAGE, "engine": None, "nccl": None,
+        }
+
+
+def test_a_dgx_spark_reads_as_its_top_layers_show_it():
+    fp = recorded("fingerprint-dgx-spark.txt")
+    assert fp["kernel"] == "6.11.0-1016-nvidia" and fp["gpu_driver"] == "580.95.05"
+    assert fp["cx7_firmware"] == "28.45.1020"  # ethtool's PSID is the board's, not the firmware's
+    # vllm 0.10.2 and the pip NCCL 2.27.7 were replaced in later layers; the base's NCCL_VERSION is stale
+    assert fp["engine"] == "vllm 0.11.1rc2.dev59+g1a2b3c4d5.cu130"
+    assert fp["nccl"] == "pip 2.28.3, lib 2.28.9"
+
+
+def test_a_deletion_in_a_later_layer_hides_the_file_below():
+    layers = [(3, "has", "a"), (1, "whiteout", "a"), (2, "has", "b"), (3, "has", "b")]
+    assert visible_files(layers) == ["b"]
+
+
+def test_without_layers_the_images_env_is_the_fallback_and_says_so():
+    fp = parse_fingerprint(["kernel=6.11.0-1016-nvidia", "id=sha256:ab", "env_NCCL_VERSION=2.27.7-1",
+                            "env_VLLM_VERSION=0.11.0"])
+    assert fp["nccl"] == "env 2.27.7-1" and fp["engine"] == "vllm 0.11.0 (env)"
+
+
+def test_no_image_no_image_fields():
+    fp = parse_fingerprint(["kernel=6.11.0-1016-nvidia", "docker=28.3.3", "layer 1 has vllm-0.11.0.dist-info"])
+    assert all(fp[f] is None for f in IMAGE_FIELDS) and fp["docker"] == "28.3.3"
+
+
+def test_the_command_starts_no_container():
+    text = command()
+    assert "docker run" not in text and "docker exec" not in text and "docker create" not in text
+
+
+def test_the_command_reads_the_images_layers_top_first(tmp_path):
+    """The command itself, with a stand-in `docker` whose image has three overlay2 layers."""
+    top, middle, bottom = (tmp_path / n for n in ("upper", "l1", "l2"))
+    (top / "usr/local/lib/python3.12/dist-packages/vllm-0.11.0.dist-info").mkdir(parents=True)
+    (middle / "opt/venv/lib/python3.12/site-packages/nvidia_nccl_cu12-2.27.3.dist-info").mkdir(parents=True)
+    (bottom / "usr/lib/aarch64-linux-gnu").mkdir(parents=True)
+    (bottom / "usr/lib/aarch64-linux-gnu/libnccl.so.2.26.2").write_text("")
+    (bottom / "usr/local/lib/python3.12/dist-packages/sglang-0.5.0.dist-info").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = version ]; then echo 24.0.7; exit 0; fi\n'
+        f'if [ "$1 $2" = "image inspect" ]; then printf "id=sha256:feed\\nlayers={top}:{middle}:{bottom}\\n'
+        'env_PATH=/usr/bin\\nenv_NCCL_VERSION=2.21.5-1\\n"; exit 0; fi\nexit 1\n'
+    )
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", command()], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    fp = parse_fingerprint(out.stdout.splitlines())
+    assert fp["docker"] == "24.0.7" and fp["image_id"] == "sha256:feed"
+    assert fp["engine"] == "vllm 0.11.0"  # the profile's engine only: sglang is not looked for
+    assert fp["nccl"] == "pip 2.27.3, lib 2.26.2"
+
+
+# --- the group's verdict -------------------------------------------------------------------------
+
+def lab_pair(**changes_by_node) -> dict[str, dict]:
+    prints = {n: recorded(f"fingerprint-lab-{n}.txt") for n in ("spark-a", "spark-b")}
+    for name, changes in changes_by_node.items():
+        prints[name] = {**prints[name], **changes}
+    return prints
+
+
+def test_the_lab_pair_matches():
+    assert group_verdict(lab_pair(), FINGERPRINT_FIELDS) is None
+    assert summary(lab_pair(), ["kernel", "gpu_driver", "docker"], ["image_id"]).startswith(
+        "2 nodes match on kernel, docker; absent on every node: gpu_driver")
+
+
+def test_a_differing_kernel_is_refused_with_a_table():
+    prints = lab_pair(**{"spark-b": {"kernel": "6.8.0-1030-nvidia"}})
+    refusal = group_verdict(prints, FINGERPRINT_FIELDS)
+    assert refusal is not None
+    text = refusal.block()
+    assert "differ on kernel (fingerprint_must_match); nothing was changed" in text
+    assert "spark-b: kernel 6.8.0-1030-nvidia, spark-a has 6.18.44-fc-v669" in text
+    assert "boot spark-b into kernel 6.18.44-fc-v669" in text and "drop 'kernel' from fingerprint_must_match" in text
+    rows = {line.split()[1] if line.split()[0] == "!" else line.split()[0]: line for line in text.splitlines()[-8:]}
+    assert rows["kernel"].lstrip().startswith("!") and "6.8.0-1030-nvidia" in rows["kernel"]
+    assert not rows["docker"].lstrip().startswith("!") and rows["gpu_driver"].split()[1:] == ["-", "-"]
+    assert rows["field"].split() == ["field", "spark-a", "spark-b"]
+
+
+def test_a_kernel_dropped_from_must_match_passes_and_is_shown_as_unchecked():
+    prints = lab_pair(**{"spark-b": {"kernel": "6.8.0-1030-nvidia"}})
+    assert group_verdict(prints, [f for f in FINGERPRINT_FIELDS if f != "kernel"]) is None
+    assert mismatches(prints, FINGERPRINT_FIELDS) == ["kernel"]
+
+
+def test_absent_on_one_node_is_a_mismatch_absent_on_all_is_not():
+    assert mismatches(lab_pair(), ["gpu_driver", "cx7_firmware"]) == []
+    prints = lab_pair(**{"spark-a": {"gpu_driver": "580.95.05"}})
+    refusal = group_verdict(prints, ["gpu_driver"])
+    assert refusal is not None and "spark-b: gpu_driver -, spark-a has 580.95.05" in refusal.block()
+
+
+def test_a_node_the_deploy_gives_docker_is_not_refused_before_it_has_it():
+    prints = lab_pair(**{"spark-b": {"docker": None}})
+    assert group_verdict(prints, ["docker"], absent_ok=INSTALLED_BY_THE_DEPLOY) is None
+    assert group_verdict(prints, ["docker"]) is not None  # the doctor's verdict, after a deploy
+    prints = lab_pair(**{"spark-a": {"docker": None}, "spark-b": {"docker": "28.3.3"}})
+    prints["spark-c"] = {**prints["spark-b"], "docker": "27.5.1"}
+    found = problems(prints, ["docker"], "spark-a", absent_ok=INSTALLED_BY_THE_DEPLOY)
+    assert [p.hosts for p in found] == [("spark-c",)] and "spark-b has 28.3.3" in found[0]
+
+
+def test_a_stale_worker_image_fails_where_the_image_fields_are_compared():
+    prints = lab_pair(**{"spark-b": {"image_id": "sha256:0123456789abcdef" + "0" * 48}})
+    found = problems(prints, FINGERPRINT_FIELDS, "spark-a")
+    assert [p.hosts for p in found] == [("spark-b",)]
+    assert "image_id sha256:0123456789ab, spark-a has sha256:3d632a13c1a2" in found[0]
+    assert "roles/image ships the head's image" in found[0].fix
+
+
+def test_the_doctor_note_shows_every_field_absent_as_dash():
+    assert note(recorded("fingerprint-lab-spark-a.txt")) == (
+        "kernel 6.18.44-fc-v669, gpu_driver -, cx7_firmware -, docker 20.10.24+dfsg1, "
+        "image_id sha256:3d632a13c1a2, engine -, nccl -")
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+def test_every_field_must_match_by_default():
+    cluster = build_cluster(pair())
+    assert must_match(cluster.nodes) == list(FINGERPRINT_FIELDS)
+
+
+def test_a_field_listed_on_any_node_is_checked():
+    cluster = build_cluster(pair(**{"spark-a": {"fingerprint_must_match": ["docker"]},
+                                    "spark-b": {"fingerprint_must_match": ["kernel"]}}))
+    assert must_match(cluster.nodes) == ["kernel", "docker"]
+
+
+def test_an_unknown_field_is_refused_naming_host_key_and_allowed_values():
+    with pytest.raises(ConfigError) as err:
+        build_cluster(pair(**{"spark-b": {"fingerprint_must_match": ["kernel", "bios"]}}))
+    text = err.value.block()
+    assert "spark-b: key 'fingerprint_must_match.1' = 'bios'" in text
+    assert all(f"'{f}'" in text for f in FINGERPRINT_FIELDS)
