@@ -102,7 +102,9 @@ test: install parity-venvs lab-reset
 
 bench: install lab-up
 	$(BIN)/python bench/noop.py
+	$(BIN)/python bench/refusal.py
 	$(BIN)/python bench/fanout.py
+	$(BIN)/python bench/receipt.py
 	$(BIN)/python bench/recovery.py
 
 clean: lab-down

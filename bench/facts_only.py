@@ -1,27 +1,32 @@
 """Baseline for bench/noop.py: a pyinfra run that gathers the facts sparkfleet's own code reads to
-decide what to do (preflight, guards, fabric, docker, image, fanout, weights, kernel caches, serving,
-watchdog), on the same hosts, and does
-nothing else: no operations, no checks, no tables. The facts pyinfra's operations read for
-themselves (files.put's file facts, systemd's unit state) are not here: they are part of what the
-benchmark measures as sparkfleet's cost on top."""
+decide what to do (preflight, guards, fingerprint, host, fabric, firewall, docker, image, fanout, weights, API
+key, kernel caches, serving, watchdog), on the same hosts and under the same conditions the roles
+read them, and does nothing else: no operations, no checks, no tables. The facts pyinfra's
+operations read for themselves (files.put's file facts, systemd's unit state) are not here: they are
+part of what the benchmark measures as sparkfleet's cost on top.
+
+tests/unit/test_facts_baseline.py fails when a role reads a fact this file does not gather."""
 from pyinfra import host, state
-from pyinfra.facts.files import Sha1File
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Which
 
 from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
 from roles.fabric.others import FabricConfigs
-from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
+from roles.fabric.schema import NETPLAN_FILE
+from roles.fingerprint.facts import Fingerprint
+from roles.firewall.checks import LiveMarker, ManagementSubnet
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
-from roles.image.checks import history_path, recipe_dir
-from roles.image.facts import DeployedCommits, DockerImageId, RecipeCheckout
+from roles.image.checks import base_record_path, history_path, recipe_dir
+from roles.image.facts import DeployedCommits, DockerImageId, LocalImages, RecipeCheckout, ResolvedCommit
 from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
+from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
 from roles.serving.engine import env_file_path, unit_name
-from roles.serving.facts import HeadHealth, UnitState
+from roles.serving.facts import HeadHealth, RoceGids, UnitState
 from roles.serving.history import RecipeHistory, history_file
-from roles.serving.schema import node_profile
+from roles.serving.schema import FULL_SHA, node_profile
 from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import model_dir, profile_models
 from roles.weights.facts import ModelCopy
@@ -30,22 +35,31 @@ from sparkfleet.inventory import cluster_from_state
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
-host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
-              renderer_unit=RENDERER_UNITS[node.netplan_renderer])
+host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev)
 host.get_fact(ProcessMemory)
 host.get_fact(ContainerMemory, container=unit_name(node))
+host.get_fact(Fingerprint, netdev=node.fabric_netdev, ref=profile.image_ref, engine=profile.engine)
 host.get_fact(FabricLink, netdev=node.fabric_netdev)
 host.get_fact(Sha1File, path=NETPLAN_FILE)
 host.get_fact(FabricConfigs, netdev=node.fabric_netdev)
 for peer in cluster.peers(node):
     host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload)
+if node.firewall_enabled:
+    host.get_fact(ManagementSubnet, address=node.management_address)
+    host.get_fact(Which, command="nft")
+host.get_fact(LiveMarker)
 host.get_fact(Which, command="dockerd")
 host.get_fact(Sha1File, path="/etc/docker/daemon.json")
 host.get_fact(DockerInfo)
 host.get_fact(DockerImageId, ref=profile.image_ref)
+if node.serving_prune_other_profiles:
+    host.get_fact(LocalImages)
 host.get_fact(Sha1File, path=env_file_path(node, node.serving_dir))
 host.get_fact(Sha1File, path=unit_path(node))
 host.get_fact(UnitState, unit=unit_name(node))
+host.get_fact(File, path=f"/etc/systemd/system/{'sparkfleet-worker' if node.is_head else 'sparkfleet-head'}.service")
+if node.rdma_hca:
+    host.get_fact(RoceGids, hca=node.rdma_hca)
 host.get_fact(Which, command="rsync")
 for model, _revision in profile_models(profile):
     host.get_fact(ModelCopy, root=node.weights_dir, model=model)
@@ -53,9 +67,18 @@ host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
 host.get_fact(WatchdogUnit)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))
+    if profile.speculative and profile.speculative.draft_model:
+        host.get_fact(ModelFiles, path=model_dir(node, profile.speculative.draft_model))
+    if node.weights_source == "hub":
+        host.get_fact(File, path=node.weights_hf_token_file)
+    short = None if FULL_SHA.match(profile.recipe.commit) or set(profile.recipe.commit) == {"0"} else profile.recipe.commit
+    if short:
+        host.get_fact(ResolvedCommit, path=recipe_dir(node, profile), short=short, repository=profile.recipe.repository)
     host.get_fact(Which, command="git")
     host.get_fact(Which, command="docker-registry")
     host.get_fact(RecipeCheckout, path=recipe_dir(node, profile))
     host.get_fact(DeployedCommits, path=history_path(node, profile))
+    host.get_fact(File, path=base_record_path(node, profile))
     host.get_fact(RecipeHistory, path=history_file(node, profile), deployed=history_path(node, profile))
+    host.get_fact(ApiKeyState, command=state_command(node))
     host.get_fact(HeadHealth, port=profile.port)

@@ -14,7 +14,7 @@ from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
 from roles.fabric.schema import NETPLAN_FILE
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.render import render, sha1_text
 
 
@@ -46,12 +46,13 @@ def link_failure(node, node_mtu, peer, peer_mtu) -> str:
 
 def _fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
     cluster = cluster_from_state(state)
-    out = {}
-    for node_host in active_hosts(state):
+
+    def one(node_host):
         node = cluster.node(node_host.name)
         facts = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev)
-        out[node_host.name] = (facts, other_configs(facts, node.fabric_netdev))
-    return out
+        return facts, other_configs(facts, node.fabric_netdev)
+
+    return per_host(state, one)
 
 
 def fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
@@ -78,19 +79,24 @@ def _fabric_state(state) -> FabricState:
     hosts = {h.name: h for h in active_hosts(state)}
     result = FabricState(converged=True)
     links = {}
-    for name, node_host in hosts.items():
-        links[name], result.drift[name], result.file_current[name] = node_status(node_host, cluster.node(name))
+    statuses = per_host(state, lambda h: node_status(h, cluster.node(h.name)), hosts.values())
+    for name in hosts:
+        links[name], result.drift[name], result.file_current[name] = statuses[name]
         if result.drift[name] or not result.file_current[name] or fabric_others(state)[name][1]:
             result.converged = False
     if result.converged:
         # Nothing will change: prove the link now, read-only, before any operation runs.
+        def pings(node_host):
+            node = cluster.node(node_host.name)
+            return [(peer, node_host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload))
+                    for peer in cluster.peers(node)]
+
         failures = []
-        for name, node_host in hosts.items():
-            node = cluster.node(name)
-            for peer in cluster.peers(node):
-                if not node_host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload):
+        for name, answers in per_host(state, pings, hosts.values()).items():
+            for peer, ok in answers:
+                if not ok:
                     peer_mtu = links[peer.name]["mtu"] if links.get(peer.name) else "unknown"
-                    failures.append(link_failure(node, links[name]["mtu"], peer, peer_mtu))
+                    failures.append(link_failure(cluster.node(name), links[name]["mtu"], peer, peer_mtu))
         if failures:
             raise DeployError("\n".join(failures))
     return result

@@ -2,7 +2,7 @@
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.guards.checks import GIB, license_gate, memory_admission, parse_size, refused_settings, top_consumers
+from roles.guards.checks import GIB, license_gate, memory_admission, refused_settings, top_consumers
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.guards.kv_budget import kv_budget
 from roles.preflight.checks import gather_and_check
@@ -12,7 +12,7 @@ from roles.serving.schema import node_profile
 from roles.weights.checks import model_dir
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyvalue import key_values
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, once_per_run, per_host
 
 
 def _guards(state) -> list[str]:
@@ -20,6 +20,7 @@ def _guards(state) -> list[str]:
     facts = gather_and_check(state)
     pair = pair_state(state)
     problems, rows = [], []
+    memory = per_host(state, lambda h: _memory_facts(h, cluster.node(h.name)))
     for node_host in active_hosts(state):
         node = cluster.node(node_host.name)
         profile = node_profile(node)
@@ -29,8 +30,8 @@ def _guards(state) -> list[str]:
             node.name, engine_args(profile, cluster, node), key_values(env_text.splitlines()),
             node.is_head, profile.engine, node.allow_ray_backend,
         )
-        consumers = top_consumers(node_host.get_fact(ProcessMemory))
-        engine_use = node_host.get_fact(ContainerMemory, container=unit_name(node))
+        consumers = top_consumers(memory[node.name]["processes"])
+        engine_use = memory[node.name]["engine_bytes"]
         total, free = f.get("mem_total_gib", 0.0), f.get("mem_available_gib", 0.0)
         if engine_use is None:  # the engine will start from nothing: it must fit in what is free now
             refusal = memory_admission(node.name, profile.gpu_memory_utilization, total, free, node.guard_min_headroom_gib)
@@ -38,13 +39,14 @@ def _guards(state) -> list[str]:
             if refusal:
                 problems.append(refusal)
         else:
-            verdict = f"engine running ({parse_size(engine_use) / GIB:.2f} GiB)"
+            verdict = f"engine running ({engine_use / GIB:.2f} GiB)"
         rows.append(
             f"{node.name:<10} {profile.gpu_memory_utilization:.2f} x {total:.2f} = "
             f"{profile.gpu_memory_utilization * total:6.2f} GiB needed, {free:6.2f} GiB free: {verdict}; "
             f"largest outside the engine: " + (", ".join(f"{c} {g:.2f} GiB" for c, g in consumers) or "none")
         )
-    problems += _kv_budget(state, cluster, facts, rows)
+    head_facts = memory.get(cluster.head.name) or _memory_facts(state.inventory.get_host(cluster.head.name), cluster.head)
+    problems += _kv_budget(cluster, facts, rows, head_facts)
     head_profile = node_profile(cluster.head)
     gate = license_gate(head_profile, cluster.head.deployment_purpose, cluster.head.drafter_license_acknowledged)
     if gate:
@@ -53,19 +55,31 @@ def _guards(state) -> list[str]:
     return problems
 
 
-def _kv_budget(state, cluster, facts, rows) -> list[str]:
+def _memory_facts(node_host, node) -> dict:
+    """One node's facts for the guards (each node's gathered at once with the others'): its
+    processes, its engine's use, and on the head the model's and the drafter's files."""
+    out = {
+        "processes": node_host.get_fact(ProcessMemory),
+        "engine_bytes": node_host.get_fact(ContainerMemory, container=unit_name(node)),
+    }
+    if node.is_head:
+        profile = node_profile(node)
+        out["model"] = node_host.get_fact(ModelFiles, path=model_dir(node, profile.model))
+        if profile.speculative and profile.speculative.draft_model:
+            out["drafter"] = node_host.get_fact(ModelFiles, path=model_dir(node, profile.speculative.draft_model))
+    return out
+
+
+def _kv_budget(cluster, facts, rows, head_facts: dict) -> list[str]:
     """The longest context that fits per rank, from config.json and the weights on the head."""
     import json
 
-    head = state.inventory.get_host(cluster.head.name)
     profile = node_profile(cluster.head)
-    model = head.get_fact(ModelFiles, path=model_dir(cluster.head, profile.model))
+    model = head_facts["model"]
     if not model["config"]:
         rows.append(f"kv budget: not checked (no {model_dir(cluster.head, profile.model)}/config.json on the head yet)")
         return []
-    drafter_bytes = 0
-    if profile.speculative and profile.speculative.draft_model:
-        drafter_bytes = head.get_fact(ModelFiles, path=model_dir(cluster.head, profile.speculative.draft_model))["weights_bytes"]
+    drafter_bytes = head_facts["drafter"]["weights_bytes"] if "drafter" in head_facts else 0
     problems = []
     for node in cluster.nodes:
         if node.name not in facts:

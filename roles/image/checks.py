@@ -9,7 +9,7 @@ from roles.docker.checks import registry_address
 from roles.image.facts import DockerImageId
 from roles.serving.schema import FULL_SHA, PROFILES_DIR
 from sparkfleet.bounded import bounded
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.refusal import Problem, Refusal
 
 
@@ -174,7 +174,7 @@ def image_ids(state, profile) -> dict[str, str | None]:
     return once_per_run(
         state,
         f"image-ids:{profile.image_ref}",
-        lambda: {h.name: h.get_fact(DockerImageId, ref=profile.image_ref) for h in active_hosts(state)},
+        lambda: per_host(state, lambda h: h.get_fact(DockerImageId, ref=profile.image_ref)),
     )
 
 

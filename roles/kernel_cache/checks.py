@@ -28,7 +28,7 @@ from roles.serving.facts import health_command
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, once_per_run, per_host
 
 PREWARM_CONTAINER = "sparkfleet-prewarm"
 
@@ -108,7 +108,7 @@ def _plan(state) -> CachePlan:
     head = cluster.head
     profile = node_profile(head)
     hosts = active_hosts(state)
-    facts = {h.name: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=profile.image_ref) for h in hosts}
+    facts = per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=profile.image_ref), hosts)
     head_facts = facts[head.name]
     gen = generation(head_facts["image"])
     plan = CachePlan(generation=gen)

@@ -7,7 +7,7 @@ from roles.fabric.others import conflict_failures
 from roles.fabric.schema import RENDERER_UNITS
 from roles.preflight.facts import NodeFacts
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, at_once, once_per_run, per_host
 
 
 def requirement_failures(node, facts: dict) -> list[str]:
@@ -88,17 +88,21 @@ def facts_table(rows: list[tuple]) -> str:
 
 def _rows(state) -> list[tuple]:
     cluster = cluster_from_state(state)
+
+    def node_facts(node_host):
+        node = cluster.node(node_host.name)
+        return node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev)
+
+    # Every node's facts and the fabric's other configurations, all at once.
+    facts, others = at_once(lambda: per_host(state, node_facts), lambda: fabric_others(state))
     rows = []
     for node_host in active_hosts(state):
         node = cluster.node(node_host.name)
-        facts = node_host.get_fact(
-            NodeFacts,
-            data_dir=node.preflight_data_dir,
-            netdev=node.fabric_netdev,
-            renderer_unit=RENDERER_UNITS[node.netplan_renderer],
-        )
-        others = fabric_others(state)[node_host.name][1]
-        rows.append((node, facts, requirement_failures(node, facts) + conflict_failures(node, others)))
+        raw_others, configs = others[node_host.name]
+        # The renderer's unit state comes with the other configurations (one systemctl, not two).
+        unit = raw_others.get("units", {}).get(RENDERER_UNITS[node.netplan_renderer], {})
+        f = {**facts[node_host.name], "renderer_state": unit.get("active", "")}
+        rows.append((node, f, requirement_failures(node, f) + conflict_failures(node, configs)))
     return rows
 
 

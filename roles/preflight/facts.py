@@ -23,10 +23,11 @@ def parse_node_facts(lines: list[str]) -> dict:
 
 class NodeFacts(FactBase):
     """OS, kernel, arch, memory (/proc/meminfo: nvidia-smi cannot see unified memory), free disk
-    under the data dir (its nearest existing parent on a fresh node), GPU, fabric netdev, netplan."""
+    under the data dir (its nearest existing parent on a fresh node), GPU, fabric netdev, netplan.
+    The renderer's unit state is FabricConfigs' (read beside this fact, not twice)."""
 
-    def command(self, data_dir: str, netdev: str, renderer_unit: str) -> str:
-        d, n, u = shlex.quote(data_dir), shlex.quote(netdev), shlex.quote(renderer_unit)
+    def command(self, data_dir: str, netdev: str) -> str:
+        d, n = shlex.quote(data_dir), shlex.quote(netdev)
         return "\n".join(
             [
                 '. /etc/os-release 2>/dev/null; echo "os=${PRETTY_NAME:-unknown}"',
@@ -40,7 +41,6 @@ class NodeFacts(FactBase):
                 f'if [ -e /sys/class/net/{n} ]; then echo "netdev_mtu=$(cat /sys/class/net/{n}/mtu)";'
                 f' echo "netdev_state=$(cat /sys/class/net/{n}/operstate)"; fi',
                 'echo "netplan=$(command -v netplan || true)"',
-                f'echo "renderer_state=$(systemctl is-active {u} 2>/dev/null || true)"',
             ]
         )
 

@@ -27,7 +27,7 @@ from pyinfra.api.exceptions import DeployError
 from roles.watchdog.facts import WatchdogUnit
 from roles.watchdog.schema import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import once_per_run, per_host
 
 # systemctl is-active values of a unit whose process runs or is about to (auto-restart included).
 RUNNING = ("active", "activating", "reloading")
@@ -94,7 +94,7 @@ def _plan(state) -> WatchdogPlan:
 
     cluster = cluster_from_state(state)
     moves = "the prewarm" if cache_plan(state).prewarm else "the pair restart" if pair_state(state).restart else None
-    units = {h.name: h.get_fact(WatchdogUnit) for h in active_hosts(state)}
+    units = per_host(state, lambda h: h.get_fact(WatchdogUnit))
     plan = plan_for(cluster, moves, units)
     stopped = [n for n, r in plan.running.items() if not r]
     if plan.pause:
