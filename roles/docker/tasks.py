@@ -6,9 +6,10 @@ from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files, python, systemd
+from pyinfra.operations import apt, python, systemd
 
 from roles.docker.checks import DockerInfo, daemon_config, docker_info_problems
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render, sha1_text
 
@@ -27,7 +28,7 @@ if node.gpu_expected:
     apt.packages(name="Install the NVIDIA container toolkit", packages=["nvidia-container-toolkit"])
 
 # 3. daemon.json: log rotation, live-restore, the fabric registry, the NVIDIA runtime as default.
-daemon_json = files.put(
+daemon_json = unchanged.put(
     name="Write /etc/docker/daemon.json",
     src=StringIO(daemon_text),
     dest=DAEMON_JSON,
@@ -35,7 +36,7 @@ daemon_json = files.put(
     group="root",
     mode="0644",
 )
-systemd.service(name="Enable and start Docker", service="docker", running=True, enabled=True)
+unchanged.service(name="Enable and start Docker", service="docker", running=True, enabled=True)
 systemd.service(name="Restart Docker (daemon.json changed)", service="docker", restarted=True, _if=daemon_json.did_change)
 
 
@@ -50,8 +51,8 @@ def check_docker_info():
         raise DeployError("\n".join(problems))
 
 
-if host.get_fact(Sha1File, path=DAEMON_JSON) == sha1_text(daemon_text) and host.get_fact(DockerInfo):
-    problems = docker_info_problems(node, cluster, host.get_fact(DockerInfo))
+if host.get_fact(Sha1File, path=DAEMON_JSON) == sha1_text(daemon_text) and (live_info := host.get_fact(DockerInfo)):
+    problems = docker_info_problems(node, cluster, live_info)
     if problems:
         raise DeployError("\n".join(problems))
 else:

@@ -2,10 +2,11 @@
 from io import StringIO
 
 from pyinfra import host, logger, state
-from pyinfra.operations import files, python, server
+from pyinfra.operations import python, server
 
 from roles.fabric.checks import fabric_others, fabric_state, netplan_text, prove_jumbo_frames
 from roles.fabric.schema import NETPLAN_FILE
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -27,7 +28,7 @@ else:
     take_over = None
 
 # 2. The drop-in, root-only: netplan warns about (and NVIDIA's guide avoids) world-readable files.
-netplan_file = files.put(
+netplan_file = unchanged.put(
     name="Write the fabric netplan drop-in",
     src=StringIO(netplan_text(node)),
     dest=NETPLAN_FILE,

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from pyinfra import host, state
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, systemd
 
 from roles.fanout.schema import SFL_FILES
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
 UNIT = "/etc/systemd/system/sparkfleet-rsyncd.service"
@@ -22,8 +23,8 @@ node = cluster.node(host.name)
 # 1. rsync (DGX OS ships it; a minimal image may not) and the file mover.
 if not host.get_fact(Which, command="rsync"):
     apt.packages(name="Install rsync", packages=["rsync"], update=True, cache_time=3600)
-files.directory(name="Create the sparkfleet tools directory", path=str(Path(SFL_FILES).parent), mode="0755")
-files.put(
+unchanged.directory(name="Create the sparkfleet tools directory", path=str(Path(SFL_FILES).parent), mode="0755")
+unchanged.put(
     name="Install sfl_files.py (fetch, fan-out, manifests)",
     src=str(Path(__file__).with_name("sfl_files.py")),
     dest=SFL_FILES,
@@ -34,23 +35,23 @@ files.put(
 #    watchdog, while the watchdog runs; roles/watchdog installs the program that writes into it).
 served = (node.weights_dir, node.kernel_cache_dir, *((node.watchdog_state_dir,) if node.watchdog_enabled else ()))
 for path in served:
-    files.directory(name=f"Create {path}", path=path, user="root", group="root", mode="0755")
+    unchanged.directory(name=f"Create {path}", path=path, user="root", group="root", mode="0755")
 
 # 3. The daemon, read-only, on the fabric address only; restarted only when its files changed.
-config = files.put(
+config = unchanged.put(
     name="Write the fabric rsync daemon config",
     src=StringIO(render("fanout", "/etc/sparkfleet/rsyncd.conf", node=node, fabric_network=node.fabric_address.network)),
     dest="/etc/sparkfleet/rsyncd.conf",
     mode="0644",
 )
-unit = files.put(
+unit = unchanged.put(
     name="Write the sparkfleet-rsyncd unit",
     src=StringIO(render("fanout", UNIT, node=node)),
     dest=UNIT,
     mode="0644",
 )
 systemd.daemon_reload(name="Reload systemd (rsyncd unit changed)", _if=unit.did_change)
-systemd.service(name="Enable and start sparkfleet-rsyncd", service="sparkfleet-rsyncd.service", running=True, enabled=True)
+unchanged.service(name="Enable and start sparkfleet-rsyncd", service="sparkfleet-rsyncd.service", running=True, enabled=True)
 systemd.service(
     name="Restart sparkfleet-rsyncd (config changed)",
     service="sparkfleet-rsyncd.service",

@@ -6,12 +6,13 @@ from io import StringIO
 from pyinfra import host, logger, state
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, server, systemd
 
 from roles.firewall.checks import (
     NFT, TABLE, UNIT, UNIT_PATH, LiveMarker, ManagementSubnet, api_networks, digest, management_problem,
     rules_path, rules_text, unit_text,
 )
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -29,14 +30,14 @@ if node.firewall_enabled:
                     f"the fabric's services from the fabric only; SSH not filtered")
     if not host.get_fact(Which, command="nft"):
         apt.packages(name="Install nftables", packages=["nftables"], update=True, cache_time=3600)
-    files.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root",
+    unchanged.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root",
                     mode="0700")
-    rules = files.put(name=f"Write {rules_path(node)}", src=StringIO(rules_text(cluster, node, subnet)),
+    rules = unchanged.put(name=f"Write {rules_path(node)}", src=StringIO(rules_text(cluster, node, subnet)),
                       dest=rules_path(node), user="root", group="root", mode="0600")
-    unit = files.put(name=f"Write {UNIT_PATH}", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
+    unit = unchanged.put(name=f"Write {UNIT_PATH}", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
                      group="root", mode="0644")
     systemd.daemon_reload(name="Reload systemd (firewall unit changed)", _if=unit.did_change)
-    systemd.service(name=f"Enable {UNIT} at boot", service=f"{UNIT}.service", running=None, enabled=True)
+    unchanged.service(name=f"Enable {UNIT} at boot", service=f"{UNIT}.service", running=None, enabled=True)
     # nft -c first: a ruleset the kernel refuses stops here with nft's message, the old table intact.
     server.shell(
         name=f"Apply the nftables table {TABLE} (one transaction)",

@@ -3,9 +3,10 @@
 from io import StringIO
 
 from pyinfra import host, state
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from roles.host.schema import LOGIND_DROP_IN
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
 
@@ -13,8 +14,8 @@ cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 
 # 1. logind keeps the engines' IPC across SSH logouts (RemoveIPC=no); logind reads it when it restarts.
-files.directory(name="Create /etc/systemd/logind.conf.d", path="/etc/systemd/logind.conf.d", mode="0755")
-logind = files.put(
+unchanged.directory(name="Create /etc/systemd/logind.conf.d", path="/etc/systemd/logind.conf.d", mode="0755")
+logind = unchanged.put(
     name=f"Write {LOGIND_DROP_IN} (RemoveIPC)",
     src=StringIO(render("host", LOGIND_DROP_IN, node=node)),
     dest=LOGIND_DROP_IN,

@@ -14,7 +14,7 @@ from io import StringIO
 from pyinfra import host, logger, state
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations import apt, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.docker.checks import registry_address
@@ -29,6 +29,7 @@ from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, Reso
 from roles.image.schema import REGISTRY_DROPIN
 from roles.serving.engine import pinned_env
 from roles.serving.schema import FULL_SHA, node_profile
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
 
@@ -84,13 +85,13 @@ python.call(
 if on_head:
     if not host.get_fact(Which, command="docker-registry"):
         apt.packages(name="Install the image registry", packages=["docker-registry"], update=True, cache_time=3600)
-    registry_config = files.put(
+    registry_config = unchanged.put(
         name="Write the registry config (fabric address only)",
         src=StringIO(render("image", "/etc/docker/registry/config.yml", address=registry_address(cluster))),
         dest="/etc/docker/registry/config.yml",
         mode="0644",
     )
-    registry_dropin = files.put(
+    registry_dropin = unchanged.put(
         name=f"Write {REGISTRY_DROPIN} (retried until the fabric address binds)",
         src=StringIO(render("image", REGISTRY_DROPIN)),
         dest=REGISTRY_DROPIN,
@@ -98,7 +99,7 @@ if on_head:
         create_remote_dir=True,
     )
     systemd.daemon_reload(name="Reload systemd (registry drop-in changed)", _if=registry_dropin.did_change)
-    systemd.service(name="Enable and start the registry", service="docker-registry", running=True, enabled=True)
+    unchanged.service(name="Enable and start the registry", service="docker-registry", running=True, enabled=True)
     systemd.service(
         name="Restart the registry (config or drop-in changed)",
         service="docker-registry",

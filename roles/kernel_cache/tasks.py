@@ -4,13 +4,14 @@ the 60 s broadcast timeout). The serving units mount <kernel_cache_dir>/current;
 from io import StringIO
 
 from pyinfra import host, state
-from pyinfra.operations import files, python
+from pyinfra.operations import python
 
 from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_file, prewarm_env_path
 from roles.serving.checks import resolve_gid_index
 from roles.serving.engine import mounted_files
 from roles.serving.schema import node_profile
 from roles.watchdog.checks import watchdog_plan
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -20,7 +21,7 @@ plan = cache_plan(state)  # prepare-time: prewarm, repair or nothing, decided on
 
 # 1. The prewarm environment of this rank: production's, plus only what enters no cache key
 #    (PREWARM_ENV_ADDITIONS in schema.py).
-files.put(
+unchanged.put(
     name="Write the prewarm environment (production's + PREWARM_ENV_ADDITIONS)",
     src=StringIO(prewarm_env_file(profile, cluster, node, resolve_gid_index(host, node))),  # the GID fact is cached
     dest=prewarm_env_path(node),
@@ -33,7 +34,7 @@ files.put(
 #     logging config): the prewarm runs before roles/serving writes them, and a bind mount of a
 #     missing path would make docker create a directory there.
 for path, (text, mode) in mounted_files(profile, node).items():
-    files.put(
+    unchanged.put(
         name=f"Write {path} (mounted by the prewarm and the serving containers)",
         src=StringIO(text),
         dest=path,

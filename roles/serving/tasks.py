@@ -20,6 +20,7 @@ from roles.serving.checks import pair_state, wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
 from roles.serving.engine import unit_name
 from roles.serving.schema import SFL_GID, node_profile
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -31,16 +32,16 @@ pair = pair_state(state)  # prepare-time decision for the whole pair
 # 1. The rank's environment (root-only: it may carry secrets) and its unit. On RDMA nodes the unit
 #    reads the RoCE v2 GID index again at every start (sfl_gid.sh; the tools directory exists:
 #    roles/fanout made it).
-files.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root", mode="0700")
+unchanged.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root", mode="0700")
 if node.rdma_hca:
-    files.put(
+    unchanged.put(
         name="Install sfl_gid.sh (the RoCE v2 GID index, read again at every start)",
         src=str(Path(__file__).with_name("sfl_gid.sh")),
         dest=SFL_GID,
         mode="0755",
     )
 written = [
-    files.put(
+    unchanged.put(
         name=f"Write {path}",
         src=StringIO(text),
         dest=path,
@@ -54,7 +55,7 @@ systemd.daemon_reload(name="Reload systemd (unit changed)", _if=any_changed(*wri
 
 # 2. Start at boot, or not, as the data says.
 # running=None: pyinfra's default (running=True) would start the unit here, out of the pair's order.
-systemd.service(
+unchanged.service(
     name=f"Set {unit} start at boot to {node.serving_start_at_boot}",
     service=f"{unit}.service",
     running=None,

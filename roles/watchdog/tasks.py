@@ -18,13 +18,14 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, state
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.serving.schema import node_profile
 from roles.watchdog.checks import check_config_command, hand_over_command, node_steps, start_command, stop_command, watchdog_plan
 from roles.watchdog.node_config import UNIT_PATH, unit_text, watch_config_text
 from roles.watchdog.schema import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -33,13 +34,13 @@ steps = node_steps(node, watchdog_plan(state))
 on_head, enabled = node.is_head, node.watchdog_enabled
 
 # 1. The program, its config and its unit. (The tools directory exists: roles/fanout made it.)
-program = files.put(
+program = unchanged.put(
     name="Install sfl_watch.py (the pair's watchdog: probe, restart as one, status)",
     src=str(Path(__file__).with_name("sfl_watch.py")),
     dest=SFL_WATCH,
     mode="0755",
 )
-config = files.put(
+config = unchanged.put(
     name=f"Write {WATCH_CONFIG}",
     src=StringIO(watch_config_text(cluster, node, node_profile(node), node)),
     dest=WATCH_CONFIG,
@@ -47,7 +48,7 @@ config = files.put(
     group="root",
     mode="0600",
 )
-unit = files.put(
+unit = unchanged.put(
     name=f"Write the {WATCH_UNIT} unit",
     src=StringIO(unit_text(node)),
     dest=UNIT_PATH,
@@ -64,7 +65,7 @@ server.shell(
 )
 
 # 2. At boot only with the pair (serving_start_at_boot); running=None: started below, in order.
-systemd.service(
+unchanged.service(
     name=f"Set {WATCH_UNIT} start at boot to {steps.enable}",
     service=f"{WATCH_UNIT}.service",
     running=None,

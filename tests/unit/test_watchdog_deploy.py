@@ -187,7 +187,7 @@ class FakeHost:
 class Deploy:
     def __init__(self, monkeypatch, cluster, plan: WatchdogPlan, changed=()):
         self.cluster, self.changed = cluster, set(changed)
-        self.state = SimpleNamespace(_sparkfleet_cluster=cluster)
+        self.state = SimpleNamespace(_sparkfleet_cluster=cluster, ops={})
         # once_per_run keeps its registry in the __dict__ of the `state` it is given: pyinfra's context
         # proxy (from pyinfra import state), for the whole process. The plan is this test's, and only its.
         monkeypatch.setitem(pyinfra_state.__dict__, "_sparkfleet_once", {"watchdog-plan": ("ok", plan)})
@@ -200,6 +200,8 @@ class Deploy:
     def recorder(self, kind):
         def op(**kwargs):
             frame = sys._getframe(1)
+            while frame.f_code.co_filename.endswith("sparkfleet/unchanged.py"):  # the task file's line
+                frame = frame.f_back
             line = frame.f_lineno
             seen = sum(1 for o in self.ops if o[:2] == (self.include_no, line) and o[3] == self.host_no)
             o = Op(kind, kwargs, kwargs.get("name") in self.changed)
