@@ -1,62 +1,143 @@
 """Benchmark: weight fan-out throughput over the fabric against the raw link, in one run.
 
-On the lab pair (deployed first): iperf3 measures the fabric (spark-b <- spark-a, TCP, 5 s); then
-a blob of BENCH_MIB under the head's weights module is pulled by spark-b exactly as roles/weights
-pulls a model (sfl_files.py pull: rsync from the head's daemon, then sha256 against the head's
-manifest). Prints both throughputs and their ratio, for the transfer alone and with verification.
+On the lab pair (deployed first, so the hosts run this tree's sfl_files.py), spark-b <- spark-a:
+a model-shaped blob (BENCH_SHARDS shards totalling BENCH_MIB MiB, and a config.json) is sealed under
+the head's weights module, then measured:
+
+  iperf3 -P N         TCP over the fabric, N parallel streams, 5 s (N = 1, 2, 4)
+  rsync alone, N      N concurrent `rsync --archive` from the head's daemon over disjoint shard sets,
+                      no verification: what the transfer costs by itself
+  verified copy, N    `sfl_files.py pull --streams N` exactly as roles/weights runs it on a worker:
+                      the head's manifest fetched, disk checked, the shards received, every byte's
+                      sha256 checked against the head's manifest, installed, the manifest written;
+                      its whole wall time on spark-b (not the SSH round trip)
+
+Each figure is the median of BENCH_REPEAT runs (default 3). Throughput is the blob's bytes / wall
+time, so rsync's per-connection cost (~0.15 s of handshakes whatever it carries; a pull's streams
+connect while its manifest crosses, so it pays about one) is in every figure, as it is in a deploy:
+it weighs on a 512 MiB blob, not on 164 GiB of weights.
+
+Ratios printed:
+  verified / iperf3 -P1   the headline: the verified copy over one TCP stream's throughput, for the
+                          default stream count (sfl_files.STREAMS) and for the best of 1, 2, 4
+  verified / iperf3 -PN   the same copy against the link at as many TCP streams as rsync streams: on a
+                          link where one TCP stream does not fill the pipe, this is the one to read
+  rsync alone / -P1       the transfer without verification
+"cpu" is the cores busy on the machine during the run (/proc/stat): the two lab hosts are containers
+sharing its cores, so iperf3, both rsync ends and sha256 all compete for them.
 Run with `make bench`; nothing here is a test.
 """
 import json
 import os
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from roles.fanout import sfl_files  # noqa: E402
 from tests.e2e.lab import deploy, on  # noqa: E402
 
 BENCH_MIB = int(os.environ.get("BENCH_MIB", "512"))
+BENCH_SHARDS = int(os.environ.get("BENCH_SHARDS", "8"))
+BENCH_REPEAT = int(os.environ.get("BENCH_REPEAT", "3"))
+STREAMS = (1, 2, 4)
 HEAD_IP = "198.19.77.1"
 SRC = "/var/lib/sparkfleet/models/.bench"
+URL = f"rsync://{HEAD_IP}:873/weights/.bench/blob"
 DEST = "/var/tmp/sparkfleet-bench"
 SFL = "python3 /usr/local/libexec/sparkfleet/sfl_files.py"
+MIB = 1024 * 1024
 
 
-def timed_on(host: str, command: str) -> float:
-    """Seconds `command` took on the host, timed there (not the SSH round trip)."""
-    timer = ("import subprocess, sys, time; t = time.monotonic(); "
-             "subprocess.run(sys.argv[1], shell=True, check=True, stdout=subprocess.DEVNULL); print(time.monotonic() - t)")
-    return float(on(host, f"python3 -c {shlex.quote(timer)} {shlex.quote(command)}").strip())
+def shard(i: int) -> str:
+    return f"model-{i:05d}-of-{BENCH_SHARDS:05d}.safetensors"
+
+
+def timed_on(host: str, command: str) -> tuple[float, float]:
+    """(seconds, cores busy) while `command` ran on the host, timed there (not the SSH round trip)."""
+    timer = (
+        "import subprocess, sys, time\n"
+        "def cpu():\n"
+        "    v = [int(x) for x in open('/proc/stat').readline().split()[1:]]\n"
+        "    return sum(v), v[3] + v[4]\n"
+        "c0 = cpu(); t = time.monotonic()\n"
+        "subprocess.run(sys.argv[1], shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "dt = time.monotonic() - t; c1 = cpu()\n"
+        "total, idle = c1[0] - c0[0], c1[1] - c0[1]\n"
+        "print(dt, (total - idle) / max(total, 1) * __import__('os').cpu_count())\n"
+    )
+    seconds, cores = on(host, f"python3 -c {shlex.quote(timer)} {shlex.quote(command)}").split()
+    return float(seconds), float(cores)
+
+
+def median_run(host: str, setup: str, command: str) -> tuple[float, float]:
+    runs = []
+    for _ in range(BENCH_REPEAT):
+        on(host, setup)
+        runs.append(timed_on(host, command))
+    on(host, setup)
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def iperf3(streams: int) -> float:
+    on("spark-a", f"iperf3 -s -B {HEAD_IP} -1 -D")
+    time.sleep(1)
+    report = json.loads(on("spark-b", f"iperf3 -c {HEAD_IP} -t 5 -P {streams} -J"))
+    return report["end"]["sum_received"]["bits_per_second"] / 8
+
+
+def rsync_alone(streams: int) -> str:
+    """N concurrent rsyncs over the shards dealt round-robin (equal sizes); fails if any fails."""
+    parts = []
+    for k in range(streams):
+        files = " ".join(f"{URL}/{shard(i)}" for i in range(k, BENCH_SHARDS, streams))
+        parts.append(f"rsync --archive {files} {DEST}/raw/ & p{k}=$!")
+    return "; ".join(parts) + "; " + " && ".join(f"wait $p{k}" for k in range(streams))
 
 
 def main() -> int:
     first = deploy()
     if first.returncode != 0:
         sys.exit(f"deploy failed:\n{first.output}")
-    size = BENCH_MIB * 1024 * 1024
-    on("spark-a", f"mkdir -p {SRC}/blob && head -c {size} /dev/urandom > {SRC}/blob/weights.bin && "
-                  f"{SFL} seal {SRC}/blob --manifest {SRC}/blob.manifest")
+    size = BENCH_MIB * MIB
+    per = size // BENCH_SHARDS
+    total = per * BENCH_SHARDS + 3
+    on("spark-a", f"rm -rf {SRC} && mkdir -p {SRC}/blob && "
+                  + " && ".join(f"head -c {per} /dev/urandom > {SRC}/blob/{shard(i)}" for i in range(BENCH_SHARDS))
+                  + f" && echo {{}} > {SRC}/blob/config.json && {SFL} seal {SRC}/blob --manifest {SRC}/blob.manifest")
+    fresh = f"rm -rf {DEST} && mkdir -p {DEST}/raw"
     try:
-        on("spark-a", f"iperf3 -s -B {HEAD_IP} -1 -D")
-        time.sleep(1)
-        report = json.loads(on("spark-b", f"iperf3 -c {HEAD_IP} -t 5 -J"))
-        link = report["end"]["sum_received"]["bits_per_second"] / 8
-        on("spark-b", f"rm -rf {DEST} && mkdir -p {DEST}")
-        transfer = timed_on("spark-b", f"rsync --archive rsync://{HEAD_IP}:873/weights/.bench/blob/ {DEST}/raw/")
-        on("spark-b", f"rm -rf {DEST} && mkdir -p {DEST}")
-        pull = timed_on("spark-b", f"{SFL} pull rsync://{HEAD_IP}:873/weights/.bench/blob {DEST}/blob --manifest {DEST}/blob.manifest")
+        link = {n: iperf3(n) for n in STREAMS}
+        connect, _ = median_run("spark-b", fresh, f"rsync --archive {URL}/config.json {DEST}/raw/")
+        alone = {n: median_run("spark-b", fresh, rsync_alone(n)) for n in STREAMS}
+        verified = {n: median_run("spark-b", fresh, f"{SFL} pull {URL} {DEST}/blob --manifest {DEST}/blob.manifest "
+                                                     f"--streams {n}") for n in STREAMS}
     finally:
-        on("spark-a", f"rm -rf {SRC}", check=False)
+        on("spark-a", f"rm -rf {SRC} {SRC}.manifest", check=False)
         on("spark-b", f"rm -rf {DEST}", check=False)
-    mib = 1024 * 1024
-    print(f"fabric enp1s0f0np0 (lab veth, MTU 9000), {BENCH_MIB} MiB blob, one run")
-    print(f"iperf3 TCP, 5 s                 {link / mib:8.1f} MiB/s")
-    print(f"fan-out rsync transfer          {size / transfer / mib:8.1f} MiB/s  ({transfer:.2f} s)")
-    print(f"fan-out pull + sha256 verify    {size / pull / mib:8.1f} MiB/s  ({pull:.2f} s)")
-    print(f"ratio transfer / link           {size / transfer / link:8.2f}")
-    print(f"ratio pull+verify / link        {size / pull / link:8.2f}")
+    rate = lambda s: total / s  # noqa: E731
+    cores = os.cpu_count()
+    print(f"fabric enp1s0f0np0 (lab veth, MTU 9000); {BENCH_MIB} MiB in {BENCH_SHARDS} shards + config.json; "
+          f"median of {BENCH_REPEAT}; both lab hosts share this machine's {cores} cores")
+    for n in STREAMS:
+        print(f"iperf3 TCP -P{n}, 5 s            {link[n] / MIB:8.1f} MiB/s")
+    print(f"rsync connection (config.json)   {connect:8.2f} s   (a pull pays it for its manifest, its streams connecting meanwhile)")
+    print()
+    print("streams   rsync alone          verified copy (sfl_files.py pull)   verified/iperf3-P1   verified/iperf3-PN   rsync alone/iperf3-P1")
+    for n in STREAMS:
+        (ta, ca), (tv, cv) = alone[n], verified[n]
+        print(f"{n:7d}   {rate(ta) / MIB:6.0f} MiB/s cpu {ca:3.1f}   {rate(tv) / MIB:6.0f} MiB/s {tv:5.2f} s cpu {cv:3.1f}"
+              f"           {rate(tv) / link[1]:5.2f}                {rate(tv) / link[n]:5.2f}                {rate(ta) / link[1]:5.2f}")
+    best = max(STREAMS, key=lambda n: rate(verified[n][0]))
+    default = sfl_files.STREAMS
+    print()
+    if default in verified:
+        print(f"headline: verified copy at the default {default} streams / iperf3 -P1 = "
+              f"{rate(verified[default][0]) / link[1]:.2f}")
+    print(f"best:     verified copy at {best} streams / iperf3 -P1 = {rate(verified[best][0]) / link[1]:.2f}")
     return 0
 
 

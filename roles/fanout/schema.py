@@ -12,6 +12,12 @@ class FanoutData(BaseModel):
     fanout_bwlimit_kib: int = Field(
         0, ge=0, description="per-transfer bandwidth cap in KiB/s for fan-out (0: none, the link's full speed)"
     )
+    fanout_streams: int = Field(
+        4, ge=1, le=64, description="concurrent rsync streams of a worker's weights pull, over disjoint sets of "
+        "the model's files balanced by size, each file's sha256 checked as it arrives: one rsync is one "
+        "process per end, bound by one core, short of a CX7 link; 4 keeps a Spark's cores for the hashing "
+        "(fanout_bwlimit_kib is shared between them)",
+    )
     fanout_rsync_timeout_s: int = Field(
         7200, ge=1, description="seconds one fan-out transfer may take, verification included (a worker's "
         "pull of ~170 GiB of weights, a kernel-cache merge); 2 h is ~24 MiB/s: raise it with fanout_bwlimit_kib",

@@ -177,15 +177,16 @@ def _fetch(node, profile, model: str, revision: str) -> str:
 
 
 def pull_command(cluster, node, model: str) -> str:
-    """A worker's pull of one model from the head's rsync daemon over the fabric, verified; rsync's
-    --timeout from fanout_rsync_io_timeout_s, the whole pull bounded by fanout_rsync_timeout_s."""
+    """A worker's pull of one model from the head's rsync daemon over the fabric in fanout_streams
+    streams, verified; rsync's --timeout from fanout_rsync_io_timeout_s, the whole pull bounded by
+    fanout_rsync_timeout_s."""
     head = cluster.head
     url = f"rsync://{head.fabric_ip}:{head.fanout_rsync_port}/weights/{model}"
     q = shlex.quote
     command = (
         f"python3 {SFL_FILES} pull {q(url)} {q(model_dir(node, model))} --manifest {q(manifest_path(node, model))} "
-        f"--bwlimit {node.fanout_bwlimit_kib} --margin-gib {node.weights_free_margin_gib:g} "
-        f"--io-timeout {node.fanout_rsync_io_timeout_s}"
+        f"--streams {node.fanout_streams} --bwlimit {node.fanout_bwlimit_kib} "
+        f"--margin-gib {node.weights_free_margin_gib:g} --io-timeout {node.fanout_rsync_io_timeout_s}"
     )
     return bounded(command, step=pull_step(model), host=node.name, limit_s=node.fanout_rsync_timeout_s,
                    key="fanout_rsync_timeout_s")

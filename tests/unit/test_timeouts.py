@@ -280,11 +280,16 @@ def test_the_pull_and_the_directory_fetch_pass_rsyncs_io_timeout(tmp_path, monke
     src.mkdir(parents=True)
     (src / "w.safetensors").write_bytes(b"w" * 1000)
     (tmp_path / "head" / "org" / "m.manifest").write_text(sfl_files.manifest_text(src))
-    calls = []
+    calls, real_popen = [], subprocess.Popen
     monkeypatch.setattr(sfl_files.subprocess, "run", fake_rsync(calls))
+    # The pull's streams are real rsyncs (between local paths here), recorded on their way.
+    monkeypatch.setattr(sfl_files.subprocess, "Popen", lambda cmd, *a, **kw: calls.append(cmd) or real_popen(cmd, *a, **kw))
     dest = tmp_path / "worker" / "org" / "m"
-    assert sfl_files.main(["pull", str(src), str(dest), "--manifest", str(dest) + ".manifest", "--io-timeout", "45"]) == 0
-    assert len(calls) == 2 and all("--timeout=45" in c for c in calls)
+    assert sfl_files.main(["pull", str(src), str(dest), "--manifest", str(dest) + ".manifest", "--io-timeout", "45",
+                           "--streams", "2"]) == 0
+    assert len(calls) == 3 and all("--timeout=45" in c for c in calls)  # the manifest, then 2 streams
+    assert (dest / "w.safetensors").read_bytes() == b"w" * 1000
+    monkeypatch.setattr(sfl_files.subprocess, "Popen", real_popen)
     calls.clear()
     assert sfl_files.main(["fetch-dir", str(src), str(tmp_path / "d"), "--manifest", str(tmp_path / "d.manifest"),
                            "--io-timeout", "46"]) == 0

@@ -172,12 +172,13 @@ def test_directory_and_url_sources_and_the_pull_over_the_fabric():
     c = cluster(weights_source="https://mirror.example/models/")
     assert "fetch-http https://mirror.example/models/org/m /var/lib/sparkfleet/models/org/m" in \
         fetch_command(c.head, load_profile("glm-5.3-flash-exl3"), "org/m", "r")
-    c = cluster(weights_source="/srv/models", fanout_bwlimit_kib=1000)
+    c = cluster(weights_source="/srv/models", fanout_bwlimit_kib=1000, fanout_streams=3)
     assert "fetch-dir /srv/models/org/m" in fetch_command(c.head, load_profile("glm-5.3-flash-exl3"), "org/m", "r")
     worker = c.node("spark-b")
     assert (  # bounded by fanout_rsync_timeout_s (tests/unit/test_timeouts.py)
         "python3 /usr/local/libexec/sparkfleet/sfl_files.py pull rsync://10.77.77.1:873/weights/org/m "
-        "/var/lib/sparkfleet/models/org/m --manifest /var/lib/sparkfleet/models/org/m.manifest --bwlimit 1000"
+        "/var/lib/sparkfleet/models/org/m --manifest /var/lib/sparkfleet/models/org/m.manifest --streams 3 "
+        "--bwlimit 1000"
     ) in pull_command(c, worker, "org/m")
 
 

@@ -1,0 +1,239 @@
+"""sfl_files.py pull: a worker's copy of a model from the head's read-only rsync daemon, in parallel
+streams, each file's sha256 checked as it arrives and installed only then. Real rsync against a real
+daemon on loopback, configured like roles/fanout's (chroot, read-only; loopback for the fabric)."""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roles.fanout import sfl_files
+
+pytestmark = pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed")
+
+SFL = str(Path(sfl_files.__file__))
+SHARDS = {f"model-{i:05d}-of-00005.safetensors": 200_000 + 50_000 * i for i in range(1, 6)}
+
+
+def write_model(root: Path) -> dict[str, bytes]:
+    files = {rel: os.urandom(size) for rel, size in SHARDS.items()}
+    files |= {"config.json": b'{"a": 1}\n', "tokenizer/tokenizer.json": b"{}\n"}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+@pytest.fixture
+def head(tmp_path):
+    """(rsync URL of org/m on a read-only daemon on loopback, the model's directory, its files)."""
+    if os.geteuid() != 0:
+        # roles/fanout's daemon chroots (root only); without it rsync 3.5 sends no file of a
+        # --files-from list under a module's subdirectory ("file has vanished").
+        pytest.skip("the rsync daemon's chroot needs root")
+    models = tmp_path / "head"
+    files = write_model(models / "org" / "m")
+    (models / "org" / "m.manifest").write_text(sfl_files.manifest_text(models / "org" / "m", ["model: org/m"]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "rsyncd.conf"
+    conf.write_text(f"address = 127.0.0.1\nport = {port}\nuse chroot = yes\nread only = yes\nlist = no\n"
+                    "uid = root\ngid = root\n"
+                    f"log file = {tmp_path / 'rsyncd.log'}\n[weights]\npath = {models}\n")
+    daemon = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"])
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and daemon.poll() is None, "the rsync daemon did not start"
+            time.sleep(0.05)
+    yield f"rsync://127.0.0.1:{port}/weights/org/m", models / "org" / "m", files
+    daemon.terminate()
+    daemon.wait(timeout=10)
+
+
+def pull(url, dest, *extra):
+    """sfl_files.py pull's exit code (0, or what it exited with)."""
+    try:
+        return sfl_files.main(["pull", url, str(dest), "--manifest", f"{dest}.manifest", *extra])
+    except SystemExit as e:
+        return e.code
+
+
+def crossed(stderr: str) -> int:
+    return int(re.search(r"(\d+) bytes crossed the link", stderr).group(1))
+
+
+def same_tree(dest: Path, files: dict[str, bytes]) -> bool:
+    found = set(sfl_files.listing(dest))  # the stage, left by a failed pull, is not the model
+    return found == set(files) and all((dest / rel).read_bytes() == data for rel, data in files.items())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9])
+def test_streams_split_the_files_by_bytes_each_file_in_exactly_one(n):
+    sizes = {"a": 900, "b": 500, "c": 400, "d": 300, "e": 300, "f": 100, "config.json": 3, "tok": 2}
+    groups = sfl_files.balance(sizes, n)
+    assert len(groups) == min(n, len(sizes))
+    assert sorted(rel for g in groups for rel in g) == sorted(sizes)
+    loads = [sum(sizes[rel] for rel in g) for g in groups]
+    assert max(loads) - min(loads) <= max(sizes.values())  # no stream idles while another has two shards' work
+    assert max(loads) <= sum(sizes.values()) / len(groups) + max(sizes.values())
+    shards = {f"model-{i:05d}-of-00008.safetensors": 5_000_000 for i in range(1, 9)} | {"config.json": 3}
+    loads = sorted(sum(shards[rel] for rel in g) for g in sfl_files.balance(shards, 4))
+    assert loads[-1] - loads[0] == 3 and all(len(g) in (2, 3) for g in sfl_files.balance(shards, 4))
+
+
+@pytest.mark.parametrize("streams", ["1", "2", "4"])
+def test_a_pull_installs_every_file_verified_and_writes_the_heads_manifest(head, tmp_path, capsys, streams):
+    url, src, files = head
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest, "--streams", streams) == 0
+    assert same_tree(dest, files)
+    assert not (dest / sfl_files.PARTIAL).exists()
+    assert Path(f"{dest}.manifest").read_bytes() == (src.parent / "m.manifest").read_bytes()
+    assert crossed(capsys.readouterr().err) >= sum(len(d) for d in files.values())
+    # Everything in place: hashed, nothing sent.
+    assert pull(url, dest, "--streams", streams) == 0
+    assert crossed(capsys.readouterr().err) == 0
+
+
+def test_a_file_that_differs_from_the_heads_manifest_is_never_installed_and_the_pull_exits_1(head, tmp_path, capsys):
+    url, src, files = head
+    victim = "model-00003-of-00005.safetensors"
+    data = bytearray((src / victim).read_bytes())
+    data[1000] ^= 0xFF  # same size: only the sha256 can tell
+    (src / victim).write_bytes(bytes(data))
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest, "--streams", "2") == 1
+    err = capsys.readouterr().err
+    assert f"sha256 {victim} differs from the head's manifest (removed, not installed" in err
+    assert not (dest / victim).exists() and not (dest / sfl_files.PARTIAL / victim).exists()
+    assert not Path(f"{dest}.manifest").exists()
+    assert same_tree(dest, {rel: d for rel, d in files.items() if rel != victim})  # the others are verified
+
+
+def test_an_interrupted_pull_resumes_from_its_partial_file(head, tmp_path, capsys):
+    url, src, files = head
+    big = "model-00006-of-00006.safetensors"
+    files[big] = os.urandom(3 * 1024 * 1024)
+    (src / big).write_bytes(files[big])
+    (src.parent / "m.manifest").write_text(sfl_files.manifest_text(src, ["model: org/m"]))
+    dest = tmp_path / "worker" / "org" / "m"
+    stage = dest / sfl_files.PARTIAL
+    # A slow link (1 MiB/s shared by 2 streams) to stop halfway, as `timeout` stops a bounded pull:
+    # TERM to the whole process group.
+    slow = subprocess.Popen([sys.executable, SFL, "pull", url, str(dest), "--manifest", f"{dest}.manifest",
+                             "--streams", "2", "--bwlimit", "1024"], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "slow.err", "w"))
+    deadline = time.monotonic() + 60
+    arriving = 0
+    while arriving < 1024 * 1024 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        arriving = max((p.stat().st_size for p in stage.glob(f".{big}.*")), default=0)
+    os.killpg(slow.pid, signal.SIGTERM)
+    slow.wait(timeout=20)
+    assert slow.returncode != 0 and arriving >= 1024 * 1024, f"{arriving} bytes arrived before the stop"
+    partial = stage / sfl_files.PARTIAL / big  # rsync's --partial-dir, inside the stage
+    deadline = time.monotonic() + 20
+    while not partial.exists() and time.monotonic() < deadline:  # rsync moves it there as it exits
+        time.sleep(0.05)
+    assert partial.exists(), sorted((str(p.relative_to(dest)), p.stat().st_size) for p in dest.rglob("*") if p.is_file())
+    kept = partial.stat().st_size
+    assert kept >= 1024 * 1024 and not (dest / big).exists()
+    assert not Path(f"{dest}.manifest").exists()
+
+    assert pull(url, dest, "--streams", "2") == 0
+    sent = crossed(capsys.readouterr().err)
+    missing = sum(len(d) for rel, d in files.items() if not rel == big) + len(files[big]) - kept
+    # What crossed is what was missing (plus rsync's block checksums), not the partial again.
+    assert sent < missing + 64 * 1024, f"{sent} bytes crossed for {missing} missing"
+    assert same_tree(dest, files) and not stage.exists()
+
+
+def test_a_file_in_place_that_differs_is_sent_again_and_the_others_only_hashed(head, tmp_path, capsys):
+    url, src, files = head
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest) == 0
+    capsys.readouterr()
+    victim = "model-00002-of-00005.safetensors"
+    data = bytearray((dest / victim).read_bytes())
+    data[-1] ^= 0xFF
+    (dest / victim).write_bytes(bytes(data))
+    head_times = (src / victim).stat()
+    os.utime(dest / victim, ns=(head_times.st_atime_ns, head_times.st_mtime_ns))  # rsync's quick check is fooled
+    assert pull(url, dest) == 0
+    err = capsys.readouterr().err
+    assert f"{victim}: in place at the right size but its sha256 differs from the head's manifest; sent again" in err
+    assert len(files[victim]) <= crossed(err) < len(files[victim]) + 64 * 1024
+    assert same_tree(dest, files)
+
+
+def test_a_whole_file_left_in_the_stage_is_verified_and_installed_without_crossing_again(head, tmp_path, capsys):
+    url, src, files = head
+    dest = tmp_path / "worker" / "org" / "m"
+    left = "model-00005-of-00005.safetensors"  # arrived, then the pull stopped before hashing it
+    (dest / sfl_files.PARTIAL).mkdir(parents=True)
+    shutil.copy2(src / left, dest / sfl_files.PARTIAL / left)
+    assert pull(url, dest, "--streams", "3") == 0
+    assert crossed(capsys.readouterr().err) < sum(len(d) for d in files.values()) - len(files[left]) + 64 * 1024
+    assert same_tree(dest, files)
+
+
+def test_the_bandwidth_cap_is_the_whole_pulls_shared_by_its_streams(head, tmp_path, monkeypatch):
+    url, _, files = head
+    started, real = [], subprocess.Popen
+
+    def popen(cmd, *a, **kw):
+        started.append(cmd)
+        return real(cmd, *a, **kw)
+
+    monkeypatch.setattr(sfl_files.subprocess, "Popen", popen)
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest, "--streams", "3", "--bwlimit", "1000", "--io-timeout", "45") == 0
+    streams = [cmd for cmd in started if "--files-from=-" in cmd]  # subprocess.run's manifest fetch is a Popen too
+    assert len(streams) == 3
+    for cmd in streams:
+        # `rsync --archive` first: the lab's resume test stops the pull's rsyncs by that command line.
+        assert cmd[:2] == ["rsync", "--archive"] and "--bwlimit=334" in cmd and "--timeout=45" in cmd
+        assert "--delay-updates" not in cmd  # rsync installs into the stage; only sfl_files installs into DEST
+    assert same_tree(dest, files)
+
+
+def test_a_transport_failure_exits_with_rsyncs_code_and_writes_no_manifest(head, tmp_path, capsys):
+    url, src, files = head
+    (src / "config.json").unlink()  # listed by the head's manifest, gone from its directory
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest, "--streams", "2") == 23  # rsync: partial transfer due to error
+    assert "rsync exited 23; a re-run resumes from what arrived" in capsys.readouterr().err
+    assert not Path(f"{dest}.manifest").exists() and not (dest / "config.json").exists()
+    assert same_tree(dest, {rel: d for rel, d in files.items() if rel != "config.json"})
+
+
+def test_a_shortfall_of_disk_refuses_before_any_file_is_written(head, tmp_path, capsys):
+    url, _, _ = head
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest, "--margin-gib", "100000") == 3
+    assert "nothing was transferred" in capsys.readouterr().err
+    assert not (tmp_path / "worker").exists()  # the streams, connected early, were given no files
+
+
+def test_a_partial_file_left_where_the_stage_keeps_whole_files_is_the_basis_of_the_transfer(head, tmp_path, capsys):
+    # The layout before the stage kept a top-level file's partial at DEST/.sparkfleet-partial/<name>,
+    # where whole files now wait for their hash: it is resumed from, not taken for whole nor lost.
+    url, src, files = head
+    dest = tmp_path / "worker" / "org" / "m"
+    half = "model-00004-of-00005.safetensors"
+    (dest / sfl_files.PARTIAL).mkdir(parents=True)
+    (dest / sfl_files.PARTIAL / half).write_bytes(files[half][: len(files[half]) // 2])
+    assert pull(url, dest, "--streams", "2") == 0
+    assert crossed(capsys.readouterr().err) < sum(len(d) for d in files.values()) - len(files[half]) // 2 + 64 * 1024
+    assert same_tree(dest, files) and not (dest / sfl_files.PARTIAL).exists()
