@@ -148,6 +148,18 @@ def confined(root, rel):
     return os.path.join(root, rel)
 
 
+def refuse_escapes(dest, entries, source):
+    """Before a byte is written: no manifest path may leave dest (or its partial directory) through a
+    symlink; the command ends naming the line's path otherwise."""
+    try:
+        for rel in entries:
+            confined(dest, rel)
+            confined(dest, os.path.join(PARTIAL, rel))
+    except ManifestError as e:
+        say(f"{source}: {e}; refused, nothing was written")
+        sys.exit(1)
+
+
 def checked_manifest(text, source):
     """parse_manifest for the CLI: a bad manifest ends the command naming the line, nothing written."""
     try:
@@ -235,13 +247,7 @@ def fetch_http(a):
     base = a.url.rstrip("/")
     with urllib.request.urlopen(base + ".manifest", timeout=60) as r:
         _, entries = checked_manifest(r.read().decode(), base + ".manifest")
-    try:
-        for rel in entries:  # before a byte is written: no path may leave DEST through a symlink
-            confined(a.dest, rel)
-            confined(a.dest, os.path.join(PARTIAL, rel))
-    except ManifestError as e:
-        say(f"{base}.manifest: {e}; refused, nothing was written")
-        sys.exit(1)
+    refuse_escapes(a.dest, entries, base + ".manifest")
     if not entries:
         say(f"{base}.manifest lists no files")
         sys.exit(1)
@@ -502,13 +508,7 @@ def pulled(a, src, job):
             with open(theirs) as f:
                 text = f.read()
         header, entries = checked_manifest(text, src + ".manifest")
-        try:
-            for rel in entries:  # before a byte is written: no path may leave DEST through a symlink
-                confined(a.dest, rel)
-                confined(a.dest, os.path.join(PARTIAL, rel))
-        except ManifestError as e:
-            say(f"{src}.manifest: {e}; refused, nothing was written")
-            sys.exit(1)
+        refuse_escapes(a.dest, entries, src + ".manifest")
         check_disk(a.dest, missing_bytes(a.dest, entries), a.margin_gib)
         os.makedirs(a.dest, exist_ok=True)
         t0 = time.monotonic()
