@@ -387,12 +387,17 @@ def other_configs(facts: dict, netdev: str) -> list[OtherConfig]:
             + networkd_others(facts.get("networkd", {}), netdev, mac, facts.get("kind", "")))
 
 
+def renderer_state(node, facts: dict) -> str:
+    """The ActiveState of the node's netplan_renderer's service, from FabricConfigs ('' unknown)."""
+    return facts.get("units", {}).get(RENDERER_UNITS[node.netplan_renderer], {}).get("active", "")
+
+
 def netconfig_problems(node, facts: dict, configs: list[OtherConfig]) -> list[str]:
     """What the doctor and the state checks fail on: every other configuration of the fabric netdev,
     and a netplan_renderer whose service is not active."""
     unit = RENDERER_UNITS[node.netplan_renderer]
     problems = [f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}" for c in configs]
-    if facts.get("units", {}).get(unit, {}).get("active") != "active":
+    if renderer_state(node, facts) != "active":
         problems.append(f"{node.name}: netplan_renderer is {node.netplan_renderer}, but {unit} is not active")
     return problems
 

@@ -3,7 +3,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from roles.fabric.checks import fabric_others
-from roles.fabric.others import conflict_failures
+from roles.fabric.others import conflict_failures, renderer_state
 from roles.fabric.schema import RENDERER_UNITS
 from roles.preflight.facts import NodeFacts
 from sparkfleet.inventory import cluster_from_state
@@ -100,8 +100,7 @@ def _rows(state) -> list[tuple]:
         node = cluster.node(node_host.name)
         raw_others, configs = others[node_host.name]
         # The renderer's unit state comes with the other configurations (one systemctl, not two).
-        unit = raw_others.get("units", {}).get(RENDERER_UNITS[node.netplan_renderer], {})
-        f = {**facts[node_host.name], "renderer_state": unit.get("active", "")}
+        f = {**facts[node_host.name], "renderer_state": renderer_state(node, raw_others)}
         rows.append((node, f, requirement_failures(node, f) + conflict_failures(node, configs)))
     return rows
 
