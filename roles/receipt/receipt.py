@@ -200,7 +200,7 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
     _, out = host.run_shell_command(StringCommand(
         f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)} 2>/dev/null; "
         f"sha256sum < {shlex.quote(model_dir)}.manifest 2>/dev/null | cut -c1-64"))
-    lines = out.stdout.splitlines() if hasattr(out, "stdout") else []
+    lines = out.stdout.splitlines()
     image_id = lines[0] if lines else "?"
     manifest = lines[1] if len(lines) > 1 else "?"
     now = datetime.now(timezone.utc)
