@@ -226,10 +226,10 @@ def json_body(data):
     return req
 
 
-def chat_request(data):
-    """Check a chat completion body; (model, words, images, tools, max_tokens), where words counts
-    the whitespace-separated words of every text part. Raises ValueError saying what is wrong."""
-    req = json_body(data)
+def chat_request(req):
+    """Check a chat completion body (json_body's object); (model, words, images, tools, max_tokens),
+    where words counts the whitespace-separated words of every text part. Raises ValueError saying
+    what is wrong."""
     model, messages, tools, max_tokens = (req.get(k) for k in ("model", "messages", "tools", "max_tokens"))
     if not isinstance(model, str):
         raise ValueError("'model' must be a string")
@@ -268,13 +268,16 @@ def chat_request(data):
         raise ValueError("'stream' with 'tools' is not supported by the lab stand-in")
     return model, words, images, tools, max_tokens
 
-def stream_request(data):
+
+def stream_request(req):
     """A streamed chat completion's settings, or None when 'stream' is not true: {"usage": bool,
     "words": [...]} where words are the reply's tokens (one word each). Like the real engines' sampling
     parameters: the reply ends after REPLY (the stand-in's end of sequence) unless 'ignore_eos' is true,
     in which case it runs to 'max_tokens'; 'min_tokens' keeps it going at least that long (REPLY's
-    words again and again). Raises ValueError saying what is wrong."""
-    req = json_body(data)
+    words again and again). Both engines read the two per request: vLLM 0.33's
+    entrypoints/openai/chat_completion/protocol.py and SGLang 0.5.23's srt/entrypoints/openai/protocol.py
+    (ChatCompletionRequest.min_tokens, .ignore_eos). `req` is json_body's object. Raises ValueError
+    saying what is wrong."""
     if not req.get("stream"):
         return None
     options = req.get("stream_options") or {}
@@ -750,8 +753,9 @@ class Head:
         if missing:
             return 503, {"object": "error", "message": f"waiting for ranks {missing}"}
         try:
-            model, words, images, tools, max_tokens = chat_request(data)
-            stream = stream_request(data)
+            req = json_body(data)  # parsed once: a body may carry inline images up to MAX_BODY
+            model, words, images, tools, max_tokens = chat_request(req)
+            stream = stream_request(req)
         except ValueError as e:
             return 400, openai_error(400, str(e))
         if model != self.name:
