@@ -63,8 +63,16 @@ def kernels(engine, rank, *shapes):
 
 
 def files(root):
-    """{path relative to root: bytes} of every file below root."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """{path relative to root: bytes} of every file below root. A rank writes each cache file to a
+    temporary name and renames it; one renamed between the listing and the read is left out (the
+    caller waits and reads again)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        try:
+            out[p.relative_to(root).as_posix()] = p.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+    return out
 
 
 def post(port, body, path="/v1/chat/completions"):
