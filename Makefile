@@ -10,13 +10,14 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit parity parity-venvs lab-up lab-down lab-status lab-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
+.PHONY: help install demo test unit parity parity-venvs lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
 	@echo "make test        unit tests, the engine-parity tier and the lab end-to-end (what CI runs)"
 	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
+	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
 	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
@@ -39,6 +40,12 @@ lab-status:
 	bash lab/lab.sh status
 lab-reset: install
 	bash lab/lab.sh reset
+# Four hosts (spark-a..spark-d) on a switched fabric; lab-status, lab-down and lab.sh reboot follow
+# the running lab's size. From a two-host lab, fleet-reset (fresh hosts).
+fleet-up: install
+	SFL_LAB_HOSTS=4 bash lab/lab.sh up
+fleet-reset: install
+	SFL_LAB_HOSTS=4 bash lab/lab.sh reset
 
 deploy-lab: install
 	$(BIN)/pyinfra -y $(LAB_INVENTORY) deploy.py

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The sparkfleet lab: two DGX Spark stand-ins (spark-a, spark-b) as systemd-nspawn containers on one
-# Linux machine. Debian bookworm + systemd + sshd + Docker + netplan, with NetworkManager (as DGX OS)
+# The sparkfleet lab: two DGX Spark stand-ins (spark-a, spark-b), or four (spark-a..spark-d) on a
+# switched fabric, as systemd-nspawn containers on one Linux machine. Debian bookworm + systemd +
+# sshd + Docker + netplan, with NetworkManager (as DGX OS)
 # or systemd-networkd as its renderer (SFL_LAB_RENDERER); no GPU, no RDMA.
 #
 #   lab.sh up       build/boot the lab (idempotent; recovers from killed hosts)
 #   lab.sh down     stop the hosts, delete them and everything the lab put on the machine
-#   lab.sh status   one line per host; exit 0 only when both hosts are fully up
+#   lab.sh status   one line per host; exit 0 only when all hosts of the lab are fully up
 #   lab.sh reset    down, then up
 #   lab.sh reboot [--power-cut] HOST...   reboot hosts (systemd's own reboot, or every process of the
 #                   host SIGKILLed at once: nothing flushed, its connections vanish without a FIN), then up
 #
-# Management network: bridge sfl-mgmt0 (198.18.0.1/24) <-> host0 in each host (spark-a .11, spark-b .12).
-# Fabric: one veth pair, one end in each host as enp1s0f0np0 (MTU 1500, no address, link down; the
-# deploy configures it). Outside the machine the hosts reach only the Debian mirror (tcp 80/443, NAT).
+# Size: SFL_LAB_HOSTS=2 (the default) or 4 at `up`/`reset`, remembered until `down`; another size than
+# the running lab's needs `reset` (fresh hosts).
+# Management network: bridge sfl-mgmt0 (198.18.0.1/24) <-> host0 in each host (spark-a .11, spark-b .12,
+# spark-c .13, spark-d .14).
+# Fabric, two hosts: one veth pair, one end in each host as enp1s0f0np0 (MTU 1500, no address, link
+# down; the deploy configures it). Four hosts: a bridge sfl-fab0 on the machine stands in for the
+# switch (MTU 9000, no address, its ports only); each host has one veth, enp1s0f0np0 inside (as
+# above), its other end a port of sfl-fab0 (MTU 9000). Outside the machine the hosts reach only the
+# Debian mirror (tcp 80/443, NAT).
 # Hosts are cattle: `down` deletes them; the debootstrapped base rootfs stays cached.
 set -euo pipefail
 
@@ -29,9 +36,16 @@ MIRROR_HOST=deb.debian.org
 DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 PACKAGES=systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,python3,docker.io,netplan.io,rsync,ca-certificates,procps,git,iperf3,curl,sudo,less
 
-HOSTS=(spark-a spark-b)
-declare -A MGMT_IP=([spark-a]=198.18.0.11 [spark-b]=198.18.0.12)
+ALL_HOSTS=(spark-a spark-b spark-c spark-d)
+HOSTS=(spark-a spark-b) # the hosts of the lab's size (set_size)
+SIZE=2
+declare -A MGMT_IP=([spark-a]=198.18.0.11 [spark-b]=198.18.0.12 [spark-c]=198.18.0.13 [spark-d]=198.18.0.14)
 declare -A FAB_VETH=([spark-a]=sfl-fab-a [spark-b]=sfl-fab-b) # machine-side names before the move
+# four hosts: the switch, and per host its port (machine side) and the host's end before the move
+FAB_BRIDGE=sfl-fab0
+FAB_MTU=9000
+declare -A FAB_PORT=([spark-a]=sfl-fabp-a [spark-b]=sfl-fabp-b [spark-c]=sfl-fabp-c [spark-d]=sfl-fabp-d)
+declare -A FAB_HOSTEND=([spark-a]=sfl-fabh-a [spark-b]=sfl-fabh-b [spark-c]=sfl-fabh-c [spark-d]=sfl-fabh-d)
 BRIDGE=sfl-mgmt0
 BRIDGE_IP=198.18.0.1
 LAB_NET=198.18.0.0/24
@@ -49,6 +63,7 @@ SSH_KEY=$SFL_LAB_STATE/id_ed25519
 KNOWN_HOSTS=$SFL_LAB_STATE/known_hosts
 SSH_CONFIG=$SFL_LAB_STATE/ssh_config
 IPFWD_ORIG=$RUN_DIR/ip_forward.orig
+SIZE_FILE=$RUN_DIR/size
 # The lab's recipe repository (lab/recipe), served read-only to the hosts by git daemon on the bridge.
 GIT_DIR_LAB=$SFL_LAB_STATE/git
 GIT_PID=$RUN_DIR/git-daemon.pid
@@ -75,6 +90,32 @@ lock() {
   mkdir -p "$SFL_LAB_STATE"
   exec 9>"$SFL_LAB_STATE/lock"
   flock -n 9 || die "another lab.sh is running (lock $SFL_LAB_STATE/lock)"
+}
+
+# --- the lab's size: 2 hosts, point to point (the default), or 4 on a switched fabric. Chosen with
+# SFL_LAB_HOSTS at `up`/`reset`, remembered in $SIZE_FILE until `down` (status, reboot and up without
+# the variable use it). The hosts of a lab made before the size was remembered are the pair.
+running_size() {
+  if [[ -s $SIZE_FILE ]]; then
+    cat "$SIZE_FILE"
+  elif [[ -d $HOSTS_DIR/spark-c ]]; then
+    echo 4
+  elif [[ -d $HOSTS_DIR/spark-a ]]; then
+    echo 2
+  fi
+  return 0
+}
+
+set_size() { # sets SIZE and HOSTS
+  local want=${SFL_LAB_HOSTS:-} have
+  [[ -z $want || $want == 2 || $want == 4 ]] || die "SFL_LAB_HOSTS must be 2 or 4 (got '$want')"
+  have=$(running_size)
+  [[ -z $have || $have == 2 || $have == 4 ]] || die "$SIZE_FILE holds '$have'; lab.sh down, then up"
+  if [[ -n $want && -n $have && $want != "$have" ]]; then
+    die "the lab has $have hosts; \`SFL_LAB_HOSTS=$want lab.sh reset\` makes one of $want (fresh hosts)"
+  fi
+  SIZE=${want:-${have:-2}}
+  HOSTS=("${ALL_HOSTS[@]:0:SIZE}")
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -569,6 +610,11 @@ ensure_firewall() {
     echo '*filter'
     echo ":$CHAIN_FWD - [0:0]"
     echo "-A $CHAIN_FWD -i $BRIDGE -o $BRIDGE -j ACCEPT" # host <-> host (bridge netfilter)
+    if [[ $SIZE == 4 ]]; then # the switch: its ports to each other, nothing routed in or out
+      echo "-A $CHAIN_FWD -i $FAB_BRIDGE -o $FAB_BRIDGE -j ACCEPT"
+      echo "-A $CHAIN_FWD -i $FAB_BRIDGE -j DROP"
+      echo "-A $CHAIN_FWD -o $FAB_BRIDGE -j DROP"
+    fi
     echo "-A $CHAIN_FWD -o $BRIDGE -d $LAB_NET -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
     for ip in "${MIRROR_IPS[@]}"; do
       echo "-A $CHAIN_FWD -i $BRIDGE -s $LAB_NET -d $ip/32 -p tcp -m multiport --dports 80,443 -j ACCEPT"
@@ -587,6 +633,24 @@ ensure_firewall() {
   iptables -w -t nat -C POSTROUTING -j "$CHAIN_NAT" 2>/dev/null ||
     iptables -w -t nat -I POSTROUTING 1 -j "$CHAIN_NAT"
   say "firewall: ip_forward on; $LAB_NET may reach only ${MIRROR_IPS[*]} tcp/80,443 ($CHAIN_FWD, $CHAIN_NAT)"
+  if [[ $SIZE == 4 ]]; then
+    say "firewall: $FAB_BRIDGE switches between its ports only (bridge-nf-call-iptables=$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo off))"
+  fi
+}
+
+no_ipv6() { # dev: the machine has no address on the switch, not even a link-local one
+  { echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; } 2>/dev/null || true
+}
+
+# four hosts: the switch, a bridge without an address whose ports are the hosts' fabric veths only
+ensure_fabric_bridge() {
+  if ! ip link show dev "$FAB_BRIDGE" >/dev/null 2>&1; then
+    ip link add name "$FAB_BRIDGE" mtu "$FAB_MTU" type bridge
+    say "fabric: created $FAB_BRIDGE (the switch: mtu $FAB_MTU, no address)"
+  fi
+  no_ipv6 "$FAB_BRIDGE"
+  ip addr flush dev "$FAB_BRIDGE"
+  ip link set dev "$FAB_BRIDGE" mtu "$FAB_MTU" up
 }
 
 # "IDX: NAME@ifPEER: ..." -> "IDX PEER"
@@ -597,7 +661,52 @@ fabric_link() { # leader
   echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]}"
 }
 
+# "IDX: NAME@ifPEER: ..." of a switch port on the machine -> "IDX PEER"
+fabric_port() { # port
+  local l
+  l=$(ip -o link show dev "$1" 2>/dev/null) || return 1
+  [[ $l =~ ^([0-9]+):\ $1@if([0-9]+): ]] || return 1
+  echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]}"
+}
+
+# the host's enp1s0f0np0 and its switch port are the two ends of one veth
+fabric_port_pairs() { # name leader
+  local h p
+  h=$(fabric_link "$2") && p=$(fabric_port "${FAB_PORT[$1]}") &&
+    [[ ${h#* } == "${p%% *}" && ${p#* } == "${h%% *}" ]]
+}
+
+FABRIC_NEW=() # hosts whose enp1s0f0np0 was (re)created by this run
+
 ensure_fabric() {
+  if [[ $SIZE == 4 ]]; then ensure_fabric_switch; else ensure_fabric_pair; fi
+}
+
+# four hosts: each host's veth, its port on the switch (a host's end dies with the host, and its
+# port with it: a rebooted host gets a new one)
+ensure_fabric_switch() {
+  local name l port hostend
+  for name in "${HOSTS[@]}"; do
+    l=${LEADER[$name]} port=${FAB_PORT[$name]} hostend=${FAB_HOSTEND[$name]}
+    if fabric_port_pairs "$name" "$l"; then
+      ip link set dev "$port" mtu "$FAB_MTU" master "$FAB_BRIDGE" up # (a recreated switch)
+      continue
+    fi
+    nsenter -t "$l" -n ip link del dev "$FABRIC_IF" 2>/dev/null || true
+    ip link del dev "$port" 2>/dev/null || true
+    ip link del dev "$hostend" 2>/dev/null || true
+    ip link add name "$port" mtu "$FAB_MTU" type veth peer name "$hostend" mtu 1500
+    no_ipv6 "$port"
+    ip link set dev "$hostend" netns "$l"
+    nsenter -t "$l" -n ip link set dev "$hostend" name "$FABRIC_IF"
+    ip link set dev "$port" master "$FAB_BRIDGE" up
+    FABRIC_NEW+=("$name")
+    say "fabric: $FABRIC_IF in $name (mtu 1500, no address, down), its port $port on $FAB_BRIDGE (mtu $FAB_MTU)"
+  done
+  ((${#FABRIC_NEW[@]})) || say "fabric: $FABRIC_IF of ${HOSTS[*]} present on $FAB_BRIDGE"
+}
+
+ensure_fabric_pair() {
   local la=${LEADER[spark-a]} lb=${LEADER[spark-b]} a b
   if a=$(fabric_link "$la") && b=$(fabric_link "$lb") &&
     [[ ${a#* } == "${b%% *}" && ${b#* } == "${a%% *}" ]]; then
@@ -614,7 +723,7 @@ ensure_fabric() {
   nsenter -t "$la" -n ip link set dev "${FAB_VETH[spark-a]}" name "$FABRIC_IF"
   nsenter -t "$lb" -n ip link set dev "${FAB_VETH[spark-b]}" name "$FABRIC_IF"
   say "fabric: created veth pair, $FABRIC_IF in spark-a and spark-b (mtu 1500, no address, down)"
-  FABRIC_NEW=1
+  FABRIC_NEW=("${HOSTS[@]}")
 }
 
 # A new veth pair (a host rebooted: its end died, and with it the peer's) is renamed after the hosts'
@@ -624,8 +733,8 @@ ensure_fabric() {
 # NetworkManager follows the rename itself (it reads the kernel's netlink events).
 reconfigure_fabric() { # renderer
   local name
-  [[ -n ${FABRIC_NEW:-} && $1 == networkd ]] || return 0
-  for name in "${HOSTS[@]}"; do
+  [[ $1 == networkd ]] || return 0
+  for name in "${FABRIC_NEW[@]}"; do
     ssh_lab "$name" networkctl reconfigure "$FABRIC_IF" >/dev/null 2>&1 ||
       warn "$name: networkctl reconfigure $FABRIC_IF failed"
   done
@@ -735,6 +844,7 @@ cmd_up() {
   ensure_prereqs
   lock
   mkdir -p "$RUN_DIR" "$LOG_DIR" "$HOSTS_DIR"
+  echo "$SIZE" >"$SIZE_FILE" # before any host exists: status and down know what this lab is
   renderer=$(lab_renderer)
   if [[ -s $RENDERER_FILE && $(<"$RENDERER_FILE") != "$renderer" ]]; then
     say "renderer: $(<"$RENDERER_FILE") -> $renderer (the hosts are powered off, switched and booted)"
@@ -744,6 +854,7 @@ cmd_up() {
   ensure_base
   resolve_mirror
   ensure_bridge
+  if [[ $SIZE == 4 ]]; then ensure_fabric_bridge; fi
   ensure_firewall
   for name in "${HOSTS[@]}"; do
     npid=$(nspawn_pid "$name")
@@ -783,20 +894,20 @@ cmd_up() {
   ensure_recipe_repo
   ensure_models
   ensure_base_image
-  say "up in $((SECONDS - t0))s; ssh -F $SSH_CONFIG spark-a"
+  say "up in $((SECONDS - t0))s ($SIZE hosts); ssh -F $SSH_CONFIG spark-a"
 }
 
 cmd_down() {
   local name d v did=
   check_paths
   lock
-  for name in "${HOSTS[@]}"; do
+  for name in "${ALL_HOSTS[@]}"; do # every host of either size
     if [[ -n $(nspawn_pid "$name") || -n $(leader_pids "$name") ]]; then
       stop_host "$name"
       did=1
     fi
   done
-  for v in "${FAB_VETH[@]}" "${HOSTS[@]/#/vb-}" "$BRIDGE"; do
+  for v in "${FAB_VETH[@]}" "${FAB_HOSTEND[@]}" "${FAB_PORT[@]}" "${ALL_HOSTS[@]/#/vb-}" "$BRIDGE" "$FAB_BRIDGE"; do
     if ip link show dev "$v" >/dev/null 2>&1; then
       ip link del dev "$v" && say "removed link $v" && did=1
     fi
@@ -860,6 +971,16 @@ cmd_status() {
       fab="$FABRIC_IF MISSING"
       ok=
     fi
+    if [[ $SIZE == 4 ]]; then
+      if fabric_port_pairs "$name" "$leader" &&
+        [[ $(ip -o link show dev "${FAB_PORT[$name]}") =~ \<([A-Z_,-]*)\>\ mtu\ ([0-9]+)\ .*\ master\ $FAB_BRIDGE\  &&
+          ,${BASH_REMATCH[1]}, == *,UP,* ]]; then
+        fab+=", port ${FAB_PORT[$name]} on $FAB_BRIDGE (mtu ${BASH_REMATCH[2]})"
+      else
+        fab+=", NOT on $FAB_BRIDGE"
+        ok=
+      fi
+    fi
     printf '%s: running (pid %s), ssh %s, systemd %s, docker %s, fabric %s\n' \
       "$name" "$npid" "$ssh_ok" "$sys" "$dock" "$fab"
     [[ -n $ok ]] || rc=1
@@ -900,14 +1021,14 @@ cmd_reboot() { # [--power-cut] name...
 main() {
   local cmd=${1:-}
   case $cmd in
-    up) check_paths; cmd_up ;;
+    up) check_paths; set_size; cmd_up ;;
     down) cmd_down ;;
-    status) check_paths; cmd_status ;;
-    reset) cmd_down; exec 9>&-; cmd_up ;;
-    reboot) check_paths; shift; cmd_reboot "$@" ;;
+    status) check_paths; set_size; cmd_status ;;
+    reset) cmd_down; exec 9>&-; set_size; cmd_up ;;
+    reboot) check_paths; set_size; shift; cmd_reboot "$@" ;;
     __launch) cmd_launch "$2" ;;
     *)
-      echo "usage: $0 up|down|status|reset|reboot [--power-cut] HOST...   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
+      echo "usage: [SFL_LAB_HOSTS=2|4] $0 up|down|status|reset|reboot [--power-cut] HOST...   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
       exit 2
       ;;
   esac

@@ -12,6 +12,10 @@ LAB_STATE = Path(os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab"))
 SSH_CONFIG = LAB_STATE / "ssh_config"
 INVENTORY = "lab/inventory.py"
 HOSTS = ("spark-a", "spark-b")
+# The four-host lab on a switched fabric (SFL_LAB_HOSTS=4 lab/lab.sh up): two groups of two, or one of four.
+FLEET_HOSTS = ("spark-a", "spark-b", "spark-c", "spark-d")
+FLEET_INVENTORY = "lab/inventory_fleet.py"
+FLEET_ONE_INVENTORY = "lab/inventory_fleet_one.py"
 
 _OP = re.compile(r"^--> Starting operation: (?:\S+ \| )*(?P<name>.*?)\s*$")  # every include prefix off
 _RESULT = re.compile(r"^\s*\[(?P<host>[^\]]+)\] (?P<result>Success|No changes|Error.*)\s*$")
@@ -42,15 +46,15 @@ def run(cmd: list[str], timeout=900, **kw) -> Run:
     return Run(result.returncode, result.stdout)
 
 
-def deploy(*extra: str) -> Run:
-    return run([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py", *extra])
+def deploy(*extra: str, inventory: str = INVENTORY) -> Run:
+    return run([str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
 
 
-def state_checks(*extra: str, path: str = "tests/state") -> Run:
-    hosts = ",".join(f"ssh://{h}" for h in HOSTS)
+def state_checks(*extra: str, path: str = "tests/state", hosts=HOSTS, inventory: str = INVENTORY) -> Run:
+    targets = ",".join(f"ssh://{h}" for h in hosts)
     return run([
-        str(BIN / "pytest"), path, "-q", "-p", "no:cacheprovider", f"--hosts={hosts}",
-        f"--ssh-config={SSH_CONFIG}", f"--inventory={INVENTORY}", *extra,
+        str(BIN / "pytest"), path, "-q", "-p", "no:cacheprovider", f"--hosts={targets}",
+        f"--ssh-config={SSH_CONFIG}", f"--inventory={inventory}", *extra,
     ])
 
 
@@ -66,11 +70,11 @@ def fabric_rx_bytes(host: str) -> int:
     return int(on(host, "cat /sys/class/net/enp1s0f0np0/statistics/rx_bytes"))
 
 
-def pause_watchdogs() -> None:
+def pause_watchdogs(hosts=HOSTS) -> None:
     """Stop sparkfleet-watchdog on every node, the head's first, before a test breaks the pair on
     purpose: the watchdog would repair it under the test. The next deploy hands the pair back to the
     watchdogs and starts them (roles/watchdog, step 10)."""
-    for host in HOSTS:
+    for host in hosts:
         on(host, "systemctl stop sparkfleet-watchdog 2>/dev/null || true")
 
 

@@ -1,0 +1,25 @@
+"""Four lab Sparks on a switched fabric as ONE serving group of four (lab mode: no GPU, no RDMA).
+
+The hosts, addresses and fabric of lab/inventory_fleet.py (`make fleet-up`), in one group "fleet":
+spark-a (head, rank 0), spark-b, spark-c, spark-d (ranks 1..3). SSH settings and the netplan
+renderer are lab/inventory.py's; the group data is lab/group_data's.
+"""
+import runpy
+from pathlib import Path
+
+from sparkfleet.inventory import sparks
+
+# lab/inventory.py's SSH settings and netplan renderer (the same lab state: key, known_hosts)
+_ssh = runpy.run_path(str(Path(__file__).with_name("inventory.py")))["_ssh"]
+_switch = {**_ssh, "fabric_topology": "switch", "serving_group": "fleet"}
+# The profile: four ranks need one whose tensor x pipeline parallelism is 4 (being added). Until a
+# profile is chosen here (`"serving_profile": ...` in _switch), the test sets it per run:
+# pyinfra -y lab/inventory_fleet_one.py deploy.py --data serving_profile=<profile>
+
+spark_hosts = sparks(
+    __file__,
+    ("spark-a", {**_switch, "ssh_hostname": "198.18.0.11", "rank": 0, "fabric_address": "198.19.78.1/24"}),
+    ("spark-b", {**_switch, "ssh_hostname": "198.18.0.12", "rank": 1, "fabric_address": "198.19.78.2/24"}),
+    ("spark-c", {**_switch, "ssh_hostname": "198.18.0.13", "rank": 2, "fabric_address": "198.19.78.3/24"}),
+    ("spark-d", {**_switch, "ssh_hostname": "198.18.0.14", "rank": 3, "fabric_address": "198.19.78.4/24"}),
+)
