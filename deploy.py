@@ -21,6 +21,10 @@ with refusals_stop_the_run():
     # 2b. Host settings a pair needs to stay up (logind's RemoveIPC), each a file, applied on change.
     local.include("roles/host/tasks.py")
 
+    # 2c. The plan, per serving group: what is fetched, built, shipped, warmed and restarted,
+    #     printed once as a table before anything runs; the roles below execute these verdicts.
+    local.include("roles/plan/tasks.py")
+
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")
 

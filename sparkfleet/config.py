@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
 from roles.docker.schema import DockerData
-from roles.fabric.schema import JUMBO_MTU, FabricData
+from roles.fabric.schema import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData
 from roles.fanout.schema import FanoutData
 from roles.fingerprint.schema import FingerprintData
 from roles.firewall.schema import FirewallData
@@ -49,7 +49,21 @@ class ConfigError(Refusal):
         super().__init__(title, problems, footer)
 
 
-class NodeConfig(ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+# Names a group appears under in unit names, receipts and tables: short, lower case, no spaces.
+GROUP_NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"
+DEFAULT_GROUP = "pair"
+
+
+class GroupData(BaseModel):
+    serving_group: str = Field(
+        DEFAULT_GROUP, pattern=GROUP_NAME,
+        description="The serving group of this node: the nodes that serve one model together, with their own "
+        "head (rank 0), ranks 0..N-1, profile, parallelism (TP x PP = N) and ports. A fleet holds several groups; a "
+        "node belongs to exactly one. Default: one group, 'pair'.",
+    )
+
+
+class NodeConfig(GroupData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
@@ -135,15 +149,33 @@ def _node_problems(name: str, err: ValidationError) -> list[Problem]:
 
 
 class ClusterConfig(BaseModel):
-    """All nodes, with the invariants that only hold across nodes checked."""
+    """All nodes, with the invariants that only hold across nodes checked: a fleet of one or more
+    serving groups, or (group set) one serving group of it. Inside a deploy each host sees its own
+    group (sparkfleet.inventory.cluster_from_state); fleet-wide steps read the fleet
+    (fleet_from_state)."""
 
     model_config = ConfigDict(frozen=True)
 
     nodes: tuple[NodeConfig, ...]
+    group: str | None = None  # the serving group these nodes are; None: the whole fleet
+
+    @property
+    def groups(self) -> dict[str, "ClusterConfig"]:
+        """Serving group name -> that group's nodes (in name order)."""
+        names = sorted({n.serving_group for n in self.nodes})
+        return {g: ClusterConfig(nodes=tuple(n for n in self.nodes if n.serving_group == g), group=g) for g in names}
+
+    def group_of(self, name: str) -> "ClusterConfig":
+        """The serving group of the node named `name`."""
+        return self.groups[self.node(name).serving_group]
 
     @property
     def head(self) -> NodeConfig:
-        return next(n for n in self.nodes if n.is_head)
+        heads = [n for n in self.nodes if n.is_head]
+        if len(heads) != 1:
+            raise ValueError(f"a fleet of {len(self.groups)} serving groups has no single head "
+                             f"({', '.join(n.name for n in heads)}); read a group's head: cluster.groups[name].head")
+        return heads[0]
 
     @property
     def workers(self) -> tuple[NodeConfig, ...]:
@@ -174,35 +206,85 @@ class ClusterConfig(BaseModel):
         return out
 
 
+def _in_group(group: str, several: bool) -> str:
+    """'group g1: ' in a fleet of several groups, nothing for today's single pair."""
+    return f"serving group '{group}': " if several else ""
+
+
 def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | None = None) -> list[Problem]:
+    """The fleet's invariants (addresses, topology), then each serving group's own."""
+    groups: dict[str, list[NodeConfig]] = {}
+    for n in nodes:
+        groups.setdefault(n.serving_group, []).append(n)
+    several = len(groups) > 1
+    problems: list[Problem] = []
+    if not nodes:
+        problems.append(Problem("a cluster needs at least 2 nodes (found 0)", ["(no hosts)"],
+                                fix="declare every node of the cluster in the inventory"))
+    for group, members in sorted(groups.items()):
+        problems += _rank_problems(members, _in_group(group, several))
+    problems += _fabric_problems(nodes, groups, several)
+    problems += _management_problems(nodes, ssh_ports or {})
+    for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
+        problems.extend(node_value_problems(n))
+    for group, members in sorted(groups.items()):
+        prefix = _in_group(group, several)
+        names = [n.name for n in members]
+        # one watchdog per group; its grace and window fit a cold start
+        group_problems = [_prefixed(p, prefix) for p in watchdog_problems(members)]
+        if not group_problems and not problems:
+            group_problems += [as_problem(prefix + p, names) for p in serving_problems(members)]
+        if not group_problems and not problems:
+            group_problems += [_prefixed(p, prefix) for p in _data_only_guards(members)]
+        problems += group_problems
+    return problems
+
+
+def _prefixed(problem: Problem, prefix: str) -> Problem:
+    return problem.replace(detail=prefix + problem.detail) if prefix else problem
+
+
+def _rank_problems(nodes: list[NodeConfig], prefix: str) -> list[Problem]:
+    """One head, ranks 0..N-1 once each, and a peer: within one serving group."""
     problems: list[Problem] = []
     names = [n.name for n in nodes]
     if len(nodes) < 2:
         problems.append(Problem(
-            f"a cluster needs at least 2 nodes (found {len(nodes)}); tensor parallelism across nodes needs a peer "
-            f"on the fabric", names or ["(no hosts)"], fix="declare every node of the cluster in the inventory",
+            f"{prefix}a serving group needs at least 2 nodes (found {len(nodes)}: {', '.join(names)}); tensor "
+            f"parallelism across nodes needs a peer on the fabric", names,
+            key="serving_group" if prefix else None,
+            fix="declare every node of the group in the inventory" + (" (or set its serving_group to a group with "
+                                                                       "a peer)" if prefix else ""),
         ))
 
     heads = [n.name for n in nodes if n.rank == 0]
     if len(heads) != 1:
         found = "" if heads else f" (ranks found: {', '.join(f'{n.name}={n.rank}' for n in nodes)})"
         problems.append(Problem(
-            f"key 'rank' = 0 on {len(heads)} nodes{found}; exactly one node must have rank 0 (the head)",
+            f"{prefix}key 'rank' = 0 on {len(heads)} nodes{found}; exactly one node must have rank 0 (the head)",
             heads or names, key="rank", fix="give exactly one node rank 0 and the others 1..N-1",
         ))
     by_rank = Counter(n.rank for n in nodes)
     for rank, count in sorted(by_rank.items()):
         if count > 1 and rank != 0:
-            problems.append(Problem(f"key 'rank' = {rank} on {count} nodes; each rank must be used once",
+            problems.append(Problem(f"{prefix}key 'rank' = {rank} on {count} nodes; each rank must be used once",
                                     [n.name for n in nodes if n.rank == rank], key="rank",
                                     fix="give each node its own rank"))
     missing = sorted(set(range(len(nodes))) - set(by_rank))
     for n in nodes:
         if n.rank >= len(nodes):
             problems.append(Problem(
-                f"key 'rank' = {n.rank}: ranks must be 0..{len(nodes) - 1} without gaps "
+                f"{prefix}key 'rank' = {n.rank}: ranks must be 0..{len(nodes) - 1} without gaps "
                 f"(missing: {', '.join(map(str, missing))})", [n.name], key="rank",
             ))
+    return problems
+
+
+def _fabric_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]], several: bool) -> list[Problem]:
+    """Addresses unique in the fleet; the subnets the topology requires: back-to-back, one cable per
+    group of two, one subnet per link; switched, one subnet per group (one segment); one MTU on every
+    link (per group; on a switch, per segment)."""
+    problems: list[Problem] = []
 
     by_ip = Counter(n.fabric_ip for n in nodes)
     for ip, count in by_ip.items():
@@ -211,21 +293,70 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
                                     [n.name for n in nodes if n.fabric_ip == ip], key="fabric_address",
                                     fix="give each node its own address in the fabric subnet"))
 
-    networks: dict[IPv4Network, list[str]] = {}
     for n in nodes:
-        networks.setdefault(n.fabric_address.network, []).append(n.name)
         net = n.fabric_address.network
         if net.prefixlen < 31 and n.fabric_address.ip in (net.network_address, net.broadcast_address):
             problems.append(Problem(
                 f"key 'fabric_address' = {n.fabric_address}: that is the subnet's network or broadcast address; "
                 f"use a host address of {n.fabric_address.network}", [n.name], key="fabric_address",
             ))
-    if len(networks) > 1:
-        found = "; ".join(f"{', '.join(names)} in {net}" for net, names in networks.items())
-        problems.append(Problem(f"key 'fabric_address': all nodes must be in one subnet, found {found}",
-                                key="fabric_address", sources=(), fix="put every node's fabric_address in one subnet"))
 
-    problems += _management_problems(nodes, ssh_ports or {})
+    topologies = Counter(n.fabric_topology for n in nodes)
+    if len(topologies) > 1:
+        found = ", ".join(f"{n.name}={n.fabric_topology!r}" for n in nodes)
+        problems.append(Problem(
+            f"key 'fabric_topology' differs between nodes ({found}); allowed: {', '.join(map(repr, FABRIC_TOPOLOGIES))}, "
+            f"one for the whole fleet", [n.name for n in nodes], key="fabric_topology",
+            fix="set it once for every node (group_data)",
+        ))
+        return problems
+    topology = nodes[0].fabric_topology if nodes else "back-to-back"
+    for group, members in sorted(groups.items()):
+        prefix = _in_group(group, several)
+        names = [n.name for n in members]
+        if topology == "back-to-back" and len(members) > 2:
+            problems.append(Problem(
+                f"{prefix}key 'fabric_topology' = 'back-to-back' with {len(members)} nodes ({', '.join(names)}): a "
+                f"back-to-back cable joins two nodes; allowed: {', '.join(map(repr, FABRIC_TOPOLOGIES))}", names,
+                key="fabric_topology", fix="set fabric_topology = 'switch' for nodes on one switch, or split the "
+                "nodes into serving groups of two",
+            ))
+        networks: dict[IPv4Network, list[str]] = {}
+        for n in members:
+            networks.setdefault(n.fabric_address.network, []).append(n.name)
+        if len(networks) > 1:
+            found = "; ".join(f"{', '.join(ns)} in {net}" for net, ns in networks.items())
+            where = "the nodes of a link" if topology == "back-to-back" else "the nodes of a group on the switch"
+            problems.append(Problem(
+                f"{prefix}key 'fabric_address': {where} must be in one subnet, found {found}", names,
+                key="fabric_address", fix="put every fabric_address of the group in one subnet",
+            ))
+        mtus = {n.fabric_mtu for n in members}
+        if len(mtus) > 1:
+            found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in members)
+            problems.append(Problem(
+                f"{prefix}key 'fabric_mtu' differs between nodes ({found}); every end of a link needs one MTU",
+                names, key="fabric_mtu"))
+    if topology == "back-to-back" and several:
+        # Separate cables: a subnet shared by two links would route one group's traffic out of the other's port.
+        owners: dict[IPv4Network, set[str]] = {}
+        for n in nodes:
+            owners.setdefault(n.fabric_address.network, set()).add(n.serving_group)
+        for net, shared in sorted(owners.items(), key=lambda kv: str(kv[0])):
+            if len(shared) > 1:
+                problems.append(Problem(
+                    f"key 'fabric_address': subnet {net} is used by the back-to-back links of serving groups "
+                    f"{', '.join(sorted(shared))}; each cable needs its own subnet",
+                    [n.name for n in nodes if n.fabric_address.network == net], key="fabric_address",
+                    fix="give each group's link its own subnet",
+                ))
+    if topology == "switch":
+        mtus = {n.fabric_mtu for n in nodes}
+        if len(mtus) > 1:
+            found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in nodes)
+            problems.append(Problem(
+                f"key 'fabric_mtu' differs between nodes on one switched segment ({found}); a segment has one MTU",
+                [n.name for n in nodes], key="fabric_mtu"))
 
     for n in nodes:
         if n.fabric_mtu != JUMBO_MTU and not (n.fabric_mtu_reason or "").strip():
@@ -233,18 +364,6 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
                 f"key 'fabric_mtu' = {n.fabric_mtu}: must be {JUMBO_MTU} (jumbo frames; NCCL bandwidth drops ~7x "
                 f"without) unless 'fabric_mtu_reason' says why it differs on purpose", [n.name], key="fabric_mtu",
             ))
-    mtus = {n.fabric_mtu for n in nodes}
-    if len(mtus) > 1:
-        found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in nodes)
-        problems.append(Problem(f"key 'fabric_mtu' differs between nodes ({found}); both ends of a link need one MTU",
-                                key="fabric_mtu"))
-    for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
-        problems.extend(node_value_problems(n))
-    problems.extend(watchdog_problems(nodes))  # one watchdog for the pair; its grace and window fit a cold start
-    if nodes and not problems:
-        problems.extend(as_problem(p, names) for p in serving_problems(nodes))
-    if nodes and not problems:
-        problems.extend(_data_only_guards(nodes))
     return problems
 
 
@@ -360,4 +479,4 @@ def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConf
         problems.extend(_cluster_problems(nodes, ssh_ports))
     if problems:
         raise ConfigError(problems)
-    return ClusterConfig(nodes=tuple(sorted(nodes, key=lambda n: n.rank)))
+    return ClusterConfig(nodes=tuple(sorted(nodes, key=lambda n: (n.serving_group, n.rank))))

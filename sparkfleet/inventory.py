@@ -65,10 +65,45 @@ def load_cluster(
     return validate_inventory(inventory, sources)
 
 
-def cluster_from_state(state) -> ClusterConfig:
-    """The validated cluster as pyinfra merged it (inside a deploy). Cached on the state."""
+def fleet_from_state(state) -> ClusterConfig:
+    """The validated fleet (every serving group) as pyinfra merged it (inside a deploy). Cached on
+    the state."""
     cached = getattr(state, "_sparkfleet_cluster", None)
     if cached is None:
         cached = build_cluster((h.name, h.data.dict()) for h in state.inventory)
         state._sparkfleet_cluster = cached
+        state._sparkfleet_groups = None  # built on first use (cluster_from_state)
     return cached
+
+
+def current_group(state) -> str | None:
+    """The serving group of the host pyinfra is working on (its greenlet's host), or None outside one."""
+    from pyinfra.context import ctx_host
+
+    host = ctx_host.get()
+    fleet = fleet_from_state(state)
+    node = fleet.find(host.name) if host is not None else None
+    return node.serving_group if node is not None else None
+
+
+def cluster_from_state(state) -> ClusterConfig:
+    """The serving group of the current host: what a role sees as "the cluster" (its head, its
+    workers, its peers). Every prepare-time decision is taken per group, so groups are independent;
+    with one group (today's pair) it is the whole inventory. Outside a host's context: the fleet."""
+    fleet = fleet_from_state(state)
+    group = current_group(state)
+    if group is None:
+        return fleet
+    groups = getattr(state, "_sparkfleet_groups", None)
+    if groups is None:
+        groups = state._sparkfleet_groups = fleet.groups
+    return groups[group]
+
+
+def group_hosts(state, hosts) -> list:
+    """The hosts among `hosts` that are in the current host's serving group (all of them outside a host)."""
+    fleet = fleet_from_state(state)
+    group = current_group(state)
+    if group is None:
+        return list(hosts)
+    return [h for h in hosts if (n := fleet.find(h.name)) is not None and n.serving_group == group]

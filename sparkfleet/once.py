@@ -1,4 +1,4 @@
-"""Run a cluster-wide step once per deploy, however many hosts load the deploy file.
+"""Run a cluster-wide step once per deploy (per serving group), however many hosts load the deploy file.
 
 pyinfra loads deploy.py once per host, in parallel greenlets, at prepare time. Checks that need
 every node's facts (the preflight table, the fabric proof) run in the first greenlet that asks;
@@ -11,6 +11,15 @@ from gevent.lock import Semaphore
 
 
 def once_per_run(state, key: str, compute: Callable[[], Any]) -> Any:
+    """compute() once per serving group (its hosts' greenlets share the result): every decision a
+    role takes is its group's, so a change to one group's profile restarts that group only."""
+    from sparkfleet.inventory import current_group
+
+    return once_per_fleet(state, f"{current_group(state)}:{key}", compute)
+
+
+def once_per_fleet(state, key: str, compute: Callable[[], Any]) -> Any:
+    """compute() once per run, whatever the group (the plan table, the router)."""
     registry = state.__dict__.setdefault("_sparkfleet_once", {})
     lock = registry.setdefault(("lock", key), Semaphore())
     with lock:
@@ -26,6 +35,14 @@ def once_per_run(state, key: str, compute: Callable[[], Any]) -> Any:
 
 
 def active_hosts(state):
+    """The active hosts of the current host's serving group (every active host outside a host)."""
+    from sparkfleet.inventory import group_hosts
+
+    return group_hosts(state, state.inventory.get_active_hosts())
+
+
+def fleet_hosts(state):
+    """Every active host of the fleet, whatever its group."""
     return list(state.inventory.get_active_hosts())
 
 
@@ -61,3 +78,38 @@ def per_host(state, compute: Callable[[Any], Any], hosts=None) -> dict[str, Any]
     """host name -> compute(host), every host at once (see at_once)."""
     hosts = list(active_hosts(state) if hosts is None else hosts)
     return dict(zip((h.name for h in hosts), at_once(*(lambda h=h: compute(h) for h in hosts))))
+
+
+def per_group(state, compute: Callable[[Any], Any]) -> dict[str, Any]:
+    """group name -> compute(group), every serving group at once, each in a greenlet whose host is
+    one of that group's (its head when active): once_per_run keys, cluster_from_state and
+    active_hosts there are that group's, so the results are the ones its roles read."""
+    import gevent
+    from pyinfra.context import ctx_host, ctx_state
+
+    from sparkfleet.inventory import fleet_from_state
+
+    fleet = fleet_from_state(state)
+    active = {h.name: h for h in fleet_hosts(state)}
+    chosen = {}
+    for name, group in fleet.groups.items():
+        host = next((active[n.name] for n in group.nodes if n.name in active), None)  # nodes are in rank order
+        if host is not None:
+            chosen[name] = (group, host)
+
+    def one(group, host):
+        try:
+            with ctx_state.use(state), ctx_host.use(host):
+                return "ok", compute(group)
+        except Exception as exc:
+            return "error", exc
+
+    greenlets = {name: gevent.spawn(one, group, host) for name, (group, host) in chosen.items()}
+    gevent.joinall(list(greenlets.values()))
+    out = {}
+    for name, greenlet in greenlets.items():
+        kind, value = greenlet.value
+        if kind == "error":
+            raise value
+        out[name] = value
+    return out

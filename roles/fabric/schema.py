@@ -5,6 +5,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 JUMBO_MTU = 9000
+# back-to-back: one cable per serving group of two; switch: every node on one switched segment.
+FABRIC_TOPOLOGIES = ("back-to-back", "switch")
 
 
 class FabricData(BaseModel):
@@ -16,6 +18,12 @@ class FabricData(BaseModel):
     fabric_address: IPv4Interface = Field(
         description="This node's static fabric address with prefix, e.g. 10.77.77.1/30. Required per node.",
         strict=False,  # written as text ("10.77.77.1/30"); every other key is strictly typed (no coercion)
+    )
+    fabric_topology: Literal["back-to-back", "switch"] = Field(
+        "back-to-back",
+        description="How the CX7 ports are cabled: back-to-back (one cable per serving group of two nodes, a "
+        "subnet per cable) or switch (every node on one switched segment; the group's nodes in one subnet). The "
+        "jumbo-frame proof runs between every two nodes of a group either way. One value for the whole fleet.",
     )
     fabric_mtu: int = Field(
         JUMBO_MTU,

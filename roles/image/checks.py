@@ -1,6 +1,7 @@
 """Where the recipe lives on the head, which image a profile builds, and whether every node has it."""
 import json
 import re
+from dataclasses import dataclass
 
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
@@ -176,6 +177,32 @@ def image_ids(state, profile) -> dict[str, str | None]:
         f"image-ids:{profile.image_ref}",
         lambda: per_host(state, lambda h: h.get_fact(DockerImageId, ref=profile.image_ref)),
     )
+
+
+@dataclass
+class ImagePlan:
+    head_id: str | None  # the image's ID on the head before the run; None: the head builds it
+    ship: list[str]  # workers that pull it from the head's registry (missing or another ID)
+
+    @property
+    def build(self) -> bool:
+        return self.head_id is None
+
+    @property
+    def in_sync(self) -> bool:
+        return not self.build and not self.ship
+
+
+def image_plan(state, profile) -> ImagePlan:
+    """Whether the head builds the profile's image and which workers pull it, from the image IDs
+    every node of the group had at prepare time."""
+    from sparkfleet.inventory import cluster_from_state
+
+    cluster = cluster_from_state(state)
+    ids = image_ids(state, profile)
+    head_id = ids.get(cluster.head.name)
+    ship = [n.name for n in cluster.workers if n.name in ids and (head_id is None or ids[n.name] != head_id)]
+    return ImagePlan(head_id=head_id, ship=ship)
 
 
 def ids_differ_message(ids: dict[str, str | None], ref: str) -> str:

@@ -20,7 +20,7 @@ from pyinfra.operations.util import any_changed
 from roles.docker.checks import registry_address
 from roles.image.checks import (
     RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids,
-    other_profile_images, recipe_dir, record_base_images, refuse_loose_commit, registry_ref, verify_same_image,
+    image_plan, other_profile_images, recipe_dir, record_base_images, refuse_loose_commit, registry_ref, verify_same_image,
 )
 from roles.image.commands import (
     build_command, build_step, checkout_step, git_fetch_command, pull_command, pull_step, push_command, push_step,
@@ -38,8 +38,9 @@ node = cluster.node(host.name)
 profile = node_profile(node)
 recipe = profile.recipe
 ids = image_ids(state, profile)  # prepare-time: which nodes have the image, and which ID
-head_id = ids.get(cluster.head.name)
-in_sync = head_id is not None and len(set(ids.values())) == 1
+plan = image_plan(state, profile)  # the run's plan (sparkfleet/plan.py): build on the head, ship to workers
+head_id = plan.head_id
+in_sync = plan.in_sync
 on_head = node.is_head
 src = recipe_dir(node, profile)
 
@@ -164,7 +165,7 @@ server.shell(
         pull_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_pull_timeout_s
         f"docker tag {registry_ref(cluster, profile)} {profile.image_ref}",
     ],
-    _if=lambda: not on_head and (head_id is None or ids.get(node.name) != head_id),
+    _if=lambda: not on_head and node.name in plan.ship,
 )
 
 # 6. The same image ID everywhere: true at prepare when in sync, checked after the pulls otherwise.

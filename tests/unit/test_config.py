@@ -53,7 +53,8 @@ def test_no_rank_zero_is_refused():
 
 def test_rank_gap_is_refused_naming_host_and_missing_rank():
     hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 3, "fabric_address": "10.77.77.3/29"}})
-    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29")}) for n, d in hosts]
+    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29"), "fabric_topology": "switch"})
+             for n, d in hosts]
     [msg] = problems(hosts)
     assert msg.startswith("spark-c: key 'rank' = 3") and "missing: 2" in msg
 
@@ -144,7 +145,7 @@ def test_pyinfra_keys_pass_through():
 
 def test_single_node_is_refused():
     [msg] = problems(pair()[:1])
-    assert msg.startswith("spark-a: a cluster needs at least 2 nodes")
+    assert msg.startswith("spark-a: a serving group needs at least 2 nodes (found 1: spark-a)")
 
 
 def test_every_problem_is_reported_at_once():

@@ -190,7 +190,7 @@ class Deploy:
         self.state = SimpleNamespace(_sparkfleet_cluster=cluster, ops={})
         # once_per_run keeps its registry in the __dict__ of the `state` it is given: pyinfra's context
         # proxy (from pyinfra import state), for the whole process. The plan is this test's, and only its.
-        monkeypatch.setitem(pyinfra_state.__dict__, "_sparkfleet_once", {"watchdog-plan": ("ok", plan)})
+        monkeypatch.setitem(pyinfra_state.__dict__, "_sparkfleet_once", {"pair:watchdog-plan": ("ok", plan)})  # once_per_run: per serving group
         self.ops = []  # (include index, line, occurrence, host index, Op)
         for module, names in ((files, ("put", "directory")), (server, ("shell",)), (python, ("call",)),
                               (systemd, ("service", "daemon_reload")), (apt, ("packages",))):

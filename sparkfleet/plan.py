@@ -1,0 +1,95 @@
+"""The run's plan: per serving group, what is fetched, built, shipped, warmed and restarted.
+
+Every decision below is a role's own prepare-time verdict (facts read before any operation), taken
+once per group and cached (sparkfleet.once): the roles then execute exactly these verdicts. The
+table prints once, before any operation runs, like a dry run's plan; a group whose row says
+nothing is left alone (groups are independent: a change to one group's profile restarts that
+group only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyinfra import logger
+
+from sparkfleet.once import once_per_fleet, per_group
+
+
+@dataclass
+class GroupPlan:
+    group: str
+    profile: str
+    image: str
+    nodes: list[str]  # head first
+    fetch: list[str] = field(default_factory=list)  # models the head fetches
+    build: bool = False  # the head builds the image
+    ship: list[str] = field(default_factory=list)  # "image -> node", "model -> node": sent over the fabric
+    warm: str = ""  # "prewarm" | "sync <nodes>" | ""
+    restart: bool = False
+    reasons: list[str] = field(default_factory=list)  # why the group restarts
+    healthy: bool = False
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.fetch or self.build or self.ship or self.warm or self.restart)
+
+
+def group_plan(state, group) -> GroupPlan:
+    """One group's verdicts (run in a greenlet of that group: sparkfleet.once.per_group)."""
+    from roles.image.checks import image_plan
+    from roles.kernel_cache.checks import cache_plan
+    from roles.serving.checks import pair_state
+    from roles.serving.schema import node_profile
+    from roles.weights.checks import weights_plan
+
+    profile = node_profile(group.head)
+    image = image_plan(state, profile)
+    weights = weights_plan(state)
+    caches = cache_plan(state)
+    serving = pair_state(state)
+    plan = GroupPlan(group=group.group or "pair", profile=profile.name, image=profile.image_ref,
+                     nodes=[n.name for n in group.nodes])
+    plan.fetch = sorted(weights.fetch)
+    plan.build = image.build
+    plan.ship = [f"image -> {n}" for n in image.ship]
+    plan.ship += [f"{model} -> {n}" for (model, n) in sorted(weights.pull)]
+    if caches.prewarm:
+        plan.warm = "prewarm"
+    elif caches.sync:
+        plan.warm = "sync " + ", ".join(sorted(caches.sync))
+    plan.restart, plan.reasons, plan.healthy = serving.restart, list(serving.reasons), serving.healthy
+    return plan
+
+
+def _cell(items: list[str], empty: str = "-") -> str:
+    return ", ".join(items) if items else empty
+
+
+def plan_table(plans: dict[str, GroupPlan]) -> list[str]:
+    """The table's lines: one row per group, then each restarting group's reasons."""
+    header = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
+    rows = [header]
+    for name, p in sorted(plans.items()):
+        restart = "yes" if p.restart else ("no, serving" if p.healthy else "no, /health not 200")
+        rows.append((name, p.profile, _cell(p.nodes), _cell(p.fetch), "yes" if p.build else "-", _cell(p.ship),
+                     p.warm or "-", restart))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    for name, p in sorted(plans.items()):
+        for reason in p.reasons:
+            lines.append(f"  {name} restarts: {reason}")
+    return lines
+
+
+def fleet_plan(state) -> dict[str, GroupPlan]:
+    """Every group's plan, printed once as a table before any operation runs."""
+    def compute():
+        plans = per_group(state, lambda group: group_plan(state, group))
+        changed = sum(p.changes for p in plans.values())
+        logger.info(f"--> sparkfleet plan: {len(plans)} serving group(s), {changed} with changes "
+                    f"(decided before any change; the roles execute this plan)")
+        for line in plan_table(plans):
+            logger.info("    " + line)
+        return plans
+
+    return once_per_fleet(state, "plan", compute)
