@@ -11,10 +11,9 @@ from sparkfleet.inventory import sparks
 
 # lab/inventory.py's SSH settings and netplan renderer (the same lab state: key, known_hosts)
 _ssh = runpy.run_path(str(Path(__file__).with_name("inventory.py")))["_ssh"]
-_switch = {**_ssh, "fabric_topology": "switch", "serving_group": "fleet"}
-# The profile: four ranks need one whose tensor x pipeline parallelism is 4 (being added). Until a
-# profile is chosen here (`"serving_profile": ...` in _switch), the test sets it per run:
-# pyinfra -y lab/inventory_fleet_one.py deploy.py --data serving_profile=<profile>
+# The lab's profile (a pair's: TP 2) served by four ranks at TP 2 x PP 2: the group's parallelism.
+_switch = {**_ssh, "fabric_topology": "switch", "serving_group": "fleet",
+           "serving_tensor_parallel_size": 2, "serving_pipeline_parallel_size": 2}
 
 spark_hosts = sparks(
     __file__,

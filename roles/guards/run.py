@@ -4,10 +4,10 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.guards.checks import GIB, license_gate, memory_admission, refused_settings, top_consumers
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
-from roles.guards.kv_budget import kv_budget
+from roles.guards.kv_budget import PP_LAYER_PARTITION, kv_budget
 from roles.preflight.checks import gather_and_check
 from roles.serving.checks import pair_state
-from roles.serving.engine import engine_args, env_file_path, unit_name
+from roles.serving.engine import engine_args, env_file_path, pinned_env, unit_name
 from roles.serving.schema import node_profile
 from roles.weights.checks import model_dir
 from sparkfleet.inventory import cluster_from_state
@@ -93,8 +93,13 @@ def _kv_budget(cluster, facts, rows, head_facts: dict) -> list[str]:
             reserve_gib=node.guard_kv_reserve_gib,
             config=json.loads(model["config"]),
             kv_cache_dtype=profile.kv_cache_dtype,
+            # Per rank for the group's TP x PP split: its stage's layers, its share (kv_budget).
+            engine=profile.engine,
             tensor_parallel_size=profile.tensor_parallel_size,
+            pipeline_parallel_size=profile.pipeline_parallel_size,
+            rank=node.rank,
             max_model_len=profile.max_model_len,
+            layer_partition=pinned_env(profile, node).get(PP_LAYER_PARTITION[profile.engine]),
         )
         rows.append(f"kv budget on {node.name}: ~{tokens} tokens fit (max_model_len {profile.max_model_len})")
         if refusal:

@@ -73,6 +73,9 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
     args = ["vllm", "serve", model_path(profile.model), "--served-model-name", profile.api_model_name]
     args += [
         "--tensor-parallel-size", str(profile.tensor_parallel_size),
+        # Always rendered, 1 included (vllm/engine/arg_utils.py --pipeline-parallel-size); the mp
+        # executor spans the nodes with PP as with TP (vllm/v1/executor/multiproc_executor.py).
+        "--pipeline-parallel-size", str(profile.pipeline_parallel_size),
         # Ray's memory monitor killed the head at 115.62/121.69 GB of unified memory; mp has none.
         "--distributed-executor-backend", "mp",
         "--nnodes", str(len(cluster.nodes)),
@@ -134,6 +137,10 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
     args += [
         # --tp-size is the flag's own name; the docs' `--tp` only works as an argparse abbreviation.
         "--tp-size", str(profile.tensor_parallel_size),
+        # Always rendered, 1 included (sglang/srt/arg_groups/fields/parallel.py pp_size); each node's
+        # stage and TP rank follow from --nnodes/--node-rank (sglang/srt/entrypoints/engine.py
+        # _calculate_rank_ranges).
+        "--pp-size", str(profile.pipeline_parallel_size),
         "--dist-init-addr", f"{cluster.head.fabric_ip}:{profile.master_port}",
         "--nnodes", str(len(cluster.nodes)),
         "--node-rank", str(node.rank),

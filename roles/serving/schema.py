@@ -157,7 +157,15 @@ class Profile(_Strict):
     model: str
     model_revision: str = Field(min_length=1)
     served_model_name: str | None = None
-    tensor_parallel_size: int = Field(ge=1)
+    tensor_parallel_size: int = Field(
+        ge=1, description="TP: each layer's heads and weights split across this many ranks (vLLM "
+        "--tensor-parallel-size, SGLang --tp-size)"
+    )
+    pipeline_parallel_size: int = Field(
+        ge=1, description="PP: the layers split into this many consecutive stages, each on TP ranks (vLLM "
+        "--pipeline-parallel-size, SGLang --pp-size; always rendered, 1 included). One GB10 per node: "
+        "tensor_parallel_size x pipeline_parallel_size is the serving group's node count"
+    )
     speculative: Speculative | None = None
     kv_cache_dtype: str
     quantization: str | None = Field(
@@ -261,6 +269,22 @@ SGLANG_SPECULATIVE_ALGORITHMS = (
 )
 SGLANG_KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
 SGLANG_ONLY_SPECULATIVE = ("num_steps", "eagle_topk", "num_draft_tokens")
+# Pipeline parallelism across nodes, read in the engines at the pinned versions. Both run it with
+# the multi-node launch sparkfleet renders, so neither refuses pipeline_parallel_size > 1 as such:
+# - vLLM 0.33.0: --pipeline-parallel-size (vllm/engine/arg_utils.py); the mp executor spans nodes with
+#   --nnodes/--node-rank, world size TP x PP, rank = PP stage x TP + TP rank, one rank per node here,
+#   the output read from the first rank of the last stage (vllm/v1/executor/multiproc_executor.py
+#   _init_executor, _get_output_rank); --nnodes must divide TP x PP (create_engine_config).
+# - SGLang 0.5.23: --pp-size (sglang/srt/arg_groups/fields/parallel.py); every node gets its PP and
+#   TP ranks from --nnodes/--node-rank (sglang/srt/entrypoints/engine.py _calculate_rank_ranges:
+#   with one GPU per node, stage node_rank // TP and TP rank node_rank % TP, the same order as
+#   vLLM's); tp_size x pp_size must be a multiple of nnodes (check_server_args in
+#   sglang/srt/arg_groups/validation_hook.py). Its check_pipeline_parallel_compat (same file) allows
+#   speculative decoding with PP only for EAGLE (NEXTN is its alias, resolved to EAGLE in
+#   sglang/srt/arg_groups/speculative_hook.py); DSPARK only with prefill disaggregation, which
+#   sparkfleet does not render. That check runs after the checkpoint's config is read, so the parity
+#   tier cannot reach it without weights: it is refused here when the profile loads.
+SGLANG_PP_SPECULATIVE_ALGORITHMS = ("EAGLE", "NEXTN")
 
 
 def _vllm_problems(p: Profile) -> list[str]:
@@ -300,6 +324,10 @@ def _sglang_problems(p: Profile) -> list[str]:
                             "target's TP")
         if spec.draft_kv_cache_dtype is not None:
             problems.append("speculative.draft_kv_cache_dtype is vLLM's; SGLang's drafter uses --kv-cache-dtype")
+        if p.pipeline_parallel_size > 1 and spec.method not in SGLANG_PP_SPECULATIVE_ALGORITHMS:
+            problems.append(f"speculative.method {spec.method!r} with pipeline_parallel_size "
+                            f"{p.pipeline_parallel_size}: SGLang runs pipeline parallelism with EAGLE (NEXTN) "
+                            f"drafting only and refuses any other at start (check_pipeline_parallel_compat)")
     if p.watchdog_timeout_s is None:
         problems.append("watchdog_timeout_s is required (SGLang --watchdog-timeout; its default is not pinned)")
     if p.kv_cache_dtype not in SGLANG_KV_CACHE_DTYPES:
@@ -315,9 +343,10 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=()) -> Profile:
-    """The named profile, validated; recipe_overrides (from node data) replace recipe fields and
-    extra_args (node data) follow the profile's."""
+def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(), parallel: dict | None = None) -> Profile:
+    """The named profile, validated; recipe_overrides (from node data) replace recipe fields,
+    extra_args (node data) follow the profile's and parallel (the group's TP and PP, node data)
+    replaces the profile's sizes before validation (so every engine rule sees them)."""
     from roles.serving import profile_file
 
     path = PROFILES_DIR / f"{name}.yaml"
@@ -331,6 +360,7 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=())
         data["recipe"] = {**data.get("recipe", {}), **recipe_overrides}
     if extra_args and isinstance(data.get("extra_args", []), list):
         data["extra_args"] = [*data.get("extra_args", []), *extra_args]
+    data.update(parallel or {})
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
@@ -347,6 +377,14 @@ class ServingData(BaseModel):
     serving_recipe_commit: str | None = Field(
         None, pattern=r"^[0-9a-f]{7,40}$", description="override of the profile's pinned recipe commit (the full "
         "40-hex SHA; an abbreviated one is refused at prepare, naming the full SHA where the head can resolve it)"
+    )
+    serving_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="the serving group's TP, replacing the profile's tensor_parallel_size (none: the "
+        "profile's); with serving_pipeline_parallel_size, TP x PP = the group's node count"
+    )
+    serving_pipeline_parallel_size: int | None = Field(
+        None, ge=1, description="the serving group's PP, replacing the profile's pipeline_parallel_size (none: the "
+        "profile's): four nodes serve a pair's profile at TP 2 x PP 2"
     )
     serving_start_at_boot: bool = Field(True, description="enable the units, so the pair starts at boot")
     serving_health_timeout_s: int = Field(
@@ -396,14 +434,36 @@ def node_profile(node) -> Profile:
         overrides["repository"] = node.serving_recipe_repository
     if node.serving_recipe_commit:
         overrides["commit"] = node.serving_recipe_commit
-    return load_profile(node.serving_profile, overrides, node.serving_extra_args)
+    parallel = {field: value for field, value in (("tensor_parallel_size", node.serving_tensor_parallel_size),
+                                                   ("pipeline_parallel_size", node.serving_pipeline_parallel_size))
+                if value is not None}
+    return load_profile(node.serving_profile, overrides, node.serving_extra_args, parallel)
 
 
-SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args")
+SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args",
+                       "serving_tensor_parallel_size", "serving_pipeline_parallel_size")
+
+
+def world_size(profile: Profile) -> int:
+    """The engine's world size: every TP x PP rank, one per node (one GB10 each)."""
+    return profile.tensor_parallel_size * profile.pipeline_parallel_size
+
+
+def parallelism_problems(profile: Profile, nodes) -> list[str]:
+    """The group's node count is the profile's TP x PP: one rank per node, one GB10 GPU each (both
+    engines place rank node_rank on that node; a product below the count leaves nodes idle, above it
+    asks for GPUs the nodes do not have)."""
+    tp, pp = profile.tensor_parallel_size, profile.pipeline_parallel_size
+    if world_size(profile) == len(nodes):
+        return []
+    return [f"key 'serving_profile' = {profile.name!r}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} = "
+            f"{tp * pp} ranks but {len(nodes)} nodes (one GB10 GPU per node: TP x PP must equal the node count; "
+            f"serving_tensor_parallel_size and serving_pipeline_parallel_size set them for the group)"]
 
 
 def serving_problems(nodes) -> list[str]:
-    """Cross-node serving invariants: one profile for the whole pair, loadable, sized for it."""
+    """Cross-node serving invariants of one serving group: one profile for all its nodes, loadable,
+    sized for it (TP x PP = its node count)."""
     problems = []
     for key in SHARED_SERVING_KEYS:
         values = {repr(getattr(n, key)) for n in nodes}
@@ -417,11 +477,7 @@ def serving_problems(nodes) -> list[str]:
         profile = node_profile(node)
     except ValueError as err:
         return [f"{', '.join(n.name for n in nodes)}: key 'serving_profile' = {node.serving_profile!r}: {err}"]
-    if profile.tensor_parallel_size != len(nodes):
-        problems.append(
-            f"key 'serving_profile' = {profile.name!r}: tensor_parallel_size {profile.tensor_parallel_size} but "
-            f"{len(nodes)} nodes (one GB10 GPU per node: TP must equal the node count)"
-        )
+    problems += parallelism_problems(profile, nodes)
     # Every rank's command line renders (extra args that repeat a rendered flag, a refused setting).
     from types import SimpleNamespace
 

@@ -18,10 +18,12 @@ What runs is vLLM's own code, in the order `vllm serve` runs it before it needs 
    parser names registered in this version (ToolParserManager, ReasoningParserManager)
 5. the config classes that validate what the flags carry, each built from the parsed values:
    CacheConfig (vllm/config/cache.py: --kv-cache-dtype, --gpu-memory-utilization),
-   ParallelConfig (vllm/config/parallel.py: TP, nnodes, node rank, master address and port, the
-   distributed timeout), SpeculativeConfig's fields (vllm/config/speculative.py: every key of
-   --speculative-config against its declared type, the method Literal among them), and the
-   quantization registry (vllm/model_executor/layers/quantization/__init__.py).
+   ParallelConfig (vllm/config/parallel.py: TP, PP, nnodes, node rank, master address and port, the
+   distributed timeout) with the mp executor's _get_parallel_sizes on it (vllm/v1/executor/
+   multiproc_executor.py: TP x PP split evenly over the nodes), SpeculativeConfig's fields
+   (vllm/config/speculative.py: every key of --speculative-config against its declared type, the
+   method Literal among them), and the quantization registry
+   (vllm/model_executor/layers/quantization/__init__.py).
 Building SpeculativeConfig or ModelConfig whole needs the model's config.json and a GPU; those
 steps are left to the pair itself.
 
@@ -115,17 +117,29 @@ def config_checks(argv: list[str], ns, engine_args) -> list[Refused]:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 build()
-        except (pydantic.ValidationError, ValueError, TypeError, KeyError) as err:
+        except (pydantic.ValidationError, ValueError, TypeError, KeyError, AssertionError) as err:
             refusals.append(Refused(flag, value, f"{type(err).__name__}: {err}"))
 
     attempt("--kv-cache-dtype", engine_args.kv_cache_dtype, lambda: CacheConfig(
         cache_dtype=engine_args.kv_cache_dtype, gpu_memory_utilization=engine_args.gpu_memory_utilization))
-    attempt("--tensor-parallel-size", _value_of(argv, "--tensor-parallel-size"), lambda: ParallelConfig(
-        tensor_parallel_size=engine_args.tensor_parallel_size,
-        distributed_executor_backend=engine_args.distributed_executor_backend,
-        nnodes=engine_args.nnodes, node_rank=engine_args.node_rank,
-        master_addr=engine_args.master_addr, master_port=engine_args.master_port,
-        distributed_timeout_seconds=engine_args.distributed_timeout_seconds))
+    def parallel():
+        config = ParallelConfig(
+            tensor_parallel_size=engine_args.tensor_parallel_size,
+            pipeline_parallel_size=engine_args.pipeline_parallel_size,
+            distributed_executor_backend=engine_args.distributed_executor_backend,
+            nnodes=engine_args.nnodes, node_rank=engine_args.node_rank,
+            master_addr=engine_args.master_addr, master_port=engine_args.master_port,
+            distributed_timeout_seconds=engine_args.distributed_timeout_seconds)
+        # The mp executor's own first step across nodes (vllm/v1/executor/multiproc_executor.py
+        # _get_parallel_sizes, from _init_executor): TP x PP must split evenly over --nnodes, each
+        # node starting local_world_size workers. Run on a bare executor: nothing else of it is built.
+        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+        executor = MultiprocExecutor.__new__(MultiprocExecutor)
+        executor.parallel_config = config
+        executor._get_parallel_sizes()
+
+    attempt("--tensor-parallel-size", _value_of(argv, "--tensor-parallel-size"), parallel)
     if engine_args.quantization is not None:
         attempt("--quantization", engine_args.quantization, lambda: get_quantization_config(engine_args.quantization))
 

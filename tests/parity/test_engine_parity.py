@@ -1,12 +1,13 @@
 """Engine parity: every command line and environment sparkfleet renders, proven against the real
 engines at the pinned versions (tests/parity/vllm.txt, tests/parity/sglang.txt), without a GPU.
 
-For every profile x rank x (real-hardware data, lab data) the exact argv the unit runs goes through
-the engine's own parser and config validation (tests/parity/check_<engine>.py, run by the engine's
-own virtualenv), and every variable of the rank's env file must be read by the engine, by a library
-of its stack (roles/serving/env_readers.py), or by the recipe's launcher (the profile's
-launcher_env). Refusals owned by a declared recipe extension pass; a declared extension the engine
-accepts anyway fails. Needs --parity (make test passes it; `make parity` runs this tier alone).
+For every profile x rank x (real-hardware data, lab data), for the pair (TP 2) and for a four-node
+group (TP 2 x PP 2), the exact argv the unit runs goes through the engine's own parser and config
+validation (tests/parity/check_<engine>.py, run by the engine's own virtualenv), and every variable
+of the rank's env file must be read by the engine, by a library of its stack
+(roles/serving/env_readers.py), or by the recipe's launcher (the profile's launcher_env). Refusals
+owned by a declared recipe extension pass; a declared extension the engine accepts anyway fails.
+Needs --parity (make test passes it; `make parity` runs this tier alone).
 """
 import json
 import subprocess
@@ -19,7 +20,8 @@ import pytest
 from roles.serving.engine import SGLANG_KEY_CONFIG, engine_args, rank_env
 from roles.serving.env_readers import library_readers
 from roles.serving.schema import Profile, load_profile, profile_names
-from tests.unit.test_serving_render import GIDS, cluster
+from tests.unit.helpers import GROUP_NODES
+from tests.unit.test_serving_render import GIDS, PP_VARIANT, cluster, group_cluster, parallel_variants
 
 HERE = Path(__file__).resolve().parent
 ENGINE_NAME = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -57,10 +59,11 @@ def key_config() -> str:
     return str(path)
 
 
-def render(profile: Profile, kind: str, name: str) -> dict:
+def render(profile: Profile, kind: str, name: str, c=None) -> dict:
     """One case: the rank's argv and env exactly as its unit and env file carry them (the head's
-    API key too: vLLM's key env file, SGLang's --config file)."""
-    c = cluster(kind, profile.name)
+    API key too: vLLM's key env file, SGLang's --config file). `c`: the serving group (default: the
+    pair serving the profile)."""
+    c = c or cluster(kind, profile.name)
     node = c.node(name)
     argv = engine_args(profile, c, node)
     env = rank_env(profile, c, node, GIDS[name] if node.rdma_hca else None)
@@ -68,8 +71,9 @@ def render(profile: Profile, kind: str, name: str) -> dict:
         env["VLLM_API_KEY"] = PARITY_KEY  # the head's second --env-file (roles/serving/api_key.py)
     if SGLANG_KEY_CONFIG in argv:
         argv[argv.index(SGLANG_KEY_CONFIG)] = key_config()
+    group = "" if len(c.nodes) == 2 else f", {len(c.nodes)}-node group"
     return {
-        "id": f"{profile.name} rank {node.rank} ({kind} data, {name})",
+        "id": f"{profile.name} rank {node.rank} ({kind} data, {name}{group})",
         "argv": argv,
         "env": env,
         "extensions": [{"name": e.name, "flag": e.flag, "value": e.value} for e in profile.extensions],
@@ -99,9 +103,22 @@ def problems(profile: Profile, case: dict, output: dict) -> list[str]:
     return found
 
 
+def group_cases(name: str) -> list[tuple[Profile, dict]]:
+    """Every rank of a four-node serving group of the shipped profile `name` at TP 2 x PP 2 (its
+    PP_VARIANT, built and validated as the pair is: tests/unit/test_serving_render.py), both kinds of data."""
+    out = []
+    with parallel_variants():
+        profile = load_profile(name + PP_VARIANT)
+        for kind in KINDS:
+            c = group_cluster(kind, profile.name)
+            out += [(profile, render(profile, kind, node, c)) for node in GROUP_NODES]
+    return out
+
+
 @cache
 def shipped(engine: str) -> tuple[dict, dict]:
-    """(cases by id, the checker's output) for every shipped profile of one engine, in one run."""
+    """(cases by id, the checker's output) for every shipped profile of one engine, in one run: the
+    pair (TP 2, PP 1) and the four-node group (TP 2 x PP 2)."""
     cases = {}
     for name in PROFILES:
         profile = load_profile(name)
@@ -110,6 +127,8 @@ def shipped(engine: str) -> tuple[dict, dict]:
                 for node in NODES:
                     case = render(profile, kind, node)
                     cases[case["id"]] = (profile, case)
+            for group_profile, case in group_cases(name):
+                cases[case["id"]] = (group_profile, case)
     return cases, run_checker(engine, [c for _, c in cases.values()])
 
 
@@ -124,6 +143,32 @@ def test_every_rendered_rank_is_accepted_by_the_real_engine(profile_name, kind, 
     cases, output = shipped(profile.engine)
     [(p, case)] = [v for v in cases.values() if v[1]["id"] == render(profile, kind, node)["id"]]
     assert problems(p, case, output) == []
+
+
+@pytest.mark.parametrize("profile_name", PROFILES)
+def test_every_rank_of_a_four_node_tp2_pp2_group_is_accepted_by_the_real_engine(profile_name):
+    """TP 2 x PP 2 over four nodes, one GB10 each: --pipeline-parallel-size / --pp-size 2, --nnodes 4
+    and ranks 0..3, for both kinds of data."""
+    cases, output = shipped(load_profile(profile_name).engine)
+    mine = [v for v in cases.values() if v[0].name == profile_name + PP_VARIANT]
+    assert len(mine) == len(KINDS) * len(GROUP_NODES)
+    for p, case in mine:
+        assert "--nnodes" in case["argv"] and case["argv"][case["argv"].index("--nnodes") + 1] == "4"
+        assert problems(p, case, output) == [], case["id"]
+
+
+def test_vllm_refuses_four_nodes_at_tp2_pp1():
+    """The tier sees a group whose TP x PP is not its node count: vLLM's mp executor cannot split two
+    ranks over four nodes (serving_problems refuses it first, so the group is built at TP 2 x PP 2)."""
+    with parallel_variants():
+        good = load_profile("deepseek-v4-flash" + PP_VARIANT)
+        c = group_cluster("spark", good.name)
+    profile = good.model_copy(update={"pipeline_parallel_size": 1})
+    case = render(profile, "spark", "spark-c", c)
+    case["id"] += " [4 nodes at TP 2 x PP 1]"
+    [msg] = problems(profile, case, run_checker("vllm", [case]))
+    assert "--tensor-parallel-size 2: vLLM 0.33.0 refuses it" in msg
+    assert "world_size (2) must be divisible by nnodes_within_dp (4)" in msg
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -34,6 +34,20 @@ def pair(**overrides_by_host):
 
 DELETE = object()
 
+GROUP_NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
+
+
+def group(count=4, **overrides_by_host):
+    """`count` valid nodes of one serving group, as pair() builds two: spark-a (rank 0), spark-b, ...,
+    their fabric addresses in one /29 on a switch (a back-to-back cable joins two); overrides_by_host
+    as pair()'s."""
+    hosts = {
+        name: {**SSH, **SHARED, "ssh_hostname": f"10.0.0.{11 + i}", "rank": i, "fabric_address": f"10.77.77.{1 + i}/29",
+               **({"fabric_topology": "switch"} if count > 2 else {})}
+        for i, name in enumerate(GROUP_NODES[:count])
+    }
+    return pair(**{name: {**data, **overrides_by_host.get(name, {})} for name, data in hosts.items()})
+
 
 def run_pyinfra(inventory, *args, operations=("deploy.py",), env=None, prefix=()):
     """`pyinfra -y INVENTORY OPERATIONS ARGS` from the repository (its config.py and group_data/all.py

@@ -320,3 +320,62 @@ def test_a_single_node_compiles_on_its_own(launch, tmp_path, engine):
     status, body = post(port, chat("hi", model=MODEL))  # no --served-model-name: the model path
     assert status == 200 and body["model"] == MODEL
     assert set(files(tmp_path / "rank0")) == kernels(engine, 0, STARTUP, ("text", 16))
+
+
+# --- A serving group of four ranks: TP 2 x PP 2 and TP 4 -------------------------------------
+
+def group_argv(engine, ports, rank, tp, pp):
+    """Rank `rank` of a four-node group at TP `tp` x PP `pp`: the pair's command line with the group's
+    --nnodes, TP size and PP size (what sparkfleet renders: --pipeline-parallel-size / --pp-size)."""
+    words = argv(engine, ports, rank)
+    sizes = {"--nnodes": "4", "--tensor-parallel-size": str(tp), "--tp-size": str(tp)}
+    words = [sizes.get(words[i - 1], w) if i else w for i, w in enumerate(words)]
+    return words + ["--pipeline-parallel-size" if engine == "vllm" else "--pp-size", str(pp)]
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 2), (4, 1)], ids=["tp2-pp2", "tp4"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_four_rank_group_waits_for_every_rank_and_answers_over_all_of_them(launch, tmp_path, engine, tp, pp):
+    """The head answers /health 200 only once its three peers joined, and a chat completion compiles
+    the request's kernels on all four ranks before it is answered."""
+    port, rendezvous = free_port(), free_port()
+    ports = {"http": port, "master": rendezvous, "dist": rendezvous}
+    roots = [tmp_path / f"rank{r}" for r in range(4)]
+    ranks = [launch(group_argv(engine, ports, 0, tp, pp), rank_env(engine, roots[0]), tmp_path)]
+    wait_for(lambda: get(port, "/health")[0], what="the head's HTTP server")
+    for rank in (1, 2):
+        ranks.append(launch(group_argv(engine, ports, rank, tp, pp), rank_env(engine, roots[rank]), tmp_path))
+    wait_for(lambda: get(port, "/health")[1].get("missing") == [3], what="ranks 1 and 2 joined")
+    assert get(port, "/health")[0] == 503 and post(port, chat("hi"))[0] == 503
+    ranks.append(launch(group_argv(engine, ports, 3, tp, pp), rank_env(engine, roots[3]), tmp_path))
+    wait_for(lambda: get(port, "/health")[0] == 200, what="/health 200 after rank 3 joined")
+    assert get(port, "/health") == (200, {"status": "ok", "ranks": 4})
+    assert [r["rank"] for r in get(port, "/ranks")[1]] == [0, 1, 2, 3]
+    for rank, root in enumerate(roots):
+        wait_for(lambda: root.is_dir() and set(files(root)) == kernels(engine, rank, STARTUP), timeout=10,
+                 what=f"rank {rank}'s startup kernels")
+
+    status, body = post(port, chat("Say hello in one word."))
+    assert status == 200 and body["object"] == "chat.completion", body
+    for rank, root in enumerate(roots):  # no waiting: answered once every rank compiled
+        assert set(files(root)) == kernels(engine, rank, STARTUP, ("text", 16)), rank
+
+    for p in ranks:
+        p.kill()
+    outs = [p.communicate(timeout=5)[0] for p in ranks]
+    assert "all 4 ranks joined" in outs[0]
+    if engine == "vllm":  # rank = PP stage x TP + TP rank (vllm/distributed/parallel_state.py)
+        assert f"as rank 3 of 4 (PP stage {3 // tp}, TP rank {3 % tp})" in outs[3]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_tp_times_pp_the_nodes_cannot_split_is_refused(launch, tmp_path, engine):
+    """TP x PP must split evenly over --nnodes (vLLM's create_engine_config; SGLang's
+    check_server_args): two ranks over four nodes are refused at start."""
+    ports = {"http": free_port(), "master": free_port(), "dist": free_port()}
+    words = group_argv(engine, ports, 1, 2, 1)
+    p = launch(words, rank_env(engine), tmp_path)
+    assert p.wait(timeout=10) == 2
+    message = "must evenly divide the total world size (2)" if engine == "vllm" else \
+        "--tp-size 2 x --pp-size 1 is not a multiple of --nnodes 4"
+    assert message in p.communicate(timeout=5)[0]

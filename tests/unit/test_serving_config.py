@@ -1,10 +1,13 @@
-"""Serving data: profiles validate, pairs agree on one profile, the GID is picked per rank."""
+"""Serving data: profiles validate, pairs agree on one profile, a group's TP x PP is its node count,
+the GID is picked per rank."""
 import pytest
+import yaml
 
 from roles.serving.facts import ipv4_mapped_gid, parse_gids, pick_gid_index
 from roles.serving.schema import load_profile, profile_names
 from sparkfleet.config import ConfigError, build_cluster
-from tests.unit.helpers import pair
+from tests.unit.helpers import group, pair
+from tests.unit.test_serving_render import PP_VARIANT, PROFILES, group_cluster, parallel_variants
 
 
 def test_every_shipped_profile_validates():
@@ -33,13 +36,54 @@ def test_recipe_commit_must_be_a_commit():
 
 
 def test_tensor_parallel_size_must_match_the_node_count():
-    from tests.unit.helpers import SHARED, SSH
-
-    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 2, "fabric_address": "10.77.77.3/29"}})
-    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29")}) for n, d in hosts]
     with pytest.raises(ConfigError) as err:
-        build_cluster(hosts)
-    assert "tensor_parallel_size 2 but 3 nodes" in err.value.problems[0]
+        build_cluster(group(3))
+    assert "tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 ranks but 3 nodes" in err.value.problems[0]
+
+
+def test_tp_times_pp_must_be_the_groups_node_count():
+    """Four nodes: TP 2 x PP 2 is a group of four; the shipped TP 2 x PP 1 names both sizes, their
+    product and the node count."""
+    with parallel_variants():
+        for profile in PROFILES:
+            c = group_cluster("spark", profile + PP_VARIANT)
+            assert [n.rank for n in c.nodes] == [0, 1, 2, 3]
+    with pytest.raises(ConfigError) as err:
+        build_cluster(group(4))
+    [msg] = err.value.problems
+    assert "key 'serving_profile' = 'glm-5.3-flash-exl3': tensor_parallel_size 2 x pipeline_parallel_size 1 = " \
+           "2 ranks but 4 nodes (one GB10 GPU per node: TP x PP must equal the node count; " in msg
+
+
+def test_the_groups_parallelism_in_data_replaces_the_profiles():
+    """Four nodes serve the pair's profile at TP 2 x PP 2 set in data; every rank renders it; a node
+    of the group with another size is refused naming the key."""
+    from roles.serving.engine import engine_args
+    from roles.serving.schema import node_profile
+
+    sizes = {"serving_tensor_parallel_size": 2, "serving_pipeline_parallel_size": 2}
+    c = build_cluster(group(4, **{n: sizes for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    for n in c.nodes:
+        args = engine_args(node_profile(n), c, n)
+        at = args.index("--pipeline-parallel-size")
+        assert args[at + 1] == "2" and args[args.index("--tensor-parallel-size") + 1] == "2"
+        assert args[args.index("--nnodes") + 1] == "4"
+    with pytest.raises(ConfigError) as err:
+        build_cluster(group(4, **{n: sizes for n in ("spark-a", "spark-b", "spark-c")},
+                            **{"spark-d": {"serving_tensor_parallel_size": 4}}))
+    assert any("key 'serving_tensor_parallel_size' differs between nodes" in m for m in err.value.problems)
+
+
+def test_pipeline_parallel_size_is_required_in_a_profile(tmp_path, monkeypatch):
+    """Pinned in every profile like tensor_parallel_size: no profile relies on PP 1 unsaid."""
+    import roles.serving.schema as schema
+
+    data = yaml.safe_load((schema.PROFILES_DIR / "deepseek-v4-flash.yaml").read_text())
+    del data["pipeline_parallel_size"]
+    (tmp_path / "nopp.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(schema, "PROFILES_DIR", tmp_path)
+    with pytest.raises(ValueError, match="pipeline_parallel_size is required"):
+        load_profile("nopp")
 
 
 def test_empty_env_value_is_refused(tmp_path, monkeypatch):

@@ -49,6 +49,11 @@ def spec(**values):
     (GLM, spec(num_steps=3), "speculative.num_steps is SGLang's"),
     (GLM, spec(num_speculative_tokens=None), "speculative.num_speculative_tokens is required"),
     (GLM, lambda d: d.update(engine="tgi"), "engine = 'tgi': Input should be 'vllm' or 'sglang'"),
+    (GLM, lambda d: d.update(pipeline_parallel_size=0), "pipeline_parallel_size = 0: Input should be greater than"),
+    # SGLang's check_pipeline_parallel_compat: speculative decoding with PP is EAGLE's (NEXTN's) only.
+    (QWEN, lambda d: (d.update(pipeline_parallel_size=2), spec(method="EAGLE3")(d)),
+     "speculative.method 'EAGLE3' with pipeline_parallel_size 2: SGLang runs pipeline parallelism with EAGLE (NEXTN) "
+     "drafting only"),
 ])
 def test_fields_an_engine_cannot_use_are_refused(tmp_path, monkeypatch, base, change, message):
     with pytest.raises(ValueError) as err:
@@ -62,6 +67,26 @@ def test_the_refusal_names_the_engine_and_every_problem(tmp_path, monkeypatch):
                      lambda d: (spec(num_speculative_tokens=3)(d), d.update(kv_cache_dtype="fp8_ds_mla")))
     text = str(err.value)
     assert "engine sglang:" in text and "num_speculative_tokens" in text and "fp8_ds_mla" in text
+
+
+@pytest.mark.parametrize("base", [QWEN, GLM], ids=["sglang", "vllm"])
+def test_pipeline_parallelism_renders_on_every_rank_of_the_group(tmp_path, monkeypatch, base):
+    """TP 2 x PP 2 over four nodes: the PP size, --nnodes 4 and each rank's --node-rank; vLLM's
+    ranks > 0 headless. PP is rendered as explicitly at 1 (the shipped profiles)."""
+    from tests.unit.helpers import group
+
+    pair_cluster = build_cluster(pair(**{n: {"serving_profile": base["name"]} for n in ("spark-a", "spark-b")}))
+    pair_words = engine_args(load_profile(base["name"]), pair_cluster, pair_cluster.node("spark-a"))
+    p = load_changed(tmp_path, monkeypatch, base, lambda d: d.update(pipeline_parallel_size=2))
+    c = build_cluster(group(4, **{n: {"serving_profile": "changed"} for n in ("spark-a", "spark-b", "spark-c",
+                                                                                "spark-d")}))
+    pp_flag = "--pipeline-parallel-size" if p.engine == "vllm" else "--pp-size"
+    for node in c.nodes:
+        words = engine_args(p, c, node)
+        value = lambda flag: words[words.index(flag) + 1]
+        assert value(pp_flag) == "2" and value("--nnodes") == "4" and value("--node-rank") == str(node.rank)
+        assert ("--headless" in words) == (p.engine == "vllm" and node.rank > 0)
+    assert pair_words[pair_words.index(pp_flag) + 1] == "1"
 
 
 def test_topk_above_one_leaves_the_draft_tokens_free(tmp_path, monkeypatch):

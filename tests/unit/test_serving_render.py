@@ -1,17 +1,23 @@
 """Rendered units and environment files of every shipped profile, on both ranks, for real-hardware
 data (GPU, RDMA with a per-rank GID index) and for lab data; plus the engine commands' rules
 (vLLM: --headless worker; SGLang: the same command on every rank, joined over --dist-init-addr)."""
+import contextlib
 import json
 import os
 import shlex
+import tempfile
+from pathlib import Path
+from unittest import mock
 
 import pytest
+import yaml
 
+import roles.serving.schema as schema
 from roles.serving.checks import rendered_files
 from roles.serving.engine import FORBIDDEN_ARGS, engine_args, systemd_quote
 from roles.serving.schema import load_profile, profile_names
 from sparkfleet.config import build_cluster
-from tests.unit.helpers import pair
+from tests.unit.helpers import GROUP_NODES, group, pair
 from tests.unit.test_templates import GOLDEN, check_golden
 
 LAB = {
@@ -19,8 +25,9 @@ LAB = {
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
     "serving_recipe_commit": "a510aeb6493132c2c4ec841d58e0881d8734d7ed", "serving_ulimit_memlock": "8388608",
 }
-# Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node.
-GIDS = {"spark-a": 3, "spark-b": 5}
+# Per-rank RoCE v2 GID indexes as recorded on two Sparks: they differ per node (spark-c and spark-d,
+# of a four-node group, take the same two).
+GIDS = {"spark-a": 3, "spark-b": 5, "spark-c": 3, "spark-d": 5}
 # The schema's default profile; its golden files keep their first names (kind-node-file), every
 # other profile's live in golden/<profile>/.
 DEFAULT_PROFILE = "glm-5.3-flash-exl3"
@@ -33,6 +40,32 @@ SGLANG_PROFILES = [n for n in PROFILES if ENGINE[n] == "sglang"]
 def cluster(kind, profile=DEFAULT_PROFILE):
     data = {"serving_profile": profile, **(LAB if kind == "lab" else {})}
     return build_cluster(pair(**{"spark-a": data, "spark-b": data}))
+
+
+# A four-node serving group of every shipped profile: TP 2 x PP 2 (its profile "<name>-tp2pp2", the
+# shipped one with pipeline_parallel_size 2).
+PP_VARIANT = "-tp2pp2"
+
+
+@contextlib.contextmanager
+def parallel_variants():
+    """The shipped profiles and, beside each, its TP 2 x PP 2 variant (PP_VARIANT), in a temporary
+    profiles directory that load_profile reads while the context lasts."""
+    with tempfile.TemporaryDirectory(prefix="sfl-profiles-") as tmp:
+        for name in PROFILES:
+            text = (schema.PROFILES_DIR / f"{name}.yaml").read_text()
+            (Path(tmp) / f"{name}.yaml").write_text(text)
+            data = yaml.safe_load(text)
+            data.update(name=name + PP_VARIANT, tensor_parallel_size=2, pipeline_parallel_size=2)
+            (Path(tmp) / f"{name}{PP_VARIANT}.yaml").write_text(yaml.safe_dump(data))
+        with mock.patch.object(schema, "PROFILES_DIR", Path(tmp)):
+            yield
+
+
+def group_cluster(kind, profile, count=4):
+    """A serving group of `count` nodes (spark-a..) serving `profile`, built as cluster() builds the pair."""
+    data = {"serving_profile": profile, **(LAB if kind == "lab" else {})}
+    return build_cluster(group(count, **{name: data for name in GROUP_NODES[:count]}))
 
 
 def files_of(kind, name, profile=DEFAULT_PROFILE):

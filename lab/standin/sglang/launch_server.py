@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Lab stand-in for `python3 -m sglang.launch_server` (the lab has no GPU). It is not SGLang: it
 accepts exactly the flags sparkfleet renders for SGLang (anything else is refused, no
-abbreviations), runs the same command on every rank like a real multi-node SGLang pair (no
---headless: rank 0 serves HTTP, ranks > 0 join it over --dist-init-addr HOST:PORT), answers
-/health and /v1/models once every rank has joined, and fails like a real SGLang 0.5.23 pair
-(below). Python 3.11 standard library only, Linux only. Never used by the deploy on real
-Sparks. Run it as `python3 -m sglang.launch_server` with this file's parent directory on
-PYTHONPATH (the lab image installs it so).
+abbreviations), runs the same command on every rank like a real multi-node SGLang group (one rank
+per node, TP x PP of them: a pair at TP 2, four nodes at TP 2 x PP 2 or TP 4; no --headless: rank 0
+serves HTTP, ranks > 0 join it over --dist-init-addr HOST:PORT), answers /health and /v1/models
+once every rank has joined, and fails like a real SGLang 0.5.23 pair (below). Python 3.11
+standard library only, Linux only. Never used by the deploy on real Sparks. Run it as `python3 -m
+sglang.launch_server` with this file's parent directory on PYTHONPATH (the lab image installs it
+so).
 
 POST /v1/chat/completions (rank 0, OpenAI format) answers a canned reply: a call of the first tool
 when "tools" are given, else a short text. Like a real engine it JIT-compiles kernels for the
@@ -102,11 +103,11 @@ def log(msg):
     print(f"sglang-standin[rank {RANK}]: {msg}", flush=True)
 
 
-def scheduler_died(tp_rank, error):
+def scheduler_died(prefix, error):
     """A scheduler exception, as SGLang ends on one: run_scheduler_process (srt/managers/scheduler.py)
     logs "Scheduler hit an exception" and SIGQUITs its parent, whose launch_phase_sigquit_handler
     (srt/entrypoints/engine.py) kills the process tree. Exits SCHEDULER_DEATH_EXIT at once."""
-    log(f"[TP{tp_rank}] Scheduler hit an exception: Traceback (most recent call last): ... "
+    log(f"[{prefix}] Scheduler hit an exception: Traceback (most recent call last): ... "
         f"in broadcast_pyobj ... RuntimeError: {error}")
     sigquit()
 
@@ -136,7 +137,7 @@ class Progress:
         self.cur_batch = None
 
 
-def scheduler_watchdog(timeout, progress, tp_rank):
+def scheduler_watchdog(timeout, progress, prefix):
     """--watchdog-timeout, as create_scheduler_watchdog (srt/managers/scheduler_components/
     invariant_checker.py) builds it on every rank: WatchdogRaw (srt/utils/watchdog.py), active only
     while a batch is in flight, checks every timeout / 2 and fires once forward_ct has not moved for
@@ -155,8 +156,8 @@ def scheduler_watchdog(timeout, progress, tp_rank):
                 else:
                     last_counter, last_time = progress.forward_ct, current
             time.sleep(max(timeout / 2, 0.01))
-        log(f"[TP{tp_rank}] Scheduler debug info:\nscheduler.cur_batch_for_debug.batch_size()={len(batch)}")
-        log(f"[TP{tp_rank}] Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
+        log(f"[{prefix}] Scheduler debug info:\nscheduler.cur_batch_for_debug.batch_size()={len(batch)}")
+        log(f"[{prefix}] Scheduler watchdog timeout (self.watchdog_timeout={timeout!r}, self.soft=False)")
         time.sleep(WATCHDOG_GRACE_S)
         sigquit()
     threading.Thread(target=watch, daemon=True).start()
@@ -446,6 +447,7 @@ def parse(argv):
     p.add_argument("--revision")
     p.add_argument("--served-model-name")
     p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--pp-size", type=int, default=1)
     p.add_argument("--dist-init-addr", type=host_port)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
@@ -475,9 +477,10 @@ def parse(argv):
         p.error(f"--nnodes must be >= 1, got {a.nnodes}")
     if not 0 <= a.node_rank < a.nnodes:
         p.error(f"--node-rank {a.node_rank} is out of range for --nnodes {a.nnodes} (ranks are 0..{a.nnodes - 1})")
-    if a.tp_size < 1 or a.tp_size % a.nnodes:
-        p.error(f"--tp-size {a.tp_size} is not a multiple of --nnodes {a.nnodes}: every node holds "
-                "tp_size / nnodes GPUs")
+    # srt/arg_groups/validation_hook.py check_server_args: (tp_size x pp_size) % nnodes == 0.
+    if a.tp_size < 1 or a.pp_size < 1 or (a.tp_size * a.pp_size) % a.nnodes:
+        p.error(f"--tp-size {a.tp_size} x --pp-size {a.pp_size} is not a multiple of --nnodes {a.nnodes}: every "
+                "node holds tp_size x pp_size / nnodes GPUs")
     if a.nnodes > 1 and a.dist_init_addr is None:
         p.error(f"--nnodes {a.nnodes} needs --dist-init-addr HOST:PORT (the head's address, on every rank)")
     if a.enable_multimodal and a.language_model_only:
@@ -530,13 +533,18 @@ def parse(argv):
             a.health_check_timeout = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))
         except ValueError as e:
             p.error(f"SGLANG_HEALTH_CHECK_TIMEOUT: {e} (srt/entrypoints/http_server.py reads it with int())")
-    a.tp_rank = a.node_rank * (a.tp_size // a.nnodes)  # the first TP rank on this node, as SGLang logs it
+    # This node's first PP stage and TP rank, as srt/entrypoints/engine.py _calculate_rank_ranges places
+    # them; the scheduler's log prefix shows the stage when pp_size > 1 (srt/managers/scheduler.py).
+    nodes_per_stage = max(a.nnodes // a.pp_size, 1)
+    a.pp_rank = max(a.pp_size // a.nnodes, 1) * (a.node_rank // nodes_per_stage)
+    a.tp_rank = (a.tp_size // nodes_per_stage) * (a.node_rank % nodes_per_stage)
+    a.prefix = (f"PP{a.pp_rank} " if a.pp_size > 1 else "") + f"TP{a.tp_rank}"
     return a
 
 
 def hello_of(args):
     return {"rank": args.node_rank, "host_ip": args.host_ip, "model": args.model_path,
-            "nnodes": args.nnodes, "tp_size": args.tp_size}
+            "nnodes": args.nnodes, "tp_size": args.tp_size, "pp_size": args.pp_size}
 
 
 class Link:
@@ -598,7 +606,7 @@ class Head:
     def refusal(self, hello):
         """Why a rank's hello is refused (None: accepted). Called with the lock held."""
         mine = hello_of(self.args)
-        for key in ("model", "nnodes", "tp_size"):
+        for key in ("model", "nnodes", "tp_size", "pp_size"):
             if hello.get(key) != mine[key]:
                 return f"{key} {hello.get(key)!r} differs from the head's {mine[key]!r}"
         rank = hello.get("rank")
@@ -671,7 +679,7 @@ class Head:
         self.started.wait()
         with self.lock:
             links = [self.links[r] for r in sorted(self.links)]
-        scheduler_watchdog(self.args.watchdog_timeout, self.progress, self.args.tp_rank)
+        scheduler_watchdog(self.args.watchdog_timeout, self.progress, self.args.prefix)
         gloo = self.args.gloo_timeout
         n = 0
         while True:
@@ -687,11 +695,11 @@ class Head:
                 try:
                     link.send(tick)
                 except OSError:
-                    scheduler_died(self.args.tp_rank, gloo_closed(link.peer))
+                    scheduler_died(self.args.prefix, gloo_closed(link.peer))
             for link in links:
                 got = link.expect("got", n, deadline)
                 if not got:
-                    scheduler_died(self.args.tp_rank, gloo_timed_out(gloo, "send") if got is False else
+                    scheduler_died(self.args.prefix, gloo_timed_out(gloo, "send") if got is False else
                                    gloo_closed(link.peer))
             self.progress.cur_batch = items or None
             if items:
@@ -700,7 +708,7 @@ class Head:
                     jit_compile(self.args, shape)
                 for link in links:
                     if link.expect("done", n, None) is None:
-                        scheduler_died(self.args.tp_rank, gloo_closed(link.peer))
+                        scheduler_died(self.args.prefix, gloo_closed(link.peer))
                 for item in items:
                     item.done.set()
             with self.cond:
@@ -931,14 +939,14 @@ def join(args):
     signal.signal(signal.SIGTERM, sigterm_handler)
 
     progress = Progress()
-    scheduler_watchdog(args.watchdog_timeout, progress, args.tp_rank)
+    scheduler_watchdog(args.watchdog_timeout, progress, args.prefix)
     conn.settimeout(args.gloo_timeout)  # no keepalive: Gloo sets none; its timeout bounds each receive
     try:
         while True:  # event_loop_normal on this rank: ingest (the broadcast from rank 0), then the batch
             try:
                 line = reader.readline()
             except TimeoutError:
-                scheduler_died(args.tp_rank, gloo_timed_out(args.gloo_timeout, "recv"))
+                scheduler_died(args.prefix, gloo_timed_out(args.gloo_timeout, "recv"))
             if not line:
                 break
             tick = tick_request(line)
@@ -956,7 +964,7 @@ def join(args):
     except OSError:
         pass
     log("the head dropped the connection; the pair is broken")
-    scheduler_died(args.tp_rank, gloo_closed(peer))
+    scheduler_died(args.prefix, gloo_closed(peer))
 
 
 def main(argv):
