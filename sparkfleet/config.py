@@ -27,6 +27,7 @@ from roles.image.schema import ImageData
 from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.receipt.schema import ReceiptData
+from roles.router.schema import RouterData, router_problems
 from roles.serving.schema import ServingData, serving_problems
 from roles.watchdog.schema import WatchdogData, watchdog_problems
 from roles.weights.schema import WeightsData
@@ -63,7 +64,7 @@ class GroupData(BaseModel):
     )
 
 
-class NodeConfig(GroupData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+class NodeConfig(GroupData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
@@ -225,6 +226,7 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
         problems += _rank_problems(members, _in_group(group, several))
     problems += _fabric_problems(nodes, groups, several)
     problems += _management_problems(nodes, ssh_ports or {})
+    problems += router_problems(nodes)  # one router for the fleet, on a node of the inventory (roles/router)
     for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
         problems.extend(node_value_problems(n))
     for group, members in sorted(groups.items()):

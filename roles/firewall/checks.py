@@ -8,7 +8,8 @@ names and accepts nothing another table would drop (an accept in one table does 
   - the rendezvous port (torch's TCPStore listens on every address), the registry and the rsync
     daemon are reached over the fabric netdev only; collectives (NCCL, Gloo, vLLM's own sockets) bind
     the fabric address and are covered by the first rule;
-  - on the head, the API port from the allowed networks only.
+  - on the head, the API port from the allowed networks only; on the router node (roles/router), the
+    router's port likewise.
 SSH is never matched. Loopback is always accepted.
 """
 import shlex
@@ -41,12 +42,18 @@ def api_networks(node, management_subnet: str | None) -> list[str]:
     return [management_subnet] if management_subnet else []
 
 
+def api_ports(node, profile) -> list[int]:
+    """The ports reached from the allowed API networks on this node: the head's API, the router's
+    (roles/router) on router_node."""
+    return ([profile.port] if node.is_head else []) + ([node.router_port] if node.router_node == node.name else [])
+
+
 def _body(cluster, node, management_subnet: str | None, marker: str) -> str:
     profile = node_profile(cluster.head)
     peers = [n.fabric_ip for n in cluster.peers(node)]
     return render(
         "firewall", "/etc/sparkfleet/firewall.nft", marker=marker, fabric_ip=node.fabric_ip, netdev=node.fabric_netdev,
-        peers=peers, fabric_ports=fabric_ports(cluster, node), api_port=profile.port if node.is_head else None,
+        peers=peers, fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
         api_allowed=api_networks(node, management_subnet),
     )
 

@@ -1,0 +1,22 @@
+"""The router node's state, in one round trip per node: its architecture (which pinned wheel), whether
+python3 can make a virtualenv with pip (Debian's python3-venv), the smg version installed in the
+router's virtualenv, and whether a router unit is installed (a node that ran the router before)."""
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class RouterHost(FactBase):
+    def command(self, venv: str, unit_path: str) -> str:
+        python = shlex.quote(f"{venv}/bin/python")
+        return (
+            "echo arch=$(uname -m); "
+            "if python3 -c 'import ensurepip, venv' 2>/dev/null; then echo venv=yes; else echo venv=no; fi; "
+            f"echo installed=$({python} -c 'import importlib.metadata as m; print(m.version(\"smg\"))' 2>/dev/null); "
+            f"if [ -f {shlex.quote(unit_path)} ]; then echo unit=yes; else echo unit=no; fi"
+        )
+
+    def process(self, output):
+        values = dict(line.split("=", 1) for line in output if "=" in line)
+        return {"arch": values.get("arch", "").strip(), "venv": values.get("venv") == "yes",
+                "installed": values.get("installed", "").strip() or None, "unit": values.get("unit") == "yes"}

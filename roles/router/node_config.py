@@ -1,0 +1,90 @@
+"""What roles/router writes on the router node, as pure functions of the fleet (a test renders what a
+deploy writes): which groups it routes to, its JSON config and its unit.
+
+Backends: the head of every serving group whose profile serves the same API model name as the router
+node's own group (the name clients send as "model"; smg routes by it), each at
+http://<head's management address>:<its profile's port>. The management address, not the fabric's:
+groups cabled back to back share no fabric (each cable is its own subnet, and each node's firewall
+takes only its own group's fabric addresses on the fabric netdev), while every head's API already
+listens on all addresses and is reached from the management network (firewall_api_allowed_networks,
+by default the management subnet the router node is on). The address is the inventory's
+ssh_hostname: the router node must be able to resolve it (an IP address, or a name in DNS; not an
+alias only the controller's ssh_config knows).
+"""
+import json
+
+from roles.router.schema import RouterData
+from roles.serving.api_key import key_file
+from roles.serving.schema import node_profile
+from sparkfleet.render import render
+
+ROUTER_UNIT = "sparkfleet-router"
+UNIT_PATH = f"/etc/systemd/system/{ROUTER_UNIT}.service"
+SFL_ROUTER = "/usr/local/libexec/sparkfleet/sfl_router.py"
+ROUTER_CONFIG = "/etc/sparkfleet/router.json"
+# On the router node: one virtualenv per smg version (a bump is a new venv and a new unit), and
+# where the controller ships the wheel before pip installs it.
+VENV_ROOT = "/usr/local/lib/sparkfleet"
+WHEEL_DIR = "/var/lib/sparkfleet/router"  # not the controller's cache: the controller may be the router node
+HEALTH_ENDPOINT = "/health"
+POLICY = "cache_aware"  # smg's default: a prompt's prefix goes where its KV cache is
+REQUEST_TIMEOUT_S = 1800  # smg's default; one request's bound through the router (a long generation)
+
+
+def venv_dir(version: str) -> str:
+    return f"{VENV_ROOT}/router-smg-{version}"
+
+
+def router_node(fleet):
+    """The node named by router_node, or None (no router)."""
+    name = fleet.nodes[0].router_node if fleet.nodes else None
+    return None if name is None else fleet.node(name)
+
+
+def served_name(group) -> str:
+    return node_profile(group.head).api_model_name
+
+
+def routed_groups(fleet, router) -> dict:
+    """group name -> the group (a ClusterConfig), for every group serving the router group's model."""
+    model = served_name(fleet.group_of(router.name))
+    return {name: g for name, g in fleet.groups.items() if served_name(g) == model}
+
+
+def backend_url(head) -> str:
+    """How the router names a group's head: its API on the management address."""
+    address = head.management_address
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{node_profile(head).port}"
+
+
+def backends(fleet, router) -> list[str]:
+    return [backend_url(g.head) for g in routed_groups(fleet, router).values()]
+
+
+def router_config(fleet, router: RouterData) -> dict:
+    """The router node's /etc/sparkfleet/router.json (sfl_router.py reads it)."""
+    return {
+        "listen_host": "0.0.0.0",
+        "port": router.router_port,
+        "backends": backends(fleet, router),
+        "key_file": key_file(router),
+        "health_check_endpoint": HEALTH_ENDPOINT,
+        "health_check_interval_s": router.router_health_check_interval_s,
+        "health_check_timeout_s": router.router_health_check_timeout_s,
+        "health_failure_threshold": router.router_health_failure_threshold,
+        "health_success_threshold": router.router_health_success_threshold,
+        "policy": POLICY,
+        "request_timeout_s": REQUEST_TIMEOUT_S,
+        "log_level": "info",
+    }
+
+
+def config_text(fleet, router) -> str:
+    return json.dumps(router_config(fleet, router), indent=1, sort_keys=True) + "\n"
+
+
+def unit_text(fleet, router) -> str:
+    return render("router", UNIT_PATH, version=router.router_version, backends=backends(fleet, router),
+                  model=served_name(fleet.group_of(router.name)), port=router.router_port,
+                  python=f"{venv_dir(router.router_version)}/bin/python", program=SFL_ROUTER, config=ROUTER_CONFIG)

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""sparkfleet's router program on the router node: runs the pinned router (smg, the Shepherd Model
+Gateway, the SGLang project's router under its own name) and drives its admin API. Python standard
+library only, except `run`, which the router's own virtualenv runs (it imports smg).
+
+  sfl_router.py run CONFIG        start the router in this process (its unit's ExecStart)
+  sfl_router.py check CONFIG      exit 0 when CONFIG is one the router can start from
+  sfl_router.py routing CONFIG    JSON on stdout: every backend of CONFIG and the router's verdict on it
+  sfl_router.py drain CONFIG URL  take a backend out of routing; returns once the router no longer has it
+  sfl_router.py undrain CONFIG URL  put it back; returns once the router routes to it (healthy)
+
+CONFIG (/etc/sparkfleet/router.json, root-only, written by roles/router) names the key file, never
+the key: the API key is read from that root-only file into this process and goes to smg in memory
+(`run`) or in a request body or header on loopback (the admin commands). It is never in argv, the
+unit, the environment or a log line: smg 1.13 logs no argument value of its RouterArgs.
+
+Clients present the key (`Authorization: Bearer <key>`) or get 401 from smg's own middleware, and
+smg sends the same key to every backend (the heads require it): one key for the fleet. The admin API
+(/workers) takes the same key. A drained backend is removed from smg's registry (DELETE
+/workers/{id}: smg first marks it draining and lets in-flight requests finish) and added back with
+the key (POST /workers); a router restart routes every backend of CONFIG again.
+"""
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+KEYS = ("listen_host", "port", "backends", "key_file", "health_check_interval_s", "health_check_timeout_s",
+        "health_failure_threshold", "health_success_threshold", "health_check_endpoint", "policy",
+        "request_timeout_s", "log_level")
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        config = json.load(f)
+    missing = [k for k in KEYS if k not in config]
+    if missing:
+        raise SystemExit(f"sfl_router: {path}: missing {', '.join(missing)}")
+    if not isinstance(config["backends"], list) or not all(isinstance(b, str) and b.startswith("http://")
+                                                           for b in config["backends"]):
+        raise SystemExit(f"sfl_router: {path}: backends must be a list of http:// URLs")
+    return config
+
+
+def read_key(config: dict) -> str:
+    with open(config["key_file"]) as f:
+        key = f.read().strip()
+    if not key or "\n" in key:
+        raise SystemExit(f"sfl_router: {config['key_file']} must hold one line, the API key")
+    return key
+
+
+def router_args(config: dict, key: str):
+    """smg's RouterArgs from CONFIG: the backends, the key (clients and backends), the health checks."""
+    from smg.router_args import RouterArgs
+
+    return RouterArgs(
+        worker_urls=list(config["backends"]),
+        host=config["listen_host"],
+        port=config["port"],
+        api_key=key,
+        policy=config["policy"],
+        health_check_interval_secs=config["health_check_interval_s"],
+        health_check_timeout_secs=config["health_check_timeout_s"],
+        health_failure_threshold=config["health_failure_threshold"],
+        health_success_threshold=config["health_success_threshold"],
+        health_check_endpoint=config["health_check_endpoint"],
+        request_timeout_secs=config["request_timeout_s"],
+        log_level=config["log_level"],
+        history_backend="none",  # keep no conversation or response on the router
+    )
+
+
+def run(config: dict) -> None:
+    from smg.router import Router
+
+    args = router_args(config, read_key(config))
+    args._validate_router_args()
+    print(f"sfl_router: smg on {config['listen_host']}:{config['port']}, backends {', '.join(config['backends'])}, "
+          f"health {config['health_check_endpoint']} every {config['health_check_interval_s']} s", flush=True)
+    Router.from_args(args).start()
+
+
+def admin(config: dict, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
+    """(status, parsed JSON or None) of a call to the router's admin API on loopback, with the key."""
+    url = f"http://127.0.0.1:{config['port']}{path}"
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {read_key(config)}"}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            raw = r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, None
+
+
+def registered(config: dict) -> dict:
+    """url -> smg's worker record, for every backend the router has now."""
+    status, body = admin(config, "GET", "/workers")
+    if status != 200 or not isinstance(body, dict):
+        raise SystemExit(f"sfl_router: GET /workers answered {status}")
+    return {w["url"].rstrip("/"): w for w in body.get("workers", [])}
+
+
+def routing(config: dict) -> list[dict]:
+    """Every backend of CONFIG, and any other the router has: routed (registered, healthy and ready),
+    unhealthy (registered, failing its health checks), draining, or drained (not registered)."""
+    have = registered(config)
+    out = []
+    for url in list(config["backends"]) + sorted(set(have) - set(config["backends"])):
+        w = have.get(url)
+        if w is None:
+            state = "drained"
+        elif w.get("status") == "draining":
+            state = "draining"
+        elif w.get("is_healthy") and w.get("status", "ready") == "ready":
+            state = "routed"
+        else:
+            state = "unhealthy"
+        out.append({"url": url, "state": state, "configured": url in config["backends"],
+                    "status": None if w is None else w.get("status")})
+    return out
+
+
+def wait(what: str, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"sfl_router: {what} not done after {timeout:g} s")
+        time.sleep(0.25)
+
+
+def drain(config: dict, url: str, timeout: float) -> None:
+    url = url.rstrip("/")
+    w = registered(config).get(url)
+    if w is not None and w.get("status") != "draining":
+        status, body = admin(config, "DELETE", f"/workers/{urllib.parse.quote(w['id'], safe='')}")
+        if status not in (200, 202, 404):
+            raise SystemExit(f"sfl_router: DELETE {url} answered {status}: {body}")
+    wait(f"drain of {url}", lambda: url not in registered(config), timeout)
+
+
+def undrain(config: dict, url: str, timeout: float) -> None:
+    url = url.rstrip("/")
+    if url not in registered(config):
+        status, body = admin(config, "POST", "/workers", {"url": url, "api_key": read_key(config)})
+        if status not in (200, 201, 202, 409):
+            raise SystemExit(f"sfl_router: POST {url} answered {status}: {body}")
+
+    def routed():
+        w = registered(config).get(url)
+        return w is not None and w.get("is_healthy") and w.get("status", "ready") == "ready"
+
+    wait(f"undrain of {url} (routed and healthy)", routed, timeout)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in ("run", "check", "routing", "drain", "undrain"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    command, config = argv[0], load(argv[1])
+    if command == "run":
+        run(config)
+    elif command == "check":
+        read_key(config)
+    elif command == "routing":
+        print(json.dumps(routing(config), sort_keys=True))
+    elif len(argv) not in (3, 4):
+        print(f"sfl_router: {command} CONFIG URL [TIMEOUT_S]", file=sys.stderr)
+        return 2
+    else:
+        timeout = float(argv[3]) if len(argv) == 4 else 120.0
+        (drain if command == "drain" else undrain)(config, argv[2], timeout)
+        print(json.dumps(routing(config), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,339 @@
+"""The real router (smg, pinned in roles/router/wheels.py) on 127.0.0.1 in front of two lab stand-in
+vLLM pairs that require the API key: it refuses a request without the key itself, serves chat
+completions (streamed too), stops routing to a group whose head dies or whose worker dies within its
+health-check bounds while every request still succeeds, routes to it again once it is back, and
+drains and undrains a group through sfl_router.py, the program the router node runs.
+
+The router runs from a virtualenv made once from the cached pinned wheel (`make router-wheels`, or
+fetched here when absent), outside the checkout. Every process a test starts is killed at teardown.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from roles.router import sfl_router
+from roles.router.node_config import SFL_ROUTER
+from roles.router.schema import ROUTER_VERSIONS
+from roles.router.wheels import cache_dir, fetch
+from tests.unit.test_lab_standin import env, free_port, head_args, wait_for, worker_args, VLLM
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = REPO / "roles" / "router" / "sfl_router.py"
+KEY = "fleet-key-0123456789abcdef-ABCDEF"
+VERSION = ROUTER_VERSIONS[-1]
+# Health checks as a test can wait for them: a group leaves within FAILURES x (INTERVAL + TIMEOUT).
+INTERVAL_S, TIMEOUT_S, FAILURES, SUCCESSES = 1, 1, 2, 1
+LEAVE_BOUND_S = FAILURES * (INTERVAL_S + TIMEOUT_S) + 2  # + one check in flight
+STEP_TIMEOUT_S = 2  # the stand-in's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: a dead worker is found by a request
+
+
+@pytest.fixture(scope="session")
+def router_python():
+    """bin/python of a virtualenv holding only the pinned smg wheel, as the router node's (made once)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    venv = cache_dir() / f"venv-smg-{VERSION}-py{version}"
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import smg.router, smg.router_args"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python)
+    wheel = fetch(VERSION, os.uname().machine)
+    tmp = venv.with_name(f"{venv.name}.tmp-{os.getpid()}")
+    subprocess.run(["rm", "-rf", str(tmp)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(tmp)], check=True)
+    subprocess.run([str(tmp / "bin" / "pip"), "install", "-q", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", str(wheel)], check=True)
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    tmp.rename(venv)  # only bin/python is used: a moved virtualenv still runs its interpreter
+    assert subprocess.run(check, capture_output=True).returncode == 0
+    return str(python)
+
+
+class Group:
+    """One stand-in vLLM pair (head + headless worker) on free ports, requiring KEY."""
+
+    def __init__(self, launch, name):
+        self.launch, self.name = launch, name
+        self.http = free_port()
+        self.head = self.worker = None
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.http}"
+
+    def start(self):
+        ports = {"http": self.http, "master": free_port()}
+        extra = {"VLLM_API_KEY": KEY, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S)}
+        self.head = self.launch([sys.executable, str(VLLM), *head_args(ports)], env(**extra))
+        wait_for(lambda: health(self.http) is not None, what=f"{self.name}'s head")
+        self.worker = self.launch([sys.executable, str(VLLM), *worker_args(ports)], env(**extra))
+        wait_for(lambda: health(self.http) == 200, timeout=15, what=f"{self.name}: /health 200")
+        return self
+
+
+def health(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def call(port, path, body=None, key=KEY, timeout=30, method=None):
+    """(status, parsed JSON body or raw bytes) of a request to the router."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            raw, status = r.read(), r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw
+
+
+def chat(port, content="hi", key=KEY, timeout=30, **extra):
+    body = {"model": "lab", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
+    return call(port, "/v1/chat/completions", body, key=key, timeout=timeout)
+
+
+class Fleet:
+    def __init__(self, launch, python, tmp_path):
+        self.launch, self.python = launch, python
+        self.groups = [Group(launch, "g1").start(), Group(launch, "g2").start()]
+        key_file = tmp_path / "api-key"
+        key_file.write_text(KEY)
+        key_file.chmod(0o600)
+        self.port = free_port()
+        self.config = {
+            "listen_host": "127.0.0.1", "port": self.port, "backends": [g.url for g in self.groups],
+            "key_file": str(key_file), "health_check_endpoint": "/health", "health_check_interval_s": INTERVAL_S,
+            "health_check_timeout_s": TIMEOUT_S, "health_failure_threshold": FAILURES,
+            "health_success_threshold": SUCCESSES, "policy": "round_robin", "request_timeout_s": 60,
+            "log_level": "info",
+        }
+        self.config_file = tmp_path / "router.json"
+        self.config_file.write_text(json.dumps(self.config))
+        self.log = tmp_path / "router.log"
+        self.router = subprocess.Popen([python, str(PROGRAM), "run", str(self.config_file)], text=True,
+                                       stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: self.states() == {g.url: "routed" for g in self.groups}, timeout=40,
+                     what="the router routing to both groups")
+        except AssertionError as e:
+            self.stop()
+            raise AssertionError(f"{e}; routing {self.states()}; the router's output:\n{self.output()[-3000:]}")
+
+    def output(self):
+        return self.log.read_text()
+
+    def stop(self):
+        if self.router.poll() is None:
+            self.router.kill()
+        self.router.wait(timeout=10)
+
+    def states(self):
+        try:
+            return {b["url"]: b["state"] for b in sfl_router.routing(self.config)}
+        except (SystemExit, OSError):
+            return None
+
+    def admin(self, *args):
+        """sfl_router.py as the router node runs it (system python, no smg): its JSON answer."""
+        command, *rest = args
+        out = subprocess.run([sys.executable, str(PROGRAM), command, str(self.config_file), *rest],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return {b["url"]: b["state"] for b in json.loads(out.stdout)}
+
+
+@pytest.fixture
+def fleet(launch, router_python, tmp_path):
+    fleet = Fleet(launch, router_python, tmp_path)
+    yield fleet
+    fleet.stop()
+
+
+class Load:
+    """Chat completions through the router, one after another, until stopped: (start, status, seconds)."""
+
+    def __init__(self, port):
+        self.port, self.results, self.stop = port, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            started = time.monotonic()
+            try:
+                status, _ = chat(self.port, content=f"request {i}", timeout=30)
+            except Exception as e:  # noqa: BLE001 - a failure is a result here
+                status = repr(e)
+            self.results.append((started, status, time.monotonic() - started))
+            time.sleep(0.05)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(timeout=40)
+        return self.results
+
+
+def test_a_request_without_the_key_is_refused_by_the_router_and_one_with_it_is_served(fleet):
+    for key in (None, "not-the-key-0123456789"):
+        status, body = chat(fleet.port, key=key)
+        # smg's own middleware answers (an OpenAI error naming the key), not a backend's 401
+        assert status == 401 and body["error"]["code"] == "invalid_api_key", body
+        status, body = call(fleet.port, "/workers", key=key)
+        assert status == 401, body  # the admin API (drain, undrain) takes the same key
+    status, body = chat(fleet.port)
+    assert status == 200 and body["choices"][0]["message"]["content"] == "sparkfleet lab stand-in reply", body
+    status, body = call(fleet.port, "/v1/completions", {"model": "lab", "prompt": "ping", "max_tokens": 1})
+    assert status == 200 and body["object"] == "text_completion", body
+
+
+def test_a_chat_completion_streams_through_the_router(fleet):
+    body = {"model": "lab", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 8,
+            "stream": True}
+    request = urllib.request.Request(f"http://127.0.0.1:{fleet.port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert r.headers.get_content_type() == "text/event-stream"
+        lines = [line.decode().strip() for line in r]
+    data = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks) and len(chunks) >= 2
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text.strip(), chunks
+
+
+def test_the_key_is_on_no_command_line_and_in_no_environment_or_log_line(fleet):
+    pid = fleet.router.pid
+    assert KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    for _ in range(3):
+        assert chat(fleet.port)[0] == 200
+    assert chat(fleet.port, key=None)[0] == 401
+    fleet.router.send_signal(signal.SIGTERM)
+    fleet.router.wait(timeout=30)
+    out = fleet.output()
+    assert "sfl_router: smg on 127.0.0.1" in out and KEY not in out
+
+
+def test_a_dead_head_leaves_routing_within_the_bounds_and_comes_back(fleet):
+    g1 = fleet.groups[0]
+    load = Load(fleet.port)
+    time.sleep(1)
+    killed = time.monotonic()
+    g1.head.kill()
+    wait_for(lambda: fleet.states()[g1.url] == "unhealthy", timeout=LEAVE_BOUND_S + 5, what="g1 out of routing")
+    left = time.monotonic() - killed
+    time.sleep(1)
+    g1.worker.kill()
+    g1.start()  # the group back on the same port (its unit restarted by its watchdog, in a real fleet)
+    back = time.monotonic()
+    wait_for(lambda: fleet.states()[g1.url] == "routed", timeout=SUCCESSES * (INTERVAL_S + TIMEOUT_S) + 10,
+             what="g1 routed again")
+    returned = time.monotonic() - back
+    results = load.finish()
+    print(f"dead head: out of routing {left:.1f} s after the kill (bound {LEAVE_BOUND_S} s), back {returned:.1f} s "
+          f"after it served again; {len(results)} requests meanwhile")
+    assert left <= LEAVE_BOUND_S
+    assert len(results) > 10 and all(status == 200 for _, status, _ in results), results
+
+
+def test_a_group_down_for_longer_than_smgs_connection_attempts_is_routed_again_when_back(fleet):
+    """A cold start (6-12 min on Sparks, 36-72 checks at 10 s) outlasts smg's max_connection_attempts
+    (20) for a worker: the group is still routed to again once its head answers."""
+    g1 = fleet.groups[0]
+    g1.head.kill()
+    g1.worker.kill()
+    wait_for(lambda: fleet.states()[g1.url] == "unhealthy", timeout=LEAVE_BOUND_S + 5, what="g1 out of routing")
+    time.sleep(25 * INTERVAL_S)  # 25 failed checks
+    assert fleet.states()[g1.url] == "unhealthy" and chat(fleet.port)[0] == 200
+    g1.start()
+    wait_for(lambda: fleet.states()[g1.url] == "routed", timeout=15, what="g1 routed again")
+
+
+def test_a_dead_worker_takes_its_group_out_of_routing_while_every_request_is_served(fleet):
+    """vLLM: a head keeps /health 200 with its worker dead until a request waits out the step timeout;
+    the router retries that request on the other group, and the engine's death (/health 503, then the
+    head's exit) takes the group out of routing."""
+    g1 = fleet.groups[0]
+    load = Load(fleet.port)
+    time.sleep(1)
+    killed = time.monotonic()
+    g1.worker.kill()
+    wait_for(lambda: fleet.states()[g1.url] == "unhealthy", timeout=STEP_TIMEOUT_S + LEAVE_BOUND_S + 10,
+             what="g1 out of routing")
+    left = time.monotonic() - killed
+    time.sleep(2)
+    results = load.finish()
+    slow = max(seconds for _, _, seconds in results)
+    print(f"dead worker: out of routing {left:.1f} s after the kill (step timeout {STEP_TIMEOUT_S} s + bound "
+          f"{LEAVE_BOUND_S} s); slowest request {slow:.1f} s; {len(results)} requests meanwhile")
+    assert all(status == 200 for _, status, _ in results), results
+    assert left <= STEP_TIMEOUT_S + LEAVE_BOUND_S + 6  # + the stand-in's engine-death watchdog (5 s)
+
+
+def test_drain_and_undrain_take_a_group_out_of_routing_and_back(fleet):
+    g2 = fleet.groups[1]
+    assert fleet.admin("drain", g2.url) == {fleet.groups[0].url: "routed", g2.url: "drained"}
+    # Drained: a frozen g2 would hold any request routed to it; none is.
+    g2.head.send_signal(signal.SIGSTOP)
+    try:
+        for i in range(6):
+            status, _ = chat(fleet.port, content=f"drained {i}", timeout=10)
+            assert status == 200
+    finally:
+        g2.head.send_signal(signal.SIGCONT)
+    assert fleet.admin("routing") == {fleet.groups[0].url: "routed", g2.url: "drained"}
+    assert fleet.admin("undrain", g2.url) == {fleet.groups[0].url: "routed", g2.url: "routed"}
+    assert fleet.admin("drain", g2.url)[g2.url] == "drained"  # idempotent both ways
+    assert fleet.admin("drain", g2.url)[g2.url] == "drained"
+    assert fleet.admin("undrain", g2.url)[g2.url] == "routed"
+    assert fleet.admin("undrain", g2.url)[g2.url] == "routed"
+
+
+class RouterNode:
+    """The router node as roles/router/control.py reaches it (a pyinfra Host): commands run here."""
+
+    name = "router-node"
+
+    def run_shell_command(self, command):
+        from types import SimpleNamespace
+
+        done = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=120)
+        return done.returncode == 0, SimpleNamespace(stdout_lines=done.stdout.splitlines(),
+                                                     stderr_lines=done.stderr.splitlines())
+
+
+def test_the_controllers_routing_drain_and_undrain_run_sfl_router_on_the_router_node(fleet, monkeypatch):
+    from roles.router import control
+
+    monkeypatch.setattr(control, "SFL_ROUTER", str(PROGRAM))
+    monkeypatch.setattr(control, "ROUTER_CONFIG", str(fleet.config_file))
+    node, (g1, g2) = RouterNode(), fleet.groups
+    assert {b["url"]: b["state"] for b in control.routing(node)} == {g1.url: "routed", g2.url: "routed"}
+    assert {b["url"]: b["state"] for b in control.drain(node, g1.url)} == {g1.url: "drained", g2.url: "routed"}
+    assert chat(fleet.port)[0] == 200
+    assert {b["url"]: b["state"] for b in control.undrain(node, g1.url)} == {g1.url: "routed", g2.url: "routed"}
+    with pytest.raises(control.RouterError, match="undrain"):
+        control.undrain(node, "http://127.0.0.1:1", timeout_s=3)  # nothing listens there: never routed

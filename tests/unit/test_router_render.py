@@ -1,0 +1,204 @@
+"""roles/router as the deploy renders it: its data keys and their refusals, the backends it routes to,
+its config and unit (no key anywhere), the firewall's router port, the pinned wheels."""
+import json
+import re
+
+import pytest
+
+from roles.firewall.checks import rules_text
+from roles.router.facts import RouterHost
+from roles.router.fleet_key import _targets
+from roles.router.node_config import (
+    ROUTER_CONFIG, SFL_ROUTER, backends, config_text, router_config, router_node, unit_text, venv_dir,
+)
+from roles.router.schema import ROUTER_VERSIONS, RouterData
+from roles.router.wheels import PLATFORMS, WHEELS
+from sparkfleet.config import DATA_FIELDS, ConfigError, build_cluster
+from tests.unit.helpers import SHARED, SSH, pair
+
+MGMT = "10.0.0.0/24"
+
+
+def fleet_hosts(router="spark-b", **changes):
+    """Two serving groups of two on back-to-back cables (g1: spark-a head, spark-b; g2: spark-c head,
+    spark-d), the router on `router`; changes={"spark-c": {...}} changes one host's data."""
+    rows = [("spark-a", "g1", 0, "10.77.77.1/30", "10.0.0.11"), ("spark-b", "g1", 1, "10.77.77.2/30", "10.0.0.12"),
+            ("spark-c", "g2", 0, "10.77.78.1/30", "10.0.0.13"), ("spark-d", "g2", 1, "10.77.78.2/30", "10.0.0.14")]
+    return [(name, {**SSH, **SHARED, "ssh_hostname": mgmt, "serving_group": group, "rank": rank,
+                    "fabric_address": address, "router_node": router, **changes.get(name, {})})
+            for name, group, rank, address, mgmt in rows]
+
+
+def refused(hosts) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        build_cluster(hosts)
+    return err.value
+
+
+def test_every_router_key_is_a_data_key_with_a_description():
+    assert {k for k in DATA_FIELDS if k.startswith("router_")} == set(RouterData.model_fields)
+    assert all(f.description for f in RouterData.model_fields.values())
+    node = build_cluster(pair()).head
+    assert node.router_node is None and node.router_version == ROUTER_VERSIONS[-1]
+
+
+def test_the_router_routes_to_the_head_of_every_group_serving_its_model_by_management_address():
+    fleet = build_cluster(fleet_hosts())
+    router = router_node(fleet)
+    assert router.name == "spark-b"
+    assert backends(fleet, router) == ["http://10.0.0.11:8000", "http://10.0.0.13:8000"]
+    # one key for the fleet: the router group's head's, written to the other head and the router node
+    source, targets = _targets(fleet, router)
+    assert source.name == "spark-a" and [n.name for n in targets] == ["spark-c", "spark-b"]
+
+
+def test_a_group_serving_another_model_is_not_routed():
+    other = {"serving_profile": "qwen3.8-flash-next"}
+    fleet = build_cluster(fleet_hosts(**{"spark-c": other, "spark-d": other}))
+    assert backends(fleet, router_node(fleet)) == ["http://10.0.0.11:8000"]
+
+
+def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no_secret():
+    fleet = build_cluster(fleet_hosts(**{n: {"router_health_check_interval_s": 7} for n in
+                                         ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    router = router_node(fleet)
+    config = json.loads(config_text(fleet, router))
+    assert config == router_config(fleet, router)
+    assert config["key_file"] == "/etc/sparkfleet/api-key" and config["port"] == 8100
+    assert config["listen_host"] == "0.0.0.0" and config["health_check_interval_s"] == 7
+    assert config["health_check_endpoint"] == "/health"
+    unit = unit_text(fleet, router)
+    assert unit.startswith("# Managed by sparkfleet (roles/router)")
+    [exec_start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start == f"ExecStart={venv_dir('1.13.0')}/bin/python {SFL_ROUTER} run {ROUTER_CONFIG}"
+    assert "api_key" not in unit.lower().replace("api key", "") and "Environment=PYTHONUNBUFFERED=1" in unit
+    assert not any(line.startswith(("EnvironmentFile", "Environment=SMG", "Environment=API")) for line in unit.splitlines())
+
+
+def test_the_router_port_is_opened_to_the_api_networks_on_the_router_node_only():
+    fleet = build_cluster(fleet_hosts())
+    g1 = fleet.groups["g1"]
+    worker = rules_text(g1, fleet.node("spark-b"), MGMT)
+    assert "tcp dport 8100 ip saddr { 10.0.0.0/24 } accept" in worker and "tcp dport 8100 drop" in worker
+    assert "8000" not in worker
+    head = rules_text(g1, fleet.node("spark-a"), MGMT)
+    assert "8100" not in head and "tcp dport 8000 ip saddr { 10.0.0.0/24 } accept" in head
+
+
+def test_without_a_router_the_firewall_renders_as_before():
+    c = build_cluster(pair())
+    text = rules_text(c, c.head, MGMT)
+    assert text.count("# The API: the allowed networks only.") == 1
+    assert re.findall(r"tcp dport (\d+) ip saddr", text) == ["8000"]
+
+
+def test_a_router_node_that_is_not_in_the_inventory_is_refused_naming_host_key_and_allowed_values():
+    err = refused(fleet_hosts(router="spark-z"))
+    [p] = err.problems
+    assert p.key == "router_node" and p.hosts == ("spark-a", "spark-b", "spark-c", "spark-d")
+    assert "key 'router_node' = 'spark-z' is not a node of the inventory; allowed: spark-a, spark-b, spark-c, spark-d" in str(err)
+
+
+def test_router_settings_must_be_the_same_on_every_node():
+    err = refused(fleet_hosts(**{"spark-d": {"router_port": 9000}}))
+    assert [p.key for p in err.problems] == ["router_port"]
+    assert "key 'router_port' differs between nodes" in str(err) and "spark-d=9000" in str(err)
+
+
+def test_a_router_port_taken_on_the_router_node_is_refused():
+    hosts = fleet_hosts(router="spark-a", **{n: {"router_port": 8000} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    err = refused(hosts)
+    assert [p.key for p in err.problems] == ["router_port"]
+    assert "key 'router_port' = 8000 is also profile glm-5.3-flash-exl3's port on spark-a" in str(err)
+    rsync = {n: {"router_port": 873} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
+    assert "is also fanout_rsync_port on spark-b" in str(refused(fleet_hosts(**rsync)))
+
+
+def test_behind_a_router_the_fleet_names_one_key_file():
+    err = refused(fleet_hosts(**{"spark-c": {"serving_api_key_file": "/etc/sparkfleet/other-key"}}))
+    assert [p.key for p in err.problems] == ["serving_api_key_file"]
+    assert "the fleet has one API key, the router group's head's" in str(err)
+    build_cluster(fleet_hosts(router=None, **{"spark-c": {"serving_api_key_file": "/etc/sparkfleet/other-key"}}))
+
+
+def test_an_unpinned_version_is_refused_before_connecting():
+    err = refused(fleet_hosts(**{n: {"router_version": "1.12.0"} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    assert "router_version" in str(err) and "'1.13.0'" in str(err)
+
+
+def test_every_pinned_version_has_a_wheel_per_architecture_with_a_sha256():
+    assert set(WHEELS) == set(ROUTER_VERSIONS)
+    for version, arches in WHEELS.items():
+        assert set(arches) == set(PLATFORMS) == {"x86_64", "aarch64"}
+        for arch, (name, digest) in arches.items():
+            assert name.startswith(f"smg-{version}-cp38-abi3-") and arch in name and re.fullmatch("[0-9a-f]{64}", digest)
+
+
+def test_the_router_host_fact_reads_arch_venv_version_and_unit():
+    fact = RouterHost()
+    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no"]) == {
+        "arch": "aarch64", "venv": False, "installed": None, "unit": False}
+    assert fact.process(["arch=x86_64", "venv=yes", "installed=1.13.0", "unit=yes"])["installed"] == "1.13.0"
+    assert "uname -m" in fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service")
+
+
+# ------------------------------------------------------------------ the fleet's one key (fleet_key.py)
+
+class KeyHost:
+    """A node as fleet_key reads it: its key file's content (SFTP) and sha1 (Sha1File)."""
+
+    def __init__(self, name, content=None):
+        self.name, self.content = name, content
+
+    def get_file(self, path, buf):
+        if self.content is None:
+            return False
+        buf.write(self.content)
+        return True
+
+    def get_fact(self, cls, path):
+        import hashlib
+
+        assert cls.__name__ == "Sha1File" and path == "/etc/sparkfleet/api-key"
+        return None if self.content is None else hashlib.sha1(self.content).hexdigest()
+
+
+def key_state(fleet, contents):
+    from types import SimpleNamespace
+
+    hosts = {n.name: KeyHost(n.name, contents.get(n.name)) for n in fleet.nodes}
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=hosts.__getitem__))
+    state._sparkfleet_cluster, state._sparkfleet_groups = fleet, fleet.groups
+    return state
+
+
+def test_the_router_groups_heads_key_is_written_where_it_differs_and_only_there():
+    from roles.router.fleet_key import plan, replaced_on
+
+    fleet = build_cluster(fleet_hosts())
+    key = b"a" * 64
+    state = key_state(fleet, {"spark-a": key, "spark-c": b"c" * 64})
+    found = plan(state)
+    assert found.source == "spark-a" and found.key == key
+    assert found.writes == {"spark-c": "/etc/sparkfleet/api-key", "spark-b": "/etc/sparkfleet/api-key"}
+    assert replaced_on(state, "spark-c") and replaced_on(state, "spark-b") and not replaced_on(state, "spark-a")
+    assert key.decode() not in repr(found)
+    same = key_state(fleet, {"spark-a": key, "spark-b": key, "spark-c": key})
+    assert plan(same).writes == {} and not replaced_on(same, "spark-c")
+
+
+def test_on_the_first_deploy_the_controller_generates_the_fleets_key_and_writes_it_to_every_target():
+    from roles.router.fleet_key import plan
+
+    fleet = build_cluster(fleet_hosts())
+    found = plan(key_state(fleet, {}))
+    assert re.fullmatch("[0-9a-f]{64}", found.key.decode())
+    assert set(found.writes) == {"spark-a", "spark-b", "spark-c"}
+
+
+def test_no_router_or_a_named_key_file_that_is_absent_plans_nothing():
+    from roles.router.fleet_key import plan
+
+    assert plan(key_state(build_cluster(fleet_hosts(router=None)), {"spark-a": b"a" * 64})) is None
+    named = {n: {"serving_api_key_file": "/etc/sparkfleet/api-key"} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
+    assert plan(key_state(build_cluster(fleet_hosts(**named)), {})) is None  # roles/serving refuses it at prepare
