@@ -1,10 +1,12 @@
-"""sparkfleet: take a pair of DGX Sparks to a state proven to serve. Run: pyinfra inventory.py deploy.py
+"""sparkfleet: take a pair (or a fleet of serving groups) of DGX Sparks to a state proven to serve.
+Run: pyinfra inventory.py deploy.py
 
 The cluster data was validated before any connection (sparkfleet.run, from config.py); each role
 below reads the same validated model. A refusal at prepare prints one block and stops the run.
 """
-from pyinfra import local
+from pyinfra import host, local, state
 
+from roles.rolling.checks import turn_order
 from sparkfleet.run import refusals_stop_the_run
 
 with refusals_stop_the_run():
@@ -31,6 +33,9 @@ with refusals_stop_the_run():
     # 3b. The firewall: the API from allowed networks, the fabric's services from the fabric only.
     local.include("roles/firewall/tasks.py")
 
+    # 3c. Jumbo frames proven between every two nodes of a group, through the firewall.
+    local.include("roles/fabric/proof_tasks.py")
+
     # 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
     local.include("roles/docker/tasks.py")
 
@@ -43,20 +48,18 @@ with refusals_stop_the_run():
     # 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
     local.include("roles/weights/tasks.py")
 
-    # 7b. The head's API key (root-only files), before the prewarm starts the first engine.
+    # 7b. The API key (root-only files), before the prewarm starts the first engine: with a router,
+    #     one key for every routed group and the router (the router group's head's), then each head's.
+    local.include("roles/router/key_tasks.py")
     local.include("roles/serving/api_key_tasks.py")
 
-    # 7c. The watchdog paused (head first) when the prewarm or the pair restart will stop units.
-    local.include("roles/watchdog/pause_tasks.py")
+    # 7c-11, one serving group after the other (roles/rolling): out of the router, the watchdog
+    #     paused, kernel caches warmed, units restarted workers first, the watchdog back, the receipt;
+    #     then a real request proves the group serves and it is routed again before the next starts.
+    for turn in host.loop(turn_order(state)):
+        local.include("roles/rolling/turn.py", data={"sparkfleet_turn": turn})
+    local.include("roles/rolling/done.py")
 
-    # 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
-    local.include("roles/kernel_cache/tasks.py")
-
-    # 9. The units: --headless workers first, then the head; /health awaited, endpoint printed.
-    local.include("roles/serving/tasks.py")
-
-    # 10. The watchdog: installed, configured, started again where paused or stopped (workers first).
-    local.include("roles/watchdog/tasks.py")
-
-    # 11. The benchmark receipt, when the pair (re)started: a short fixed load through the API, kept on the head.
-    local.include("roles/receipt/tasks.py")
+    # 12. The router (router_node): one endpoint for every group serving the same model, behind the
+    #     API key; groups whose health check fails are taken out of routing until they pass again.
+    local.include("roles/router/tasks.py")

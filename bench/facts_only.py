@@ -21,6 +21,8 @@ from roles.image.checks import base_record_path, history_path, recipe_dir
 from roles.image.facts import DeployedCommits, DockerImageId, LocalImages, RecipeCheckout, ResolvedCommit
 from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
+from roles.router.facts import RouterHost
+from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
 from roles.serving.engine import env_file_path, unit_name
@@ -65,6 +67,7 @@ for model, _revision in profile_models(profile):
     host.get_fact(ModelCopy, root=node.weights_dir, model=model)
 host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
 host.get_fact(WatchdogUnit)
+host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))
     if profile.speculative and profile.speculative.draft_model:

@@ -1,7 +1,8 @@
 """Benchmark: a no-op re-deploy against a pyinfra run that only gathers the same facts.
 
 Both run against the lab's two hosts in this one process, interleaved, ROUNDS times each; the
-figures printed are medians and their ratio. The ratio says what sparkfleet's converged-deploy
+figures printed are medians and their ratio. With --fleet (`make bench`), the same again on four
+fresh lab hosts as two serving groups behind the router, printed beside the two-host figure. The ratio says what sparkfleet's converged-deploy
 path (table, checks, operations that find nothing to do) costs on top of the SSH fact round trips
 any pyinfra run pays. Run with `make bench` (the lab must be up; the fabric is deployed first).
 
@@ -11,6 +12,7 @@ operation run...`); the no-op's prepare is split further at the lines sparkfleet
 (`--> sparkfleet preflight:`, ...), and its operation run by role file. Every figure is the median
 over the rounds (so a column's figures need not add up to its total exactly).
 """
+import os
 import re
 import statistics
 import subprocess
@@ -21,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.lab import BIN, INVENTORY, REPO, Run, deploy  # noqa: E402
+from tests.e2e.lab import BIN, FLEET_INVENTORY, INVENTORY, REPO, Run, deploy  # noqa: E402
 
 ROUNDS = 5
 
@@ -92,21 +94,35 @@ def medians(runs: list[dict[str, dict[str, float]]], part: str) -> dict[str, flo
     return {name: statistics.median(run[part].get(name, 0.0) for run in runs) for name in names}
 
 
-def main() -> int:
-    first = deploy()  # converge first: the benchmark is about the second run
+def measure(inventory: str) -> tuple[float, float, list[float], list[float], list, list]:
+    """Converge `inventory`, then ROUNDS interleaved rounds of a no-op re-deploy and a facts-only run."""
+    first = deploy(inventory=inventory)  # converge first: the benchmark is about the second run
     if first.returncode != 0:
         sys.exit(f"deploy failed:\n{first.output}")
     noop, facts, noop_parts, facts_parts = [], [], [], []
     for _ in range(ROUNDS):
-        elapsed, run, lines = streamed([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py"])
+        elapsed, run, lines = streamed([str(BIN / "pyinfra"), "-y", inventory, "deploy.py"])
         if run.changed():
             sys.exit(f"not a no-op: {run.changed()}")
         noop.append(elapsed)
         noop_parts.append(breakdown(lines, elapsed))
-        elapsed, _, lines = streamed([str(BIN / "pyinfra"), "-y", INVENTORY, "bench/facts_only.py"])
+        elapsed, _, lines = streamed([str(BIN / "pyinfra"), "-y", inventory, "bench/facts_only.py"])
         facts.append(elapsed)
         facts_parts.append(breakdown(lines, elapsed))
-    noop_s, facts_s = statistics.median(noop), statistics.median(facts)
+    return statistics.median(noop), statistics.median(facts), noop, facts, noop_parts, facts_parts
+
+
+def lab(size: int) -> None:
+    """Fresh lab hosts of `size` (lab.sh reset): the fleet's four on a switch, or the pair."""
+    r = subprocess.run(["bash", "lab/lab.sh", "reset"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "SFL_LAB_HOSTS": str(size)})
+    if r.returncode != 0:
+        sys.exit(f"lab.sh reset ({size} hosts) failed:\n{r.stdout}{r.stderr}")
+
+
+def main() -> int:
+    fleet = "--fleet" in sys.argv[1:]
+    noop_s, facts_s, noop, facts, noop_parts, facts_parts = measure(INVENTORY)
     print(f"hosts: 2 (lab), rounds: {ROUNDS}, medians")
     print(f"no-op re-deploy        {noop_s:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in noop)})")
     print(f"facts-only pyinfra run {facts_s:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in facts)})")
@@ -123,6 +139,20 @@ def main() -> int:
     print("the no-op's operation run, by file (s):")
     for name, seconds in medians(noop_parts, "operations").items():
         print(f"  {name:<38} {seconds:7.2f}   ({counts.get(name, 0)} operations)")
+    if not fleet:
+        return 0
+    # The four-host fleet (two TP=2 groups behind the router, a switched fabric), measured the same
+    # way in this run, on fresh hosts; the lab is the pair again afterwards.
+    lab(4)
+    try:
+        fleet_noop, fleet_facts, fleet_runs, fleet_fact_runs, _, _ = measure(FLEET_INVENTORY)
+    finally:
+        lab(2)
+    print()
+    print(f"{'no-op re-deploy (medians)':<28} {'no-op s':>8} {'facts s':>8} {'ratio':>6}")
+    print(f"  {'2 hosts, 1 group':<26} {noop_s:8.2f} {facts_s:8.2f} {noop_s / facts_s:6.2f}")
+    print(f"  {'4 hosts, 2 groups':<26} {fleet_noop:8.2f} {fleet_facts:8.2f} {fleet_noop / fleet_facts:6.2f}"
+          f"   (runs: {', '.join(f'{t:.2f}' for t in fleet_runs)} / {', '.join(f'{t:.2f}' for t in fleet_fact_runs)})")
     return 0
 
 

@@ -91,6 +91,7 @@ def per_group(state, compute: Callable[[Any], Any]) -> dict[str, Any]:
 
     fleet = fleet_from_state(state)
     active = {h.name: h for h in fleet_hosts(state)}
+    current = ctx_state.get()  # the State itself (`state` may be pyinfra's context proxy of it)
     chosen = {}
     for name, group in fleet.groups.items():
         host = next((active[n.name] for n in group.nodes if n.name in active), None)  # nodes are in rank order
@@ -99,7 +100,7 @@ def per_group(state, compute: Callable[[Any], Any]) -> dict[str, Any]:
 
     def one(group, host):
         try:
-            with ctx_state.use(state), ctx_host.use(host):
+            with ctx_state.use(current), ctx_host.use(host):
                 return "ok", compute(group)
         except Exception as exc:
             return "error", exc

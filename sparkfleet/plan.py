@@ -65,19 +65,39 @@ def _cell(items: list[str], empty: str = "-") -> str:
     return ", ".join(items) if items else empty
 
 
-def plan_table(plans: dict[str, GroupPlan]) -> list[str]:
-    """The table's lines: one row per group, then each restarting group's reasons."""
+def _ship_cell(p: GroupPlan) -> str:
+    """What crosses the fabric, per receiving node: 'spark-b: image, 2 models'."""
+    per_node: dict[str, list[str]] = {}
+    for item in p.ship:
+        what, node = item.rsplit(" -> ", 1)
+        per_node.setdefault(node, []).append(what)
+    cells = []
+    for node, things in per_node.items():
+        models = [t for t in things if t != "image"]
+        parts = (["image"] if "image" in things else []) + ([f"{len(models)} model{'s' * (len(models) > 1)}"]
+                                                            if models else [])
+        cells.append(f"{node}: {', '.join(parts)}")
+    return "; ".join(cells) or "-"
+
+
+def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]:
+    """The table's lines: one row per group, then why each restarting group restarts."""
     header = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
     rows = [header]
     for name, p in sorted(plans.items()):
         restart = "yes" if p.restart else ("no, serving" if p.healthy else "no, /health not 200")
-        rows.append((name, p.profile, _cell(p.nodes), _cell(p.fetch), "yes" if p.build else "-", _cell(p.ship),
+        fetch = f"{len(p.fetch)} model{'s' * (len(p.fetch) > 1)}" if p.fetch else "-"
+        rows.append((name, p.profile, _cell(p.nodes), fetch, "yes" if p.build else "-", _ship_cell(p),
                      p.warm or "-", restart))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     for name, p in sorted(plans.items()):
-        for reason in p.reasons:
-            lines.append(f"  {name} restarts: {reason}")
+        if p.fetch:
+            lines.append(f"  {name} fetches: {', '.join(p.fetch)}")
+        shown = p.reasons[:reasons_shown]
+        more = len(p.reasons) - len(shown)
+        if shown:
+            lines.append(f"  {name} restarts: {'; '.join(shown)}" + (f" (and {more} more)" if more else ""))
     return lines
 
 
@@ -90,6 +110,12 @@ def fleet_plan(state) -> dict[str, GroupPlan]:
                     f"(decided before any change; the roles execute this plan)")
         for line in plan_table(plans):
             logger.info("    " + line)
+        restarting = [name for name, p in sorted(plans.items()) if p.restart]
+        if len(restarting) > 1 and any(p.healthy for p in plans.values()):
+            logger.info(f"    rolling: {', then '.join(restarting)} (one group at a time: each out of the router, "
+                        f"upgraded, proven to serve and routed again before the next stops)")
+        elif len(restarting) > 1:
+            logger.info(f"    together: {', '.join(restarting)} (no group serves yet: none waits for another)")
         return plans
 
     return once_per_fleet(state, "plan", compute)

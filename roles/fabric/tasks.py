@@ -1,10 +1,11 @@
-"""roles/fabric: the CX7 link as a netplan drop-in, applied only on change, then proven end to end."""
+"""roles/fabric: the CX7 link as a netplan drop-in, applied only on change (proven end to end by
+proof_tasks.py, once the firewall admits the group's peers)."""
 from io import StringIO
 
 from pyinfra import host, logger, state
 from pyinfra.operations import python, server
 
-from roles.fabric.checks import fabric_others, fabric_state, netplan_text, prove_jumbo_frames
+from roles.fabric.checks import fabric_others, fabric_state, netplan_text
 from roles.fabric.schema import NETPLAN_FILE
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
@@ -45,12 +46,3 @@ server.shell(
     commands=["netplan apply"],
     _if=lambda: netplan_file.did_change() or bool(live_drift) or bool(take_over and take_over.did_change()),
 )
-
-# 4. After every node has applied: jumbo frames to every peer, or the deploy stops naming both ends.
-if not fabric.converged:
-    python.call(
-        name="Prove jumbo frames to every peer",
-        function=prove_jumbo_frames,
-        node=node,
-        peers=cluster.peers(node),
-    )

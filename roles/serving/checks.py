@@ -116,9 +116,9 @@ def _pair_state(state) -> PairState:
     if cache_plan(state).prewarm:
         pair.reasons.append("the kernel caches are warmed first (the prewarm stops the pair)")
     pair.restart = bool(pair.reasons)
-    if not pair.restart:
-        head_host = state.inventory.get_host(cluster.head.name)
-        pair.healthy = head_host.get_fact(HeadHealth, port=profile.port)
+    # Whether the head serves now, restart or not: a group that serves is upgraded in its own turn
+    # (roles/rolling), so the others keep answering meanwhile.
+    pair.healthy = state.inventory.get_host(cluster.head.name).get_fact(HeadHealth, port=profile.port)
     summary = "; ".join(pair.reasons) if pair.restart else ("unchanged, healthy" if pair.healthy else "unchanged, /health not 200")
     logger.info(f"--> sparkfleet serving {profile.name} ({profile.image_ref}): {summary}")
     return pair

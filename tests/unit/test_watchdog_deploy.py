@@ -256,12 +256,18 @@ def test_the_watchdog_pauses_before_the_pair_moves_and_starts_after_workers_firs
 def test_the_pause_comes_before_the_prewarm_and_the_start_after_the_pair_serves():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "deploy.py").read_text()
-    order = [line.split('"')[1] for line in text.splitlines() if "local.include(" in line]
+    repo = Path(__file__).resolve().parents[2]
+
+    def includes(path):  # deploy.py's includes, with each serving group's turn (roles/rolling/turn.py) inlined
+        found = [line.split('"')[1] for line in (repo / path).read_text().splitlines() if "local.include(" in line]
+        return [i for f in found for i in (includes(f) if f == "roles/rolling/turn.py" else [f])]
+
+    order = [f for f in includes("deploy.py") if not f.startswith("roles/rolling/")]  # the turns' barrier
     at = order.index
     assert at("roles/fanout/tasks.py") < at("roles/watchdog/pause_tasks.py") < at("roles/kernel_cache/tasks.py") \
-        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 2
-    assert order[-1] == "roles/receipt/tasks.py"  # after it only the receipt, which measures and changes nothing
+        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 3
+    # after it only the receipt, which measures and changes nothing, and the router, which moves no unit of a group
+    assert order[-2:] == ["roles/receipt/tasks.py", "roles/router/tasks.py"]
 
 
 def test_a_watchdog_found_stopped_is_handed_over_and_started_even_when_nothing_moves(monkeypatch):
