@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit parity parity-venvs lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
+.PHONY: help install demo test unit parity parity-venvs router-wheels lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -32,8 +32,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e .
 	@touch $@
 
+# The pair's lab: a four-host lab left by `make test` or `make fleet-up` is replaced by fresh hosts.
 lab-up: install
-	bash lab/lab.sh up
+	@if [ "$$(cat $(SFL_LAB_STATE)/run/size 2>/dev/null || echo 2)" != 2 ]; then bash lab/lab.sh reset; else bash lab/lab.sh up; fi
 lab-down:
 	bash lab/lab.sh down
 lab-status:
@@ -81,7 +82,13 @@ rollback: install
 
 demo: install lab-up deploy-lab verify-lab show-lab
 
-unit: install
+# The router's pinned smg wheels (roles/router/wheels.py, sha256-checked), fetched once into
+# /var/cache/sparkfleet/router: a deploy ships them to the router node (which reaches no PyPI), and
+# tests/unit/test_router.py runs the real router from them.
+router-wheels: install
+	@$(BIN)/python -m roles.router.wheels >/dev/null
+
+unit: install router-wheels
 	$(BIN)/pytest tests/unit -q
 
 # The real engines, each in its own virtualenv from tests/parity/<engine>.txt, cached by the lock's
@@ -97,18 +104,22 @@ parity: install parity-venvs
 	$(BIN)/pytest tests/parity -q --parity
 
 # Fresh lab hosts every run, so the first deploy really starts from nothing. The lab tiers (e2e in
-# order, then the state checks) run alone against the lab; the unit and engine-parity tiers need no
+# order, then the state checks; then four fresh hosts for tests/fleet) run alone against the lab; the unit and engine-parity tiers need no
 # lab and run beside them (the lab tier mostly waits on the hosts), their output printed after.
-test: install parity-venvs lab-reset
+test: install parity-venvs router-wheels lab-reset
 	@log=$$(mktemp); \
 	$(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10 >"$$log" 2>&1 & other=$$!; \
 	$(BIN)/pytest tests/e2e tests/state -q --lab -p no:cacheprovider --durations=25; lab=$$?; \
+	echo "== the four-host lab (fresh hosts, a switched fabric): tests/fleet"; \
+	SFL_LAB_HOSTS=4 bash lab/lab.sh reset >/dev/null && \
+	$(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10; fleet=$$?; \
 	wait $$other; rest=$$?; \
 	echo "== tests/unit and tests/parity (run beside the lab tiers):"; cat "$$log"; rm -f "$$log"; \
-	echo "== lab tiers exit $$lab, unit and parity exit $$rest"; [ $$lab -eq 0 ] && [ $$rest -eq 0 ]
+	echo "== lab tiers exit $$lab, four-host lab exit $$fleet, unit and parity exit $$rest"; \
+	[ $$lab -eq 0 ] && [ $$fleet -eq 0 ] && [ $$rest -eq 0 ]
 
 bench: install lab-up
-	$(BIN)/python bench/noop.py
+	$(BIN)/python bench/noop.py --fleet
 	$(BIN)/python bench/refusal.py
 	$(BIN)/python bench/fanout.py
 	$(BIN)/python bench/receipt.py

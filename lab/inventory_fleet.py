@@ -12,7 +12,11 @@ from sparkfleet.inventory import sparks
 
 # lab/inventory.py's SSH settings and netplan renderer (the same lab state: key, known_hosts)
 _ssh = runpy.run_path(str(Path(__file__).with_name("inventory.py")))["_ssh"]
-_switch = {**_ssh, "fabric_topology": "switch"}
+# One endpoint for both groups: the router on spark-a (roles/router), port 8100, behind the fleet's key.
+# A dead worker is found by a request after vLLM's step timeout (the stand-in imitates it): 10 s
+# here, not the profile's 1800, so the e2e sees its group leave routing within a minute.
+_switch = {**_ssh, "fabric_topology": "switch", "router_node": "spark-a",
+           "serving_env_pins": {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "10"}}
 
 spark_hosts = sparks(
     __file__,

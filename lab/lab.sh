@@ -829,11 +829,16 @@ stop_models_server() {
 }
 
 # The recipe's FROM image, as a registry would have given it: the lab's base rootfs, imported on the
-# head only (workers get the overlay image from the head's registry, as on real Sparks).
+# hosts that head a serving group in the lab's inventories only (workers get the overlay image from
+# their head's registry, as on real Sparks): spark-a; with four hosts, spark-c too (lab/inventory_fleet.py).
 ensure_base_image() {
-  if ssh_lab spark-a docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
-  tar -C "$BASE" -c . | ssh -F "$SSH_CONFIG" spark-a docker import - "$BASE_IMAGE" >/dev/null
-  say "spark-a: imported $BASE_IMAGE from the lab's base rootfs"
+  local head heads=(spark-a)
+  [[ $SIZE == 4 ]] && heads+=(spark-c)
+  for head in "${heads[@]}"; do
+    if ssh_lab "$head" docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then continue; fi
+    tar -C "$BASE" -c . | ssh -F "$SSH_CONFIG" "$head" docker import - "$BASE_IMAGE" >/dev/null
+    say "$head: imported $BASE_IMAGE from the lab's base rootfs"
+  done
 }
 
 # ---------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 - tests/state: testinfra checks of real machines (or the lab); need --hosts, and --inventory for
   the expected values (the same inventory the deploy used).
 - tests/e2e: the lab end to end (boots nothing itself; `make test` brings the lab up); need --lab.
+- tests/fleet: the four-host lab end to end (serving groups, the router, rolling upgrades; `make test`
+  brings the four-host lab up after the two-host tiers); need --lab.
 - tests/parity: the rendered command lines and environments against the real vLLM and SGLang, each
   in its own cached virtualenv (tests/parity/venv.sh builds them); need --parity.
 """
@@ -42,3 +44,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="engine parity needs --parity (make test runs it)"))
         if parts[:2] == ("tests", "e2e") and not config.getoption("lab"):
             item.add_marker(pytest.mark.skip(reason="lab end-to-end needs --lab (make test runs it)"))
+        if parts[:2] == ("tests", "fleet") and not config.getoption("lab"):
+            item.add_marker(pytest.mark.skip(reason="the four-host lab end-to-end needs --lab (make test runs it)"))
