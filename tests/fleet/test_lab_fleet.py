@@ -52,6 +52,10 @@ def chat(base: str, api_key: str | None, timeout: float = 60, content: str = "pi
         return 0, {"error": repr(e)}
 
 
+def started_at(head: str) -> str:
+    return on(head, "docker inspect --format '{{.State.StartedAt}}' sparkfleet-head").strip()
+
+
 def routing() -> dict[str, str]:
     """backend URL -> the router's state of it (routed, unhealthy, draining, drained)."""
     out = on("spark-a", "python3 /usr/local/libexec/sparkfleet/sfl_router.py routing /etc/sparkfleet/router.json")
@@ -127,9 +131,14 @@ def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_
     assert gone == {G1: "routed", G2: "unhealthy"} or gone.get(G2) != "routed", gone
     assert gone[G1] == "routed"
     assert len(client.results) >= 10 and client.failures() == [], client.results
-    # The next deploy repairs g2 (its turn: drained, restarted, proven, routed again).
+    # The next deploy repairs g2 (its turn: drained, restarted, proven, routed again) and leaves g1
+    # alone: groups are independent.
+    g1_started = started_at("spark-a")
     run = fleet_deploy()
     assert run.returncode == 0, run.output[-4000:]
+    assert re.search(r"^\s+g1\s.*\sno, serving$", run.output, re.M), run.output[-4000:]
+    assert re.search(r"^\s+g2\s.*\syes$", run.output, re.M)
+    assert started_at("spark-a") == g1_started
     assert routing() == {G1: "routed", G2: "routed"}
 
 
