@@ -29,7 +29,7 @@ from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
 from roles.watchdog.schema import SFL_WATCH, WATCH_UNIT
 from roles.weights.checks import weights_plan
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, once_per_fleet, per_group
 
 
 def _checks(state) -> list[tuple[str, str, list[str]]]:
@@ -135,20 +135,30 @@ def watchdog_problems(node, unit: dict, status: dict) -> list[str]:
     return problems
 
 
-def _doctor(state) -> None:
-    rows = _checks(state)
+def _table(rows) -> list[str]:
     lines = [f"{'check':<11} {'host':<10} result"]  # 11: "fingerprint"
     for check, host_name, problems, *note in rows:
         ok = "ok" + (f" ({note[0]})" if note else "")
         lines.append(f"{check:<11} {host_name:<10} " + (ok if not problems else "FAIL " + problems[0]))
         lines += [f"{'':<22}     {p}" for p in problems[1:]]
+    return lines
+
+
+def _doctor(state) -> None:
+    """Every serving group's checks (at once, each in its own group: sparkfleet.once.per_group), a
+    table per group, then one verdict for the fleet."""
+    tables = per_group(state, lambda group: _checks(state))
+    several = len(tables) > 1
+    for name, rows in sorted(tables.items()):
+        title = f" serving group {name}" if several else ""
+        logger.info(f"--> sparkfleet doctor{title} (read-only):\n" + "\n".join(_table(rows)) + "\n")
+    rows = [r for group_rows in tables.values() for r in group_rows]
     failed = [r for r in rows if r[2]]
-    logger.info("--> sparkfleet doctor (read-only):\n" + "\n".join(lines) + "\n")
     if failed:
         raise DeployError(f"doctor: {len(failed)} of {len(rows)} checks failed (nothing was changed)")
     logger.info(f"--> sparkfleet doctor: all {len(rows)} checks passed")
 
 
 def run_doctor(state) -> None:
-    """Every host loads doctor.py; the checks run, and the table prints, once per run."""
-    once_per_run(state, "doctor", lambda: _doctor(state))
+    """Every host loads doctor.py; the checks run, and the tables print, once per run."""
+    once_per_fleet(state, "doctor", lambda: _doctor(state))

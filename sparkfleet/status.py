@@ -23,7 +23,7 @@ from roles.serving.schema import node_profile
 from roles.watchdog.facts import RankContainer, WatchdogUnit, WatchProbe, WatchStatus
 from roles.watchdog.schema import WATCH_UNIT
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, once_per_run
 
 ACTIONS_SHOWN = 5
 
@@ -104,7 +104,8 @@ def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, w
     """The report, from facts (node name -> fact value); pure, for the tests."""
     head = cluster.head
     names = " + ".join(n.name for n in cluster.nodes)
-    lines = [f"pair {names}: profile {profile.name} ({profile.engine}), {profile.api_model_name!r} on port {profile.port}"]
+    what = f"serving group {cluster.group} ({names})" if cluster.group not in (None, "pair") else f"pair {names}"
+    lines = [f"{what}: profile {profile.name} ({profile.engine}), {profile.api_model_name!r} on port {profile.port}"]
     latency = probe_latency(probe.get("line", ""))
     result = probe.get("line") or "no answer"
     if probe.get("rc") == "absent":
@@ -143,6 +144,24 @@ def _status(state) -> None:
     logger.info("--> sparkfleet status (read-only):\n" + "\n".join(lines) + "\n")
 
 
+def _router_status(state) -> None:
+    """The router's verdict on every group it routes to (router_node set and in this run)."""
+    from roles.router import control
+    from roles.router.node_config import router_node
+    from sparkfleet.inventory import fleet_from_state
+
+    router = router_node(fleet_from_state(state))
+    if router is None or router.name not in {h.name for h in fleet_hosts(state)}:
+        return
+    try:
+        rows = [f"  {b['url']:<28} {b['state']}" for b in control.routing(state.inventory.get_host(router.name))]
+    except control.RouterError as e:
+        rows = [f"  not answering: {e}"]
+    logger.info(f"--> sparkfleet router on {router.name} (read-only):\n" + "\n".join(rows) + "\n")
+
+
 def run_status(state) -> None:
-    """Every host loads status.py; the report is gathered, and printed, once per run."""
+    """Every host loads status.py; the report is gathered, and printed, once per serving group; the
+    router's routing once per run."""
     once_per_run(state, "status", lambda: _status(state))
+    once_per_fleet(state, "status-router", lambda: _router_status(state))

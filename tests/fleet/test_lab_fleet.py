@@ -17,7 +17,8 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.lab import FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs
+from tests.e2e.lab import BIN, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs
+from tests.e2e.lab import run as run_
 
 pytestmark = pytest.mark.lab
 
@@ -108,6 +109,15 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert run.returncode == 0, run.output[-4000:]
     assert run.changed() == [], run.changed()
     assert "--> sparkfleet plan: 2 serving group(s), 0 with changes" in run.output
+    # The doctor checks every group, a table each, and one verdict for the fleet; status shows the router.
+    doctor = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "doctor.py"])
+    assert doctor.returncode == 0, doctor.output[-4000:]
+    assert "--> sparkfleet doctor serving group g1 (read-only):" in doctor.output
+    assert "--> sparkfleet doctor serving group g2 (read-only):" in doctor.output
+    assert re.search(r"--> sparkfleet doctor: all \d+ checks passed", doctor.output)
+    status = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "status.py"])
+    assert status.returncode == 0, status.output[-4000:]
+    assert re.search(rf"^  {G1}\s+routed$", status.output, re.M) and re.search(rf"^  {G2}\s+routed$", status.output, re.M)
 
 
 def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_routing():

@@ -436,6 +436,9 @@ def test_a_hung_api_restarts_the_pair_in_the_deploys_order(world):
     wlog = world.log("worker")
     assert lines(wlog, "head spark-a restarts the pair (generation 1): restarting sparkfleet-worker")
     assert lines(wlog, "sparkfleet-worker's container running after")
+    # The state file is written after the log line: wait for the restart's record, then read it.
+    wait_for(lambda: [r.get("ok") for r in world.state("head").get("restarts", [])] == [True], 5,
+             "the restart recorded in the head's state")
     head, worker = world.state("head"), world.state("worker")
     assert head["generation"] == 1 and head["want"] == "serving" and worker["handled_generation"] == 1
     assert [r["ok"] for r in head["restarts"]] == [True] and head["restarts"][0]["took_s"] > 0
