@@ -29,6 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
 	@$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	@command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync; }  # tests/unit/test_watchdog.py
+	@[ -x /usr/sbin/haproxy ] || { apt-get update -qq && apt-get install -y -qq haproxy; }  # tests/unit/test_api_proxy.py, tests/parity/test_routes.py
 	$(BIN)/pip install -q --disable-pip-version-check -e .
 	@touch $@
 

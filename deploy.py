@@ -30,6 +30,9 @@ with refusals_stop_the_run():
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")
 
+    # 3a. HAProxy on each head (the API proxy's program, step 7b2): the firewall names its user.
+    local.include("roles/api_proxy/install_tasks.py")
+
     # 3b. The firewall: the API from allowed networks, the fabric's services from the fabric only.
     local.include("roles/firewall/tasks.py")
 
@@ -52,6 +55,10 @@ with refusals_stop_the_run():
     #     one key for every routed group and the router (the router group's head's), then each head's.
     local.include("roles/router/key_tasks.py")
     local.include("roles/serving/api_key_tasks.py")
+
+    # 7b2. The API proxy on each head: the key on every path but /health, the engine on loopback
+    #      behind it (neither engine's own check covers every route it registers).
+    local.include("roles/api_proxy/tasks.py")
 
     # 7c-11, one serving group after the other (roles/rolling): out of the router, the watchdog
     #     paused, kernel caches warmed, units restarted workers first, the watchdog back, the receipt;

@@ -21,6 +21,7 @@ from roles.image.checks import base_record_path, history_path, recipe_dir
 from roles.image.facts import DeployedCommits, DockerImageId, LocalImages, RecipeCheckout, ResolvedCommit
 from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
+from roles.api_proxy.checks import UNIT_PATH as API_PROXY_UNIT_PATH, ApiProxyHost
 from roles.router.facts import RouterHost
 from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
@@ -68,6 +69,7 @@ for model, _revision in profile_models(profile):
 host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
 host.get_fact(WatchdogUnit)
 host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH)
+host.get_fact(ApiProxyHost, unit_path=API_PROXY_UNIT_PATH)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))
     if profile.speculative and profile.speculative.draft_model:

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
+from roles.api_proxy.schema import ApiProxyData
 from roles.docker.schema import DockerData
 from roles.fabric.schema import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData
 from roles.fanout.schema import FanoutData
@@ -64,7 +65,7 @@ class GroupData(BaseModel):
     )
 
 
-class NodeConfig(GroupData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+class NodeConfig(GroupData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
@@ -434,7 +435,8 @@ def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
     ports = [("docker_registry_port", head.docker_registry_port, "docker_registry_port"),
              ("fanout_rsync_port", head.fanout_rsync_port, "fanout_rsync_port"),
              (f"profile {profile.name}'s port", profile.port, None),
-             (f"profile {profile.name}'s master_port", profile.master_port, None)]
+             (f"profile {profile.name}'s master_port", profile.master_port, None),
+             ("api_proxy_engine_port", head.api_proxy_engine_port, "api_proxy_engine_port")]
     for i, (what, port, key) in enumerate(ports):
         for other, other_port, other_key in ports[:i]:
             if port == other_port:

@@ -9,7 +9,9 @@ names and accepts nothing another table would drop (an accept in one table does 
     daemon are reached over the fabric netdev only; collectives (NCCL, Gloo, vLLM's own sockets) bind
     the fabric address and are covered by the first rule;
   - on the head, the API port from the allowed networks only; on the router node (roles/router), the
-    router's port likewise.
+    router's port likewise;
+  - on the head, the engine's own port (loopback only, behind the API proxy) from root's and the
+    proxy's sockets only (an output chain: a local user cannot go around the proxy).
 SSH is never matched. Loopback is always accepted.
 """
 import shlex
@@ -17,6 +19,7 @@ from ipaddress import IPv4Network, ip_interface
 
 from pyinfra.api import FactBase
 
+from roles.api_proxy.checks import PROXY_USER
 from roles.serving.schema import node_profile
 from sparkfleet.render import render, sha1_text
 
@@ -24,6 +27,10 @@ TABLE = "inet sparkfleet"
 UNIT = "sparkfleet-firewall"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
 NFT = "/usr/sbin/nft"
+# Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
+# engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
+# engine answers without the key (roles/api_proxy/schema.py); they go through the proxy like the LAN.
+ENGINE_PORT_USERS = ("root", PROXY_USER)
 
 
 def rules_path(node) -> str:
@@ -55,6 +62,7 @@ def _body(cluster, node, management_subnet: str | None, marker: str) -> str:
         "firewall", "/etc/sparkfleet/firewall.nft", marker=marker, fabric_ip=node.fabric_ip, netdev=node.fabric_netdev,
         peers=peers, fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
         api_allowed=api_networks(node, management_subnet),
+        engine_port=node.api_proxy_engine_port if node.is_head else None, engine_users=ENGINE_PORT_USERS,
     )
 
 

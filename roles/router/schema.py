@@ -85,6 +85,7 @@ def router_problems(nodes) -> list[Problem]:
         if profile is not None:
             taken[profile.port] = f"profile {profile.name}'s port"
             taken[profile.master_port] = f"profile {profile.name}'s master_port"
+            taken[router.api_proxy_engine_port] = "api_proxy_engine_port"
     if router.router_port in taken:
         problems.append(Problem(
             f"key 'router_port' = {router.router_port} is also {taken[router.router_port]} on {wanted}; every port "

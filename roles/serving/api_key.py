@@ -7,6 +7,8 @@ benchmark receipt, roles/receipt/receipt.py, over SFTP into memory, then its loa
   api-key.yaml  api-key: "<key>"              SGLang's --config (mounted read-only; SGLang reads the key
                                               from --api-key only, sglang/srt/server_args.py)
   api-key.curl  header = "Authorization: Bearer <key>"   curl -K for every probe that asks the API
+  api-key.haproxy  Bearer <key>               the API proxy's pattern file (roles/api_proxy: HAProxy's
+                                              master reads it as root at start and reload)
 With no serving_api_key_file in data, the key file is <serving_dir>/api-key, generated on the first
 deploy from 32 bytes of /dev/urandom (64 hex digits).
 """
@@ -14,7 +16,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_YAML_FILE
+from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
 
 # What a key may be: safe in an env file, a YAML double-quoted scalar, a curl config string and an
 # HTTP header, with no quoting at all.
@@ -40,6 +42,7 @@ def _derived(node) -> list[tuple[str, str]]:
         (f"{d}/{KEY_ENV_FILE}", "VLLM_API_KEY=%s\\n"),
         (f"{d}/{KEY_YAML_FILE}", 'api-key: \\"%s\\"\\n'),
         (f"{d}/{KEY_CURL_FILE}", 'header = \\"Authorization: Bearer %s\\"\\n'),
+        (f"{d}/{KEY_PROXY_FILE}", "Bearer %s\\n"),
     ]
 
 

@@ -159,24 +159,35 @@ def check_engine_kv(host, unit: str, max_model_len: int) -> None:
         logger.info(f"    [{host.name}] engine KV cache {tokens} tokens >= max_model_len {max_model_len}")
 
 
+# Asked without the key, each must answer 401: the key check's own route, and the two inference
+# routes (vLLM 0.33.0 serves POST /invocations with no key of its own: roles/api_proxy/schema.py).
+KEYLESS_PROBES = (("GET", "/v1/models"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"))
+
+
 def key_probe_command(port: int, curl_config: str) -> str:
-    """`<code without the key> <code with it>` for GET /v1/models on the head (the key from curl's
-    root-only config file, never on a command line)."""
-    url = f"http://127.0.0.1:{int(port)}/v1/models"
+    """The codes of KEYLESS_PROBES without the key, then GET /v1/models with it, on the head (the key
+    from curl's root-only config file, never on a command line)."""
+    base = f"http://127.0.0.1:{int(port)}"
     fmt = "-sS -m 10 -o /dev/null -w '%{http_code}'"
-    return f"echo $(curl {fmt} {url} 2>/dev/null) $(curl -K {curl_config} {fmt} {url} 2>/dev/null)"
+    keyless = " ".join(
+        f"$(curl {fmt} -X {method}{' -H content-type:application/json -d {}' if method == 'POST' else ''} "
+        f"{base}{path} 2>/dev/null)" for method, path in KEYLESS_PROBES)
+    return f"echo {keyless} $(curl -K {curl_config} {fmt} {base}/v1/models 2>/dev/null)"
 
 
 def check_api_key(host, port: int, curl_config: str) -> None:
-    """The API refuses a request without the key (401) and serves one with it (200)."""
+    """The API refuses every probe without the key (401) and serves one with it (200)."""
     _, out = host.run_shell_command(StringCommand(key_probe_command(port, curl_config)))
-    codes = (out.stdout.strip().split() + ["none", "none"])[:2]
-    if codes != ["401", "200"]:
+    want = ["401"] * len(KEYLESS_PROBES) + ["200"]
+    codes = (out.stdout.strip().split() + ["none"] * len(want))[:len(want)]
+    if codes != want:
+        answers = ", ".join(f"{m} {p} {c}" for (m, p), c in zip(KEYLESS_PROBES, codes))
         raise DeployError(
-            f"{host.name}: GET /v1/models answered {codes[0]} without the API key and {codes[1]} with it; "
-            f"want 401 and 200 (the engine must require the key in {curl_config}'s header)"
+            f"{host.name}: without the API key {answers}; with it GET /v1/models {codes[-1]}; want 401 for each "
+            f"and 200 (the API proxy must require the key in {curl_config}'s header on every path but /health)"
         )
-    logger.info(f"    [{host.name}] /v1/models: 401 without the API key, 200 with it")
+    logger.info(f"    [{host.name}] {', '.join(f'{m} {p}' for m, p in KEYLESS_PROBES)}: 401 without the API key; "
+                f"GET /v1/models 200 with it")
 
 
 def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,

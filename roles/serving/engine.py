@@ -16,8 +16,13 @@ from roles.serving.schema import NO_MEDIA_DOMAIN, Profile
 CONTAINER_WEIGHTS_ROOT = "/models"
 
 # The API key's files on the head, derived from serving_api_key_file (roles/serving/api_key.py), all
-# root-only in serving_dir: vLLM's environment, SGLang's --config, and curl's config for the probes.
+# root-only in serving_dir: vLLM's environment, SGLang's --config, curl's config for the probes, and
+# the API proxy's pattern file (roles/api_proxy).
 KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE = "api-key.env", "api-key.yaml", "api-key.curl"
+KEY_PROXY_FILE = "api-key.haproxy"
+# Where the head's engine serves HTTP: loopback only, behind the API proxy (roles/api_proxy), which
+# alone listens on the profile's port: neither engine's own key check covers every route it serves.
+ENGINE_HTTP_HOST = "127.0.0.1"
 # Where SGLang's head container sees its key config (read-only).
 SGLANG_KEY_CONFIG = "/run/sparkfleet/api-key.yaml"
 
@@ -120,7 +125,7 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
     if node.is_head:
         # The API key: VLLM_API_KEY from the head's root-only key env file (docker_args), never a flag
         # (vllm/entrypoints/serve/middleware/register.py reads --api-key or envs.VLLM_API_KEY).
-        args += ["--host", "0.0.0.0", "--port", str(profile.port)]
+        args += ["--host", ENGINE_HTTP_HOST, "--port", str(node.api_proxy_engine_port)]
     return args
 
 
@@ -179,7 +184,7 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
         # The API key: SGLang reads it from --api-key only (no variable in sglang/srt/environ.py), so
         # from a root-only YAML mounted read-only and named by --config
         # (sglang/srt/utils/server_args_config_parser.py); the key is never on the command line.
-        args += ["--host", "0.0.0.0", "--port", str(profile.port), "--config", SGLANG_KEY_CONFIG]
+        args += ["--host", ENGINE_HTTP_HOST, "--port", str(node.api_proxy_engine_port), "--config", SGLANG_KEY_CONFIG]
     return args
 
 

@@ -46,7 +46,9 @@ def watch_config(cluster, node, profile, wd) -> dict:
     }
     if node.is_head:
         config.update(
-            port=profile.port,
+            # The engine itself, not the API proxy in front of it (roles/api_proxy): the watchdog judges
+            # the pair, and a proxy restart must never restart the pair.
+            port=node.api_proxy_engine_port,
             model=profile.api_model_name,
             key_file=key_file(node),
             workers=[{"name": w.name, "state": state_source(w, wd)} for w in cluster.workers] if wd.watchdog_enabled else [],

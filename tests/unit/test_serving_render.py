@@ -229,7 +229,8 @@ def test_sglang_every_rank_runs_the_same_command_joined_at_the_head(kind, profil
                           "--gpu-memory-utilization", "--max-model-len", "--limit-mm-per-prompt"):
             assert vllm_only not in words
     # Only rank 0 serves HTTP; apart from that the ranks' commands are the same.
-    assert flag(head, "--host") == "0.0.0.0" and flag(head, "--port") == str(p.port)
+    # Only rank 0 serves HTTP, on loopback behind the API proxy (roles/api_proxy); else the same commands.
+    assert flag(head, "--host") == "127.0.0.1" and flag(head, "--port") == "18000" != str(p.port)
     assert "--port" not in worker and "--host" not in worker
     assert without(head, "--node-rank", "--host", "--port", "--config") == without(worker, "--node-rank")
     # The head's API key from a root-only YAML (SGLang reads --api-key only): a path, never the key.

@@ -824,7 +824,7 @@ def test_the_deploy_side_config_is_one_the_program_accepts(tmp_path):
         assert "ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sfl_watch.py run /etc/sparkfleet/watchdog.json" in unit
     head = watch_config(cluster, cluster.head, node_profile(cluster.head), wd)
     assert head["workers"] == [{"name": "spark-b", "state": "rsync://10.77.77.2:873/watchdog/state.json"}]
-    assert head["key_file"] == "/etc/sparkfleet/api-key" and head["port"] == 8000
+    assert head["key_file"] == "/etc/sparkfleet/api-key" and head["port"] == 18000  # the engine itself, not the API proxy
     worker = watch_config(cluster, cluster.node("spark-b"), node_profile(cluster.node("spark-b")), wd)
     assert worker["head"] == {"name": "spark-a", "state": "rsync://10.77.77.1:873/watchdog/state.json"}
 

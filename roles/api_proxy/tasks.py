@@ -1,0 +1,46 @@
+"""roles/api_proxy: on each serving group's head, HAProxy on the profile's port in front of the engine
+on 127.0.0.1:api_proxy_engine_port; every request needs the key but those of OPEN_PATHS
+(roles/api_proxy/schema.py says why each engine's own check is not enough).
+
+Runs after the API key's files are written (roles/serving/api_key_tasks.py writes the proxy's
+pattern file with the others) and before any engine starts, so no engine ever answers on the
+profile's port itself. HAProxy was installed before the firewall (install_tasks.py); config and unit written, the
+unit enabled and running; reloaded (HAProxy's own graceful reload: in-flight requests finish) when
+its config or the key changed, restarted when its unit did. An unchanged re-deploy changes nothing.
+On any other node, a proxy left from an earlier head is stopped and removed.
+"""
+from io import StringIO
+
+from pyinfra import host, state
+from pyinfra.operations import server, systemd
+
+from roles.api_proxy.checks import HAPROXY, UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
+from roles.serving.api_key import key_state
+from sparkfleet import unchanged
+from sparkfleet.inventory import cluster_from_state
+
+cluster = cluster_from_state(state)
+node = cluster.node(host.name)
+found = host.get_fact(ApiProxyHost, unit_path=UNIT_PATH)
+
+if node.is_head:
+    config = unchanged.put(name=f"Write {config_path(node)}", src=StringIO(config_text(node)), dest=config_path(node),
+                           user="root", group="root", mode="0600")
+    unit = unchanged.put(name=f"Write the {UNIT} unit", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
+                         group="root", mode="0644")
+    systemd.daemon_reload(name=f"Reload systemd ({UNIT} unit changed)", _if=unit.did_change)
+    server.shell(name=f"Check {config_path(node)} with HAProxy", commands=[f"{HAPROXY} -c -q -f {config_path(node)}"],
+                 _if=config.did_change)
+    key_changed = key_state(state) != "ok"  # the pattern file was rewritten at step 7b
+    started = unchanged.service(name=f"Run {UNIT}, at boot too", service=f"{UNIT}.service", running=True,
+                                enabled=True)
+    server.shell(name=f"Restart {UNIT} (its unit changed)", commands=[f"systemctl restart {UNIT}.service"],
+                 _if=lambda: unit.did_change() and not started.did_change())
+    server.shell(name=f"Reload {UNIT} (its config or the API key changed)", commands=[f"systemctl reload {UNIT}.service"],
+                 _if=lambda: (config.did_change() or key_changed) and not unit.did_change() and not started.did_change())
+elif found["unit"]:
+    server.shell(
+        name=f"Remove {UNIT} ({node.name} is no head)",
+        commands=[f"systemctl disable --now {UNIT}.service", f"rm -f {UNIT_PATH} {config_path(node)}",
+                  "systemctl daemon-reload"],
+    )

@@ -1,0 +1,181 @@
+"""roles/api_proxy rendered: the engine on loopback, HAProxy on the API port with the key on every path
+but OPEN_PATHS, and the real HAProxy (the distribution's, on the controller) behind that config: every
+request without the key is refused before it reaches the engine, whatever its path or method.
+
+The real engines' route tables through this proxy are proven by the parity tier
+(tests/parity/test_routes.py); here the backend is a small HTTP server that records what reached it.
+"""
+import http.server
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from roles.api_proxy.checks import config_text, key_pattern_file, unit_text
+from roles.api_proxy.schema import OPEN_PATHS
+from roles.firewall.checks import rules_text
+from roles.serving.engine import engine_args
+from roles.serving.schema import node_profile
+from sparkfleet.config import ConfigError, build_cluster
+from tests.unit.helpers import pair
+from tests.unit.test_templates import check_golden, clusters
+
+KEY = "unit-test-key-0123456789abcdef"
+
+
+def both(**data):
+    """pair() with the same data on both nodes."""
+    return pair(**{"spark-a": data, "spark-b": data})
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("kind", ["spark", "lab"])
+def test_proxy_config_and_unit_match_golden(kind):
+    head = clusters()[kind].head
+    check_golden(f"{kind}-api-proxy.cfg", config_text(head))
+    check_golden(f"{kind}-sparkfleet-api-proxy.service", unit_text(head))
+
+
+@pytest.mark.parametrize("engine_profile", ["glm-5.3-flash-exl3", "qwen3.8-flash-next"])
+def test_the_engine_serves_http_on_loopback_only_at_the_engine_port(engine_profile):
+    cluster = build_cluster(both(serving_profile=engine_profile, api_proxy_engine_port=18123))
+    head = cluster.head
+    args = engine_args(node_profile(head), cluster, head)
+    assert flag(args, "--host") == "127.0.0.1" and flag(args, "--port") == "18123"
+    assert node_profile(head).port != 18123
+    assert f"bind 0.0.0.0:{node_profile(head).port}" in config_text(head)
+    assert "server engine 127.0.0.1:18123" in config_text(head)
+
+
+def test_an_engine_port_that_another_service_has_is_refused():
+    profile = node_profile(build_cluster(pair()).head)
+    with pytest.raises(ConfigError) as err:
+        build_cluster(both(api_proxy_engine_port=profile.master_port))
+    text = str(err.value)
+    assert "api_proxy_engine_port" in text and str(profile.master_port) in text and "spark-a" in text
+
+
+def test_only_roots_and_the_proxys_sockets_reach_the_engine_port_on_the_head():
+    cluster = build_cluster(both(api_proxy_engine_port=18123))
+    head_rules = rules_text(cluster, cluster.head, "198.18.0.0/24")
+    assert 'oif "lo" tcp dport 18123 meta skuid != { root, haproxy } reject' in head_rules
+    assert "18123" not in rules_text(cluster, cluster.node("spark-b"), "198.18.0.0/24")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine(http.server.BaseHTTPRequestHandler):
+    """Answers 200 to anything, and records what reached it (method, path, Authorization)."""
+    seen: list = []
+
+    def handle_one(self):
+        Engine.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_HEAD = do_PATCH = do_OPTIONS = handle_one
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(haproxy).exists():
+        pytest.fail("haproxy is not installed on the controller (make install installs it)")
+    d = tmp_path_factory.mktemp("proxy")
+    engine_port, port = free_port(), free_port()
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    cluster = build_cluster(both(api_proxy_engine_port=engine_port))
+    head = cluster.head
+    (d / "api-key.haproxy").write_text(f"Bearer {KEY}\n")
+    (d / "api-key.haproxy").chmod(0o600)
+    # The rendered config, but on a free port of the controller's loopback, with the key file here.
+    text = (config_text(head).replace(f"bind 0.0.0.0:{node_profile(head).port}", f"bind 127.0.0.1:{port}")
+            .replace(key_pattern_file(head), str(d / "api-key.haproxy")))
+    (d / "api-proxy.cfg").write_text(text)
+    subprocess.run([haproxy, "-c", "-q", "-f", str(d / "api-proxy.cfg")], check=True)
+    process = subprocess.Popen([haproxy, "-W", "-f", str(d / "api-proxy.cfg")], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    yield port
+    process.terminate()
+    process.wait(10)
+    engine.shutdown()
+
+
+def ask(port, method, path, key=None, headers=()):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                     data=b"{}" if method in ("POST", "PUT", "PATCH") else None)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    for name, value in headers:
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+# Paths an engine serves (vLLM 0.33.0's unguarded ones among them) and spellings of the open path that
+# are not it: each must be refused without the key and never reach the engine.
+KEYED = [("POST", "/invocations"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+         ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/load"),
+         ("POST", "/abort_requests"), ("POST", "/health_generate"), ("GET", "/health_generate"), ("POST", "/health"),
+         ("DELETE", "/health"), ("GET", "/health/"), ("GET", "//health"), ("GET", "/%68ealth"), ("GET", "/health/../v1/models"),
+         ("GET", "/ping"), ("POST", "/ping"), ("GET", "/"), ("OPTIONS", "/v1/chat/completions")]
+
+
+@pytest.mark.parametrize("method,path", KEYED)
+def test_without_the_key_nothing_but_the_open_paths_reaches_the_engine(proxy, method, path):
+    Engine.seen.clear()
+    assert ask(proxy, method, path) == 401
+    assert ask(proxy, method, path, key="not-the-key-0123456789") == 401
+    assert Engine.seen == []
+    assert ask(proxy, method, path, key=KEY) == 200
+    assert [(m, a) for m, _, a in Engine.seen] == [(method, f"Bearer {KEY}")]
+
+
+@pytest.mark.parametrize("path,methods", OPEN_PATHS.items())
+def test_the_open_paths_answer_without_the_key(proxy, path, methods):
+    for method in methods:
+        Engine.seen.clear()
+        assert ask(proxy, method, path) == 200 and Engine.seen[0][:2] == (method, path)
+    assert ask(proxy, "GET", f"{path}?probe=1") == 200  # the query is not part of the path
+
+
+def test_two_authorization_headers_are_refused(proxy):
+    Engine.seen.clear()
+    request = urllib.request.Request(f"http://127.0.0.1:{proxy}/invocations", method="POST", data=b"{}")
+    request.add_unredirected_header("Authorization", "Bearer nope-0123456789abcdef")
+    # urllib keeps one value per header name; a raw request sends both.
+    with socket.create_connection(("127.0.0.1", proxy), timeout=10) as s:
+        s.sendall(f"POST /invocations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nAuthorization: Bearer {KEY}\r\n"
+                  "Content-Length: 2\r\nConnection: close\r\n\r\n{}".encode())
+        status = s.recv(1024).split(b"\r\n", 1)[0]
+    assert b" 400 " in status and Engine.seen == []
