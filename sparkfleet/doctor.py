@@ -12,6 +12,7 @@ It defines no operation and changes nothing; it exits non-zero when any check fa
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
+from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH, ApiProxyHost, Listeners, listener_problems
 from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import fabric_others, link_failure, node_status
 from roles.fabric.facts import FabricPing
@@ -63,6 +64,9 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
         unit = h.get_fact(UnitState, unit=unit_name(node))
         rows.append(("serving", name, [] if is_serving(unit) else [
             f"{name}: {unit_name(node)} {unit.get('active')}, container {unit.get('container')}"]))
+        if node.is_head:
+            proxy = h.get_fact(ApiProxyHost, unit_path=PROXY_UNIT_PATH)
+            rows.append(("listeners", name, listener_problems(node, h.get_fact(Listeners), proxy["active"])))
     ids = image_ids(state, profile)
     same = None not in ids.values() and len(set(ids.values())) == 1
     rows.append(("image", "all", [] if same else [ids_differ_message(ids, profile.image_ref)]))

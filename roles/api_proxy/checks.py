@@ -23,6 +23,7 @@ PROXY_USER = "haproxy"
 # Where the proxy listens: every address, as the engine did; the firewall admits the API's
 # networks only (roles/firewall).
 BIND = "0.0.0.0"
+PROXY_PROGRAM = "haproxy"  # the process name `ss -p` shows
 
 
 def config_path(node) -> str:
@@ -46,12 +47,52 @@ def unit_text(node) -> str:
 
 
 class ApiProxyHost(FactBase):
-    """Whether HAProxy is installed and whether a proxy unit is (a node that was a head before)."""
+    """Whether HAProxy is installed, whether a proxy unit is (a node that was a head before), and
+    whether it runs."""
 
     def command(self, unit_path: str) -> str:
         return (f"if [ -x {HAPROXY} ]; then echo haproxy=yes; else echo haproxy=no; fi; "
-                f"if [ -f {shlex.quote(unit_path)} ]; then echo unit=yes; else echo unit=no; fi")
+                f"if [ -f {shlex.quote(unit_path)} ]; then echo unit=yes; else echo unit=no; fi; "
+                f"echo active=$(systemctl is-active {UNIT}.service 2>/dev/null)")
 
     def process(self, output):
         values = dict(line.strip().split("=", 1) for line in output if "=" in line)
-        return {"haproxy": values.get("haproxy") == "yes", "unit": values.get("unit") == "yes"}
+        return {"haproxy": values.get("haproxy") == "yes", "unit": values.get("unit") == "yes",
+                "active": values.get("active") == "active"}
+
+
+class Listeners(FactBase):
+    """Every listening TCP socket: [(address, port, program)] from `ss` (the doctor's listeners row)."""
+
+    def command(self) -> str:
+        return "ss -Hltnp 2>/dev/null || true"
+
+    def process(self, output):
+        sockets = []
+        for line in output:
+            fields = line.split()
+            if len(fields) < 4 or ":" not in fields[3]:
+                continue
+            address, port = fields[3].rsplit(":", 1)
+            program = line.split('(("', 1)[1].split('"', 1)[0] if '(("' in line else "?"
+            sockets.append((address.strip("[]"), int(port), program))
+        return sockets
+
+
+def listener_problems(node, sockets, proxy_active: bool) -> list[str]:
+    """The live half of the README's security table, on a head: the API port held by the proxy
+    alone, running, and the engine's own port on loopback only (anything else there is reachable
+    without the proxy's key check)."""
+    if not node.is_head:
+        return []
+    port, engine_port = node_profile(node).port, node.api_proxy_engine_port
+    problems = [] if proxy_active else [f"{node.name}: {UNIT} is not running: the API answers nothing (deploy)"]
+    api = {(a, p) for a, pt, p in sockets if pt == port}
+    if api != {(BIND, PROXY_PROGRAM)}:
+        found = ", ".join(f"{p} on {a}" for a, p in sorted(api)) or "nothing"
+        problems.append(f"{node.name}: port {port} (the API) is held by {found}; want only {PROXY_PROGRAM} on {BIND}")
+    exposed = sorted(f"{p} on {a}" for a, pt, p in sockets if pt == engine_port and a != "127.0.0.1")
+    if exposed:
+        problems.append(f"{node.name}: the engine's port {engine_port} listens beyond loopback ({', '.join(exposed)}): "
+                        f"reachable without the API proxy's key check")
+    return problems

@@ -16,6 +16,9 @@ from pyinfra.operations import server, systemd
 
 from roles.api_proxy.checks import HAPROXY, UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
 from roles.serving.api_key import key_state
+from roles.serving.checks import pair_state
+from roles.serving.engine import unit_name
+from roles.watchdog.schema import WATCH_UNIT
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
@@ -32,6 +35,15 @@ if node.is_head:
     server.shell(name=f"Check {config_path(node)} with HAProxy", commands=[f"{HAPROXY} -c -q -f {config_path(node)}"],
                  _if=config.did_change)
     key_changed = key_state(state) != "ok"  # the pattern file was rewritten at step 7b
+    # A head deployed before the proxy existed has its engine on the profile's port: when the pair
+    # restarts in this run anyway (its unit moves the engine to api_proxy_engine_port), that engine
+    # and the watchdog that would start it again stop first (the watchdog is handed the pair back at
+    # step 10). Otherwise a port already taken stops the proxy's start, naming it.
+    moves = not found["active"] and pair_state(state).restart
+    server.shell(name=f"Stop the head's engine before the proxy takes the API port (the pair restarts in this run)",
+                 commands=[f"systemctl stop {WATCH_UNIT}.service 2>/dev/null || true",
+                           f"systemctl stop {unit_name(node)}.service 2>/dev/null || true"],
+                 _if=lambda: moves)
     started = unchanged.service(name=f"Run {UNIT}, at boot too", service=f"{UNIT}.service", running=True,
                                 enabled=True)
     server.shell(name=f"Restart {UNIT} (its unit changed)", commands=[f"systemctl restart {UNIT}.service"],

@@ -91,6 +91,28 @@ def test_from_the_management_network_the_api_wants_the_key(third_machine, tmp_pa
     assert http_code("-H 'Authorization: Bearer not-the-key'") == "401"
 
 
+# Routes the real engines answer without a key of their own (vLLM 0.33.0's /invocations, /tokenize,
+# /ping, /metrics, /docs; SGLang's /health_generate; tests/parity/test_routes.py lists them all).
+KEYLESS = [("POST", "/invocations"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+           ("POST", "/tokenize"), ("GET", "/ping"), ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/openapi.json"),
+           ("GET", "/health_generate"), ("POST", "/health"), ("GET", "/health/")]
+
+
+def test_from_the_management_network_no_route_answers_without_the_key(third_machine):
+    def code(method, path, port=PROFILE.port):
+        data = "-H 'Content-Type: application/json' -d '{}'" if method == "POST" else ""
+        return outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' -X {method} {data} "
+                       f"http://{HEAD_MGMT}:{port}{path}").stdout.strip()
+
+    answered = {f"{m} {p}": c for m, p in KEYLESS if (c := code(m, p)) != "401"}
+    assert answered == {}, f"answered without the key from the management network: {answered}"
+    assert code("GET", "/health") == "200"
+    # The engine's own port is on the head's loopback only: not reachable from the LAN at all.
+    engine_port = on("spark-a", "ss -Hltn | awk '{print $4}' | grep -c '^127.0.0.1:18000$'").strip()
+    assert engine_port == "1", "the engine does not listen on 127.0.0.1:18000"
+    assert not reaches(HEAD_MGMT, 18000)
+
+
 def test_a_route_to_the_fabric_through_a_node_reaches_none_of_the_fabrics_services(third_machine):
     outside(f"ip route replace {PEER_FABRIC_NET} via {HEAD_MGMT}", check=True)
     try:

@@ -5,7 +5,7 @@ import shlex
 import pytest
 
 from roles.serving.api_key import authed_curl, key_file
-from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_YAML_FILE, env_file_path, unit_name
+from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, unit_name
 
 
 def test_the_rank_unit_is_active_and_the_other_is_absent(host, node):
@@ -92,7 +92,7 @@ def test_the_api_refuses_a_request_without_the_key_and_serves_one_with_it(host, 
 def test_the_api_key_files_are_root_only_and_the_key_is_on_no_command_line(host, node, profile):
     if not node.is_head:
         pytest.skip("the key is on the head")
-    paths = [key_file(node)] + [f"{node.serving_dir}/{f}" for f in (KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE)]
+    paths = [key_file(node)] + [f"{node.serving_dir}/{f}" for f in (KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE, KEY_PROXY_FILE)]
     for path in paths:
         f = host.file(path)
         assert f.exists and f.user == "root" and f.mode == 0o600, f"{node.name}: {path} missing or not root-only"

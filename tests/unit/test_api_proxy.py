@@ -7,22 +7,18 @@ The real engines' route tables through this proxy are proven by the parity tier
 """
 import http.server
 import json
-import shutil
 import socket
-import subprocess
 import threading
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from roles.api_proxy.checks import config_text, key_pattern_file, unit_text
+from roles.api_proxy.checks import config_text, unit_text
 from roles.api_proxy.schema import OPEN_PATHS
 from roles.firewall.checks import rules_text
 from roles.serving.engine import engine_args
 from roles.serving.schema import node_profile
 from sparkfleet.config import ConfigError, build_cluster
+from tests.proxy_run import ask, free_port, running_proxy
 from tests.unit.helpers import pair
 from tests.unit.test_templates import check_golden, clusters
 
@@ -71,12 +67,6 @@ def test_only_roots_and_the_proxys_sockets_reach_the_engine_port_on_the_head():
     assert "18123" not in rules_text(cluster, cluster.node("spark-b"), "198.18.0.0/24")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Engine(http.server.BaseHTTPRequestHandler):
     """Answers 200 to anything, and records what reached it (method, path, Authorization)."""
     seen: list = []
@@ -97,49 +87,14 @@ class Engine(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory):
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not Path(haproxy).exists():
-        pytest.fail("haproxy is not installed on the controller (make install installs it)")
-    d = tmp_path_factory.mktemp("proxy")
-    engine_port, port = free_port(), free_port()
+def proxy():
+    engine_port = free_port()
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
-    cluster = build_cluster(both(api_proxy_engine_port=engine_port))
-    head = cluster.head
-    (d / "api-key.haproxy").write_text(f"Bearer {KEY}\n")
-    (d / "api-key.haproxy").chmod(0o600)
-    # The rendered config, but on a free port of the controller's loopback, with the key file here.
-    text = (config_text(head).replace(f"bind 0.0.0.0:{node_profile(head).port}", f"bind 127.0.0.1:{port}")
-            .replace(key_pattern_file(head), str(d / "api-key.haproxy")))
-    (d / "api-proxy.cfg").write_text(text)
-    subprocess.run([haproxy, "-c", "-q", "-f", str(d / "api-proxy.cfg")], check=True)
-    process = subprocess.Popen([haproxy, "-W", "-f", str(d / "api-proxy.cfg")], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield port
-    process.terminate()
-    process.wait(10)
+    head = build_cluster(both(api_proxy_engine_port=engine_port)).head
+    with running_proxy(head, KEY) as port:
+        yield port
     engine.shutdown()
-
-
-def ask(port, method, path, key=None, headers=()):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                     data=b"{}" if method in ("POST", "PUT", "PATCH") else None)
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    for name, value in headers:
-        request.add_header(name, value)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as e:
-        return e.code
 
 
 # Paths an engine serves (vLLM 0.33.0's unguarded ones among them) and spellings of the open path that
@@ -171,11 +126,30 @@ def test_the_open_paths_answer_without_the_key(proxy, path, methods):
 
 def test_two_authorization_headers_are_refused(proxy):
     Engine.seen.clear()
-    request = urllib.request.Request(f"http://127.0.0.1:{proxy}/invocations", method="POST", data=b"{}")
-    request.add_unredirected_header("Authorization", "Bearer nope-0123456789abcdef")
     # urllib keeps one value per header name; a raw request sends both.
     with socket.create_connection(("127.0.0.1", proxy), timeout=10) as s:
         s.sendall(f"POST /invocations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nAuthorization: Bearer {KEY}\r\n"
                   "Content-Length: 2\r\nConnection: close\r\n\r\n{}".encode())
         status = s.recv(1024).split(b"\r\n", 1)[0]
     assert b" 400 " in status and Engine.seen == []
+
+
+def test_the_doctor_names_a_listener_that_goes_around_the_proxy():
+    from roles.api_proxy.checks import Listeners, listener_problems
+
+    cluster = build_cluster(both())
+    head, worker = cluster.head, cluster.node("spark-b")
+    ss = ['LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("haproxy",pid=4021,fd=6))',
+          'LISTEN 0 4096 127.0.0.1:18000 0.0.0.0:* users:(("python3",pid=77,fd=3))',
+          'LISTEN 0 5 10.77.77.1:873 0.0.0.0:* users:(("rsync",pid=9,fd=4))']
+    sockets = Listeners().process(ss)
+    assert sockets[0] == ("0.0.0.0", 8000, "haproxy")
+    assert listener_problems(head, sockets, True) == []
+    assert listener_problems(worker, [], False) == []
+    assert "not running" in listener_problems(head, sockets, False)[0]
+    # An engine deployed before the proxy: on the API port itself, every address.
+    old = Listeners().process(['LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("vllm",pid=5,fd=6))'])
+    assert listener_problems(head, old, False)[1] == ("spark-a: port 8000 (the API) is held by vllm on 0.0.0.0; "
+                                                      "want only haproxy on 0.0.0.0")
+    exposed = Listeners().process([ss[0], 'LISTEN 0 4096 *:18000 *:* users:(("python3",pid=77,fd=3))'])
+    assert "listens beyond loopback (python3 on *)" in listener_problems(head, exposed, True)[0]
