@@ -7,8 +7,8 @@ default, POST /invocations (SageMaker, vllm/entrypoints/serve/sagemaker/api_rout
 entrypoints/launchers/api_server/routers.py), which runs the same chat and completion handlers, and
 /docs, /openapi.json, /load, /version, /metrics; flags add more (/abort_requests with --tokens-only,
 the dev routes with VLLM_SERVER_DEV_MODE). SGLang 0.5.23's key middleware
-(sglang/srt/utils/common.py add_api_key_middleware) leaves every path starting with /health open
-(/health_generate runs a generation) and /metrics. So the engine serves HTTP on 127.0.0.1 only, at
+(sglang/srt/utils/auth.py, decide_request_auth) leaves every path starting with /health
+(/health_generate runs a generation), /ready or /metrics open, and OPTIONS. So the engine serves HTTP on 127.0.0.1 only, at
 api_proxy_engine_port, and HAProxy (the distribution's package) listens on the profile's port and
 answers 401 to any request without the key, except the paths of OPEN_PATHS. The engine's own check
 stays on behind it.

@@ -12,7 +12,8 @@ answer, never the proxy's 401).
 SGLang 0.5.23: its parity virtualenv holds what resolving its arguments needs, not its HTTP server's
 packages (tests/parity/sglang.txt), so its route table is read from its own source,
 sglang/srt/entrypoints/http_server.py (every @app.<method>(path) and @app.api_route(path, methods=...)
-decorator), and each route is asked through the proxy in front of a backend that answers 200.
+decorator); its own key check's verdict on each is its real decision function (sglang/srt/utils/auth.py),
+and each route is asked through the proxy in front of a backend that answers 200.
 """
 import ast
 import http.server
@@ -138,6 +139,27 @@ class Answers200(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def sglang_answers_without_the_key(routes) -> list[tuple[str, str]]:
+    """The routes SGLang's own key check lets through without the key, by its own pure decision
+    function (sglang/srt/utils/auth.py decide_request_auth, at the NORMAL level every route without
+    an @auth_level has)."""
+    program = ("import json, sys\n"
+               "from sglang.srt.utils.auth import AuthLevel, decide_request_auth\n"
+               "routes = json.load(sys.stdin)\n"
+               "print(json.dumps([[m, p] for m, p in routes if decide_request_auth(method=m, path=p, "
+               "authorization_header=None, api_key='k' * 16, admin_api_key=None, auth_level=AuthLevel.NORMAL).allowed]))")
+    out = subprocess.run([engine_python("sglang"), "-c", program], input=json.dumps(routes), capture_output=True,
+                         text=True, check=True)
+    return [tuple(r) for r in json.loads(out.stdout)]
+
+
+def test_sglang_itself_answers_a_generation_without_the_key():
+    open_at_engine = sglang_answers_without_the_key(sglang_routes())
+    print("\nSGLang 0.5.23 answers without the key:", ", ".join(f"{m} {p}" for m, p in open_at_engine))
+    assert ("GET", "/health_generate") in open_at_engine
+    assert ("POST", "/v1/chat/completions") not in open_at_engine
 
 
 def test_every_sglang_route_needs_the_key_through_the_proxy():
