@@ -68,6 +68,7 @@ def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no
     config = json.loads(config_text(fleet, router))
     assert config == router_config(fleet, router)
     assert config["key_file"] == "/etc/sparkfleet/api-key" and config["port"] == 8100
+    assert config["control_key_file"] == "/etc/sparkfleet/router-control-key"  # the control plane's own key
     assert config["listen_host"] == "0.0.0.0" and config["health_check_interval_s"] == 7
     assert config["health_check_endpoint"] == "/health"
     unit = unit_text(fleet, router)
@@ -137,12 +138,30 @@ def test_every_pinned_version_has_a_wheel_per_architecture_with_a_sha256():
             assert name.startswith(f"smg-{version}-cp38-abi3-") and arch in name and re.fullmatch("[0-9a-f]{64}", digest)
 
 
-def test_the_router_host_fact_reads_arch_venv_version_and_unit():
+def test_the_router_host_fact_reads_arch_venv_version_unit_and_the_control_keys_state():
     fact = RouterHost()
-    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no"]) == {
-        "arch": "aarch64", "venv": False, "installed": None, "unit": False}
+    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no", "control=missing"]) == {
+        "arch": "aarch64", "venv": False, "installed": None, "unit": False, "control_key": "missing"}
     assert fact.process(["arch=x86_64", "venv=yes", "installed=1.13.0", "unit=yes"])["installed"] == "1.13.0"
-    assert "uname -m" in fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service")
+    command = fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service")
+    assert "uname -m" in command and "/etc/sparkfleet/router-control-key" in command
+    # the state is read here for real: nothing at the path on this machine (no router), never the key
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", command.replace("/etc/sparkfleet/router-control-key", "/nonexistent/k")],
+                          capture_output=True, text=True)
+    assert fact.process(done.stdout.splitlines())["control_key"] == "missing"
+
+
+def test_a_control_key_file_the_router_must_not_use_is_refused_naming_the_node_and_the_path():
+    from roles.serving.api_key import KEY_TEXT
+    from sparkfleet.keyfiles import problem
+
+    why = problem("spark-b", "the router's control-plane key file", "/etc/sparkfleet/router-control-key",
+                  "unreadable it is a directory, not a regular file", KEY_TEXT)
+    assert why == ("spark-b: the router's control-plane key file /etc/sparkfleet/router-control-key exists but cannot "
+                   "be read: it is a directory, not a regular file. A key is generated only when the file does not "
+                   "exist; fix or remove it. Nothing was changed.")
 
 
 # ------------------------------------------------------------------ the fleet's one key (fleet_key.py)
