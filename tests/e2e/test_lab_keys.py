@@ -3,7 +3,9 @@ naming the host, the path and the error, and is never replaced by a new key; wit
 spark-b, `pyinfra --diff` of the deploy that writes the fleet's key there shows no key, the router's
 control-plane key is root-only on spark-b alone, the API key every client has is refused on smg's
 control plane while it serves completions, and an unchanged re-deploy changes nothing; the router
-removed again takes its control-plane key with it.
+removed again takes its control-plane key with it; and, as a non-root ssh_user would read it over
+the deploy's connection, a key file is read through the host's sudo, and without sudo it is
+refused as unreadable, never taken for missing.
 
 Begins with its own deploy (no router) and ends with one.
 """
@@ -11,7 +13,7 @@ import json
 
 import pytest
 
-from tests.e2e.lab import deploy, on
+from tests.e2e.lab import BIN, deploy, on, run
 
 pytestmark = pytest.mark.lab
 
@@ -52,6 +54,9 @@ def test_a_key_file_that_exists_but_cannot_be_read_stops_the_deploy_and_is_kept(
 
 def test_with_the_router_no_key_is_in_the_diff_and_the_api_key_opens_no_control_plane():
     fleet_key = on("spark-a", f"cat {KEY_FILE}").strip()
+    # Another key in spark-b's key file (left by an earlier router there, or none at all): the fleet's
+    # is written over it, the write this test watches with --diff on.
+    on("spark-b", f"(umask 077; printf '%s\\n' other-key-0123456789abcdef > {KEY_FILE})")
     run = deploy("--diff", *WITH_ROUTER)
     assert run.returncode == 0, run.output[-4000:]
     # The fleet's key was written into spark-b's key file (the router node's), with --diff on.
@@ -85,3 +90,46 @@ def test_with_the_router_no_key_is_in_the_diff_and_the_api_key_opens_no_control_
     gone = deploy()
     assert gone.returncode == 0, gone.output[-3000:]
     assert on("spark-b", f"ls {CONTROL_KEY_FILE} /etc/sparkfleet/router.json 2>/dev/null || echo none").strip() == "none"
+
+
+READ_AS = """
+import sys
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from sparkfleet import keyfiles
+
+user, sudo, path = sys.argv[1], sys.argv[2] == "sudo", sys.argv[3]
+data = {"ssh_user": user, "ssh_key": "/var/lib/sparkfleet-lab/id_ed25519", "ssh_strict_host_key_checking": "yes",
+        "ssh_known_hosts_file": "/var/lib/sparkfleet-lab/known_hosts", **({"_sudo": True} if sudo else {})}
+inventory = Inventory((["198.18.0.11"], data))
+state = State(inventory, Config())
+connect_all(state)
+try:
+    found = keyfiles.read(inventory.get_host("198.18.0.11"), path)
+    print("missing" if found is None else f"read {len(found)} bytes")
+except keyfiles.KeyFileError as e:
+    print(f"refused: {e}")
+"""
+
+
+def read_as(user: str, sudo: bool, path: str = KEY_FILE) -> str:
+    done = run([str(BIN / "python"), "-c", READ_AS, user, "sudo" if sudo else "plain", path])
+    assert done.returncode == 0, done.output
+    return done.output.strip().splitlines()[-1]
+
+
+def test_a_key_file_is_read_through_the_hosts_sudo_and_without_sudo_it_is_refused_not_missing():
+    """What keyfiles.read does over the deploy's connection for a non-root ssh_user: with _sudo (host
+    data) it reads as root; without, the file is unreadable (Permission denied), never absent."""
+    on("spark-a", "id sfl >/dev/null 2>&1 || useradd -m -s /bin/sh sfl; install -d -m 0700 -o sfl -g sfl ~sfl/.ssh; "
+                  "install -m 0600 -o sfl -g sfl /root/.ssh/authorized_keys ~sfl/.ssh/authorized_keys; "
+                  "echo 'sfl ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/sfl; chmod 0440 /etc/sudoers.d/sfl")
+    try:
+        size = len(on("spark-a", f"cat {KEY_FILE}"))
+        assert read_as("sfl", sudo=True) == f"read {size} bytes"
+        assert read_as("sfl", sudo=True, path="/etc/sparkfleet/no-such-key") == "missing"
+        refused = read_as("sfl", sudo=False)
+        assert refused.startswith(f"refused: 198.18.0.11: {KEY_FILE} exists but cannot be read: ")
+        assert refused.endswith("Permission denied"), refused
+    finally:
+        on("spark-a", "rm -f /etc/sudoers.d/sfl; userdel -r sfl 2>/dev/null; true")
