@@ -54,8 +54,11 @@ def load(path: str) -> dict:
 
 def read_key(config: dict, which: str = "key_file") -> str:
     """The key in CONFIG's `which` file (key_file: the API key; control_key_file: the control plane's)."""
-    with open(config[which]) as f:
-        key = f.read().strip()
+    try:
+        with open(config[which]) as f:
+            key = f.read().strip()
+    except OSError as e:  # named, not a traceback (the path and the error; never a key)
+        raise SystemExit(f"sfl_router: cannot read {config[which]}: {e.strerror}")
     if not key or "\n" in key:
         raise SystemExit(f"sfl_router: {config[which]} must hold one line, the "
                          f"{'API' if which == 'key_file' else 'control-plane'} key")

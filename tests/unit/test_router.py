@@ -253,6 +253,9 @@ def test_a_control_plane_key_that_is_the_api_key_is_refused_before_the_router_st
     assert out.returncode != 0 and "holds the API key" in out.stderr and KEY not in out.stderr + out.stdout
     control.write_text(CONTROL_KEY)
     assert subprocess.run([sys.executable, str(PROGRAM), "check", str(config)]).returncode == 0
+    control.unlink()
+    out = subprocess.run([sys.executable, str(PROGRAM), "check", str(config)], capture_output=True, text=True)
+    assert out.returncode != 0 and out.stderr.strip() == f"sfl_router: cannot read {control}: No such file or directory"
 
 
 def test_a_chat_completion_streams_through_the_router(fleet):
