@@ -454,6 +454,19 @@ def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
     return problems
 
 
+def _login_problems(name: str, data: Mapping[str, Any]) -> list[Problem]:
+    """The deploy reads and writes root-only files (the API keys, the router's control-plane key): a
+    node's SSH login must be root, or another user with pyinfra's `_sudo`. Without, every key file
+    would be unreadable to it (sparkfleet/keyfiles.py refuses those at prepare, naming each)."""
+    user = data.get("ssh_user")
+    if user is None or user == "root" or data.get("_sudo") is True:
+        return []
+    return [Problem(f"key 'ssh_user' = {user!r} without key '_sudo' = True; the deploy reads and writes root-only "
+                    f"files (the API key): allowed: ssh_user 'root', or any user with _sudo = True (sudo without a "
+                    f"password prompt, or _use_sudo_password)", [name], key="ssh_user",
+                    fix="set ssh_user to 'root', or _sudo: True for this host")]
+
+
 def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConfig:
     """Validate merged per-host data (defaults < group data < host data) into a ClusterConfig.
 
@@ -472,6 +485,7 @@ def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConf
                     f"data", [name], key=reserved, fix="remove it",
                 ))
                 own.pop(reserved)
+        problems.extend(_login_problems(name, data))
         own["name"] = name
         own["management_address"] = str(data.get("ssh_hostname") or name)
         ssh_ports[name] = data.get("ssh_port")

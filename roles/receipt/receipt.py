@@ -2,8 +2,12 @@
 
 The load (roles/receipt/loadgen.py, llama-benchy) runs on the controller, through an SSH tunnel to the
 head's API on 127.0.0.1 (the firewall and the API's bind stay as they are), with the API key: read from
-the head's root-only key file over SFTP into memory and handed to the load generator on its stdin,
-never on a command line, in a fact or in a log. The receipt (JSON) is kept on the head,
+the head's root-only key file over the deploy's connection into memory (sparkfleet/keyfiles.py) and
+handed to the load generator on its stdin, never on a command line, in a fact or in a log (its
+output is cleared of the key before any of it is shown). The tunnel's end on the controller is a
+Unix socket in a directory only the deploy's user can enter, and it serves only the load generator's
+process (its pid, from the kernel: SO_PEERCRED): no other user or process of the controller reaches
+the head's API through it. The receipt (JSON) is kept on the head,
 <receipt_dir>/<profile>/<UTC time>.json, with the profile, recipe commit, image ID and weights
 revision; one table is printed. `make status` shows the latest against the previous one.
 """
@@ -11,9 +15,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import select
 import shlex
+import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,27 +45,52 @@ def note_start(pair: str) -> None:
 
 
 class Tunnel:
-    """127.0.0.1:<port> on the controller, forwarded to 127.0.0.1:<remote_port> on the host through the
-    deploy's own SSH connection (paramiko's direct-tcpip channels, one per accepted connection)."""
+    """A Unix socket on the controller (`path`), forwarded to 127.0.0.1:<remote_port> on the host through
+    the deploy's own SSH connection (paramiko's direct-tcpip channels, one per accepted connection).
+
+    It lies in a fresh directory of mode 0700 (tempfile.mkdtemp): no other user of the controller can
+    connect to it (a TCP port on 127.0.0.1 would take any local user). And it serves only the process
+    `allow()` names, the load generator: the kernel's SO_PEERCRED gives each connection's pid and uid,
+    and any other is closed before a byte is forwarded."""
 
     def __init__(self, transport, remote_port: int):
         self.transport, self.remote_port = transport, remote_port
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
+        self.directory = tempfile.mkdtemp(prefix="sfl-receipt-")
+        self.path = os.path.join(self.directory, "api.sock")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(64)
+        self.allowed_pid: int | None = None
+        self.refused = 0  # connections closed unserved (another process or user)
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def allow(self, pid: int) -> None:
+        self.allowed_pid = pid
+
+    @staticmethod
+    def peer(conn) -> tuple[int, int]:
+        """(pid, uid) of the process at the other end of a Unix socket connection."""
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+        return pid, uid
 
     def _accept(self):
         while not self.closed:
             try:
-                conn, peer = self.server.accept()
+                conn, _ = self.server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._pipe, args=(conn, peer), daemon=True).start()
+            pid, uid = self.peer(conn)
+            if self.allowed_pid is None or pid != self.allowed_pid or uid != os.getuid():
+                self.refused += 1
+                conn.close()
+                continue
+            threading.Thread(target=self._pipe, args=(conn,), daemon=True).start()
 
-    def _pipe(self, conn, peer):
+    def _pipe(self, conn):
         try:
-            chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", self.remote_port), peer)
+            chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", self.remote_port), ("127.0.0.1", 0))
         except Exception:
             conn.close()
             return
@@ -84,15 +116,16 @@ class Tunnel:
     def close(self):
         self.closed = True
         self.server.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def api_base(host, port: int):
-    """(base URL reachable from the controller, tunnel or None) for the head's API on 127.0.0.1."""
+    """(base URL, Unix socket path or None, tunnel or None) for the head's API on 127.0.0.1."""
     client = getattr(host.connector, "client", None)
     if client is None:  # @local: the controller is the head
-        return f"http://127.0.0.1:{port}/v1", None
+        return f"http://127.0.0.1:{port}/v1", None, None
     tunnel = Tunnel(client.get_transport(), port)
-    return f"http://127.0.0.1:{tunnel.port}/v1", tunnel
+    return "http://127.0.0.1/v1", tunnel.path, tunnel
 
 
 def read_remote(host, path: str) -> bytes | None:
@@ -103,6 +136,31 @@ def read_remote(host, path: str) -> bytes | None:
     except Exception:
         return None
     return buf.getvalue()
+
+
+def scrub(text: str, key: str) -> str:
+    """`text` (the load generator's output) with the key replaced, before any of it is shown: as it
+    is, and as Python's repr and JSON would quote it."""
+    if not key:
+        return text
+    for form in sorted({key, repr(key)[1:-1], repr(key.encode())[2:-1], json.dumps(key)[1:-1]}, key=len, reverse=True):
+        text = text.replace(form, "<the API key>")
+    return text
+
+
+def run_load(job: dict, tunnel, timeout_s: float) -> subprocess.CompletedProcess:
+    """The load generator with `job` on its stdin; the tunnel (if any) admits its process only."""
+    proc = subprocess.Popen([sys.executable, "-m", "roles.receipt.loadgen"], cwd=REPO, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if tunnel is not None:
+        tunnel.allow(proc.pid)  # before the job (it connects only once it has read it)
+    try:
+        out, err = proc.communicate(json.dumps(job), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, scrub(out, job["api_key"]), scrub(err, job["api_key"]))
 
 
 def metric(run: dict, key: str) -> float | None:
@@ -169,22 +227,27 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
     """Operation body (head): the load through the API, then the receipt written on the head."""
     from pyinfra import host
 
-    key = read_remote(host, key_path)
+    from sparkfleet.keyfiles import KeyFileError, read
+
+    try:
+        key = read(host, key_path)
+    except KeyFileError as e:
+        raise DeployError(f"receipt: {e}")
     if not key:
-        raise DeployError(f"{host.name}: receipt: cannot read the API key file {key_path}")
+        raise DeployError(f"{host.name}: receipt: the API key file {key_path} does not exist")
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = read_remote(host, f"{model_dir}/tokenizer.json")
         if tokenizer:
             Path(tmp, "tokenizer.json").write_bytes(tokenizer)
-        base, tunnel = api_base(host, profile.port)
-        job = {"base_url": base, "api_key": key.decode().strip(), "model": profile.api_model_name,
+        base, unix_socket, tunnel = api_base(host, profile.port)
+        job = {"base_url": base, "unix_socket": unix_socket, "api_key": key.decode().strip(),
+               "model": profile.api_model_name,
                "tokenizer": tmp if tokenizer else profile.model, "prompt_tokens": node.receipt_prompt_tokens,
                "decode_tokens": node.receipt_decode_tokens, "concurrency": list(node.receipt_concurrency),
                "runs": node.receipt_runs, "timeout_s": node.receipt_timeout_s}
         began = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, "-m", "roles.receipt.loadgen"], input=json.dumps(job), cwd=REPO,
-                                  capture_output=True, text=True, timeout=node.receipt_timeout_s)
+            done = run_load(job, tunnel, node.receipt_timeout_s)
         except subprocess.TimeoutExpired:
             raise DeployError(f"{host.name}: receipt: the load did not finish within receipt_timeout_s = "
                               f"{node.receipt_timeout_s} s")

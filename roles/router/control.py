@@ -1,7 +1,9 @@
 """The router from the controller, over SSH to the router node: which groups it routes to now, and a
 group drained (taken out of routing) or undrained (put back) for a rolling upgrade. Each call runs
-`sfl_router.py` on the router node as root, which reads the key from its root-only file and calls
-smg's admin API on loopback: the key never crosses SSH and is on no command line.
+`sfl_router.py` on the router node as root, which reads the control-plane key from its root-only file
+(/etc/sparkfleet/router-control-key, generated there; the API key clients have is refused on smg's
+control plane) and calls smg's admin API on loopback: the key never crosses SSH, never leaves the
+router node and is on no command line.
 
 `host` is the router node's pyinfra Host (state.inventory.get_host(router_node)); `backend` is a
 group's head as the router names it (backend_of(group), from the inventory). A rolling upgrade step:

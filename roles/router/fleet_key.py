@@ -4,13 +4,17 @@ smg takes one key (`api_key`) that clients must present and that it sends to eve
 routed group's head must require that same key. Today each head has its own key file
 (roles/serving/api_key.py: `serving_api_key_file`, else `<serving_dir>/api-key` generated on the first
 deploy). With a router, the key of the router group's head is the fleet's: this module reads it once
-per run, at prepare, over SFTP into the controller's memory (as the benchmark receipt reads it; it is
-in no fact, command line or log), and the deploy writes it, root-only, over SFTP, into the key file of
-every other routed head and of the router node wherever theirs differs (roles/router/key_tasks.py,
-before roles/serving/api_key_tasks.py). A head whose key file is replaced counts as a changed key
+per run, at prepare, over the deploy's SSH connection into the controller's memory
+(sparkfleet/keyfiles.py, as the benchmark receipt reads it; it is in no fact, command line or log),
+and the deploy writes it, root-only from the first byte, through a shell's stdin (no files.put:
+`--diff` would print it), into the key file of every other routed head and of the router node
+wherever theirs differs (roles/router/key_tasks.py, before roles/serving/api_key_tasks.py). A head
+whose key file is replaced counts as a changed key
 (roles/serving/api_key.py key_state: `replaced_on`): its derived files are rewritten and its group
 restarts once. On the first deploy (no key anywhere) the controller generates it (32 random bytes,
-hex, as the head would) and writes it to the router group's head too.
+hex, as the head would) and writes it to the router group's head too. Only a key file with nothing at
+its path counts as absent: one that exists but cannot be read stops the deploy at prepare naming the
+host, the path and the error (a new key would restart every group and lock every client out).
 
 What is compared is the sha1 of each key file (pyinfra's Sha1File fact), never the key.
 """
@@ -48,16 +52,22 @@ def plan(state) -> KeyPlan | None:
     def compute():
         from pyinfra.facts.files import Sha1File
 
-        from roles.receipt.receipt import read_remote
+        from pyinfra.api.exceptions import DeployError
+
         from roles.router.node_config import router_node
         from roles.serving.api_key import KEY_PATTERN, generated, key_file
+        from sparkfleet.keyfiles import KeyFileError, read
 
         fleet = fleet_from_state(state)
         router = router_node(fleet)
         if router is None:
             return None
         source, targets = _targets(fleet, router)
-        raw = read_remote(state.inventory.get_host(source.name), key_file(source))
+        try:
+            raw = read(state.inventory.get_host(source.name), key_file(source))
+        except KeyFileError as e:
+            raise DeployError(f"{e}; it is the fleet's API key (the router group's head's): a new one is generated "
+                              f"only when the file does not exist. Nothing was changed.") from None
         writes = {}
         if raw is None:
             if not generated(source):
@@ -81,3 +91,14 @@ def replaced_on(state, name: str) -> bool:
     """True when this run writes the fleet's key into `name`'s key file (a changed key there)."""
     found = plan(state)
     return found is not None and name in found.writes
+
+
+def write_fleet_key(path: str) -> None:
+    """Operation body (a node of KeyPlan.writes): the fleet's key into `path`, root-only from its first
+    byte, over the shell's stdin; the key is taken from the plan here, so it is in no operation's
+    arguments either."""
+    from pyinfra import host, state
+
+    from sparkfleet.keyfiles import write
+
+    write(host, path, plan(state).key)

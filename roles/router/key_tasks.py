@@ -1,25 +1,20 @@
 """The fleet's one API key behind the router (roles/router/fleet_key.py), before roles/serving's
-api_key_tasks.py derives each head's files from its key file: written, root-only, over SFTP, into the
-key file of every routed head and of the router node whose key differs from the router group's
-head's. Nothing when there is no router, or every key file already holds the fleet's key."""
-from io import StringIO
-
+api_key_tasks.py derives each head's files from its key file: written, root-only from the first byte,
+through a shell's stdin (never files.put, whose `--diff` prints the content), into the key file of
+every routed head and of the router node whose key differs from the router group's head's. Nothing
+when there is no router, or every key file already holds the fleet's key."""
 from pyinfra import host, logger, state
+from pyinfra.operations import python
 
-from roles.router.fleet_key import plan
-from sparkfleet import unchanged
+from roles.router.fleet_key import plan, write_fleet_key
 
 key_plan = plan(state)
 path = key_plan.writes.get(host.name) if key_plan is not None else None
 if path:
     logger.info(f"--> sparkfleet router: {host.name} gets the fleet's API key ({key_plan.source}'s) in {path} "
                 f"(root-only); what reads it there restarts once")
-    unchanged.put(
+    python.call(
         name=f"Write the fleet's API key into {path} (the router presents one key to every group)",
-        src=StringIO(key_plan.key.decode()),
-        dest=path,
-        user="root",
-        group="root",
-        mode="0600",
-        create_remote_dir=True,
+        function=write_fleet_key,
+        path=path,
     )

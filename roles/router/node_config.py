@@ -22,6 +22,10 @@ ROUTER_UNIT = "sparkfleet-router"
 UNIT_PATH = f"/etc/systemd/system/{ROUTER_UNIT}.service"
 SFL_ROUTER = "/usr/local/libexec/sparkfleet/sfl_router.py"
 ROUTER_CONFIG = "/etc/sparkfleet/router.json"
+# smg's control-plane key (worker add/remove/list and its admin routes; sfl_router.py): generated on
+# the router node, root-only, and never handed to a client or written anywhere else. The API key
+# (key_file) is refused on those routes.
+CONTROL_KEY_FILE = "/etc/sparkfleet/router-control-key"
 # On the router node: one virtualenv per smg version (a bump is a new venv and a new unit), and
 # where the controller ships the wheel before pip installs it.
 VENV_ROOT = "/usr/local/lib/sparkfleet"
@@ -69,6 +73,7 @@ def router_config(fleet, router: RouterData) -> dict:
         "port": router.router_port,
         "backends": backends(fleet, router),
         "key_file": key_file(router),
+        "control_key_file": CONTROL_KEY_FILE,
         "health_check_endpoint": HEALTH_ENDPOINT,
         "health_check_interval_s": router.router_health_check_interval_s,
         "health_check_timeout_s": router.router_health_check_timeout_s,

@@ -9,16 +9,24 @@ library only, except `run`, which the router's own virtualenv runs (it imports s
   sfl_router.py drain CONFIG URL  take a backend out of routing; returns once the router no longer has it
   sfl_router.py undrain CONFIG URL  put it back; returns once the router routes to it (healthy)
 
-CONFIG (/etc/sparkfleet/router.json, root-only, written by roles/router) names the key file, never
-the key: the API key is read from that root-only file into this process and goes to smg in memory
-(`run`) or in a request body or header on loopback (the admin commands). It is never in argv, the
-unit, the environment or a log line: smg 1.13 logs no argument value of its RouterArgs.
+CONFIG (/etc/sparkfleet/router.json, root-only, written by roles/router) names two key files, never a
+key: each is read from its root-only file into this process and goes to smg in memory (`run`) or in
+a request body or header on loopback (the admin commands). Neither is ever in argv, the unit, the
+environment or a log line: smg 1.13 logs no argument value of its RouterArgs.
 
-Clients present the key (`Authorization: Bearer <key>`) or get 401 from smg's own middleware, and
-smg sends the same key to every backend (the heads require it): one key for the fleet. The admin API
-(/workers) takes the same key. A drained backend is removed from smg's registry (DELETE
-/workers/{id}: smg first marks it draining and lets in-flight requests finish) and added back with
-the key (POST /workers); a router restart routes every backend of CONFIG again.
+The API key (`key_file`, the fleet's): clients present it (`Authorization: Bearer <key>`) or get 401
+from smg's own middleware, and smg sends it to every backend (the heads require it). It opens the
+data plane only.
+The control-plane key (`control_key_file`, generated on the router node, no client has it): smg's
+`control_plane_api_keys` (smg/router_args.py, `--control-plane-api-keys id:name:role:key`, one entry
+with role admin). With it set, smg guards its worker routes (/workers, /workers/{id}) and admin routes
+(/get_loads, /flush_cache, ...) with its control-plane middleware alone, which takes only those keys:
+the API key there is 401 (smg model_gateway/src/server.rs build_app `apply_control_plane_auth`;
+crates/auth/src/middleware.rs `control_plane_auth_middleware`). So no client can add a backend of its
+own (and be sent other clients' prompts, with the fleet's key) or remove one.
+A drained backend is removed from smg's registry (DELETE /workers/{id}: smg first marks it draining
+and lets in-flight requests finish) and added back (POST /workers, the body naming the API key smg
+presents to it); a router restart routes every backend of CONFIG again.
 """
 import json
 import sys
@@ -27,9 +35,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-KEYS = ("listen_host", "port", "backends", "key_file", "health_check_interval_s", "health_check_timeout_s",
-        "health_failure_threshold", "health_success_threshold", "health_check_endpoint", "policy",
-        "request_timeout_s", "log_level")
+KEYS = ("listen_host", "port", "backends", "key_file", "control_key_file", "health_check_interval_s",
+        "health_check_timeout_s", "health_failure_threshold", "health_success_threshold", "health_check_endpoint",
+        "policy", "request_timeout_s", "log_level")
 
 
 def load(path: str) -> dict:
@@ -44,16 +52,31 @@ def load(path: str) -> dict:
     return config
 
 
-def read_key(config: dict) -> str:
-    with open(config["key_file"]) as f:
-        key = f.read().strip()
+def read_key(config: dict, which: str = "key_file") -> str:
+    """The key in CONFIG's `which` file (key_file: the API key; control_key_file: the control plane's)."""
+    try:
+        with open(config[which]) as f:
+            key = f.read().strip()
+    except OSError as e:  # named, not a traceback (the path and the error; never a key)
+        raise SystemExit(f"sfl_router: cannot read {config[which]}: {e.strerror}")
     if not key or "\n" in key:
-        raise SystemExit(f"sfl_router: {config['key_file']} must hold one line, the API key")
+        raise SystemExit(f"sfl_router: {config[which]} must hold one line, the "
+                         f"{'API' if which == 'key_file' else 'control-plane'} key")
     return key
 
 
-def router_args(config: dict, key: str):
-    """smg's RouterArgs from CONFIG: the backends, the key (clients and backends), the health checks."""
+def control_key(config: dict) -> str:
+    key = read_key(config, "control_key_file")
+    if key == read_key(config):
+        raise SystemExit(f"sfl_router: {config['control_key_file']} holds the API key; the control-plane key must "
+                         f"be one no client has")
+    return key
+
+
+def router_args(config: dict, key: str, control: str):
+    """smg's RouterArgs from CONFIG: the backends, the API key (clients and backends), the control-plane
+    key (smg's only admin credential: (id, name, key, role), as smg's _parse_control_plane_api_keys
+    makes them), the health checks."""
     from smg.router_args import RouterArgs
 
     return RouterArgs(
@@ -61,6 +84,7 @@ def router_args(config: dict, key: str):
         host=config["listen_host"],
         port=config["port"],
         api_key=key,
+        control_plane_api_keys=[("sparkfleet", "sparkfleet controller", control, "admin")],
         policy=config["policy"],
         health_check_interval_secs=config["health_check_interval_s"],
         health_check_timeout_secs=config["health_check_timeout_s"],
@@ -76,7 +100,7 @@ def router_args(config: dict, key: str):
 def run(config: dict) -> None:
     from smg.router import Router
 
-    args = router_args(config, read_key(config))
+    args = router_args(config, read_key(config), control_key(config))
     args._validate_router_args()
     print(f"sfl_router: smg on {config['listen_host']}:{config['port']}, backends {', '.join(config['backends'])}, "
           f"health {config['health_check_endpoint']} every {config['health_check_interval_s']} s", flush=True)
@@ -84,10 +108,11 @@ def run(config: dict) -> None:
 
 
 def admin(config: dict, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
-    """(status, parsed JSON or None) of a call to the router's admin API on loopback, with the key."""
+    """(status, parsed JSON or None) of a call to the router's admin API on loopback, with the
+    control-plane key."""
     url = f"http://127.0.0.1:{config['port']}{path}"
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Authorization": f"Bearer {read_key(config)}"}
+    headers = {"Authorization": f"Bearer {control_key(config)}"}
     if data is not None:
         headers["Content-Type"] = "application/json"
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
@@ -171,7 +196,7 @@ def main(argv: list[str]) -> int:
     if command == "run":
         run(config)
     elif command == "check":
-        read_key(config)
+        control_key(config)
     elif command == "routing":
         print(json.dumps(routing(config), sort_keys=True))
     elif len(argv) not in (3, 4):

@@ -8,10 +8,14 @@ On the router node:
    architecture (roles/router/wheels.py, fetched once, sha256-pinned) shipped over SSH, its sha256
    checked again on the node, a virtualenv made and the wheel installed into it, offline (--no-index
    --no-deps);
-3. sfl_router.py, /etc/sparkfleet/router.json (root-only: it names the key file, not the key) and
-   sparkfleet-router.service; the router restarted only when one of them, its installation or its key
+3. the control-plane key, /etc/sparkfleet/router-control-key, generated on the node when nothing is
+   at that path (root-only from its first byte; a file there that cannot be read, is not root-only
+   or is not one key line stops the deploy at prepare, naming it);
+4. sfl_router.py, /etc/sparkfleet/router.json (root-only: it names the key files, not the keys) and
+   sparkfleet-router.service; the router restarted only when one of them, its installation or a key
    changed, started when it is not running, enabled at boot; then its routing printed.
-On any other node, a router unit left from an earlier router_node is stopped and removed.
+On any other node, a router unit left from an earlier router_node is stopped and removed, with its
+config and control-plane key.
 An unchanged re-deploy changes nothing.
 """
 from io import StringIO
@@ -26,10 +30,13 @@ from roles.router.control import report_routing
 from roles.router.facts import RouterHost
 from roles.router.fleet_key import replaced_on
 from roles.router.node_config import (
-    ROUTER_CONFIG, ROUTER_UNIT, SFL_ROUTER, UNIT_PATH, WHEEL_DIR, backends, config_text, unit_text, venv_dir,
+    CONTROL_KEY_FILE, ROUTER_CONFIG, ROUTER_UNIT, SFL_ROUTER, UNIT_PATH, WHEEL_DIR, backends, config_text, unit_text,
+    venv_dir,
 )
 from roles.router.wheels import fetch, wheel
+from roles.serving.api_key import KEY_TEXT
 from sparkfleet import unchanged
+from sparkfleet.keyfiles import generate_command, problem
 from sparkfleet.inventory import fleet_from_state
 
 fleet = fleet_from_state(state)
@@ -54,6 +61,15 @@ if node.router_node == node.name:
     if not found["venv"]:
         apt.packages(name="Install python3-venv (the router's virtualenv)", packages=["python3-venv"], update=True,
                      cache_time=3600)
+    why = problem(node.name, "the router's control-plane key file", CONTROL_KEY_FILE, found["control_key"], KEY_TEXT)
+    if why:
+        raise DeployError(why)
+    new_control_key = found["control_key"] == "missing"
+    control_key = server.shell(
+        name=f"Generate the router's control-plane key ({CONTROL_KEY_FILE}, root-only; no client has it)",
+        commands=[generate_command(CONTROL_KEY_FILE)],
+        _if=lambda: new_control_key,
+    )
     installed = None
     if install:
         unchanged.directory(name=f"Create {WHEEL_DIR}", path=WHEEL_DIR, user="root", group="root", mode="0755")
@@ -80,10 +96,10 @@ if node.router_node == node.name:
                  commands=[f"python3 {SFL_ROUTER} check {ROUTER_CONFIG}"], _if=any_changed(program, config))
     key_changed = replaced_on(state, node.name)
     restart = server.shell(
-        name=f"Restart {ROUTER_UNIT} (its program, config, unit, installation or key changed)",
+        name=f"Restart {ROUTER_UNIT} (its program, config, unit, installation or a key changed)",
         commands=[f"systemctl restart {ROUTER_UNIT}.service"],
         _if=lambda: (key_changed or (installed is not None and installed.did_change())
-                     or any_changed(program, config, unit)()),
+                     or any_changed(program, config, unit, control_key)()),
     )
     started = unchanged.service(name=f"Run {ROUTER_UNIT}, at boot too", service=f"{ROUTER_UNIT}.service",
                                 running=True, enabled=True)
@@ -96,6 +112,7 @@ if node.router_node == node.name:
 elif found["unit"]:
     server.shell(
         name=f"Remove {ROUTER_UNIT} (router_node is {node.router_node or 'none'})",
-        commands=[f"systemctl disable --now {ROUTER_UNIT}.service", f"rm -f {UNIT_PATH} {ROUTER_CONFIG}",
+        commands=[f"systemctl disable --now {ROUTER_UNIT}.service",
+                  f"rm -f {UNIT_PATH} {ROUTER_CONFIG} {CONTROL_KEY_FILE}",
                   "systemctl daemon-reload"],
     )

@@ -17,10 +17,15 @@ import shlex
 from pyinfra.api import FactBase
 
 from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
+from sparkfleet.keyfiles import generate_command
+from sparkfleet.keyfiles import problem as key_file_problem
+from sparkfleet.keyfiles import state_command as key_file_state
 
 # What a key may be: safe in an env file, a YAML double-quoted scalar, a curl config string and an
 # HTTP header, with no quoting at all.
 KEY_PATTERN = "[A-Za-z0-9._~+/=-]{16,512}"
+KEY_TEXT = ("16 to 512 characters from A-Z a-z 0-9 . _ ~ + / = - (the key is written into an env file, a YAML "
+            "file and an HTTP header unquoted)")
 
 
 def key_file(node) -> str:
@@ -47,22 +52,17 @@ def _derived(node) -> list[tuple[str, str]]:
 
 
 def state_command(node) -> str:
-    """One line: missing | owner <user> <mode> | format | stale | ok. Never the key."""
-    k = shlex.quote(key_file(node))
+    """One line: missing | unreadable <why> | owner <user> <mode> | format | stale | ok. Never the key.
+    Only a path with nothing at it is missing (sparkfleet/keyfiles.py): a key file that cannot be read
+    is refused, never replaced by a new key."""
     stale = " || ".join(
         f'! printf "{fmt}" "$v" | cmp -s - {shlex.quote(path)}' for path, fmt in _derived(node)
     )
     modes = " || ".join(
         f'[ "$(stat -c %U:%a {shlex.quote(path)} 2>/dev/null)" != root:600 ]' for path, _ in _derived(node)
     )
-    return (
-        f"if [ ! -f {k} ]; then echo missing; "
-        f"elif [ \"$(stat -c %U {k})\" != root ] || [ $(( 0$(stat -c %a {k}) & 077 )) -ne 0 ]; then "
-        f"echo owner $(stat -c '%U %a' {k}); "
-        f"else v=$(cat {k}); "
-        f"if [ \"$(printf '%s' \"$v\" | wc -l)\" -ne 0 ] || ! printf '%s' \"$v\" | grep -Eqx '{KEY_PATTERN}'; then echo format; "
-        f"elif {stale} || {modes}; then echo stale; else echo ok; fi; fi"
-    )
+    return (key_file_state(key_file(node), KEY_PATTERN)
+            + f"elif {stale} || {modes}; then echo stale; else echo ok; fi; fi")
 
 
 class ApiKeyState(FactBase):
@@ -78,19 +78,11 @@ class ApiKeyState(FactBase):
 def problem(node, found: str) -> str | None:
     """A refusal for a key file the deploy must not use (None when it can go on)."""
     path = key_file(node)
-    if found.startswith("owner"):
-        _, user, mode = (found.split() + ["?", "?"])[:3]
-        return (f"{node.name}: serving_api_key_file {path} is owned by {user} with mode {mode}; it must be "
-                f"root-only (chown root {path} && chmod 0600 {path}). Nothing was changed.")
-    if found == "format":
-        return (f"{node.name}: serving_api_key_file {path} must hold one line of 16 to 512 characters from "
-                f"A-Z a-z 0-9 . _ ~ + / = - (the key is written into an env file, a YAML file and an HTTP "
-                f"header unquoted). Nothing was changed.")
     if found == "missing" and not generated(node):
         return (f"{node.name}: serving_api_key_file {path} does not exist; create it root-only "
                 f"(install -m 0600 /dev/stdin {path} < key.txt) or remove serving_api_key_file from data to "
                 f"have sparkfleet generate {node.serving_dir}/api-key. Nothing was changed.")
-    return None
+    return key_file_problem(node.name, "serving_api_key_file", path, found, KEY_TEXT)
 
 
 def write_command(node) -> str:
@@ -99,11 +91,12 @@ def write_command(node) -> str:
     k = shlex.quote(key_file(node))
     lines = ["set -e", "umask 077", f"mkdir -p {shlex.quote(node.serving_dir)}"]
     if generated(node):
-        lines.append(f"[ -f {k} ] || {{ od -An -tx1 -N32 /dev/urandom | tr -d ' \\n' > {k}.new && mv {k}.new {k}; }}")
+        lines.append(generate_command(key_file(node)))
     lines.append(f"v=$(cat {k})")
     for path, fmt in _derived(node):
         q = shlex.quote(path)
-        lines.append(f'printf "{fmt}" "$v" > {q}.new && chown root:root {q}.new && chmod 0600 {q}.new && mv {q}.new {q}')
+        lines.append(f'rm -f {q}.new && printf "{fmt}" "$v" > {q}.new && chown root:root {q}.new && '
+                     f'chmod 0600 {q}.new && mv {q}.new {q}')
     return "; ".join(lines)
 
 

@@ -125,7 +125,20 @@ def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_
     assert chat(ROUTER, None)[0] == 401  # refused by the router itself
     status, body = chat(ROUTER, fleet_key)
     assert status == 200 and body["choices"][0]["message"]["content"], body
+    assert routing() == {G1: "routed", G2: "routed"}  # sfl_router.py on the node, with the control-plane key
+    # The key every client has opens no control plane: no backend added, removed or listed with it.
+    base = ROUTER.removesuffix("/v1")
+    for method, path, body in (("POST", "/workers", {"url": "http://198.18.0.12:9", "api_key": fleet_key}),
+                               ("GET", "/workers", None), ("DELETE", "/workers/any", None)):
+        data = json.dumps(body).encode() if body else None
+        headers = {"Authorization": f"Bearer {fleet_key}", "Content-Type": "application/json"}
+        request = urllib.request.Request(f"{base}{path}", method=method, data=data, headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401, (method, path)
     assert routing() == {G1: "routed", G2: "routed"}
+    assert on("spark-a", "stat -c '%U %a' /etc/sparkfleet/router-control-key").strip() == "root 600"
+    assert on("spark-a", "cat /etc/sparkfleet/router-control-key").strip() != fleet_key
 
     pause_watchdogs(FLEET_HOSTS)  # they would repair the group under the test
     with Client(fleet_key) as client:

@@ -42,6 +42,18 @@ def test_a_typo_in_data_on_the_command_line(tmp_path, listener):
     assert "do:   did you mean 'fabric_mtu'?" in out
 
 
+def test_a_non_root_ssh_user_without_sudo_is_refused_and_with_sudo_is_taken(tmp_path, listener):
+    """The deploy reads root-only key files: as another user without sudo each would be unreadable
+    (and, before, taken for absent: a new fleet key)."""
+    ports, accepted = listener
+    out = refused(run_pyinfra(sparks_inventory(tmp_path, ports), "--data", "ssh_user=sfl"), accepted)
+    assert ("spark-a, spark-b: key 'ssh_user' = 'sfl' without key '_sudo' = True; the deploy reads and writes "
+            "root-only files (the API key): allowed: ssh_user 'root', or any user with _sudo = True") in out
+    assert "do:   set ssh_user to 'root', or _sudo: True for this host" in out
+    code, output = run_pyinfra(sparks_inventory(tmp_path, ports), "--data", "ssh_user=sfl", "--data", "_sudo=True")
+    assert "key 'ssh_user'" not in output and accepted, output  # past validation: it connects
+
+
 def test_a_wrong_value_in_a_group_file_that_is_not_all_py(tmp_path, listener):
     ports, accepted = listener
     inv = sparks_inventory(tmp_path, ports)

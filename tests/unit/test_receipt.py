@@ -1,17 +1,23 @@
 """The benchmark receipt (roles/receipt): its figures from llama-benchy's report, the comparison
 `make status` prints, the fact that reads receipts back, and the load generator run for real against
-the lab's vLLM stand-in (a two-rank pair on 127.0.0.1) with a key and a word-level tokenizer."""
+the lab's vLLM stand-in (a two-rank pair on 127.0.0.1) with a key and a word-level tokenizer, directly
+and through the receipt's tunnel (a Unix socket only the load generator's process may use), its
+output cleared of the key."""
 import copy
 import importlib.util
 import json
+import os
+import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from roles.receipt.receipt import Receipts, drops, figures, status_lines, table
+from roles.receipt.receipt import Receipts, Tunnel, drops, figures, run_load, scrub, status_lines, table
 from tests.unit import test_lab_standin as standin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,3 +107,103 @@ def test_the_load_generator_measures_a_real_stand_in_pair_with_the_key_from_stdi
     wrong = subprocess.run([sys.executable, "-m", "roles.receipt.loadgen"], input=json.dumps({**job, "api_key": "x" * 32}),
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert wrong.returncode != 0 and "401" in wrong.stderr
+
+
+class LoopbackTransport:
+    """paramiko's Transport as the Tunnel uses it, its direct-tcpip channels as TCP connections on this
+    machine (the head's API on 127.0.0.1 here): what the tunnel is judged on is its controller end."""
+
+    def __init__(self):
+        self.opened = 0
+
+    def open_channel(self, kind, dest, origin):
+        assert kind == "direct-tcpip" and dest[0] == "127.0.0.1"
+        self.opened += 1
+        return socket.create_connection(dest, timeout=10)
+
+
+def test_the_load_generator_measures_the_stand_in_through_the_tunnel_and_only_it_is_served(launch, tmp_path):
+    (tmp_path / "tokenizer.json").write_bytes(make_models().tokenizer_json())
+    ports, key = {"http": standin.free_port(), "master": standin.free_port()}, "k" * 32
+    run = lambda *args, **extra: launch([sys.executable, str(standin.VLLM), *args], standin.env(**extra))  # noqa: E731
+    standin.start_pair(run, ports, head_env={"VLLM_API_KEY": key})
+    transport = LoopbackTransport()
+    tunnel = Tunnel(transport, ports["http"])
+    try:
+        job = {"base_url": "http://127.0.0.1/v1", "unix_socket": tunnel.path, "api_key": key, "model": "lab",
+               "tokenizer": str(tmp_path), "prompt_tokens": 64, "decode_tokens": 16, "concurrency": [1, 2],
+               "runs": 1, "timeout_s": 30}
+        done = run_load(job, tunnel, 120)
+        assert done.returncode == 0, done.stderr
+        got = figures(json.loads(done.stdout)["report"])
+        assert [(f["concurrency"], f["decode_tokens"]) for f in got] == [(1, 16), (2, 16)]
+        assert transport.opened >= 2 and tunnel.refused == 0
+        # Another process of the same user, once the load generator is gone: closed, nothing forwarded.
+        opened = transport.opened
+        with socket.socket(socket.AF_UNIX) as other:
+            other.connect(tunnel.path)
+            try:
+                other.sendall(b"GET /v1/models HTTP/1.0\r\n\r\n")
+                assert other.recv(100) == b""
+            except (ConnectionResetError, BrokenPipeError):  # closed before or with the request unread
+                pass
+        time.sleep(0.2)
+        assert tunnel.refused == 1 and transport.opened == opened
+    finally:
+        tunnel.close()
+    assert not os.path.exists(tunnel.directory)
+
+
+def test_the_tunnels_socket_is_reachable_by_no_other_user_and_serves_only_the_allowed_process(tmp_path):
+    """The head's API through the tunnel: another uid cannot even connect (the socket's directory is
+    0700); a process of the deploy's own user that is not the load generator is closed unserved; the
+    allowed process is served."""
+    api = socket.create_server(("127.0.0.1", 0))
+
+    def answer():  # the head's API, as far as the tunnel can tell: one line back per connection
+        while True:
+            try:
+                conn, _ = api.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"served " + conn.recv(100))
+
+    threading.Thread(target=answer, daemon=True).start()
+    transport = LoopbackTransport()
+    tunnel = Tunnel(transport, api.getsockname()[1])
+    client = ("import socket, sys\nsys.stdin.readline(); s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+              "try:\n    s.sendall(b'ping'); print(s.recv(100).decode() or 'closed')\n"
+              "except (ConnectionResetError, BrokenPipeError):\n    print('closed')")
+    try:
+        directory = os.stat(tunnel.directory)
+        assert stat.S_IMODE(directory.st_mode) == 0o700 and directory.st_uid == os.getuid()
+        assert stat.S_ISSOCK(os.stat(tunnel.path).st_mode)
+        with pytest.raises(OSError):  # nothing listens on TCP for it: the only way in is the socket
+            socket.create_connection(("127.0.0.1", 0), timeout=1)
+        nobody = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                                 "-c", client, tunnel.path], input="go\n", capture_output=True, text=True, timeout=30)
+        assert nobody.returncode != 0 and "PermissionError" in nobody.stderr, nobody
+        for allowed in (False, True):
+            proc = subprocess.Popen([sys.executable, "-c", client, tunnel.path], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+            if allowed:
+                tunnel.allow(proc.pid)
+            out, _ = proc.communicate("go\n", timeout=30)
+            assert out.strip() == ("served ping" if allowed else "closed"), (allowed, out)
+        assert tunnel.refused == 1 and transport.opened == 1
+    finally:
+        tunnel.close()
+        api.close()
+
+
+def test_the_load_generators_output_never_shows_the_key():
+    """Whatever the load generator prints (here Python's own error, which quotes the header value it
+    refuses), the key is replaced before the caller sees it."""
+    key = "sfl-secret-0123456789\nabcdef"  # a newline: http.client refuses the header, quoting it
+    job = {"base_url": "http://127.0.0.1:9/v1", "unix_socket": None, "api_key": key, "model": "lab",
+           "tokenizer": "/nonexistent", "prompt_tokens": 16, "decode_tokens": 8, "concurrency": [1], "runs": 1,
+           "timeout_s": 5}
+    done = run_load(job, None, 60)
+    assert done.returncode != 0 and "Invalid header value" in done.stderr, done.stderr
+    assert "sfl-secret-0123456789" not in done.stderr and "<the API key>" in scrub(f"x{key}y", key)

@@ -1,8 +1,10 @@
 """The real router (smg, pinned in roles/router/wheels.py) on 127.0.0.1 in front of two lab stand-in
 vLLM pairs that require the API key: it refuses a request without the key itself, serves chat
-completions (streamed too), stops routing to a group whose head dies or whose worker dies within its
-health-check bounds while every request still succeeds, routes to it again once it is back, and
-drains and undrains a group through sfl_router.py, the program the router node runs.
+completions (streamed too), refuses the API key on its control plane (adding or removing a backend,
+listing them) and takes the control-plane key there, stops routing to a group whose head dies or
+whose worker dies within its health-check bounds while every request still succeeds, routes to it
+again once it is back, and drains and undrains a group through sfl_router.py, the program the
+router node runs.
 
 The router runs from a virtualenv made once from the cached pinned wheel (`make router-wheels`, or
 fetched here when absent), outside the checkout. Every process a test starts is killed at teardown.
@@ -29,6 +31,7 @@ from tests.unit.test_lab_standin import env, free_port, head_args, wait_for, wor
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "roles" / "router" / "sfl_router.py"
 KEY = "fleet-key-0123456789abcdef-ABCDEF"
+CONTROL_KEY = "control-key-0123456789abcdef-XYZ"
 VERSION = ROUTER_VERSIONS[-1]
 # Health checks as a test can wait for them: a group leaves within FAILURES x (INTERVAL + TIMEOUT).
 INTERVAL_S, TIMEOUT_S, FAILURES, SUCCESSES = 1, 1, 2, 1
@@ -119,10 +122,13 @@ class Fleet:
         key_file = tmp_path / "api-key"
         key_file.write_text(KEY)
         key_file.chmod(0o600)
+        control_key_file = tmp_path / "router-control-key"
+        control_key_file.write_text(CONTROL_KEY)
+        control_key_file.chmod(0o600)
         self.port = free_port()
         self.config = {
             "listen_host": "127.0.0.1", "port": self.port, "backends": [g.url for g in self.groups],
-            "key_file": str(key_file), "health_check_endpoint": "/health", "health_check_interval_s": INTERVAL_S,
+            "key_file": str(key_file), "control_key_file": str(control_key_file), "health_check_endpoint": "/health", "health_check_interval_s": INTERVAL_S,
             "health_check_timeout_s": TIMEOUT_S, "health_failure_threshold": FAILURES,
             "health_success_threshold": SUCCESSES, "policy": "round_robin", "request_timeout_s": 60,
             "log_level": "info",
@@ -201,11 +207,55 @@ def test_a_request_without_the_key_is_refused_by_the_router_and_one_with_it_is_s
         # smg's own middleware answers (an OpenAI error naming the key), not a backend's 401
         assert status == 401 and body["error"]["code"] == "invalid_api_key", body
         status, body = call(fleet.port, "/workers", key=key)
-        assert status == 401, body  # the admin API (drain, undrain) takes the same key
+        assert status == 401, body
     status, body = chat(fleet.port)
     assert status == 200 and body["choices"][0]["message"]["content"] == "sparkfleet lab stand-in reply", body
     status, body = call(fleet.port, "/v1/completions", {"model": "lab", "prompt": "ping", "max_tokens": 1})
     assert status == 200 and body["object"] == "text_completion", body
+
+
+def test_the_api_key_cannot_add_remove_or_list_backends_and_the_control_plane_key_can(fleet, launch):
+    """Every client has the API key: with it, smg's control plane answers 401 to adding a backend (a
+    client's own server, which would then be sent other clients' prompts with the fleet's key), to
+    removing one and to listing them; nothing changes. The control-plane key is taken there."""
+    g1, g2 = fleet.groups
+    planted = Group(launch, "planted").start()  # a server the client runs, requiring nothing of note
+    workers = {w["url"].rstrip("/"): w["id"] for w in call(fleet.port, "/workers", key=CONTROL_KEY)[1]["workers"]}
+    assert set(workers) == {g1.url, g2.url}
+    for key in (KEY, None, "not-the-key-0123456789"):
+        status, body = call(fleet.port, "/workers", {"url": planted.url, "api_key": KEY}, key=key)
+        assert status == 401, (status, body)
+        status, body = call(fleet.port, f"/workers/{workers[g1.url]}", key=key, method="DELETE")
+        assert status == 401, (status, body)
+        for path in ("/workers", f"/workers/{workers[g1.url]}", "/get_loads"):
+            assert call(fleet.port, path, key=key)[0] == 401, path
+    time.sleep(2 * INTERVAL_S)  # a change would have shown by now (registration is an asynchronous job)
+    assert fleet.states() == {g1.url: "routed", g2.url: "routed"}
+    assert all(chat(fleet.port, content=f"after {i}")[0] == 200 for i in range(4))
+    # The control-plane key adds and removes for real (what sfl_router.py's undrain and drain send).
+    status, body = call(fleet.port, "/workers", {"url": planted.url, "api_key": KEY}, key=CONTROL_KEY)
+    assert status in (200, 201, 202), (status, body)
+    wait_for(lambda: (fleet.states() or {}).get(planted.url) == "routed", timeout=20, what="the added backend routed")
+    planted_id = {w["url"].rstrip("/"): w["id"] for w in call(fleet.port, "/workers", key=CONTROL_KEY)[1]["workers"]}
+    status, body = call(fleet.port, f"/workers/{planted_id[planted.url]}", key=CONTROL_KEY, method="DELETE")
+    assert status in (200, 202), (status, body)
+    wait_for(lambda: planted.url not in (fleet.states() or {planted.url: None}), timeout=20, what="the backend removed")
+
+
+def test_a_control_plane_key_that_is_the_api_key_is_refused_before_the_router_starts(tmp_path):
+    key_file, control = tmp_path / "api-key", tmp_path / "router-control-key"
+    key_file.write_text(KEY)
+    control.write_text(KEY + "\n")
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({**{k: 1 for k in sfl_router.KEYS}, "backends": [], "key_file": str(key_file),
+                                  "control_key_file": str(control)}))
+    out = subprocess.run([sys.executable, str(PROGRAM), "check", str(config)], capture_output=True, text=True)
+    assert out.returncode != 0 and "holds the API key" in out.stderr and KEY not in out.stderr + out.stdout
+    control.write_text(CONTROL_KEY)
+    assert subprocess.run([sys.executable, str(PROGRAM), "check", str(config)]).returncode == 0
+    control.unlink()
+    out = subprocess.run([sys.executable, str(PROGRAM), "check", str(config)], capture_output=True, text=True)
+    assert out.returncode != 0 and out.stderr.strip() == f"sfl_router: cannot read {control}: No such file or directory"
 
 
 def test_a_chat_completion_streams_through_the_router(fleet):
@@ -224,17 +274,20 @@ def test_a_chat_completion_streams_through_the_router(fleet):
     assert text.strip(), chunks
 
 
-def test_the_key_is_on_no_command_line_and_in_no_environment_or_log_line(fleet):
+def test_the_keys_are_on_no_command_line_and_in_no_environment_or_log_line(fleet):
     pid = fleet.router.pid
-    assert KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    for secret in (KEY, CONTROL_KEY):
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert secret.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
     for _ in range(3):
         assert chat(fleet.port)[0] == 200
     assert chat(fleet.port, key=None)[0] == 401
+    assert fleet.admin("routing")  # the control plane, with its key
+    assert call(fleet.port, "/workers", key=KEY)[0] == 401
     fleet.router.send_signal(signal.SIGTERM)
     fleet.router.wait(timeout=30)
     out = fleet.output()
-    assert "sfl_router: smg on 127.0.0.1" in out and KEY not in out
+    assert "sfl_router: smg on 127.0.0.1" in out and KEY not in out and CONTROL_KEY not in out
 
 
 def test_a_dead_head_leaves_routing_within_the_bounds_and_comes_back(fleet):

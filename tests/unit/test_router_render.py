@@ -2,6 +2,7 @@
 its config and unit (no key anywhere), the firewall's router port, the pinned wheels."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from roles.router.schema import ROUTER_VERSIONS, RouterData
 from roles.router.wheels import PLATFORMS, WHEELS
 from sparkfleet.config import DATA_FIELDS, ConfigError, build_cluster
 from tests.unit.helpers import SHARED, SSH, pair
+
+REPO = Path(__file__).resolve().parents[2]
 
 MGMT = "10.0.0.0/24"
 
@@ -65,6 +68,7 @@ def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no
     config = json.loads(config_text(fleet, router))
     assert config == router_config(fleet, router)
     assert config["key_file"] == "/etc/sparkfleet/api-key" and config["port"] == 8100
+    assert config["control_key_file"] == "/etc/sparkfleet/router-control-key"  # the control plane's own key
     assert config["listen_host"] == "0.0.0.0" and config["health_check_interval_s"] == 7
     assert config["health_check_endpoint"] == "/health"
     unit = unit_text(fleet, router)
@@ -134,27 +138,68 @@ def test_every_pinned_version_has_a_wheel_per_architecture_with_a_sha256():
             assert name.startswith(f"smg-{version}-cp38-abi3-") and arch in name and re.fullmatch("[0-9a-f]{64}", digest)
 
 
-def test_the_router_host_fact_reads_arch_venv_version_and_unit():
+def test_the_router_host_fact_reads_arch_venv_version_unit_and_the_control_keys_state():
     fact = RouterHost()
-    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no"]) == {
-        "arch": "aarch64", "venv": False, "installed": None, "unit": False}
+    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no", "control=missing"]) == {
+        "arch": "aarch64", "venv": False, "installed": None, "unit": False, "control_key": "missing"}
     assert fact.process(["arch=x86_64", "venv=yes", "installed=1.13.0", "unit=yes"])["installed"] == "1.13.0"
-    assert "uname -m" in fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service")
+    command = fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service")
+    assert "uname -m" in command and "/etc/sparkfleet/router-control-key" in command
+    # the state is read here for real: nothing at the path on this machine (no router), never the key
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", command.replace("/etc/sparkfleet/router-control-key", "/nonexistent/k")],
+                          capture_output=True, text=True)
+    assert fact.process(done.stdout.splitlines())["control_key"] == "missing"
+
+
+def test_a_control_key_file_the_router_must_not_use_is_refused_naming_the_node_and_the_path():
+    from roles.serving.api_key import KEY_TEXT
+    from sparkfleet.keyfiles import problem
+
+    why = problem("spark-b", "the router's control-plane key file", "/etc/sparkfleet/router-control-key",
+                  "unreadable it is a directory, not a regular file", KEY_TEXT)
+    assert why == ("spark-b: the router's control-plane key file /etc/sparkfleet/router-control-key exists but cannot "
+                   "be read: it is a directory, not a regular file. A key is generated only when the file does not "
+                   "exist; fix or remove it. Nothing was changed.")
 
 
 # ------------------------------------------------------------------ the fleet's one key (fleet_key.py)
 
 class KeyHost:
-    """A node as fleet_key reads it: its key file's content (SFTP) and sha1 (Sha1File)."""
+    """A node as fleet_key reads it: its key file's content (sparkfleet/keyfiles.py's read command, run
+    here on a real file) and sha1 (Sha1File). content None: nothing at the path; a directory: a path
+    that exists and cannot be read."""
+
+    current_deploy_kwargs = None  # what pyinfra's global arguments read of a Host (keyfiles.connector_arguments)
 
     def __init__(self, name, content=None):
-        self.name, self.content = name, content
+        from types import SimpleNamespace
 
-    def get_file(self, path, buf):
-        if self.content is None:
-            return False
-        buf.write(self.content)
-        return True
+        from pyinfra.api import Config
+
+        self.name, self.content = name, content
+        self.state, self.data = SimpleNamespace(config=Config()), SimpleNamespace()
+
+    def run_shell_command(self, command, **arguments):
+        import subprocess
+        import tempfile
+
+        from pyinfra.connectors.util import CommandOutput, OutputLine
+
+        from sparkfleet.keyfiles import read_command
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/api-key"
+            if self.content == "a directory":
+                Path(path).mkdir()
+            elif self.content is not None:
+                Path(path).write_bytes(self.content)
+            assert command.get_raw_value() == read_command("/etc/sparkfleet/api-key")
+            done = subprocess.run(["sh", "-c", read_command(path)], capture_output=True, text=True)
+        lines = [OutputLine("stdout", x) for x in done.stdout.splitlines()]
+        lines += [OutputLine("stderr", x.replace(path, "/etc/sparkfleet/api-key")) for x in done.stderr.splitlines()]
+        return done.returncode == 0, CommandOutput(lines)
 
     def get_fact(self, cls, path):
         import hashlib
@@ -202,3 +247,29 @@ def test_no_router_or_a_named_key_file_that_is_absent_plans_nothing():
     assert plan(key_state(build_cluster(fleet_hosts(router=None)), {"spark-a": b"a" * 64})) is None
     named = {n: {"serving_api_key_file": "/etc/sparkfleet/api-key"} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
     assert plan(key_state(build_cluster(fleet_hosts(**named)), {})) is None  # roles/serving refuses it at prepare
+
+
+def test_a_source_key_file_that_exists_but_cannot_be_read_stops_the_run_and_is_never_replaced():
+    """Only a key file with nothing at its path is absent: a new fleet key would restart every group
+    and lock out every client."""
+    from pyinfra.api.exceptions import DeployError
+
+    from roles.router.fleet_key import plan
+
+    fleet = build_cluster(fleet_hosts())
+    with pytest.raises(DeployError) as err:
+        plan(key_state(fleet, {"spark-a": "a directory", "spark-b": b"a" * 64}))
+    assert str(err.value).startswith("spark-a: /etc/sparkfleet/api-key exists but cannot be read: it is a directory, "
+                                     "not a regular file; it is the fleet's API key"), err.value
+    assert "Nothing was changed" in str(err.value)
+
+
+def test_the_fleet_key_is_written_through_stdin_never_files_put_and_is_in_no_operation_argument():
+    """files.put with --diff prints what it uploads (and the file's current content): the key task
+    must not use it; the write's operation carries only the path."""
+    import ast
+
+    source = (REPO / "roles/router/key_tasks.py").read_text()
+    calls = {node.func.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute)}
+    assert "put" not in calls and "call" in calls
