@@ -29,7 +29,7 @@ from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.receipt.schema import ReceiptData
 from roles.router.schema import RouterData, router_problems
-from roles.serving.schema import ServingData, serving_problems
+from roles.serving.schema import SECRET_BEARING_KEYS, ServingData, serving_problems, withhold_secrets
 from roles.watchdog.schema import WatchdogData, watchdog_problems
 from roles.weights.schema import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem
@@ -143,8 +143,9 @@ def _node_problems(name: str, err: ValidationError) -> list[Problem]:
             hint = _unquoted(e["input"], e["type"])
             want = _TYPE_WORDS.get(e["type"])
             msg = e["msg"] + (f" (found {type(e['input']).__name__}, want {want})" if want else "")
+            shown = withhold_secrets(e["input"]) if top in SECRET_BEARING_KEYS else e["input"]
             problems.append(Problem(
-                f"key '{key}' = {e['input']!r}: {msg}{_describe_allowed(top)}", [name], key=top,
+                f"key '{key}' = {shown!r}: {msg}{_describe_allowed(top)}", [name], key=top,
                 fix=f"write it as {hint}" if hint else None,
             ))
     return problems

@@ -19,6 +19,7 @@ from roles.fabric.facts import FabricPing
 from roles.fabric.others import netconfig_problems, renderer_in_effect
 from roles.fabric.schema import NETPLAN_FILE
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
+from roles.firewall.checks import LiveMarker, ManagementSubnet, digest, management_problem, table_problems
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message, image_ids
 from roles.kernel_cache.checks import cache_plan
@@ -60,6 +61,7 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
                 problems.append(link_failure(node, mine, peer, theirs))
         rows.append(("fabric", name, problems))
         rows.append(("netconfig", name, *netconfig_row(node, *fabric_others(state)[name])))
+        rows.append(("firewall", name, firewall_problems(cluster, node, h)))
         rows.append(("docker", name, docker_info_problems(node, cluster, h.get_fact(DockerInfo))))
         unit = h.get_fact(UnitState, unit=unit_name(node))
         rows.append(("serving", name, [] if is_serving(unit) else [
@@ -87,6 +89,17 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
         if node.watchdog_enabled:
             rows.append(("watchdog", name, watchdog_problems(node, h.get_fact(WatchdogUnit), h.get_fact(WatchStatus))))
     return rows
+
+
+def firewall_problems(cluster, node, h) -> list[str]:
+    """The live table inet sparkfleet against the one data renders (the marker the deploy compares)."""
+    if not node.firewall_enabled:
+        return []
+    subnet = h.get_fact(ManagementSubnet, address=node.management_address)
+    problem = management_problem(node, subnet)
+    if problem:
+        return [problem]
+    return table_problems(node, h.get_fact(LiveMarker), f"sparkfleet {digest(cluster, node, subnet)}")
 
 
 def netconfig_row(node, facts: dict, others) -> tuple[list[str], str]:

@@ -36,6 +36,7 @@ from pyinfra.api.exceptions import DeployError, PyinfraError
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_host, ctx_state
 
+from roles.serving.schema import SECRET_BEARING_KEYS, withhold_secrets
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.refusal import Problem, Refusal, as_problem, block, is_expected, merge_hosts, refusal_block
 
@@ -141,6 +142,9 @@ class DataSources:
         inv = self.inventory
         if key in inv.get_override_data():
             raw = [a for a in self.data_args if a.split("=", 1)[0] == key]
+            if raw and key in SECRET_BEARING_KEYS:
+                shown = withhold_secrets(inv.get_override_data()[key])
+                return f"--data {key}={shown!r}" if shown != inv.get_override_data()[key] else f"--data {raw[-1]}"
             return f"--data {raw[-1]}" if raw else "the command line"
         if key in inv.get_host_data(host_name):
             return self._inventory_source(key, host_name)

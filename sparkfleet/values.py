@@ -3,9 +3,12 @@
 Every string of a node's data (and every string inside its lists and mappings) may hold no
 control character: a newline in an env value, a path or a name would start a new line in an env
 file, a unit, a daemon config or a shell command. Names and paths are held to the characters that
-need no quoting anywhere they are written. The directories sparkfleet owns are absolute,
-normalised, never a system directory, and never inside one another (the data dir may hold the
-weights and cache dirs: it is where their free space is measured).
+need no quoting anywhere they are written. Every directory key (every `*_dir` of the node's data)
+is held to one rule: absolute, normalised, never a system directory and never inside a tree that
+belongs to the system or to a user (FORBIDDEN_TREES; sparkfleet's own /etc/sparkfleet excepted), and
+never inside another directory key (the data dir may hold the weights and cache dirs: it is where
+their free space is measured). Root writes into these directories, removes from them, and the rsync
+daemon (as root, uid = root) serves three of them to every peer: /root/.ssh there hands out root's keys.
 """
 from __future__ import annotations
 
@@ -25,29 +28,42 @@ SAFE_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
 # A git URL: no whitespace, no quote, no shell character, not an option.
 SAFE_URL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+.-]*://[A-Za-z0-9._~:/?#\[\]@!&'()*+,;=%-]+$|^/[A-Za-z0-9._+/-]+$")
 
-# The directories sparkfleet creates, writes into and removes from (key: what).
+# The directory keys: every key of a node's data whose name ends in _dir is one of these (the unit
+# test_every_directory_key_is_confined fails on a new one not listed here), each held to dir_problem.
+# Key: what sparkfleet does there.
 OWNED_DIRS = {
-    "weights_dir": "weights",
-    "kernel_cache_dir": "kernel caches",
+    "weights_dir": "weights (served to the peers by the rsync daemon)",
+    "kernel_cache_dir": "kernel caches (served to the peers by the rsync daemon)",
     "serving_dir": "the ranks' root-only env files and the API key",
     "watchdog_state_dir": "watchdog's state (served to the peers by the rsync daemon)",
+    "receipt_dir": "receipts (the oldest *.json of each profile's directory removed)",
 }
 # Where images, weights and caches live (its free space is checked); may hold the owned dirs.
 DATA_DIR = "preflight_data_dir"
+DIRECTORY_KEYS = (*OWNED_DIRS, DATA_DIR)
+# Files, not directories: a key file is read where the operator keeps it (a hub token in /root is
+# common); held to path_problem only, and to the key's own content checks where it is read.
 OTHER_PATHS = ("weights_hf_token_file", "serving_api_key_file")
 
-# Never one of these, nor inside the first group (kernel and device trees, system binaries).
+# Never one of these exactly (the trees below aside): the roots of other software's data.
 SYSTEM_DIRS = frozenset({
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
-    "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv", "/sys", "/tmp", "/usr", "/var",
-    "/var/lib", "/var/cache", "/var/log", "/var/tmp", "/var/spool", "/var/mail", "/var/run", "/var/lock",
-    "/var/lib/docker", "/var/lib/containerd", "/var/lib/apt", "/var/lib/dpkg", "/var/lib/systemd",
-    "/etc/systemd", "/etc/systemd/system", "/etc/docker", "/etc/netplan", "/etc/ssh", "/etc/default",
-    "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/local/libexec", "/usr/lib", "/usr/bin",
-    "/usr/sbin", "/usr/share",
+    "/", "/media", "/mnt", "/opt", "/srv", "/var", "/var/lib", "/var/cache", "/var/log", "/var/spool",
+    "/var/mail", "/var/local", "/var/opt", "/var/backups",
 })
-NEVER_UNDER = ("/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/usr", "/run", "/tmp",
-               "/var/lib/docker", "/etc/systemd")
+# Never inside one of these trees (nor one of them): the system's configuration and programs, root's
+# and the users' homes, kernel and device trees, runtime and temporary trees, and other daemons' data.
+# Root follows a symlink a user planted in /home or /tmp; a daemon's tree is not sparkfleet's to prune.
+FORBIDDEN_TREES = (
+    "/etc", "/root", "/home", "/boot", "/usr", "/proc", "/sys", "/dev", "/run", "/bin", "/sbin", "/lib",
+    "/lib32", "/lib64", "/libx32", "/snap", "/tmp", "/var/tmp", "/var/run", "/var/lock", "/var/lib/docker",
+    "/var/lib/containerd", "/var/lib/apt", "/var/lib/dpkg", "/var/lib/systemd",
+)
+# sparkfleet's own configuration tree: the one place inside FORBIDDEN_TREES a directory key may be
+# (serving_dir's default). It holds fixed files too (rsyncd.conf, watchdog.json, router.json), so a
+# directory key other than serving_dir is never the tree itself (the served modules would expose them).
+SPARKFLEET_ETC = "/etc/sparkfleet"
+ALLOWED_FORM = ("an absolute directory of sparkfleet's own, outside " + ", ".join(FORBIDDEN_TREES[:10])
+                + ", ... (such as under /var/lib/sparkfleet or a data disk's /srv/sparkfleet)")
 
 
 def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
@@ -84,15 +100,21 @@ def path_problem(path: str) -> str | None:
     return None
 
 
-def dir_problem(path: str) -> str | None:
+def dir_problem(path: str, key: str = "") -> str | None:
+    """Why `path` cannot be a directory key's value (`key`: only serving_dir may be /etc/sparkfleet)."""
     problem = path_problem(path)
     if problem:
         return problem
     if path in SYSTEM_DIRS:
         return f"{path} is a system directory; sparkfleet writes into and removes from it"
-    for base in NEVER_UNDER:
+    if path == SPARKFLEET_ETC and key != "serving_dir":
+        return (f"{path} is sparkfleet's configuration directory (rsyncd.conf, watchdog.json, router.json); only "
+                f"serving_dir may be it")
+    if under(path, SPARKFLEET_ETC):
+        return None
+    for base in FORBIDDEN_TREES:
         if under(path, base):
-            return f"is under {base}, a system tree"
+            return f"{path} is a system directory" if path == base else f"is under {base}, a system tree"
     return None
 
 
@@ -133,11 +155,13 @@ def node_value_problems(node) -> list[Problem]:
         if word.startswith("-") and not word.startswith("--"):
             refuse("serving_extra_args", f"key serving_extra_args[{i}] = {word!r}: short options are not rendered")
 
-    dirs = {key: getattr(node, key) for key in (*OWNED_DIRS, DATA_DIR)}
+    dirs = {key: getattr(node, key) for key in DIRECTORY_KEYS}
     for key, path in dirs.items():
-        why = dir_problem(path)
+        why = dir_problem(path, key)
         if why:
-            refuse(key, f"key '{key}' = {path!r}: {why}", "use a directory of its own, such as the default")
+            default = type(node).model_fields[key].default
+            refuse(key, f"key '{key}' = {path!r}: {why}; allowed: {ALLOWED_FORM}",
+                   f"use a directory of its own, such as the default {default}")
     for key in OTHER_PATHS:
         path = getattr(node, key)
         why = path and path_problem(path)
@@ -153,8 +177,8 @@ def node_value_problems(node) -> list[Problem]:
                 outer, inner = (a, b) if under(pb, pa) else (b, a)
                 refuse(outer, f"key '{outer}' = {dirs[outer]!r} holds key '{inner}' = {dirs[inner]!r}: the "
                        f"{OWNED_DIRS[outer]} and the {OWNED_DIRS[inner]} each need a directory of their own",
-                       "give each its own directory (the defaults: /var/lib/sparkfleet/models, "
-                       "/var/lib/sparkfleet/kernel-cache, /etc/sparkfleet, /var/lib/sparkfleet/watchdog)")
+                       "give each its own directory (the defaults: " + ", ".join(
+                           f"{k} {type(node).model_fields[k].default}" for k in owned) + ")")
     for key in owned:
         if under(dirs[DATA_DIR], dirs[key]):
             refuse(DATA_DIR, f"key '{DATA_DIR}' = {dirs[DATA_DIR]!r} is inside key '{key}' = {dirs[key]!r}; the "

@@ -46,7 +46,7 @@ config = unchanged.put(
 )
 unit = unchanged.put(
     name="Write the sparkfleet-rsyncd unit",
-    src=StringIO(render("fanout", UNIT, node=node)),
+    src=StringIO(render("fanout", UNIT, node=node, firewall_enabled=node.firewall_enabled)),
     dest=UNIT,
     mode="0644",
 )

@@ -26,6 +26,9 @@ from sparkfleet.render import render, sha1_text
 TABLE = "inet sparkfleet"
 UNIT = "sparkfleet-firewall"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
+# The distribution's nftables.service flushes the ruleset on restart and reload: this drop-in loads
+# sparkfleet's table again after it.
+NFTABLES_DROPIN = "/etc/systemd/system/nftables.service.d/50-sparkfleet.conf"
 NFT = "/usr/sbin/nft"
 # Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
 # engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
@@ -78,6 +81,24 @@ def digest(cluster, node, management_subnet: str | None) -> str:
 
 def unit_text(node) -> str:
     return render("firewall", UNIT_PATH, path=rules_path(node))
+
+
+def nftables_dropin_text(node) -> str:
+    return render("firewall", NFTABLES_DROPIN, path=rules_path(node))
+
+
+def table_problems(node, live: str, want: str) -> list[str]:
+    """The doctor's firewall row: the live table inet sparkfleet is there and is the one data renders
+    (`live`: LiveMarker, `want`: `sparkfleet <digest>`)."""
+    if not node.firewall_enabled:
+        return []
+    if not live:
+        return [f"{node.name}: the nftables table {TABLE} is missing (`nft flush ruleset`, or removed by hand): the "
+                f"fabric's services and the API are unfiltered; a deploy puts it back (or systemctl restart {UNIT})"]
+    if live != want:
+        return [f"{node.name}: the nftables table {TABLE} is not the one data renders (live marker {live!r}, want "
+                f"{want!r}): deploy"]
+    return []
 
 
 class ManagementSubnet(FactBase):

@@ -7,10 +7,11 @@ from pyinfra import host, logger, state
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, server, systemd
+from pyinfra.operations.util import any_changed
 
 from roles.firewall.checks import (
-    NFT, TABLE, UNIT, UNIT_PATH, LiveMarker, ManagementSubnet, api_networks, digest, management_problem,
-    rules_path, rules_text, unit_text,
+    NFT, NFTABLES_DROPIN, TABLE, UNIT, UNIT_PATH, LiveMarker, ManagementSubnet, api_networks, digest,
+    management_problem, nftables_dropin_text, rules_path, rules_text, unit_text,
 )
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
@@ -36,19 +37,25 @@ if node.firewall_enabled:
                       dest=rules_path(node), user="root", group="root", mode="0600")
     unit = unchanged.put(name=f"Write {UNIT_PATH}", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
                      group="root", mode="0644")
-    systemd.daemon_reload(name="Reload systemd (firewall unit changed)", _if=unit.did_change)
-    unchanged.service(name=f"Enable {UNIT} at boot", service=f"{UNIT}.service", running=None, enabled=True)
+    dropin = unchanged.put(name=f"Write {NFTABLES_DROPIN} (the table back after nftables.service flushes)",
+                       src=StringIO(nftables_dropin_text(node)), dest=NFTABLES_DROPIN, user="root", group="root",
+                       mode="0644", create_remote_dir=True)
+    systemd.daemon_reload(name="Reload systemd (firewall unit changed)", _if=any_changed(unit, dropin))
     # nft -c first: a ruleset the kernel refuses stops here with nft's message, the old table intact.
     server.shell(
         name=f"Apply the nftables table {TABLE} (one transaction)",
         commands=[f"{NFT} -c -f {rules_path(node)}", f"{NFT} -f {rules_path(node)}"],
         _if=lambda: live != want,
     )
+    # Active, not only enabled: every unit that listens requires it (templates/after_firewall.j2), so
+    # it must be up before the roles below start theirs. Its start loads the table just applied.
+    unchanged.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
 else:
     live = host.get_fact(LiveMarker)
     server.shell(
         name=f"Remove the nftables table {TABLE} (firewall_enabled is false)",
-        commands=[f"systemctl disable {UNIT}.service 2>/dev/null || true", f"rm -f {UNIT_PATH} {rules_path(node)}",
-                  "systemctl daemon-reload", f"{NFT} delete table {TABLE}"],
+        commands=[f"systemctl disable {UNIT}.service 2>/dev/null || true",
+                  f"rm -f {UNIT_PATH} {NFTABLES_DROPIN} {rules_path(node)}", "systemctl daemon-reload",
+                  f"{NFT} delete table {TABLE}"],
         _if=lambda: bool(live),
     )

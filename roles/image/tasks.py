@@ -94,7 +94,7 @@ if on_head:
     )
     registry_dropin = unchanged.put(
         name=f"Write {REGISTRY_DROPIN} (retried until the fabric address binds)",
-        src=StringIO(render("image", REGISTRY_DROPIN)),
+        src=StringIO(render("image", REGISTRY_DROPIN, firewall_enabled=node.firewall_enabled)),
         dest=REGISTRY_DROPIN,
         mode="0644",
         create_remote_dir=True,

@@ -92,4 +92,5 @@ def config_text(fleet, router) -> str:
 def unit_text(fleet, router) -> str:
     return render("router", UNIT_PATH, version=router.router_version, backends=backends(fleet, router),
                   model=served_name(fleet.group_of(router.name)), port=router.router_port,
-                  python=f"{venv_dir(router.router_version)}/bin/python", program=SFL_ROUTER, config=ROUTER_CONFIG)
+                  python=f"{venv_dir(router.router_version)}/bin/python", program=SFL_ROUTER, config=ROUTER_CONFIG,
+                  firewall_enabled=router.firewall_enabled)

@@ -9,7 +9,10 @@ Every variable in a rank's environment is one of three things, and the engine-pa
    where the parity virtualenv holds that library, the installed file the tier finds the name in;
 3. read by the recipe's launcher: declared per profile (`launcher_env`).
 """
+import difflib
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -53,3 +56,38 @@ def library_readers(engine: str) -> dict[str, Reader]:
 
     table = {**LIBRARY_ENV, **cache_readers(engine)}
     return {name: r for name, r in table.items() if engine in r.engines}
+
+
+# --- What each engine reads, at its pinned version: a committed snapshot ----------------------
+# The versions the parity tier installs (tests/parity/vllm.txt, sglang.txt) and the rendered ranks run.
+ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+# A variable with one of these prefixes is meant for an engine: one the pinned engine does not read is
+# a pin that silently does nothing (the field report's VLLM_ENGINE_ITERATION_TIMEOUT_S), refused.
+ENGINE_PREFIXES = ("VLLM_", "SGLANG_")
+KNOWN_ENV_DIR = Path(__file__).resolve().parent / "known_env"
+
+
+def known_env_path(engine: str) -> Path:
+    return KNOWN_ENV_DIR / f"{engine}-{ENGINE_VERSIONS[engine]}.txt"
+
+
+@cache
+def engine_env_known(engine: str) -> frozenset[str]:
+    """Every variable `engine` reads at its pinned version (the snapshot the parity tier keeps true)."""
+    lines = known_env_path(engine).read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def unread_engine_vars(engine: str, names) -> list[str]:
+    """One sentence per VLLM_*/SGLANG_* name in `names` that the pinned `engine` does not read, with
+    the closest names it does read."""
+    known = engine_env_known(engine)
+    out = []
+    for name in sorted(names):
+        if name.startswith(ENGINE_PREFIXES) and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            out.append(f"{name}: {ENGINE_NAMES[engine]} {ENGINE_VERSIONS[engine]} does not read it (the variables it "
+                       f"reads: roles/serving/{known_env_path(engine).relative_to(KNOWN_ENV_DIR.parent)})"
+                       + (f"; close: {', '.join(close)}" if close else ""))
+    return out

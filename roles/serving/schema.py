@@ -19,6 +19,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from roles.serving.env_readers import unread_engine_vars
+
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # A commit that cannot move: recipe commits and, with trust_remote_code, hub revisions.
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -29,13 +31,68 @@ SFL_GID = "/usr/local/libexec/sparkfleet/sfl_gid.sh"
 _EXTRA_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?$")
 
 
+# Every engine flag whose value is a secret, at the pinned versions, and where sparkfleet takes that
+# secret instead: on a command line it is in every user's `ps`, /proc/<pid>/cmdline, the unit file
+# and `docker inspect`. Read from the engines' own parsers (the parity tier fails when a flag whose
+# name ends in key/token or carries secret/password is added upstream and not listed here):
+# - vLLM 0.33.0: --api-key (vllm/entrypoints/common/cli_args.py), --hf-token (vllm/engine/arg_utils.py);
+# - SGLang 0.5.23: --api-key, --admin-api-key, --ssl-keyfile-password (sglang/srt/arg_groups/fields/serving.py).
+SECRET_FLAGS = {
+    "--api-key": "the API key is read from the root-only serving_api_key_file (default <serving_dir>/api-key)",
+    "--hf-token": "the hub token is read from the root-only weights_hf_token_file (default /etc/sparkfleet/hf-token)",
+    "--admin-api-key": "sparkfleet serves no admin endpoint key; the API key is read from serving_api_key_file",
+    "--ssl-keyfile-password": "sparkfleet renders no TLS key on the engine; a secret never goes on a command line",
+}
+# Engine flags that are a proper prefix of a secret flag (argparse takes an unambiguous prefix as the
+# flag: `--api-ke X` is --api-key X) but name another flag exactly: SGLang's --ssl-keyfile (a path).
+NOT_SECRET_PREFIXES = ("--ssl-keyfile",)
+
+
+def secret_flag(word: str) -> str | None:
+    """The secret flag `word` sets (itself, its --x_y spelling, its =value form, or an abbreviation
+    argparse expands to it), or None."""
+    if not word.startswith("--"):
+        return None
+    name = word.split("=", 1)[0].replace("_", "-")  # vLLM's parser takes --api_key as --api-key
+    if name in NOT_SECRET_PREFIXES:
+        return None
+    return next((flag for flag in SECRET_FLAGS if flag.startswith(name)), None)
+
+
+# Node data whose refusal would print a secret flag's value (withhold_secrets shows it as ***).
+SECRET_BEARING_KEYS = ("serving_extra_args",)
+
+
+def withhold_secrets(args):
+    """`args` as a refusal may print them: the value of every secret flag replaced by '***'."""
+    if not isinstance(args, (list, tuple)):
+        return args
+    out, hide = [], False
+    for word in args:
+        flag = secret_flag(word) if isinstance(word, str) else None
+        if flag and "=" in word:
+            out.append(word.split("=", 1)[0] + "=***")
+        else:
+            out.append("***" if hide and isinstance(word, str) and not word.startswith("--") else word)
+        hide = bool(flag) and "=" not in word
+    return out
+
+
 def check_extra_args(args):
-    """Engine flags with their values: the first word a flag, every --word a well-formed flag."""
+    """Engine flags with their values: the first word a flag, every --word a well-formed flag, no
+    flag that carries a secret."""
     if args and not args[0].startswith("--"):
         raise ValueError(f"must start with a flag (--name), got {args[0]!r}")
     bad = [w for w in args if w.startswith("--") and not _EXTRA_FLAG.match(w)]
     if bad:
         raise ValueError(f"not a flag: {bad}")
+    for word in args:
+        flag = secret_flag(word)
+        if flag:
+            shown = word.split("=", 1)[0]
+            named = flag if shown == flag else f"{shown} (the engine reads it as {flag})"
+            raise ValueError(f"{named} puts a secret on the engine's command line (every user's ps, the unit file, "
+                             f"docker inspect): {SECRET_FLAGS[flag]}")
     return args
 
 
@@ -242,6 +299,13 @@ class Profile(_Strict):
                 f"SHA, not a branch or tag: {', '.join(loose)} (the hub shows the SHA of a revision under "
                 f"'Files and versions' > history)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_reads_every_pinned_variable(self) -> "Profile":
+        unread = unread_engine_vars(self.engine, self.env)
+        if unread:
+            raise ValueError(f"env: {'; '.join(unread)} (a variable the recipe's launcher reads belongs in launcher_env)")
         return self
 
     @model_validator(mode="after")
@@ -478,6 +542,9 @@ def serving_problems(nodes) -> list[str]:
     except ValueError as err:
         return [f"{', '.join(n.name for n in nodes)}: key 'serving_profile' = {node.serving_profile!r}: {err}"]
     problems += parallelism_problems(profile, nodes)
+    problems += [f"{n.name}: key 'serving_env_pins': {why}; a pin the engine does not read changes nothing (a "
+                 f"variable the recipe's launcher reads belongs in the profile's launcher_env)"
+                 for n in nodes for why in unread_engine_vars(profile.engine, n.serving_env_pins)]
     # Every rank's command line renders (extra args that repeat a rendered flag, a refused setting).
     from types import SimpleNamespace
 

@@ -205,6 +205,67 @@ def test_every_verifiable_library_reader_is_verified_somewhere():
     assert missing == []
 
 
+# --- What data may not pin or pass, from the real engines (issue 23). --------------------------
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_committed_known_env_snapshot_is_what_the_engine_reads(engine):
+    """roles/serving/known_env/<engine>-<version>.txt (what a VLLM_*/SGLANG_* pin is refused against,
+    before any connection) is the checker's env_known of the real engine at the pinned version."""
+    from roles.serving.env_readers import ENGINE_VERSIONS, engine_env_known, known_env_path
+
+    output = shipped(engine)[1]
+    assert output["version"] == ENGINE_VERSIONS[engine], f"the parity virtualenv runs {engine} {output['version']}"
+    real, committed = set(output["env_known"]), set(engine_env_known(engine))
+    assert (sorted(real - committed), sorted(committed - real)) == ([], []), (
+        f"{known_env_path(engine)} differs from {engine} {output['version']} (read but not listed, listed but not "
+        f"read): write the checker's env_known into it")
+
+
+_FLAGS_PROBE = {
+    "vllm": "import check_vllm as c; c.install_spark_platform(); p = c.serve_parser(); "
+            "p = [a for a in p._actions if a.__class__.__name__ == '_SubParsersAction'][0].choices['serve']",
+    "sglang": "import argparse; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser(); "
+              "ServerArgs.add_cli_args(p)",
+}
+
+
+@cache
+def engine_flags(engine: str) -> frozenset[str]:
+    """Every option string of the engine's own serve parser (vLLM's `vllm serve`, SGLang's launch_server)."""
+    code = _FLAGS_PROBE[engine] + "; import json; print(json.dumps(sorted({o for a in p._actions for o in " \
+        "a.option_strings})))"
+    out = subprocess.run([engine_python(engine), "-c", code], cwd=HERE, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+# Flags named like a secret whose value is not one (read in the engines' help at the pinned versions).
+NAMED_LIKE_A_SECRET = {
+    "--bucket-time-to-first-token": "SGLang: latency histogram buckets (seconds)",
+    "--kt-max-deferred-experts-per-token": "SGLang: a count of experts",
+}
+
+
+def _names_a_secret(flag: str) -> bool:
+    words = flag.lstrip("-").split("-")
+    return words[-1] in ("key", "token", "secret", "password", "passwd") or bool({"secret", "password"} & set(words))
+
+
+def test_every_secret_flag_of_the_engines_is_refused_in_data():
+    """SECRET_FLAGS (refused in serving_extra_args and a profile's extra_args) is every flag of either
+    engine whose name ends in key/token or carries secret/password; an engine flag that is a proper
+    prefix of one (argparse would expand an abbreviation to the secret) is listed as not secret."""
+    from roles.serving.schema import NOT_SECRET_PREFIXES, SECRET_FLAGS, secret_flag
+
+    flags = engine_flags("vllm") | engine_flags("sglang")
+    assert sorted(f for f in flags if _names_a_secret(f)) == sorted({*SECRET_FLAGS, *NAMED_LIKE_A_SECRET})
+    assert sorted(f for f in flags if f not in SECRET_FLAGS and any(s.startswith(f) for s in SECRET_FLAGS)) == \
+        sorted(NOT_SECRET_PREFIXES)
+    assert [f for f in flags if f not in SECRET_FLAGS and secret_flag(f)] == []  # no other flag is refused
+    assert {"--api-key", "--hf-token"} <= engine_flags("vllm")
+    assert {"--api-key", "--admin-api-key", "--ssl-keyfile-password"} <= engine_flags("sglang")
+
+
 # --- The tier fails when a profile is broken on purpose, with the engine's own words. ----------
 
 def _with_extension(name, flag, value):

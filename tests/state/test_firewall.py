@@ -8,7 +8,8 @@ import pytest
 
 from roles.serving.schema import node_profile
 from roles.firewall.checks import (
-    LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, rules_path, rules_text,
+    NFTABLES_DROPIN, LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, nftables_dropin_text, rules_path,
+    rules_text,
 )
 
 
@@ -27,6 +28,10 @@ def test_the_live_table_is_the_one_data_renders(host, node, cluster):
     live = LiveMarker().process(host.check_output(LiveMarker().command()).splitlines())
     assert live == f"sparkfleet {digest(cluster, node, subnet)}", f"{node.name}: live table marker {live!r}"
     assert host.service("sparkfleet-firewall").is_enabled
+    # Active (every listening unit requires it), and loaded again after nftables.service flushes.
+    assert host.service("sparkfleet-firewall").is_running, f"{node.name}: sparkfleet-firewall is not active"
+    dropin = host.file(NFTABLES_DROPIN)
+    assert dropin.exists and dropin.content_string == nftables_dropin_text(node), f"{node.name}: {NFTABLES_DROPIN}"
     # The only table it owns; SSH never matched.
     listing = host.check_output("nft list table inet sparkfleet")
     assert "dport 22 " not in listing and f"dport {cluster.head.management_address}" not in listing

@@ -11,8 +11,8 @@ def test_the_registry_is_retried_until_the_fabric_address_binds(host, node):
     if not node.is_head:
         pytest.skip("the registry is on the head")
     dropin = host.file(REGISTRY_DROPIN)
-    assert dropin.exists and dropin.content_string == render("image", REGISTRY_DROPIN), \
-        f"{node.name}: {REGISTRY_DROPIN} is not as rendered"
+    want = render("image", REGISTRY_DROPIN, firewall_enabled=node.firewall_enabled)
+    assert dropin.exists and dropin.content_string == want, f"{node.name}: {REGISTRY_DROPIN} is not as rendered"
     shown = host.run("systemctl show docker-registry -p Restart -p StartLimitIntervalUSec").stdout.split()
     assert shown == ["Restart=always", "StartLimitIntervalUSec=0"], f"{node.name}: docker-registry has {shown}"
     assert host.service("docker-registry").is_running and host.service("docker-registry").is_enabled

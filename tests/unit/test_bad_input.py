@@ -137,6 +137,42 @@ def test_strings_and_booleans_are_not_coerced(tmp_path, listener, extra, message
         assert f"do:   {fix}" in out
 
 
+# Issue 23: inputs that hand root's powers out, tried as a new user would, each refused before any
+# connection: a directory key in a system or user tree (the root rsync daemon serves weights_dir to
+# every peer; the receipt's retention deletes *.json in receipt_dir), a secret on the engine's command
+# line, a pin the pinned engine does not read.
+@pytest.mark.parametrize("data, message, fix", [
+    ('weights_dir="/root/.ssh"', "spark-a, spark-b: key 'weights_dir' = '/root/.ssh': is under /root, a system tree; "
+     "allowed: an absolute directory of sparkfleet's own, outside /etc, /root, /home", "such as the default "
+     "/var/lib/sparkfleet/models"),
+    ('watchdog_state_dir="/etc/ssh/sfl"', "key 'watchdog_state_dir' = '/etc/ssh/sfl': is under /etc, a system tree",
+     "such as the default /var/lib/sparkfleet/watchdog"),
+    ('kernel_cache_dir="/home/ops/cache"', "key 'kernel_cache_dir' = '/home/ops/cache': is under /home, a system tree",
+     "such as the default /var/lib/sparkfleet/kernel-cache"),
+    ('receipt_dir="/"', "key 'receipt_dir' = '/': / is a system directory", "such as the default "
+     "/var/lib/sparkfleet/receipts"),
+    ('serving_extra_args=["--api-key", "sk-live-0123456789"]', "key 'serving_extra_args' = ['--api-key', '***']: Value "
+     "error, --api-key puts a secret on the engine's command line", None),
+    ('serving_extra_args=["--max-num-seqs", "64", "--hf_token=hf_0123456789"]', "key 'serving_extra_args' = "
+     "['--max-num-seqs', '64', '--hf_token=***']: Value error, --hf_token (the engine reads it as --hf-token) puts a "
+     "secret", None),
+    ('serving_env_pins={"VLLM_ENGINE_ITERATION_TIMEOUT_S": "600"}', "key 'serving_env_pins': "
+     "VLLM_ENGINE_ITERATION_TIMEOUT_S: vLLM 0.33.0 does not read it", None),
+])
+def test_inputs_that_hand_roots_powers_out_are_refused(tmp_path, listener, data, message, fix):
+    ports, accepted = listener
+    out = refused(run_pyinfra(sparks_inventory(tmp_path, ports), "--data", data), accepted)
+    assert message in out
+    if fix:
+        assert f"do:   use a directory of its own, {fix}" in out
+    if "serving_extra_args" in data:
+        # Never printed back: the refusal shows *** in the key's value and in where it came from.
+        assert "sk-live-0123456789" not in out and "hf_0123456789" not in out, out
+        assert ("serving_api_key_file" if "api-key" in data else "weights_hf_token_file") in out
+    if "serving_env_pins" in data:
+        assert "roles/serving/known_env/vllm-0.33.0.txt" in out and "close: VLLM_ENGINE_READY_TIMEOUT_S" in out
+
+
 def run_with_profiles(profiles: Path, inventory: Path, *args):
     """pyinfra's own CLI, with the profiles read from `profiles` (the repository's stay untouched)."""
     patch = ("import sys; from pathlib import Path; import roles.serving.schema as s; "

@@ -85,3 +85,70 @@ def test_nft_accepts_the_rendered_tables_and_applies_them_twice(tmp_path):
             pytest.skip("no permission for a network namespace here")
         assert run.returncode == 0, run.stderr
         assert run.stdout.split() == ["table", "inet", "sparkfleet"]
+
+
+# --- The firewall in the boot order, and after nftables.service (issue 23) -------------------------
+
+def listening_units(c) -> dict[str, str]:
+    """{unit: text} of every unit that listens, as the roles render them for the pair's head (the
+    router on the head as well)."""
+    from roles.image.schema import REGISTRY_DROPIN
+    from roles.router.node_config import unit_text as router_unit
+    from roles.serving.checks import rendered_files, unit_path
+    from sparkfleet.render import render
+
+    head = c.head
+    return {
+        "sparkfleet-rsyncd": render("fanout", "/etc/systemd/system/sparkfleet-rsyncd.service", node=head, firewall_enabled=head.firewall_enabled),
+        "docker-registry (drop-in)": render("image", REGISTRY_DROPIN, firewall_enabled=head.firewall_enabled),
+        "sparkfleet-head": rendered_files(c, head, 3)[unit_path(head)][0],
+        "sparkfleet-worker": rendered_files(c, c.workers[0], 3)[unit_path(c.workers[0])][0],
+        "sparkfleet-router": router_unit(c, head),
+    }
+
+
+def unit_section(text: str) -> list[str]:
+    section, out = None, []
+    for line in text.splitlines():
+        if line.startswith("["):
+            section = line
+        elif section == "[Unit]" and line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def test_every_unit_that_listens_starts_after_the_firewall_and_requires_it():
+    units = listening_units(both(router_node="spark-a"))
+    for name, text in units.items():
+        lines = unit_section(text)
+        assert "After=sparkfleet-firewall.service" in lines, f"{name}: {lines}"
+        assert "Requires=sparkfleet-firewall.service" in lines, f"{name}: {lines}"
+    # firewall_enabled false: there is no firewall unit to require.
+    for name, text in listening_units(both(router_node="spark-a", firewall_enabled=False)).items():
+        assert "sparkfleet-firewall" not in text, name
+
+
+def test_a_restart_or_reload_of_nftables_loads_the_table_again_and_restarts_nothing():
+    from roles.firewall.checks import nftables_dropin_text, rules_path, unit_text
+
+    head = both().head
+    dropin = nftables_dropin_text(head)
+    service = [l for l in dropin.splitlines() if l and not l.startswith("#")]
+    assert service == ["[Service]", f"ExecStartPost=/usr/sbin/nft -f {rules_path(head)}",
+                       f"ExecReload=/usr/sbin/nft -f {rules_path(head)}"]
+    # Not PartOf nftables.service: its restart would restart every unit that requires the firewall.
+    assert "PartOf" not in "".join(unit_section(unit_text(head)))
+
+
+@pytest.mark.parametrize("live, want, found", [
+    ("", "sparkfleet " + "a" * 40, "the nftables table inet sparkfleet is missing"),
+    ("sparkfleet " + "b" * 40, "sparkfleet " + "a" * 40, "is not the one data renders"),
+    ("sparkfleet " + "a" * 40, "sparkfleet " + "a" * 40, None),
+])
+def test_the_doctor_row_names_a_missing_or_stale_table(live, want, found):
+    from roles.firewall.checks import table_problems
+
+    node = both().head
+    problems = table_problems(node, live, want)
+    assert (problems == []) if found is None else (found in problems[0] and problems[0].startswith("spark-a: "))
+    assert table_problems(both(firewall_enabled=False).head, "", want) == []

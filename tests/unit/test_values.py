@@ -8,7 +8,8 @@ import pytest
 from roles.serving import api_key
 from roles.serving.engine import docker_args, engine_args, exec_start
 from roles.serving.schema import load_profile, node_profile
-from sparkfleet.config import ConfigError, build_cluster
+from sparkfleet.config import ConfigError, NodeConfig, build_cluster
+from sparkfleet.values import DIRECTORY_KEYS
 from tests.unit.helpers import pair
 
 
@@ -39,12 +40,19 @@ def test_a_value_that_would_break_a_file_or_a_shell_is_refused(key, value, found
     assert f"{key}" in text and found in text, text
 
 
-@pytest.mark.parametrize("key", ["preflight_data_dir", "weights_dir", "kernel_cache_dir", "serving_dir"])
+@pytest.mark.parametrize("key", DIRECTORY_KEYS)
 @pytest.mark.parametrize("path, found", [
     ("/", "is a system directory"),
     ("/etc", "is a system directory"),
     ("/var/lib", "is a system directory"),
-    ("/usr/local", "is a system directory"),
+    ("/usr/local", "under /usr, a system tree"),
+    # The finding's (issue 23): root's keys served by the rsync daemon, sshd's config, a user's home.
+    ("/root/.ssh", "under /root, a system tree"),
+    ("/etc/ssh/sfl", "under /etc, a system tree"),
+    ("/home/ops/cache", "under /home, a system tree"),
+    ("/boot/sfl", "under /boot, a system tree"),
+    ("/run/sfl", "under /run, a system tree"),
+    ("/tmp/sfl", "under /tmp, a system tree"),
     ("/proc/sparkfleet", "under /proc, a system tree"),
     ("/var/lib/docker/x", "under /var/lib/docker, a system tree"),
     ("/var/lib/../../etc", "must be normalised"),
@@ -55,13 +63,38 @@ def test_a_value_that_would_break_a_file_or_a_shell_is_refused(key, value, found
 def test_a_directory_setting_that_is_a_system_directory_is_refused(key, path, found):
     text = refused(**{key: path})
     assert f"key '{key}' = {path!r}" in text and found in text, text
+    if path.startswith("/"):  # a relative one is the field's own pattern refusal
+        assert "allowed: an absolute directory of sparkfleet's own, outside /etc, /root, /home" in text, text
+        assert f"do:   use a directory of its own, such as the default {NodeConfig.model_fields[key].default}" in text
+
+
+def test_every_directory_key_is_confined():
+    """Every *_dir key of the node's data is held to the one directory rule (values.DIRECTORY_KEYS):
+    a directory key added without it fails here."""
+    assert sorted(k for k in NodeConfig.model_fields if k.endswith("_dir")) == sorted(DIRECTORY_KEYS)
+
+
+@pytest.mark.parametrize("key", [k for k in DIRECTORY_KEYS if k != "serving_dir"])
+def test_only_serving_dir_is_sparkfleets_configuration_directory(key):
+    text = refused(**{key: "/etc/sparkfleet"})
+    assert f"key '{key}' = '/etc/sparkfleet': /etc/sparkfleet is sparkfleet's configuration directory" in text
+    # Inside it (serving_dir elsewhere) is sparkfleet's own tree, not a system one.
+    c = build_cluster(pair(**{n: {key: "/etc/sparkfleet/sub", "serving_dir": "/srv/sparkfleet/etc"}
+                              for n in ("spark-a", "spark-b")}))
+    assert getattr(c.head, key) == "/etc/sparkfleet/sub"
+
+
+def test_the_receipt_directory_is_never_the_root():
+    """The receipt's retention removes the oldest *.json under <receipt_dir>/<profile>."""
+    text = refused(receipt_dir="/")
+    assert "key 'receipt_dir' = '/': / is a system directory" in text
 
 
 @pytest.mark.parametrize("data, outer, inner", [
     ({"weights_dir": "/srv/sfl", "kernel_cache_dir": "/srv/sfl/cache"}, "weights_dir", "kernel_cache_dir"),
     ({"kernel_cache_dir": "/srv/sfl", "weights_dir": "/srv/sfl/models"}, "kernel_cache_dir", "weights_dir"),
     ({"serving_dir": "/var/lib/sparkfleet"}, "serving_dir", "weights_dir"),
-    ({"weights_dir": "/etc/sparkfleet"}, "weights_dir", "serving_dir"),
+    ({"receipt_dir": "/var/lib/sparkfleet/models/receipts"}, "weights_dir", "receipt_dir"),
 ])
 def test_owned_directories_never_hold_one_another(data, outer, inner):
     text = refused(**data)
@@ -161,3 +194,61 @@ def test_an_operator_key_file_is_never_created_and_must_be_root_only_and_one_saf
     assert api_key.problem(n, "owner root 640") == (
         f"spark-a: serving_api_key_file {path} is owned by root with mode 640; it must be root-only "
         f"(chown root {path} && chmod 0600 {path}). Nothing was changed.")
+
+
+# --- Secrets on the engine's command line, pins the engine does not read (issue 23) ---------------
+
+@pytest.mark.parametrize("word, flag", [
+    ("--api-key", "--api-key"), ("--api-key=x", "--api-key"), ("--api_key", "--api-key"),  # vLLM takes _ for -
+    ("--api-ke", "--api-key"),  # argparse expands an unambiguous prefix (allow_abbrev, both engines)
+    ("--hf-token", "--hf-token"), ("--admin-api-key", "--admin-api-key"),
+    ("--ssl-keyfile-password", "--ssl-keyfile-password"), ("--ssl-keyfile-pass", "--ssl-keyfile-password"),
+    ("--ssl-keyfile", None),  # SGLang's TLS key *path*: a flag of its own, not a secret
+    ("--max-num-seqs", None), ("--tokenizer", None), ("64", None),
+])
+def test_a_secret_flag_is_found_however_it_is_spelt(word, flag):
+    from roles.serving.schema import secret_flag
+
+    assert secret_flag(word) == flag
+
+
+def test_a_profile_whose_extra_args_carry_a_secret_does_not_load(tmp_path, monkeypatch):
+    import yaml
+
+    import roles.serving.schema as schema
+
+    data = yaml.safe_load((schema.PROFILES_DIR / "qwen3.8-flash-next.yaml").read_text())
+    data["extra_args"] = [*data.get("extra_args", []), "--admin-api-key", "admin-secret"]
+    (tmp_path / "qwen3.8-flash-next.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(schema, "PROFILES_DIR", tmp_path)
+    with pytest.raises(ValueError) as err:
+        load_profile("qwen3.8-flash-next")
+    assert "--admin-api-key puts a secret on the engine's command line" in str(err.value)
+
+
+def test_a_profile_env_variable_the_engine_does_not_read_does_not_load(tmp_path, monkeypatch):
+    import yaml
+
+    import roles.serving.schema as schema
+
+    data = yaml.safe_load((schema.PROFILES_DIR / "qwen3.8-flash-next.yaml").read_text())
+    data["env"]["SGLANG_HEALTH_CHECK_TIMEOUTS"] = "20"
+    (tmp_path / "qwen3.8-flash-next.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(schema, "PROFILES_DIR", tmp_path)
+    with pytest.raises(ValueError) as err:
+        load_profile("qwen3.8-flash-next")
+    assert "SGLANG_HEALTH_CHECK_TIMEOUTS: SGLang 0.5.23 does not read it" in str(err.value)
+    assert "close: SGLANG_HEALTH_CHECK_TIMEOUT" in str(err.value)
+
+
+@pytest.mark.parametrize("pins, refused_name", [
+    ({"VLLM_ENGINE_ITERATION_TIMEOUT_S": "600"}, "VLLM_ENGINE_ITERATION_TIMEOUT_S"),  # the field report's recipes
+    ({"SGLANG_HEALTH_CHECK_TIMEOUT": "20"}, "SGLANG_HEALTH_CHECK_TIMEOUT"),  # SGLang's, the profile is vLLM's
+    ({"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "10", "KV_SLOTMAP_PIN": "1"}, None),  # read by vLLM; not an engine's
+])
+def test_an_engine_pin_the_pinned_engine_does_not_read_is_refused(pins, refused_name):
+    if refused_name is None:
+        build_cluster(pair(**{n: {"serving_env_pins": pins} for n in ("spark-a", "spark-b")}))
+        return
+    text = refused(serving_env_pins=pins)
+    assert f"spark-a: key 'serving_env_pins': {refused_name}: vLLM 0.33.0 does not read it" in text, text
