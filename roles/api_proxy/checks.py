@@ -43,7 +43,7 @@ def config_text(node) -> str:
 
 def unit_text(node) -> str:
     return render("api_proxy", UNIT_PATH, config=config_path(node), engine_port=node.api_proxy_engine_port,
-                  open_paths=OPEN_PATHS)
+                  open_paths=OPEN_PATHS, firewall_enabled=node.firewall_enabled)
 
 
 class ApiProxyHost(FactBase):

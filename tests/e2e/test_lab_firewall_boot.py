@@ -21,10 +21,11 @@ APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
 RULES = "/etc/sparkfleet/firewall.nft"  # <serving_dir>/firewall.nft, the lab's serving_dir the default
 # Every unit that listens, per lab host: the rsync daemon, the head's registry, each rank's engine.
 LISTENING = {
-    "spark-a": ("sparkfleet-rsyncd.service", "docker-registry.service", "sparkfleet-head.service"),
+    "spark-a": ("sparkfleet-rsyncd.service", "docker-registry.service", "sparkfleet-head.service",
+                "sparkfleet-api-proxy.service"),
     "spark-b": ("sparkfleet-rsyncd.service", "sparkfleet-worker.service"),
 }
-PORTS = {"spark-a": (873, 5000, 8000), "spark-b": (873,)}
+PORTS = {"spark-a": (873, 5000, 8000, 18000), "spark-b": (873,)}
 
 
 @pytest.fixture(scope="module", autouse=True)

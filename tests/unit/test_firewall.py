@@ -92,6 +92,7 @@ def test_nft_accepts_the_rendered_tables_and_applies_them_twice(tmp_path):
 def listening_units(c) -> dict[str, str]:
     """{unit: text} of every unit that listens, as the roles render them for the pair's head (the
     router on the head as well)."""
+    from roles.api_proxy.checks import unit_text as proxy_unit
     from roles.image.schema import REGISTRY_DROPIN
     from roles.router.node_config import unit_text as router_unit
     from roles.serving.checks import rendered_files, unit_path
@@ -104,6 +105,7 @@ def listening_units(c) -> dict[str, str]:
         "sparkfleet-head": rendered_files(c, head, 3)[unit_path(head)][0],
         "sparkfleet-worker": rendered_files(c, c.workers[0], 3)[unit_path(c.workers[0])][0],
         "sparkfleet-router": router_unit(c, head),
+        "sparkfleet-api-proxy": proxy_unit(head),
     }
 
 
