@@ -82,6 +82,10 @@ def router_config(fleet, router: RouterData) -> dict:
         "policy": POLICY,
         "request_timeout_s": REQUEST_TIMEOUT_S,
         "log_level": "info",
+        # smg's Prometheus exporter (smg/router_args.py prometheus_host/prometheus_port: by default on
+        # every address, port 29000): on loopback only until a scrape source is named.
+        "metrics_host": "127.0.0.1",
+        "metrics_port": router.router_metrics_port,
     }
 
 

@@ -24,6 +24,10 @@ class RouterData(BaseModel):
         8100, ge=1, le=65535, description="port the router listens on (every address of router_node; reached from "
         "firewall_api_allowed_networks, with the API key)"
     )
+    router_metrics_port: int = Field(
+        29000, ge=1024, le=65535, description="port of the router's Prometheus metrics, on router_node's 127.0.0.1 "
+        "only (smg's default would be every address)"
+    )
     router_health_check_interval_s: int = Field(
         10, ge=1, description="seconds between the router's health checks of each group's head (GET /health)"
     )
@@ -91,4 +95,10 @@ def router_problems(nodes) -> list[Problem]:
             f"key 'router_port' = {router.router_port} is also {taken[router.router_port]} on {wanted}; every port "
             f"that listens on the router node must differ", [wanted], key="router_port",
             fix="set router_port to a free port"))
+    taken[router.router_port] = "router_port"
+    if router.router_metrics_port in taken:
+        problems.append(Problem(
+            f"key 'router_metrics_port' = {router.router_metrics_port} is also {taken[router.router_metrics_port]} on "
+            f"{wanted}; every port that listens on the router node must differ", [wanted], key="router_metrics_port",
+            fix="set router_metrics_port to a free port"))
     return problems

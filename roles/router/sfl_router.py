@@ -94,6 +94,8 @@ def router_args(config: dict, key: str, control: str):
         request_timeout_secs=config["request_timeout_s"],
         log_level=config["log_level"],
         history_backend="none",  # keep no conversation or response on the router
+        prometheus_host=config["metrics_host"],
+        prometheus_port=config["metrics_port"],
     )
 
 

@@ -131,7 +131,7 @@ class Fleet:
             "key_file": str(key_file), "control_key_file": str(control_key_file), "health_check_endpoint": "/health", "health_check_interval_s": INTERVAL_S,
             "health_check_timeout_s": TIMEOUT_S, "health_failure_threshold": FAILURES,
             "health_success_threshold": SUCCESSES, "policy": "round_robin", "request_timeout_s": 60,
-            "log_level": "info",
+            "log_level": "info", "metrics_host": "127.0.0.1", "metrics_port": free_port(),
         }
         self.config_file = tmp_path / "router.json"
         self.config_file.write_text(json.dumps(self.config))
@@ -256,6 +256,15 @@ def test_a_control_plane_key_that_is_the_api_key_is_refused_before_the_router_st
     control.unlink()
     out = subprocess.run([sys.executable, str(PROGRAM), "check", str(config)], capture_output=True, text=True)
     assert out.returncode != 0 and out.stderr.strip() == f"sfl_router: cannot read {control}: No such file or directory"
+
+
+def test_the_routers_metrics_listen_on_loopback_only(fleet):
+    port = fleet.config["metrics_port"]
+    bound = [line.split()[3] for line in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True,
+                                                        check=True).stdout.splitlines() if line.split()[3].endswith(f":{port}")]
+    assert bound == [f"127.0.0.1:{port}"], bound
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200 and b"smg_" in response.read()
 
 
 def test_a_chat_completion_streams_through_the_router(fleet):

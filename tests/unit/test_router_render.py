@@ -70,6 +70,7 @@ def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no
     assert config["key_file"] == "/etc/sparkfleet/api-key" and config["port"] == 8100
     assert config["control_key_file"] == "/etc/sparkfleet/router-control-key"  # the control plane's own key
     assert config["listen_host"] == "0.0.0.0" and config["health_check_interval_s"] == 7
+    assert (config["metrics_host"], config["metrics_port"]) == ("127.0.0.1", 29000)  # smg's default: every address
     assert config["health_check_endpoint"] == "/health"
     unit = unit_text(fleet, router)
     assert unit.startswith("# Managed by sparkfleet (roles/router)")
@@ -116,6 +117,9 @@ def test_a_router_port_taken_on_the_router_node_is_refused():
     assert "key 'router_port' = 8000 is also profile glm-5.3-flash-exl3's port on spark-a" in str(err)
     rsync = {n: {"router_port": 873} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
     assert "is also fanout_rsync_port on spark-b" in str(refused(fleet_hosts(**rsync)))
+    metrics = {n: {"router_metrics_port": 8100} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
+    err = refused(fleet_hosts(**metrics))
+    assert [p.key for p in err.problems] == ["router_metrics_port"] and "is also router_port" in str(err)
 
 
 def test_behind_a_router_the_fleet_names_one_key_file():
