@@ -90,15 +90,12 @@ def router_problems(nodes) -> list[Problem]:
             taken[profile.port] = f"profile {profile.name}'s port"
             taken[profile.master_port] = f"profile {profile.name}'s master_port"
             taken[router.api_proxy_engine_port] = "api_proxy_engine_port"
-    if router.router_port in taken:
-        problems.append(Problem(
-            f"key 'router_port' = {router.router_port} is also {taken[router.router_port]} on {wanted}; every port "
-            f"that listens on the router node must differ", [wanted], key="router_port",
-            fix="set router_port to a free port"))
-    taken[router.router_port] = "router_port"
-    if router.router_metrics_port in taken:
-        problems.append(Problem(
-            f"key 'router_metrics_port' = {router.router_metrics_port} is also {taken[router.router_metrics_port]} on "
-            f"{wanted}; every port that listens on the router node must differ", [wanted], key="router_metrics_port",
-            fix="set router_metrics_port to a free port"))
+    # The router's own ports, each against everything before it.
+    for key in ("router_port", "router_metrics_port"):
+        port = getattr(router, key)
+        if port in taken:
+            problems.append(Problem(
+                f"key '{key}' = {port} is also {taken[port]} on {wanted}; every port that listens on the router node "
+                f"must differ", [wanted], key=key, fix=f"set {key} to a free port"))
+        taken.setdefault(port, key)
     return problems
