@@ -43,6 +43,15 @@ SECRET_FLAGS = {
     "--admin-api-key": "sparkfleet serves no admin endpoint key; the API key is read from serving_api_key_file",
     "--ssl-keyfile-password": "sparkfleet renders no TLS key on the engine; a secret never goes on a command line",
 }
+# Variables whose value is a secret, and where sparkfleet takes it instead: in data a secret sits in
+# the inventory (and its repository) and in every rank's env file. vLLM 0.33.0 reads VLLM_API_KEY
+# (vllm/envs.py); huggingface_hub, in both engines' images, HF_TOKEN then HUGGING_FACE_HUB_TOKEN
+# (huggingface_hub/utils/_auth.py, _get_token_from_environment).
+SECRET_VARS = {
+    "VLLM_API_KEY": SECRET_FLAGS["--api-key"],
+    "HF_TOKEN": SECRET_FLAGS["--hf-token"],
+    "HUGGING_FACE_HUB_TOKEN": SECRET_FLAGS["--hf-token"],
+}
 # Engine flags that are a proper prefix of a secret flag (argparse takes an unambiguous prefix as the
 # flag: `--api-ke X` is --api-key X) but name another flag exactly: SGLang's --ssl-keyfile (a path).
 NOT_SECRET_PREFIXES = ("--ssl-keyfile",)
@@ -303,6 +312,9 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _engine_reads_every_pinned_variable(self) -> "Profile":
+        secrets = sorted(set(self.env) & set(SECRET_VARS))
+        if secrets:
+            raise ValueError(f"env: {', '.join(secrets)} is a secret: {SECRET_VARS[secrets[0]]}")
         unread = unread_engine_vars(self.engine, self.env)
         if unread:
             raise ValueError(f"env: {'; '.join(unread)} (a variable the recipe's launcher reads belongs in launcher_env)")
@@ -545,6 +557,9 @@ def serving_problems(nodes) -> list[str]:
     problems += [f"{n.name}: key 'serving_env_pins': {why}; a pin the engine does not read changes nothing (a "
                  f"variable the recipe's launcher reads belongs in the profile's launcher_env)"
                  for n in nodes for why in unread_engine_vars(profile.engine, n.serving_env_pins)]
+    problems += [f"{n.name}: key 'serving_env_pins': {name} is a secret (data is no place for one, and every rank's "
+                 f"env file would hold it): {SECRET_VARS[name]}" for n in nodes for name in sorted(n.serving_env_pins)
+                 if name in SECRET_VARS]
     # Every rank's command line renders (extra args that repeat a rendered flag, a refused setting).
     from types import SimpleNamespace
 

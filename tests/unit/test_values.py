@@ -252,3 +252,11 @@ def test_an_engine_pin_the_pinned_engine_does_not_read_is_refused(pins, refused_
         return
     text = refused(serving_env_pins=pins)
     assert f"spark-a: key 'serving_env_pins': {refused_name}: vLLM 0.33.0 does not read it" in text, text
+
+
+@pytest.mark.parametrize("name, file_key", [("VLLM_API_KEY", "serving_api_key_file"), ("HF_TOKEN", "weights_hf_token_file"),
+                                            ("HUGGING_FACE_HUB_TOKEN", "weights_hf_token_file")])
+def test_a_secret_pinned_in_data_is_refused_pointing_to_its_file(name, file_key):
+    text = refused(serving_env_pins={name: "s3cret-value-0123456789"})
+    assert f"spark-a: key 'serving_env_pins': {name} is a secret" in text and file_key in text, text
+    assert "s3cret-value-0123456789" not in text
