@@ -90,6 +90,28 @@ def prewarm_reason(gen: str | None, reference: str | None, engine: str) -> str |
     return None
 
 
+def foreign_summary(entries: list[tuple[str, str]]) -> str:
+    """'<n> entr(y|ies) not regular files: <path> (<kind>), ...' of what sfl_files.py scrub found."""
+    shown = ", ".join(f"{rel} ({kind})" for kind, rel in entries[:3]) + (", ..." if len(entries) > 3 else "")
+    return f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} not regular files: {shown}"
+
+
+def scrub_command(root: str, gen: str) -> str:
+    """Drop (and print, `kind<TAB>path` a line) what in generation `gen` is not a regular file or a
+    directory, or is setuid/setgid (sfl_files.py scrub)."""
+    return f"python3 {SFL_FILES} scrub {shlex.quote(f'{root}/{gen}')}"
+
+
+def dropped_lines(node_name: str, gen: str, output: str) -> list[str]:
+    """One line per entry a rank's scrub dropped, naming the rank, the path and what it was."""
+    lines = []
+    for line in output.splitlines():
+        kind, sep, rel = line.partition("\t")
+        if sep:
+            lines.append(f"{node_name}: dropped {gen}/{rel} ({kind}): refused, never merged")
+    return lines
+
+
 @dataclass
 class CachePlan:
     generation: str | None  # None: the image is built in this run, its ID is not known yet
@@ -122,7 +144,9 @@ def _plan(state) -> CachePlan:
         if plan.prewarm:
             continue
         missing = missing_entries(reference, f["files"])
-        if missing:
+        if f["foreign"]:  # dropped and named by the merge's scrub before anything crosses
+            plan.sync[name] = f"{foreign_summary(f['foreign'])}, never merged"
+        elif missing:
             plan.sync[name] = f"{len(missing)} file(s) missing or resized: {', '.join(missing[:3])}"
         elif f["manifest"] != reference:
             plan.sync[name] = "its manifest differs from the head's"
@@ -346,6 +370,16 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
     def url(node):
         return f"rsync://{node.fabric_ip}:{node.fanout_rsync_port}/kernel-cache/{gen}/"
 
+    # First, on every rank: what is not a regular file or a directory (a device node, a fifo, a
+    # symlink out of the generation) or is setuid/setgid is removed and named; never merged. The
+    # transfers below carry regular files only besides (SAFE_RSYNC, both ends): an entry planted
+    # after the scrub, while an engine still runs, does not cross either.
+    dropped = []
+    for node in (head, *cluster.workers):
+        dropped += dropped_lines(node.name, gen, nodes.run(node.name, scrub_command(node.kernel_cache_dir, gen),
+                                                           "scrubbing the cache generation"))
+    for line in dropped:
+        logger.warning(f"    [{host.name}] kernel cache: {line}")
     # Union: the head takes what only a worker compiled, then every worker takes the head's whole set.
     for worker in cluster.workers:
         step = f"Pull {worker.name}'s kernel cache {gen} onto {head.name}"  # bounded: fanout_rsync_timeout_s
@@ -383,7 +417,8 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
             f"kernel caches of {gen} differ from the head's; production serving is not started:\n  " + "\n  ".join(problems)
         )
     files = len(parse_manifest(manifests[head.name])[1])
-    logger.info(f"    [{host.name}] kernel caches of {gen}: {files} files, identical on {len(manifests)} ranks")
+    logger.info(f"    [{host.name}] kernel caches of {gen}: {files} files, identical on {len(manifests)} ranks"
+                + (f"; {len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} not regular files dropped" if dropped else ""))
     return files
 
 
