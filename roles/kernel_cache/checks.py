@@ -22,7 +22,7 @@ from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState, is_generation
 from roles.kernel_cache.schema import cache_vars, prewarm_env
-from roles.serving.engine import docker_args, engine_args, rank_env, unit_name
+from roles.serving.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
 from roles.serving.api_key import curl_config
 from roles.serving.facts import health_command
 from roles.serving.schema import node_profile
@@ -174,7 +174,16 @@ def prewarm_command(profile, cluster, node) -> str:
     engine_args, as in the unit's ExecStart), detached, with its own name and the prewarm
     environment file; nothing else differs."""
     words = docker_args(profile, node, prewarm_env_path(node), name=PREWARM_CONTAINER, detach=True)
-    return shlex.join(words + engine_args(profile, cluster, node))
+    command = shlex.join(words + engine_args(profile, cluster, node))
+    if node.is_head:
+        return command
+    # A worker's image word is its pinned digest, from the file its unit reads (roles/serving/engine.py).
+    return pinned_image_source(node) + command.replace(shlex.quote(IMAGE_WORD), f'"{IMAGE_WORD}"', 1)
+
+
+def pinned_image_source(node) -> str:
+    """The shell prefix that sets a worker's IMAGE_VAR from its pin file, as systemd does for its unit."""
+    return f". {shlex.quote(image_pin_path(node))} && "
 
 
 def cache_count_command(root: str) -> str:
