@@ -48,6 +48,8 @@ HEAD_IP = "198.19.77.1"
 SRC = "/var/lib/sparkfleet/models/.bench"
 URL = f"rsync://{HEAD_IP}:873/weights/.bench/blob"
 DEST = "/var/tmp/sparkfleet-bench"
+# The options every sparkfleet rsync carries, and without which the head's daemon refuses a client.
+RSYNC = shlex.join(["rsync", "--archive", *sfl_files.SAFE_RSYNC])
 SFL = "python3 /usr/local/libexec/sparkfleet/sfl_files.py"
 MIB = 1024 * 1024
 
@@ -94,7 +96,7 @@ def rsync_alone(streams: int) -> str:
     parts = []
     for k in range(streams):
         files = " ".join(f"{URL}/{shard(i)}" for i in range(k, BENCH_SHARDS, streams))
-        parts.append(f"rsync --archive {files} {DEST}/raw/ & p{k}=$!")
+        parts.append(f"{RSYNC} {files} {DEST}/raw/ & p{k}=$!")
     return "; ".join(parts) + "; " + " && ".join(f"wait $p{k}" for k in range(streams))
 
 
@@ -111,7 +113,7 @@ def main() -> int:
     fresh = f"rm -rf {DEST} && mkdir -p {DEST}/raw"
     try:
         link = {n: iperf3(n) for n in STREAMS}
-        connect, _ = median_run("spark-b", fresh, f"rsync --archive {URL}/config.json {DEST}/raw/")
+        connect, _ = median_run("spark-b", fresh, f"{RSYNC} {URL}/config.json {DEST}/raw/")
         alone = {n: median_run("spark-b", fresh, rsync_alone(n)) for n in STREAMS}
         verified = {n: median_run("spark-b", fresh, f"{SFL} pull {URL} {DEST}/blob --manifest {DEST}/blob.manifest "
                                                      f"--streams {n}") for n in STREAMS}

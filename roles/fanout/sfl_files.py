@@ -27,6 +27,10 @@ Two nodes hold the same files when their manifests are byte-identical.
         An interrupted pull resumes from the partial file (only what is missing crosses the link).
         OUT, the head's manifest byte for byte, is written once every file is verified and in place.
         --bwlimit is the whole pull's cap, shared between the streams
+  sfl_files.py scrub DIR [--dry-run]
+        print, one line each (kind TAB path), what under DIR is not a regular file or a directory:
+        device nodes, fifos, sockets, symlinks that resolve outside DIR, setuid/setgid files; and
+        remove it (--dry-run: only print). Run on every rank before a kernel-cache merge
   --io-timeout S: rsync's --timeout, seconds without data before a stalled peer is given up
   (0: none); the whole command's limit is the caller's (sparkfleet/bounded.py wraps it)
 
@@ -49,6 +53,14 @@ import time
 import urllib.parse
 import urllib.request
 
+# What any rsync of sparkfleet carries, whichever end runs it: regular files and directories only,
+# nothing a root receiver would make privileged. --no-links: no symlink crosses (a manifest lists
+# regular files only, so what crosses is what one can verify; none can lead a root reader out of the
+# tree); --no-devices --no-specials: no device node, fifo or socket is made (-a's -D off, sent to the
+# daemon too, which refuses -D and -l: roles/fanout's rsyncd.conf); --no-owner --no-group: what
+# arrives is owned by the receiving root, not by a uid the sender chose; --chmod=ug-s: no setuid or
+# setgid bit survives (rsync(1) at 3.5.0: --chmod applies to the permissions the sender supplied).
+SAFE_RSYNC = ("--no-links", "--no-devices", "--no-specials", "--no-owner", "--no-group", "--chmod=ug-s")
 PARTIAL = ".sparkfleet-partial"  # resumable downloads live here until verified
 SKIP_DIRS = {PARTIAL, ".cache"}  # the hub client's own bookkeeping is not part of the model
 GIB = 1024**3
@@ -299,10 +311,63 @@ def fetch_hub(a):
     print(f"resolved-revision={info.sha}", flush=True)
 
 
+def shown(rel):
+    """A path as one line of output: as it is, or quoted with escapes when it holds a control character."""
+    return rel if rel.isprintable() else ascii(rel)
+
+
+def foreign(root):
+    """[(kind, path relative to root)] of what under root is neither a regular file nor a directory
+    nor a symlink resolving inside root, and of setuid/setgid entries, sorted by path; nothing is
+    followed (a symlink is judged by where it resolves, physically, every link on the way included)."""
+    import stat
+
+    base = os.path.realpath(root)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                target = os.path.realpath(full)
+                if target != base and not target.startswith(base + os.sep):
+                    out.append((f"symlink to {os.readlink(full)} (resolves to {target}, outside the tree)", rel))
+            elif stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
+                rdev = os.lstat(full).st_rdev
+                kind = "block device" if stat.S_ISBLK(mode) else "character device"
+                out.append((f"{kind} {os.major(rdev)},{os.minor(rdev)} mode {stat.S_IMODE(mode):04o}", rel))
+            elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                out.append(("fifo" if stat.S_ISFIFO(mode) else "socket", rel))
+            elif mode & (stat.S_ISUID | stat.S_ISGID):
+                bits = " and ".join(b for b, m in (("setuid", stat.S_ISUID), ("setgid", stat.S_ISGID)) if mode & m)
+                what = "directory" if stat.S_ISDIR(mode) else "file"
+                out.append((f"{bits} {what} mode {stat.S_IMODE(mode):04o}", rel))
+    return sorted(out, key=lambda kr: kr[1])
+
+
+def scrub(a):
+    """Print what foreign() finds under a.dir, one `kind<TAB>path` line each, and drop it: removed,
+    or for a setuid/setgid directory its bits cleared (its contents are judged on their own)."""
+    import stat
+
+    for kind, rel in foreign(a.dir):
+        print(f"{kind}\t{shown(rel)}", flush=True)
+        if a.dry_run:
+            continue
+        full = os.path.join(a.dir, rel)
+        mode = os.lstat(full).st_mode
+        if stat.S_ISDIR(mode):
+            os.chmod(full, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        else:
+            os.unlink(full)
+
+
 def rsync(args, io_timeout=0):
     # --timeout: a peer that sends nothing for io_timeout seconds ends the transfer (exit 30), the
     # partial file kept for the next run; the caller bounds the whole transfer.
-    cmd = ["rsync", "--archive", "--human-readable", "--stats", *([f"--timeout={io_timeout}"] if io_timeout else []), *args]
+    cmd = ["rsync", "--archive", *SAFE_RSYNC, "--human-readable", "--stats",
+           *([f"--timeout={io_timeout}"] if io_timeout else []), *args]
     done = subprocess.run(cmd)
     if done.returncode != 0:
         say(f"rsync exited {done.returncode}; a re-run resumes from what arrived")
@@ -344,7 +409,7 @@ class Pull:
         # Without --delay-updates: rsync's "installed" is stage/<path>; dest only ever gets verified files.
         # --no-whole-file: the partial file is the basis of a resumed transfer even between local paths.
         # --out-format with %b: rsync prints the line once the file is received (with %n alone, before).
-        cmd = ["rsync", "--archive", "--no-whole-file", "--partial-dir=" + PARTIAL, "--from0", "--files-from=-",
+        cmd = ["rsync", "--archive", *SAFE_RSYNC, "--no-whole-file", "--partial-dir=" + PARTIAL, "--from0", "--files-from=-",
                f"--out-format={DONE}%b %n", *([f"--timeout={self.a.io_timeout}"] if self.a.io_timeout else []),
                *([f"--bwlimit={bwlimit}"] if bwlimit else []), self.src + "/", self.stage + "/"]
         procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -547,6 +612,9 @@ def main(argv):
     s.add_argument("dir")
     s.add_argument("--manifest", required=True)
     s.add_argument("--header", action="append", default=[])
+    c = sub.add_parser("scrub")
+    c.add_argument("dir")
+    c.add_argument("--dry-run", action="store_true")
     v = sub.add_parser("verify")
     v.add_argument("dir")
     v.add_argument("manifest")
@@ -577,6 +645,8 @@ def main(argv):
         sys.stdout.write(manifest_text(a.dir, a.header))
     elif a.cmd == "seal":
         finish(a.dir, a.manifest, a.header)
+    elif a.cmd == "scrub":
+        scrub(a)
     elif a.cmd == "verify":
         with open(a.manifest) as f:
             problems = differences(a.dir, checked_manifest(f.read(), a.manifest)[1])

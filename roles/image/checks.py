@@ -1,6 +1,7 @@
 """Where the recipe lives on the head, which image a profile builds, and whether every node has it."""
 import json
 import re
+import shlex
 from dataclasses import dataclass
 
 from pyinfra.api import StringCommand
@@ -170,6 +171,107 @@ def registry_ref(cluster, profile) -> str:
     return f"{registry_address(cluster)}/{profile.image_ref}"
 
 
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_PUSHED = re.compile(r"digest: (sha256:[0-9a-f]{64})")
+
+
+def digest_ref(cluster, profile, digest: str) -> str:
+    """`<registry>/<repo>@sha256:...`: the manifest a worker pulls and runs, whatever the tag names."""
+    return f"{registry_address(cluster)}/{profile.image}@{digest}"
+
+
+def pushed_digest(output: str) -> str | None:
+    """The manifest digest `docker push` printed (`<tag>: digest: sha256:<64 hex> size: <n>`), or None."""
+    found = _PUSHED.findall(output)
+    return found[-1] if found else None
+
+
+def pin_text(ref: str) -> str:
+    """The worker's pin file (an EnvironmentFile of its unit): IMAGE_VAR=<registry>/<repo>@sha256:..."""
+    from roles.serving.engine import IMAGE_VAR
+
+    return f"{IMAGE_VAR}={ref}\n"
+
+
+def pin_of(text: str) -> str | None:
+    """The digest reference a pin file names, or None (no file, or not a reference by digest)."""
+    from roles.serving.engine import IMAGE_VAR
+
+    for line in text.splitlines():
+        key, sep, ref = line.strip().partition("=")
+        if sep and key == IMAGE_VAR and "@" in ref and DIGEST.match(ref.rpartition("@")[2]):
+            return ref
+    return None
+
+
+def image_pins(state, profile) -> dict[str, object]:
+    """At prepare time: the head's registry digests of the profile's image (RepoDigests, a list), each
+    worker's pinned reference (its pin file, or None)."""
+    from roles.image.facts import ImagePin, RepoDigests
+    from roles.serving.engine import image_pin_path
+    from sparkfleet.inventory import cluster_from_state
+
+    cluster = cluster_from_state(state)
+
+    def read(h):
+        node = cluster.node(h.name)
+        if node.is_head:
+            return h.get_fact(RepoDigests, ref=profile.image_ref)
+        return h.get_fact(ImagePin, path=image_pin_path(node))
+
+    return once_per_run(state, f"image-pins:{profile.image_ref}", lambda: per_host(state, read))
+
+
+def pushed_digests(state) -> dict[str, str]:
+    """registry ref -> the digest the head's push printed in this run (push_image), for the workers' pulls."""
+    return state.__dict__.setdefault("_sparkfleet_pushed", {})
+
+
+def push_image(local: str, remote: str, push: str) -> None:
+    """Operation body (head): tag the local build `local` as `remote` in the fabric registry, push it
+    (`push`, bounded), and keep the manifest digest the push printed: what every worker pulls and runs
+    (pull_by_digest), so a push under the same tag after this one changes nothing a worker gets."""
+    from pyinfra import host, logger, state
+
+    ok, out = host.run_shell_command(StringCommand(f"docker tag {shlex.quote(local)} {shlex.quote(remote)} && {push}"))
+    text = f"{out.stdout}\n{out.stderr}"
+    if not ok:
+        raise DeployError(f"{host.name}: pushing {remote} failed:\n{text}")
+    digest = pushed_digest(text)
+    if digest is None:
+        raise DeployError(f"{host.name}: `docker push {remote}` printed no manifest digest:\n{text[-2000:]}")
+    pushed_digests(state)[remote] = digest
+    logger.info(f"    [{host.name}] pushed {remote} as {digest}")
+
+
+def pull_by_digest(remote: str, local: str, pin: str) -> None:
+    """Operation body (a worker, after the head's push_image): pull the manifest the head pushed by its
+    digest (<registry>/<repo>@digest; Docker checks the content against it), tag it with the plain
+    name `local`, and write the pin file `pin` its unit runs it from."""
+    from pyinfra import host, logger, state
+
+    from roles.image.commands import pull_command
+    from roles.serving.schema import node_profile
+    from sparkfleet.inventory import cluster_from_state
+
+    cluster = cluster_from_state(state)
+    node = cluster.node(host.name)
+    profile = node_profile(node)
+    digest = pushed_digests(state).get(remote)
+    if digest is None:
+        raise DeployError(f"{host.name}: the head pushed no digest for {remote} in this run; nothing to pull by")
+    ref = digest_ref(cluster, profile, digest)
+    q = shlex.quote
+    tmp, where = q(f"{pin}.tmp"), q(node.serving_dir)  # roles/serving's directory (0700), made here on a first deploy
+    command = (f"{pull_command(node, profile, ref)} && docker tag {q(ref)} {q(local)} && "
+               f"{{ [ -d {where} ] || mkdir -p -m 0700 {where}; }} && "
+               f"printf '%s' {q(pin_text(ref))} > {tmp} && chmod 0644 {tmp} && mv {tmp} {q(pin)}")
+    ok, out = host.run_shell_command(StringCommand(command))
+    if not ok:
+        raise DeployError(f"{host.name}: pulling {ref} failed:\n{out.stderr or out.stdout}")
+    logger.info(f"    [{host.name}] pulled {ref}; its unit runs that digest ({pin})")
+
+
 def image_ids(state, profile) -> dict[str, str | None]:
     """Image ID of the profile's image on every node, at prepare time (before any operation)."""
     return once_per_run(
@@ -182,7 +284,8 @@ def image_ids(state, profile) -> dict[str, str | None]:
 @dataclass
 class ImagePlan:
     head_id: str | None  # the image's ID on the head before the run; None: the head builds it
-    ship: list[str]  # workers that pull it from the head's registry (missing or another ID)
+    ship: list[str]  # workers that pull it from the head's registry (missing, another ID, or not pinned
+    #                  to a digest the head pushed)
 
     @property
     def build(self) -> bool:
@@ -201,7 +304,11 @@ def image_plan(state, profile) -> ImagePlan:
     cluster = cluster_from_state(state)
     ids = image_ids(state, profile)
     head_id = ids.get(cluster.head.name)
-    ship = [n.name for n in cluster.workers if n.name in ids and (head_id is None or ids[n.name] != head_id)]
+    pins = image_pins(state, profile)
+    repo = f"{registry_address(cluster)}/{profile.image}@"
+    pushed = [d for d in pins.get(cluster.head.name) or [] if d.startswith(repo)]
+    ship = [n.name for n in cluster.workers if n.name in ids
+            and (head_id is None or ids[n.name] != head_id or pins.get(n.name) not in pushed)]
     return ImagePlan(head_id=head_id, ship=ship)
 
 
@@ -277,7 +384,6 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
     Dockerfile at `commit` is made local (pulled when absent, so the build uses exactly the image
     recorded: docker build takes a local FROM image unless --pull) and written to `record` with its
     registry digest and image ID."""
-    import shlex
     import time
 
     from pyinfra import host, logger

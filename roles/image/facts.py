@@ -31,6 +31,34 @@ class DockerImageId(FactBase):
         return lines[0] if lines else None
 
 
+class RepoDigests(FactBase):
+    """The registry digests (`<registry>/<repo>@sha256:...`) Docker has recorded for the local image
+    `ref` (a push or a pull records one per registry it went through); [] when none or no image."""
+
+    def command(self, ref: str) -> str:
+        return f"docker image inspect --format '{{{{json .RepoDigests}}}}' {shlex.quote(ref)} 2>/dev/null || true"
+
+    def process(self, output):
+        import json
+
+        for line in output:
+            if line.strip().startswith("["):
+                return sorted(d for d in json.loads(line) if isinstance(d, str))
+        return []
+
+
+class ImagePin(FactBase):
+    """The image reference a worker's unit runs (roles/serving/engine.py's pin file), or None."""
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        from roles.image.checks import pin_of
+
+        return pin_of("\n".join(output))
+
+
 class DeployedCommits(FactBase):
     """Recipe commits a pair has served, oldest first, the current one last ([] when none)."""
 

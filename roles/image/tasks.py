@@ -20,14 +20,15 @@ from pyinfra.operations.util import any_changed
 from roles.docker.checks import registry_address
 from roles.image.checks import (
     RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids,
-    image_plan, other_profile_images, recipe_dir, record_base_images, refuse_loose_commit, registry_ref, verify_same_image,
+    image_plan, other_profile_images, pull_by_digest, push_image, recipe_dir, record_base_images, refuse_loose_commit,
+    registry_ref, verify_same_image,
 )
 from roles.image.commands import (
-    build_command, build_step, checkout_step, git_fetch_command, pull_command, pull_step, push_command, push_step,
+    build_command, build_step, checkout_step, git_fetch_command, pull_step, push_command, push_step,
 )
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
 from roles.image.schema import REGISTRY_DROPIN
-from roles.serving.engine import pinned_env
+from roles.serving.engine import image_pin_path, pinned_env
 from roles.serving.schema import FULL_SHA, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
@@ -149,22 +150,23 @@ python.call(
     acknowledged=node.recipe_drift_acknowledged,
     _if=lambda: exact,
 )
-server.shell(
+python.call(
     name=push_step(profile),
-    commands=[
-        f"docker tag {profile.image_ref} {registry_ref(cluster, profile)}",
-        push_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_push_timeout_s
-    ],
+    function=push_image,
+    local=profile.image_ref,
+    remote=registry_ref(cluster, profile),
+    push=push_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_push_timeout_s
     _if=lambda: on_head and not in_sync,
 )
 
-# 5. Workers pull what they lack, over the fabric, and tag it with the plain name.
-server.shell(
+# 5. Workers pull what they lack, over the fabric, by the digest the head's push printed (the tag is
+#    anyone's on the fabric to push), tag it with the plain name, and pin their unit to that digest.
+python.call(
     name=pull_step(profile),
-    commands=[
-        pull_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_pull_timeout_s
-        f"docker tag {registry_ref(cluster, profile)} {profile.image_ref}",
-    ],
+    function=pull_by_digest,  # bounded: image_pull_timeout_s
+    remote=registry_ref(cluster, profile),
+    local=profile.image_ref,
+    pin=image_pin_path(node),
     _if=lambda: not on_head and node.name in plan.ship,
 )
 

@@ -22,7 +22,7 @@ from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState, is_generation
 from roles.kernel_cache.schema import cache_vars, prewarm_env
-from roles.serving.engine import docker_args, engine_args, rank_env, unit_name
+from roles.serving.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
 from roles.serving.api_key import curl_config
 from roles.serving.facts import health_command
 from roles.serving.schema import node_profile
@@ -90,6 +90,28 @@ def prewarm_reason(gen: str | None, reference: str | None, engine: str) -> str |
     return None
 
 
+def foreign_summary(entries: list[tuple[str, str]]) -> str:
+    """'<n> entr(y|ies) not regular files: <path> (<kind>), ...' of what sfl_files.py scrub found."""
+    shown = ", ".join(f"{rel} ({kind})" for kind, rel in entries[:3]) + (", ..." if len(entries) > 3 else "")
+    return f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} not regular files: {shown}"
+
+
+def scrub_command(root: str, gen: str) -> str:
+    """Drop (and print, `kind<TAB>path` a line) what in generation `gen` is not a regular file or a
+    directory, or is setuid/setgid (sfl_files.py scrub)."""
+    return f"python3 {SFL_FILES} scrub {shlex.quote(f'{root}/{gen}')}"
+
+
+def dropped_lines(node_name: str, gen: str, output: str) -> list[str]:
+    """One line per entry a rank's scrub dropped, naming the rank, the path and what it was."""
+    lines = []
+    for line in output.splitlines():
+        kind, sep, rel = line.partition("\t")
+        if sep:
+            lines.append(f"{node_name}: dropped {gen}/{rel} ({kind}): refused, never merged")
+    return lines
+
+
 @dataclass
 class CachePlan:
     generation: str | None  # None: the image is built in this run, its ID is not known yet
@@ -122,7 +144,9 @@ def _plan(state) -> CachePlan:
         if plan.prewarm:
             continue
         missing = missing_entries(reference, f["files"])
-        if missing:
+        if f["foreign"]:  # dropped and named by the merge's scrub before anything crosses
+            plan.sync[name] = f"{foreign_summary(f['foreign'])}, never merged"
+        elif missing:
             plan.sync[name] = f"{len(missing)} file(s) missing or resized: {', '.join(missing[:3])}"
         elif f["manifest"] != reference:
             plan.sync[name] = "its manifest differs from the head's"
@@ -150,7 +174,16 @@ def prewarm_command(profile, cluster, node) -> str:
     engine_args, as in the unit's ExecStart), detached, with its own name and the prewarm
     environment file; nothing else differs."""
     words = docker_args(profile, node, prewarm_env_path(node), name=PREWARM_CONTAINER, detach=True)
-    return shlex.join(words + engine_args(profile, cluster, node))
+    command = shlex.join(words + engine_args(profile, cluster, node))
+    if node.is_head:
+        return command
+    # A worker's image word is its pinned digest, from the file its unit reads (roles/serving/engine.py).
+    return pinned_image_source(node) + command.replace(shlex.quote(IMAGE_WORD), f'"{IMAGE_WORD}"', 1)
+
+
+def pinned_image_source(node) -> str:
+    """The shell prefix that sets a worker's IMAGE_VAR from its pin file, as systemd does for its unit."""
+    return f". {shlex.quote(image_pin_path(node))} && "
 
 
 def cache_count_command(root: str) -> str:
@@ -346,6 +379,16 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
     def url(node):
         return f"rsync://{node.fabric_ip}:{node.fanout_rsync_port}/kernel-cache/{gen}/"
 
+    # First, on every rank: what is not a regular file or a directory (a device node, a fifo, a
+    # symlink out of the generation) or is setuid/setgid is removed and named; never merged. The
+    # transfers below carry regular files only besides (SAFE_RSYNC, both ends): an entry planted
+    # after the scrub, while an engine still runs, does not cross either.
+    dropped = []
+    for node in (head, *cluster.workers):
+        dropped += dropped_lines(node.name, gen, nodes.run(node.name, scrub_command(node.kernel_cache_dir, gen),
+                                                           "scrubbing the cache generation"))
+    for line in dropped:
+        logger.warning(f"    [{host.name}] kernel cache: {line}")
     # Union: the head takes what only a worker compiled, then every worker takes the head's whole set.
     for worker in cluster.workers:
         step = f"Pull {worker.name}'s kernel cache {gen} onto {head.name}"  # bounded: fanout_rsync_timeout_s
@@ -383,7 +426,8 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
             f"kernel caches of {gen} differ from the head's; production serving is not started:\n  " + "\n  ".join(problems)
         )
     files = len(parse_manifest(manifests[head.name])[1])
-    logger.info(f"    [{host.name}] kernel caches of {gen}: {files} files, identical on {len(manifests)} ranks")
+    logger.info(f"    [{host.name}] kernel caches of {gen}: {files} files, identical on {len(manifests)} ranks"
+                + (f"; {len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} not regular files dropped" if dropped else ""))
     return files
 
 

@@ -4,15 +4,19 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from roles.fanout.schema import SFL_FILES
+
 
 class CacheState(FactBase):
     """{"image": image ID or None, "current": link target or None, "generations": {name: mtime},
-    "manifest": text or None, "files": {path: size}} of the cache root on a node, the manifest and
-    files being those of the generation of `ref`'s image."""
+    "manifest": text or None, "files": {path: size}, "foreign": [(kind, path)]} of the cache root on a
+    node, the manifest, files and foreign entries being those of the generation of `ref`'s image.
+    Foreign: what sfl_files.py scrub would drop there (device nodes, fifos, sockets, symlinks leaving
+    the generation, setuid/setgid entries); none is ever merged (roles/kernel_cache/checks.py)."""
 
     @staticmethod
     def default():
-        return {"image": None, "current": None, "generations": {}, "manifest": None, "files": {}}
+        return {"image": None, "current": None, "generations": {}, "manifest": None, "files": {}, "foreign": []}
 
     def command(self, root: str, ref: str) -> str:
         r, q = shlex.quote(root), shlex.quote(ref)
@@ -23,7 +27,10 @@ class CacheState(FactBase):
             f"[ -d {r} ] && find {r} -mindepth 1 -maxdepth 1 -type f -name '*.manifest' -printf 'N\\t%f\\n'; "
             f"g=$(echo \"$id\" | sed 's/^sha256://' | cut -c1-12); "
             f"if [ -n \"$g\" ]; then [ -f {r}/$g.manifest ] && sed 's/^/M\\t/' {r}/$g.manifest; "
-            f"[ -d {r}/$g ] && find {r}/$g -type f -printf 'F\\t%s\\t%P\\n'; fi; true"
+            f"[ -d {r}/$g ] && find {r}/$g -type f -printf 'F\\t%s\\t%P\\n'; "
+            # Before roles/fanout installs it (a first deploy) there is no scrub: nothing is reported,
+            # and the merge scrubs every rank anyway.
+            f"[ -d {r}/$g ] && python3 {SFL_FILES} scrub --dry-run {r}/$g 2>/dev/null | sed 's/^/X\\t/'; fi; true"
         )
 
     def process(self, output):
@@ -45,6 +52,9 @@ class CacheState(FactBase):
             elif kind == "F":
                 size, _, rel = rest.partition("\t")
                 out["files"][rel] = int(size)
+            elif kind == "X":
+                what, _, rel = rest.rstrip("\n").partition("\t")
+                out["foreign"].append((what, rel))
         out["manifest"] = "\n".join(manifest) + "\n" if manifest else None
         # Only what sparkfleet created counts as a generation (retention removes nothing else): a
         # directory named by 12 hex digits of an image ID with its <name>.manifest beside it.

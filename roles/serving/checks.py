@@ -14,7 +14,9 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.image.checks import image_ids
-from roles.serving.engine import env_file_path, exec_start, mounted_files, rank_env, unit_name
+from roles.serving.engine import (
+    IMAGE_VAR, env_file_path, exec_start, image_pin_path, mounted_files, rank_env, unit_name,
+)
 from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, is_serving, pick_gid_index
 from roles.serving.schema import SFL_GID, node_profile
 from sparkfleet.inventory import cluster_from_state
@@ -43,6 +45,8 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
         gid_script=SFL_GID,
         drop_caches=node.serving_drop_caches,
         exec_start=exec_start(profile, cluster, node, env_file),
+        image_file=None if node.is_head else image_pin_path(node),
+        image_var=IMAGE_VAR,
     )
     env_text = render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile, env=env)
     # Besides: SGLang's logging config, without the line that prints the API key.

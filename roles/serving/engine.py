@@ -262,6 +262,25 @@ def env_file_path(node, serving_dir: str) -> str:
     return f"{serving_dir}/{unit_name(node)}.env"
 
 
+# A worker runs the image by the digest the head pushed (roles/image writes it after the pull, in
+# this file, as IMAGE_VAR=<registry>/<repo>@sha256:...): a later push under the same tag to the
+# head's registry, which any fabric peer can make, cannot change what a worker's unit starts, and a
+# worker missing the image pulls exactly that manifest again. The head runs its own build by tag:
+# the tag is local to its Docker, which nothing on the fabric can write.
+IMAGE_VAR = "SPARKFLEET_IMAGE"
+IMAGE_WORD = "${" + IMAGE_VAR + "}"  # systemd expands it from the unit's EnvironmentFile, as one word
+
+
+def image_pin_path(node) -> str:
+    """The worker's pinned image reference (roles/image, after its pull by digest)."""
+    return f"{node.serving_dir}/{unit_name(node)}.image"
+
+
+def served_image(profile: Profile, node) -> str:
+    """The image word of a rank's `docker run`: the head's local tag, a worker's pinned digest."""
+    return profile.image_ref if node.is_head else IMAGE_WORD
+
+
 def docker_args(profile: Profile, node, env_file: str, name: str | None = None, detach: bool = False) -> list[str]:
     c = profile.container
     # --init: a real PID 1 in the container forwards signals, so `docker stop` never waits out the
@@ -290,7 +309,7 @@ def docker_args(profile: Profile, node, env_file: str, name: str | None = None, 
             args.append(f"--env-file={node.serving_dir}/{KEY_ENV_FILE}")
         else:
             args.append(f"--volume={node.serving_dir}/{KEY_YAML_FILE}:{SGLANG_KEY_CONFIG}:ro")
-    args.append(profile.image_ref)
+    args.append(served_image(profile, node))
     return args
 
 
@@ -298,7 +317,10 @@ _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 
 def systemd_quote(arg: str) -> str:
-    """One ExecStart word: '%' and '$' escaped for systemd, single-quoted when it has anything special."""
+    """One ExecStart word: '%' and '$' escaped for systemd, single-quoted when it has anything special;
+    the pinned image's variable (IMAGE_WORD) as it is, for systemd to expand."""
+    if arg == IMAGE_WORD:
+        return arg
     escaped = arg.replace("%", "%%").replace("$", "$$")
     if _SAFE.match(arg):
         return escaped
@@ -309,8 +331,9 @@ def exec_start(profile: Profile, cluster, node, env_file: str) -> str:
     """The ExecStart value: one docker option per line, then the image and the engine's command
     (`vllm serve MODEL`, `python3 -m sglang.launch_server`), one flag with its value per line."""
     lines: list[list[str]] = []
+    image = served_image(profile, node)
     for word in docker_args(profile, node, env_file) + engine_args(profile, cluster, node):
-        if not lines or word.startswith("--") or word == profile.image_ref:
+        if not lines or word.startswith("--") or word == image:
             lines.append([word])
         else:
             lines[-1].append(word)

@@ -429,7 +429,11 @@ def fetch_state(runner, cfg, source):
     try:
         dest = os.path.join(tmpdir, STATE_FILE)  # a new file each time: rsync's quick check never skips it
         t = max(1, int(cfg.rsync_timeout_s + 0.5))
-        r = runner.run("rsync", ["--quiet", f"--timeout={t}", f"--contimeout={t}", source, dest],
+        # One regular file, owned by this root and without setuid/setgid bits: without -a rsync makes
+        # no symlink, device or special file and keeps no owner; said here as sfl_files.py's SAFE_RSYNC
+        # says it for every other transfer (the peer's daemon refuses -l -D -o -g anyway).
+        safe = ["--no-links", "--no-devices", "--no-specials", "--no-owner", "--no-group", "--chmod=ug-s"]
+        r = runner.run("rsync", ["--quiet", *safe, f"--timeout={t}", f"--contimeout={t}", source, dest],
                        cfg.rsync_timeout_s + 5)
         if not r.ok and "No such file or directory" in (r.err or ""):
             return None, f"{source}: no state written yet (that node's watchdog has not run since it was installed)"

@@ -5,7 +5,8 @@ import shlex
 import pytest
 
 from roles.serving.api_key import authed_curl, key_file
-from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, unit_name
+from roles.image.checks import pin_of
+from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, image_pin_path, unit_name
 
 
 def test_the_rank_unit_is_active_and_the_other_is_absent(host, node):
@@ -16,11 +17,23 @@ def test_the_rank_unit_is_active_and_the_other_is_absent(host, node):
     assert not host.file(f"/etc/systemd/system/{other}.service").exists, f"{node.name}: {other} unit present"
 
 
-def test_the_rank_container_runs_the_profile_image(host, node, profile):
-    fmt = "{{.State.Status}} {{.Config.Image}}"
+def test_the_rank_container_runs_the_profile_image(host, node, cluster, node_hosts, profile):
+    """The head runs its build by tag; a worker the digest the head pushed, named by its pin file,
+    which is one of the head's own registry digests of that image: the same image ID everywhere."""
+    fmt = "{{.State.Status}} {{.Config.Image}} {{.Image}}"
     out = host.run(f"docker inspect --format '{fmt}' {unit_name(node)}")
     assert out.rc == 0, f"{node.name}: no container {unit_name(node)}: {out.stderr}"
-    assert out.stdout.split() == ["running", profile.image_ref], f"{node.name}: {out.stdout.strip()}"
+    status, image, image_id = out.stdout.split()
+    assert status == "running", f"{node.name}: {out.stdout.strip()}"
+    assert image_id == host.check_output(f"docker image inspect --format '{{{{.Id}}}}' {profile.image_ref}")
+    if node.is_head:
+        assert image == profile.image_ref, f"{node.name}: {out.stdout.strip()}"
+        return
+    pin = pin_of(host.file(image_pin_path(node)).content_string)
+    assert image == pin, f"{node.name}: runs {image}, its pin file {image_pin_path(node)} names {pin}"
+    head = node_hosts[cluster.head.name]
+    digests = json.loads(head.check_output(f"docker image inspect --format '{{{{json .RepoDigests}}}}' {profile.image_ref}"))
+    assert pin in digests, f"{node.name}: pinned to {pin}, not a digest the head pushed ({digests})"
 
 
 def test_the_environment_file_is_root_only_and_holds_every_pinned_value(host, node, cluster, profile):

@@ -64,3 +64,50 @@ def run_pyinfra(inventory, *args, operations=("deploy.py",), env=None, prefix=()
         stderr=subprocess.STDOUT, text=True, timeout=120, env={**os.environ, **(env or {})},
     )
     return result.returncode, result.stdout
+
+
+def fanout_rsyncd(tmp_path, weights=None, kernel_cache=None):
+    """A context manager starting roles/fanout's rsync daemon as rendered for spark-a, moved to
+    loopback (address, a free port, hosts allow, pid and log files under tmp_path, the modules' paths
+    given); every other line as on a node. Yields the rsync:// URL of the daemon. Needs root (chroot)."""
+    import contextlib
+    import re
+    import socket
+    import subprocess
+    import time
+
+    from sparkfleet.config import build_cluster
+    from sparkfleet.render import render
+
+    node = build_cluster(pair()).node("spark-a")
+    text = render("fanout", "/etc/sparkfleet/rsyncd.conf", node=node, fabric_network=node.fabric_address.network)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = re.sub(r"(?m)^address = .*$", "address = 127.0.0.1", text)
+    text = re.sub(r"(?m)^port = .*$", f"port = {port}", text)
+    text = re.sub(r"(?m)^hosts allow = .*$", "hosts allow = 127.0.0.1", text)
+    for path, ours in ((node.weights_dir, weights), (node.kernel_cache_dir, kernel_cache)):
+        text = text.replace(f"path = {path}\n", f"path = {ours or tmp_path / 'unused'}\n")
+    text = text.replace("log file = /dev/null", f"log file = {tmp_path / 'rsyncd.log'}\npid file = {tmp_path / 'rsyncd.pid'}")
+    conf = tmp_path / "rsyncd.conf"
+    conf.write_text(text)
+
+    @contextlib.contextmanager
+    def running():
+        daemon = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"])
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline and daemon.poll() is None, "the rsync daemon did not start"
+                    time.sleep(0.05)
+            yield f"rsync://127.0.0.1:{port}", text
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+
+    return running()

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from roles.kernel_cache.checks import (
-    PREWARM_CONTAINER, expired, generation, manifest_differences, missing_entries, prewarm_command,
-    prewarm_env_file, prewarm_env_path, prewarm_reason, request_command, warmed_caches,
+    PREWARM_CONTAINER, expired, generation, manifest_differences, missing_entries, pinned_image_source,
+    prewarm_command, prewarm_env_file, prewarm_env_path, prewarm_reason, request_command, warmed_caches,
 )
 from roles.kernel_cache.schema import CACHE_VARS, PREWARM_ENV_ADDITIONS, cache_vars
 from roles.kernel_cache.warmup import png_data_url, warmup_requests
 from roles.serving.checks import rendered_files
-from roles.serving.engine import env_file_path, rank_env
+from roles.serving.engine import env_file_path, rank_env, served_image
 from roles.serving.schema import load_profile, node_profile
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
@@ -99,7 +99,10 @@ def cluster(**data):
 def test_the_prewarm_container_is_the_production_command_detached_with_its_own_name_and_env():
     c = cluster()
     profile = load_profile("glm-5.3-flash-exl3")
-    words = shlex.split(prewarm_command(profile, c, c.node("spark-b")))
+    command = prewarm_command(profile, c, c.node("spark-b"))
+    assert command.startswith(". /etc/sparkfleet/sparkfleet-worker.image && /usr/bin/docker run --detach ")
+    assert '"${SPARKFLEET_IMAGE}" vllm serve ' in command  # the worker's pinned digest, as its unit runs it
+    words = shlex.split(command.removeprefix(pinned_image_source(c.node("spark-b"))))
     assert words[:3] == ["/usr/bin/docker", "run", "--detach"]
     assert words[words.index("--name") + 1] == "sparkfleet-prewarm"
     assert "--env-file=/etc/sparkfleet/sparkfleet-worker.prewarm.env" in words
@@ -186,9 +189,13 @@ def test_the_prewarm_runs_productions_argv_and_env_with_only_the_named_additions
     assert expected[expected.index("--name") + 1] == ("sparkfleet-head" if node.is_head else "sparkfleet-worker")
     expected[expected.index("--name") + 1] = PREWARM_CONTAINER
     expected[expected.index(f"--env-file={env_file_path(node, node.serving_dir)}")] = f"--env-file={prewarm_env_path(node)}"
-    words = shlex.split(prewarm_command(served, c, node))
+    # A worker's image word is its pinned digest's variable, set from the file its unit reads.
+    command = prewarm_command(served, c, node)
+    assert node.is_head or command.startswith(pinned_image_source(node))
+    words = shlex.split(command.removeprefix("" if node.is_head else pinned_image_source(node)))
     assert words == expected
-    assert words[words.index(served.image_ref) + 1:] == unit[unit.index(served.image_ref) + 1:]  # the engine's argv
+    image = served_image(served, node)
+    assert words[words.index(image) + 1:] == unit[unit.index(image) + 1:]  # the engine's argv
 
 
 def test_prewarm_additions_are_a_short_fixed_list():

@@ -14,7 +14,7 @@ import yaml
 
 import roles.serving.schema as schema
 from roles.serving.checks import rendered_files
-from roles.serving.engine import FORBIDDEN_ARGS, engine_args, systemd_quote
+from roles.serving.engine import FORBIDDEN_ARGS, IMAGE_WORD, engine_args, systemd_quote
 from roles.serving.schema import load_profile, profile_names
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import GROUP_NODES, group, pair
@@ -102,9 +102,24 @@ def exec_words(kind, name, profile=DEFAULT_PROFILE) -> list[str]:
 
 
 def engine_words(words: list[str], profile: str) -> list[str]:
-    """The engine's part of an ExecStart: what follows the image (tagged with the data's commit)."""
-    [image] = [w for w in words if w.startswith(load_profile(profile).image + ":")]
+    """The engine's part of an ExecStart: what follows the image (the head's tagged with the data's
+    commit, a worker's its pinned digest's variable)."""
+    [image] = [w for w in words if w.startswith(load_profile(profile).image + ":") or w == IMAGE_WORD]
     return words[words.index(image) + 1:]
+
+
+@pytest.mark.parametrize("kind", ["spark", "lab"])
+def test_a_worker_runs_its_pinned_digest_and_the_head_its_own_build(kind):
+    """The worker's unit reads its pin file (written after its pull by digest) and starts the image it
+    names; the head's starts its local build by tag, which nothing on the fabric can move."""
+    head, worker = exec_words(kind, "spark-a"), exec_words(kind, "spark-b")
+    assert any(w.startswith(load_profile(DEFAULT_PROFILE).image + ":") for w in head) and IMAGE_WORD not in head
+    assert IMAGE_WORD in worker and not any(w.startswith(load_profile(DEFAULT_PROFILE).image) for w in worker)
+    [(unit, _)] = [v for p, v in files_of(kind, "spark-b").items() if p.endswith(".service")]
+    assert "\nEnvironmentFile=/etc/sparkfleet/sparkfleet-worker.image\n" in unit
+    assert "${SPARKFLEET_IMAGE} vllm serve" in unit  # as it is, for systemd to expand: not escaped
+    [(head_unit, _)] = [v for p, v in files_of(kind, "spark-a").items() if p.endswith(".service")]
+    assert ".image" not in head_unit
 
 
 def test_worker_is_headless_with_its_rank_and_the_head_is_not():

@@ -5,7 +5,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from roles.fanout import sfl_files
+from tests.unit.helpers import fanout_rsyncd
 
 pytestmark = pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed")
 
@@ -40,25 +40,9 @@ def head(tmp_path):
     models = tmp_path / "head"
     files = write_model(models / "org" / "m")
     (models / "org" / "m.manifest").write_text(sfl_files.manifest_text(models / "org" / "m", ["model: org/m"]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    conf = tmp_path / "rsyncd.conf"
-    conf.write_text(f"address = 127.0.0.1\nport = {port}\nuse chroot = yes\nread only = yes\nlist = no\n"
-                    "uid = root\ngid = root\n"
-                    f"log file = {tmp_path / 'rsyncd.log'}\n[weights]\npath = {models}\n")
-    daemon = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"])
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and daemon.poll() is None, "the rsync daemon did not start"
-            time.sleep(0.05)
-    yield f"rsync://127.0.0.1:{port}/weights/org/m", models / "org" / "m", files
-    daemon.terminate()
-    daemon.wait(timeout=10)
+    # roles/fanout's own daemon config: the pulls below are accepted by what every node runs.
+    with fanout_rsyncd(tmp_path, weights=models) as (url, _):
+        yield f"{url}/weights/org/m", models / "org" / "m", files
 
 
 def pull(url, dest, *extra):
