@@ -22,6 +22,12 @@ firewall_enabled = True
 # address the deploy's SSH session arrives at on each node). E.g. ["192.168.1.0/24"].
 firewall_api_allowed_networks = None
 
+# --- roles/api_proxy: the API key on every route (HAProxy on the profile's port) ------------------
+# The engine's own HTTP port, on the head's 127.0.0.1 only (vLLM and SGLang each leave routes open).
+api_proxy_engine_port = 18000
+# A request that is not streamed sends nothing until it is done: the proxy waits this long for a byte.
+api_proxy_timeout_s = 3600
+
 # --- roles/preflight: hard requirements checked before anything changes --------------------------
 gpu_expected = True
 preflight_allowed_archs = ["aarch64"]
