@@ -18,7 +18,9 @@ from roles.fingerprint.facts import Fingerprint
 from roles.firewall.checks import LiveMarker, ManagementSubnet
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import base_record_path, history_path, recipe_dir
-from roles.image.facts import DeployedCommits, DockerImageId, LocalImages, RecipeCheckout, ResolvedCommit
+from roles.image.facts import (
+    DeployedCommits, DockerImageId, ImagePin, LocalImages, RecipeCheckout, RepoDigests, ResolvedCommit,
+)
 from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
 from roles.api_proxy.checks import UNIT_PATH as API_PROXY_UNIT_PATH, ApiProxyHost
@@ -26,7 +28,7 @@ from roles.router.facts import RouterHost
 from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
-from roles.serving.engine import env_file_path, unit_name
+from roles.serving.engine import env_file_path, image_pin_path, unit_name
 from roles.serving.facts import HeadHealth, RoceGids, UnitState
 from roles.serving.history import RecipeHistory, history_file
 from roles.serving.schema import FULL_SHA, node_profile
@@ -55,6 +57,10 @@ host.get_fact(Which, command="dockerd")
 host.get_fact(Sha1File, path="/etc/docker/daemon.json")
 host.get_fact(DockerInfo)
 host.get_fact(DockerImageId, ref=profile.image_ref)
+if node.is_head:  # roles/image: the head's registry digests, each worker's pinned digest
+    host.get_fact(RepoDigests, ref=profile.image_ref)
+else:
+    host.get_fact(ImagePin, path=image_pin_path(node))
 if node.serving_prune_other_profiles:
     host.get_fact(LocalImages)
 host.get_fact(Sha1File, path=env_file_path(node, node.serving_dir))

@@ -187,7 +187,9 @@ def pinned_image_source(node) -> str:
 
 
 def cache_count_command(root: str) -> str:
-    return f"find -L {shlex.quote(root)}/current -type f -printf '%s\\n' 2>/dev/null | awk '{{n++; b+=$1}} END {{print n+0, b+0}}'"
+    """`<files> <bytes>` of the served generation. -H: `current` is followed, no link inside it (the
+    prewarm counts before the merge scrubs: a planted symlink to / would walk the whole disk)."""
+    return f"find -H {shlex.quote(root)}/current -type f -printf '%s\\n' 2>/dev/null | awk '{{n++; b+=$1}} END {{print n+0, b+0}}'"
 
 
 def request_command(port: int, body: dict, curl_config: str | None = None) -> str:

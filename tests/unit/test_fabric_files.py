@@ -11,7 +11,7 @@ import pytest
 
 from roles.fanout import sfl_files
 from roles.fanout.commands import rsync_pull_command
-from roles.kernel_cache.checks import dropped_lines, foreign_summary, scrub_command
+from roles.kernel_cache.checks import cache_count_command, dropped_lines, foreign_summary, scrub_command
 from roles.kernel_cache.facts import CacheState
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import fanout_rsyncd, pair
@@ -171,3 +171,16 @@ def test_the_merge_names_each_dropped_entry_with_its_rank():
         "spark-b: dropped 0123456789ab/rootshell (setuid file mode 4755): refused, never merged",
     ]
     assert dropped_lines("spark-b", "0123456789ab", "") == []
+
+
+def test_the_prewarms_count_follows_current_and_no_link_inside_it(tmp_path):
+    gen = tmp_path / "0123456789ab"
+    (gen / "triton").mkdir(parents=True)
+    (gen / "triton" / "k.json").write_text("12345")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * 1000)
+    os.symlink(outside, gen / "out")
+    os.symlink(gen.name, tmp_path / "current")
+    done = subprocess.run(["sh", "-c", cache_count_command(str(tmp_path))], capture_output=True, text=True)
+    assert done.stdout.split() == ["1", "5"]
