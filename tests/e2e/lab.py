@@ -92,3 +92,13 @@ def use_renderer(renderer: str) -> None:
     r = subprocess.run(["bash", "lab/lab.sh", "up"], cwd=REPO, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "SFL_LAB_RENDERER": renderer})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def running_tag(host: str, container: str) -> str:
+    """The sparkfleet/<profile>:<commit> tag of the image a rank's container runs. The head runs its
+    build by that tag; a worker runs the head's registry digest (roles/image) and tags the same image
+    ID with the plain name, so the tag says which commit either runs."""
+    image_id = on(host, f"docker inspect --format '{{{{.Image}}}}' {container}").strip()
+    tags = on(host, f"docker image inspect --format '{{{{join .RepoTags \" \"}}}}' {image_id}").split()
+    local = [t for t in tags if t.startswith("sparkfleet/")]
+    return local[0] if len(local) == 1 else f"{image_id} tagged {' '.join(sorted(tags)) or 'nothing'}"

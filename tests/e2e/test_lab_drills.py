@@ -1,15 +1,17 @@
 """Keep the pair serving, drilled on the lab: each fault of issue 13's list is injected into a serving
 pair, and the pair must serve a chat completion again within RECOVERY_BOUND_S with no deploy run; the
 watchdog's journal must say what it saw and did; a deploy afterwards must change nothing. A fault no
-restart can cure (the worker's image gone) must end with the watchdog giving up and `make doctor`
+restart can cure (the worker's image gone, its pinned digest unobtainable) must end with the watchdog giving up and `make doctor`
 failing with the reason. Each time to recover is printed.
 
 Runs first on a fresh lab (its fixture deploys the pair), or on any deployed lab.
 """
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from roles.serving.engine import image_pin_path
 from tests.e2e.drills import DRILLS, HEAD, RECOVERY_BOUND_S, UNITS, WORKER, run_drill, signal_engine, wait_serving, \
     wait_journal, wait_watchdog_settled, watchdog_journal
 from tests.e2e.lab import BIN, INVENTORY, deploy, on, run
@@ -69,12 +71,16 @@ def test_after_a_reboot_or_a_power_cut_the_pair_serves_again_without_a_deploy(ke
 
 def test_a_pair_that_cannot_come_back_is_given_up_on_and_the_doctor_says_why(capsys):
     since = time.time()
-    image = on(WORKER, "docker inspect -f '{{.Config.Image}}' sparkfleet-worker").strip()
-    on(WORKER, f"docker rmi -f {image} >/dev/null")  # the running container keeps its layers
+    # The worker runs the head's registry digest and would pull it again (roles/image): its image is
+    # removed and its pin names a manifest the registry does not have, so no restart can start it.
+    image = on(WORKER, "docker inspect -f '{{.Image}}' sparkfleet-worker").strip()
+    pin = image_pin_path(SimpleNamespace(serving_dir="/etc/sparkfleet", is_head=False))
+    on(WORKER, f"docker rmi -f {image} >/dev/null; "  # the running container keeps its layers
+               f"sed -i 's/@sha256:[0-9a-f]*/@sha256:{'0' * 64}/' {pin} && grep -q '@sha256:{'0' * 64}' {pin}")
     start = time.monotonic()
     signal_engine(WORKER, "KILL")
     wait_journal(HEAD, since, "GAVE UP", timeout=300)
-    report(capsys, f"(give-up) the worker's image removed: the watchdog gave up after {time.monotonic() - start:.1f} s")
+    report(capsys, f"(give-up) the worker's image removed and unobtainable: the watchdog gave up after {time.monotonic() - start:.1f} s")
     head = watchdog_journal(HEAD, since)
     assert "a worker's unit did not start (spark-b: sparkfleet-worker exited with status" in head, head
     wait_journal(WORKER, since, "gave up at", timeout=30)  # the worker stops its unit too

@@ -8,7 +8,7 @@ brings the pair up); it leaves the pair serving v1 as the inventory's data says.
 """
 import pytest
 
-from tests.e2e.lab import REPO, deploy, on
+from tests.e2e.lab import REPO, deploy, on, running_tag
 
 pytestmark = pytest.mark.lab
 
@@ -37,7 +37,7 @@ def serving_v1():
     # v3 -> v1 is a bump too (KV_SLOTMAP_PIN 1 -> 0, acknowledged); the units lose the adopted flag.
     back = deploy(*ACK)
     assert back.returncode == 0, back.output
-    assert container("spark-a", "sparkfleet-head", ".Config.Image") == f"{IMAGE}:{COMMITS['v1']}"
+    assert running_tag("spark-a", "sparkfleet-head") == f"{IMAGE}:{COMMITS['v1']}"
     plain = deploy()
     assert plain.returncode == 0 and plain.changed() == [], plain.output
 
@@ -64,7 +64,7 @@ def test_a_bump_to_v3_stops_on_the_launchers_new_flag_until_it_is_adopted():
     changed = stopped.changed()
     assert (f"Build {IMAGE}:{v3} on the head", "spark-a") in changed
     assert not [op for op, _ in changed if op.startswith(("Push", "Pull", "Restart", "Start", "Stop"))], changed
-    assert container("spark-b", "sparkfleet-worker", ".Config.Image") == f"{IMAGE}:{v1}"
+    assert running_tag("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
     assert '"id": "glm-5.3-flash"' in models()  # the pair still serves v1
 
     # Adopted in data: the launcher's flag is now sparkfleet's too, the same bump ships and serves.
@@ -77,7 +77,7 @@ def test_a_bump_to_v3_stops_on_the_launchers_new_flag_until_it_is_adopted():
     assert (f"Build {IMAGE}:{v3} on the head", "spark-a") not in changed  # built by the stopped run
     assert (f"Pull {IMAGE}:{v3} from the head", "spark-b") in changed
     for host, unit in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker")):
-        assert container(host, unit, ".Config.Image") == f"{IMAGE}:{v3}"
+        assert running_tag(host, unit) == f"{IMAGE}:{v3}"
         assert '"--max-num-seqs","64"' in container(host, unit, "json .Config.Cmd")
     assert '"id": "glm-5.3-flash"' in models()
     again = deploy(*bump, *ADOPT)

@@ -8,7 +8,7 @@ modules; it leaves the pair serving v1 as the inventory's data says.
 """
 import pytest
 
-from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, on, run
+from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, on, run, running_tag
 
 pytestmark = pytest.mark.lab
 
@@ -33,10 +33,6 @@ def models() -> str:
     return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
 
 
-def container_image(host: str, unit: str) -> str:
-    return on(host, f"docker inspect --format '{{{{.Config.Image}}}}' {unit}").strip()
-
-
 def generation_of(host: str, commit: str) -> str:
     return on(host, f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}:{commit}").strip().removeprefix("sha256:")[:12]
 
@@ -51,8 +47,8 @@ def events() -> list[tuple[str, str]]:
 
 
 def serves(commit: str) -> None:
-    assert container_image("spark-a", "sparkfleet-head") == f"{IMAGE}:{commit}"
-    assert container_image("spark-b", "sparkfleet-worker") == f"{IMAGE}:{commit}"
+    assert running_tag("spark-a", "sparkfleet-head") == f"{IMAGE}:{commit}"
+    assert running_tag("spark-b", "sparkfleet-worker") == f"{IMAGE}:{commit}"
     for host, unit in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker")):
         assert on(host, f"systemctl is-active {unit}").strip() == "active"
         assert current(host) == generation_of(host, commit)

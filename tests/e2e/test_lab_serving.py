@@ -10,7 +10,7 @@ import secrets
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, state_checks
+from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, running_tag, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -128,10 +128,6 @@ def test_status_shows_the_latest_receipt_against_the_previous_one_and_flags_a_dr
         on("spark-a", f"rm -f {RECEIPTS}/{planted}")
 
 
-def container_image(host: str, container: str) -> str:
-    return on(host, f"docker inspect --format '{{{{.Config.Image}}}}' {container}").strip()
-
-
 def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only_new_layers():
     v1, v2 = COMMITS["v1"], COMMITS["v2"]
     bump = ("--data", f"serving_recipe_commit={v2}")
@@ -142,7 +138,7 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     assert "CG_ESTIMATE: 0 -> 1 (pinned by sparkfleet to 0)" in stopped.output
     assert "KV_SLOTMAP_PIN: 0 -> 1 (NOT pinned)" in stopped.output
     assert not [op for op, _ in stopped.changed() if op.startswith(("Build", "Pull", "Restart", "Start"))]
-    assert container_image("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
+    assert running_tag("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
     assert '"id": "glm-5.3-flash"' in models()  # the pair still serves v1
 
     # Pinned in data, the bump proceeds: built once, only the new layer crosses, worker first.
@@ -170,8 +166,8 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     assert back.returncode == 0, back.output
     assert f"recipe {v2} -> {v1}" in back.output
     assert not [op for op, _ in back.changed() if op.startswith(("Build", "Pull"))], back.output
-    assert container_image("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
-    assert container_image("spark-a", "sparkfleet-head") == f"{IMAGE}:{v1}"
+    assert running_tag("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
+    assert running_tag("spark-a", "sparkfleet-head") == f"{IMAGE}:{v1}"
     assert '"id": "glm-5.3-flash"' in models()
 
     # The data still says v1 without pins: a plain deploy settles there and the checks pass.
