@@ -57,9 +57,8 @@ host.get_fact(Which, command="dockerd")
 host.get_fact(Sha1File, path="/etc/docker/daemon.json")
 host.get_fact(DockerInfo)
 host.get_fact(DockerImageId, ref=profile.image_ref)
-if node.is_head:  # roles/image: the head's registry digests, each worker's pinned digest
-    host.get_fact(RepoDigests, ref=profile.image_ref)
-else:
+host.get_fact(RepoDigests, ref=profile.image_ref)  # roles/image: every node's registry digests of the image
+if not node.is_head:  # and each worker's pinned digest
     host.get_fact(ImagePin, path=image_pin_path(node))
 if node.serving_prune_other_profiles:
     host.get_fact(LocalImages)

@@ -2,7 +2,7 @@
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
@@ -206,7 +206,7 @@ def pin_of(text: str) -> str | None:
 
 def image_pins(state, profile) -> dict[str, object]:
     """At prepare time: the head's registry digests of the profile's image (RepoDigests, a list), each
-    worker's pinned reference (its pin file, or None)."""
+    worker's (pinned reference: its pin file or None, its local copy's registry digests)."""
     from roles.image.facts import ImagePin, RepoDigests
     from roles.serving.engine import image_pin_path
     from sparkfleet.inventory import cluster_from_state
@@ -217,7 +217,9 @@ def image_pins(state, profile) -> dict[str, object]:
         node = cluster.node(h.name)
         if node.is_head:
             return h.get_fact(RepoDigests, ref=profile.image_ref)
-        return h.get_fact(ImagePin, path=image_pin_path(node))
+        # A worker's own registry digests of its local copy too: an image it pulled by digest before
+        # (a rollback to a commit every node kept) needs its pin written again, not a pull.
+        return (h.get_fact(ImagePin, path=image_pin_path(node)), h.get_fact(RepoDigests, ref=profile.image_ref))
 
     return once_per_run(state, f"image-pins:{profile.image_ref}", lambda: per_host(state, read))
 
@@ -262,14 +264,22 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
         raise DeployError(f"{host.name}: the head pushed no digest for {remote} in this run; nothing to pull by")
     ref = digest_ref(cluster, profile, digest)
     q = shlex.quote
-    tmp, where = q(f"{pin}.tmp"), q(node.serving_dir)  # roles/serving's directory (0700), made here on a first deploy
+    where = q(node.serving_dir)  # roles/serving's directory (0700), made here on a first deploy
     command = (f"{pull_command(node, profile, ref)} && docker tag {q(ref)} {q(local)} && "
-               f"{{ [ -d {where} ] || mkdir -p -m 0700 {where}; }} && "
-               f"printf '%s' {q(pin_text(ref))} > {tmp} && chmod 0644 {tmp} && mv {tmp} {q(pin)}")
+               f"{{ [ -d {where} ] || mkdir -p -m 0700 {where}; }} && {repin_command(node, ref)}")
     ok, out = host.run_shell_command(StringCommand(command))
     if not ok:
         raise DeployError(f"{host.name}: pulling {ref} failed:\n{out.stderr or out.stdout}")
     logger.info(f"    [{host.name}] pulled {ref}; its unit runs that digest ({pin})")
+
+
+def repin_command(node, ref: str) -> str:
+    """A worker's pin file written again (the image is there, pulled by `ref` before): nothing pulled."""
+    from roles.serving.engine import image_pin_path
+
+    q, pin = shlex.quote, image_pin_path(node)
+    tmp = q(f"{pin}.tmp")
+    return f"printf '%s' {q(pin_text(ref))} > {tmp} && chmod 0644 {tmp} && mv {tmp} {q(pin)}"
 
 
 def image_ids(state, profile) -> dict[str, str | None]:
@@ -285,7 +295,9 @@ def image_ids(state, profile) -> dict[str, str | None]:
 class ImagePlan:
     head_id: str | None  # the image's ID on the head before the run; None: the head builds it
     ship: list[str]  # workers that pull it from the head's registry (missing, another ID, or not pinned
-    #                  to a digest the head pushed)
+    #                  to a digest the head pushed, and not holding one)
+    repin: dict[str, str] = field(default_factory=dict)  # worker -> the head's digest ref its local copy
+    #                  already holds (same ID), its pin file naming another: written again, nothing pulled
 
     @property
     def build(self) -> bool:
@@ -307,9 +319,20 @@ def image_plan(state, profile) -> ImagePlan:
     pins = image_pins(state, profile)
     repo = f"{registry_address(cluster)}/{profile.image}@"
     pushed = [d for d in pins.get(cluster.head.name) or [] if d.startswith(repo)]
-    ship = [n.name for n in cluster.workers if n.name in ids
-            and (head_id is None or ids[n.name] != head_id or pins.get(n.name) not in pushed)]
-    return ImagePlan(head_id=head_id, ship=ship)
+    ship, repin = [], {}
+    for n in cluster.workers:
+        if n.name not in ids:
+            continue
+        pin, held = pins.get(n.name) or (None, [])
+        if head_id is None or ids[n.name] != head_id:
+            ship.append(n.name)
+        elif pin not in pushed:
+            common = sorted(set(held or []) & set(pushed))
+            if common:
+                repin[n.name] = common[0]
+            else:
+                ship.append(n.name)
+    return ImagePlan(head_id=head_id, ship=ship, repin=repin)
 
 
 def ids_differ_message(ids: dict[str, str | None], ref: str) -> str:

@@ -20,7 +20,7 @@ from pyinfra.operations.util import any_changed
 from roles.docker.checks import registry_address
 from roles.image.checks import (
     RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids,
-    image_plan, other_profile_images, pull_by_digest, push_image, recipe_dir, record_base_images, refuse_loose_commit,
+    image_plan, other_profile_images, pull_by_digest, push_image, repin_command, recipe_dir, record_base_images, refuse_loose_commit,
     registry_ref, verify_same_image,
 )
 from roles.image.commands import (
@@ -168,6 +168,14 @@ python.call(
     local=profile.image_ref,
     pin=image_pin_path(node),
     _if=lambda: not on_head and node.name in plan.ship,
+)
+
+# 5b. A worker that already holds the head's image by one of its digests (a rollback to a commit
+#     every node kept) has its pin written again: nothing is pulled.
+server.shell(
+    name=f"Pin the worker's unit to the head's digest of {profile.image_ref} (the image is here)",
+    commands=[repin_command(node, plan.repin[node.name])] if node.name in plan.repin else [],
+    _if=lambda: node.name in plan.repin,
 )
 
 # 6. The same image ID everywhere: true at prepare when in sync, checked after the pulls otherwise.

@@ -50,9 +50,10 @@ def plan_of(monkeypatch):
     profile = node_profile(cluster.head)
     pushed = digest_ref(cluster, profile, D1)
 
-    def plan(head_id="sha256:aa", worker_id="sha256:aa", head_digests=(pushed,), worker_pin=pushed):
+    def plan(head_id="sha256:aa", worker_id="sha256:aa", head_digests=(pushed,), worker_pin=pushed, worker_digests=()):
         hosts = [Host("spark-a", {"DockerImageId": head_id, "RepoDigests": list(head_digests)}),
-                 Host("spark-b", {"DockerImageId": worker_id, "ImagePin": worker_pin})]
+                 Host("spark-b", {"DockerImageId": worker_id, "ImagePin": worker_pin,
+                                  "RepoDigests": list(worker_digests)})]
         return image_plan(fake_state(cluster, hosts), profile)
 
     return plan, cluster, profile
@@ -81,3 +82,15 @@ def test_a_pin_to_another_registry_or_repository_is_not_the_heads(plan_of):
     elsewhere = f"docker.io/{profile.image}@{D1}"
     assert plan(head_digests=(elsewhere,), worker_pin=elsewhere).ship == ["spark-b"]
     assert plan(worker_pin=digest_ref(cluster, profile, D2)).ship == ["spark-b"]
+
+
+def test_a_worker_holding_the_heads_digest_under_another_pin_is_pinned_again_not_shipped(plan_of):
+    """A rollback to a commit every node kept: the worker's copy came by the head's digest, its pin
+    names the newer commit's. Its pin is written again; nothing is pulled or pushed."""
+    plan, cluster, profile = plan_of
+    old, new = digest_ref(cluster, profile, D1), digest_ref(cluster, profile, D2)
+    back = plan(worker_pin=new, worker_digests=(old,))
+    assert back.ship == [] and back.repin == {"spark-b": old} and back.in_sync
+    # Another ID under the tag, or a copy holding none of the head's digests: shipped.
+    assert plan(worker_pin=new, worker_digests=(old,), worker_id="sha256:bb").ship == ["spark-b"]
+    assert plan(worker_pin=new, worker_digests=(new,)).ship == ["spark-b"]
