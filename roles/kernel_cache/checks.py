@@ -320,7 +320,8 @@ def prewarm_failure_message(failure: str, restored: str | None, problem: str | N
 
 
 def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, str | None],
-                        restore: set[str], history: str) -> tuple[str | None, str | None]:
+                        restore: set[str], history: str,
+                        previous_pins: dict[str, str | None] | None = None) -> tuple[str | None, str | None]:
     """After a failed prewarm (its containers stopped): every node's 'current' linked back to the
     generation production used, the production units that were active or are enabled restarted
     workers first (each container running), then the head, and /health awaited. Returns (what serves
@@ -343,6 +344,11 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
         for node in cluster.workers:  # workers first, each one's container running
             if node.name not in restore:
                 continue
+            pin = (previous_pins or {}).get(node.name)
+            if pin:  # the image production ran: its unit runs the pin, which this run's pull moved on
+                from roles.image.checks import repin_command
+
+                nodes.run(node.name, repin_command(node, pin), f"pinning the worker back to {pin}")
             unit = unit_name(node)
             nodes.run(node.name, f"systemctl restart {unit}.service", f"restarting {unit}")
             deadline = time.monotonic() + 120
@@ -452,6 +458,10 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
     # What production used before, to return to when the prewarm fails: its 'current', whether the
     # new generation's directory existed (removed again if this run made it), its units.
     previous, created = {}, []
+    # Each worker's image pin before this run (prepare-time facts): production ran it.
+    from roles.image.checks import image_pins
+
+    previous_pins = {n.name: (image_pins(state, profile).get(n.name) or (None, []))[0] for n in cluster.workers}
     if prewarm:
         for node in cluster.nodes:
             root = shlex.quote(node.kernel_cache_dir)
@@ -485,7 +495,8 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
                        f"{exc if isinstance(exc, DeployError) else repr(exc)}")
             logger.error(f"    [{host.name}] {failure.splitlines()[0]}; restoring the previous production")
             nodes.run(cluster.head.name, record_command(history, "failed", commit), "recording the failure", check=False)
-            restored, problem = _restore_production(nodes, profile, gen, previous, units_to_restore(units), history)
+            restored, problem = _restore_production(nodes, profile, gen, previous, units_to_restore(units), history,
+                                                    previous_pins)
             if restored:
                 from roles.watchdog.checks import resume_watchdogs
 
