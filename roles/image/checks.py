@@ -8,7 +8,7 @@ from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from roles.docker.checks import registry_address
-from roles.image.facts import DockerImageId
+from roles.image.facts import DockerImageId, pin_of  # noqa: F401 (pin_of: callers of this module read the pin with it)
 from roles.serving.schema import FULL_SHA, PROFILES_DIR
 from sparkfleet.bounded import bounded
 from sparkfleet.once import active_hosts, once_per_run, per_host
@@ -171,7 +171,6 @@ def registry_ref(cluster, profile) -> str:
     return f"{registry_address(cluster)}/{profile.image_ref}"
 
 
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _PUSHED = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 
@@ -191,17 +190,6 @@ def pin_text(ref: str) -> str:
     from roles.serving.engine import IMAGE_VAR
 
     return f"{IMAGE_VAR}={ref}\n"
-
-
-def pin_of(text: str) -> str | None:
-    """The digest reference a pin file names, or None (no file, or not a reference by digest)."""
-    from roles.serving.engine import IMAGE_VAR
-
-    for line in text.splitlines():
-        key, sep, ref = line.strip().partition("=")
-        if sep and key == IMAGE_VAR and "@" in ref and DIGEST.match(ref.rpartition("@")[2]):
-            return ref
-    return None
 
 
 def image_pins(state, profile) -> dict[str, object]:

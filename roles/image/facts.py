@@ -1,4 +1,5 @@
 """Facts of roles/image: the recipe checkout on the head, and an image's ID on any node."""
+import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -54,8 +55,6 @@ class ImagePin(FactBase):
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
 
     def process(self, output):
-        from roles.image.checks import pin_of
-
         return pin_of("\n".join(output))
 
 
@@ -96,3 +95,18 @@ class ResolvedCommit(FactBase):
     def process(self, output):
         shas = [line.strip() for line in output if len(line.strip()) == 40]
         return shas[0] if shas else None
+
+
+# A manifest digest as Docker prints it.
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def pin_of(text: str) -> str | None:
+    """The digest reference a pin file names, or None (no file, or not a reference by digest)."""
+    from roles.serving.engine import IMAGE_VAR
+
+    for line in text.splitlines():
+        key, sep, ref = line.strip().partition("=")
+        if sep and key == IMAGE_VAR and "@" in ref and DIGEST.match(ref.rpartition("@")[2]):
+            return ref
+    return None
