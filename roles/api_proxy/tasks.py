@@ -40,7 +40,7 @@ if node.is_head:
     # and the watchdog that would start it again stop first (the watchdog is handed the pair back at
     # step 10). Otherwise a port already taken stops the proxy's start, naming it.
     moves = not found["active"] and pair_state(state).restart
-    server.shell(name=f"Stop the head's engine before the proxy takes the API port (the pair restarts in this run)",
+    server.shell(name="Stop the head's engine before the proxy takes the API port (the pair restarts in this run)",
                  commands=[f"systemctl stop {WATCH_UNIT}.service 2>/dev/null || true",
                            f"systemctl stop {unit_name(node)}.service 2>/dev/null || true"],
                  _if=lambda: moves)
