@@ -111,6 +111,15 @@ def ports():
     return {"http": free_port(), "master": free_port()}
 
 
+@pytest.fixture
+def ports_no_head_listens(ports):
+    """ports whose master port stays bound, not listening, by this test: a connection there is refused, and no
+    other process on the machine (CI runs the lab tiers alongside) can take the port and answer in between."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield {**ports, "master": held.getsockname()[1]}
+
+
 def head_args(ports, *extra):
     return ["serve", MODEL, "--host", "127.0.0.1", "--port", str(ports["http"]), "--served-model-name", "lab",
             "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
@@ -245,8 +254,8 @@ def test_a_killed_head_leaves_its_worker_up_until_sigterm(run, ports):
     assert "SIGTERM: exiting 0" in out
 
 
-def test_worker_waits_for_the_head_for_the_distributed_timeout(run, ports):
-    worker = run(*worker_args(ports), "--distributed-timeout-seconds", "1", SFL_STANDIN_JOIN_TIMEOUT_S=None)
+def test_worker_waits_for_the_head_for_the_distributed_timeout(run, ports_no_head_listens):
+    worker = run(*worker_args(ports_no_head_listens), "--distributed-timeout-seconds", "1", SFL_STANDIN_JOIN_TIMEOUT_S=None)
     assert worker.wait(timeout=5) == 1
     assert "not reachable after 1 s" in worker.communicate(timeout=5)[0]
 
@@ -263,8 +272,8 @@ def test_head_refuses_a_wrong_model_or_a_duplicate_rank(run, ports, model, rank,
     assert head.poll() is None and get(ports["http"], "/health")[0] == 200
 
 
-def test_worker_gives_up_when_no_head_comes(run, ports):
-    worker = run(*worker_args(ports), SFL_STANDIN_JOIN_TIMEOUT_S="1")
+def test_worker_gives_up_when_no_head_comes(run, ports_no_head_listens):
+    worker = run(*worker_args(ports_no_head_listens), SFL_STANDIN_JOIN_TIMEOUT_S="1")
     assert worker.wait(timeout=5) == 1
     assert "not reachable after 1 s" in worker.communicate(timeout=5)[0]
 
