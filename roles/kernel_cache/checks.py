@@ -21,7 +21,7 @@ from roles.fanout.commands import rsync_pull_command
 from roles.fanout.schema import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState, is_generation
-from roles.kernel_cache.schema import cache_vars, prewarm_env
+from roles.kernel_cache.schema import COMPILE_LOG_LINES, cache_vars, prewarm_env
 from roles.serving.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
 from roles.serving.api_key import curl_config
 from roles.serving.facts import health_command
@@ -172,8 +172,9 @@ def cache_plan(state) -> CachePlan:
 def prewarm_command(profile, cluster, node) -> str:
     """The prewarm container of one rank: the production command line (docker_args and
     engine_args, as in the unit's ExecStart), detached, with its own name and the prewarm
-    environment file; nothing else differs."""
-    words = docker_args(profile, node, prewarm_env_path(node), name=PREWARM_CONTAINER, detach=True)
+    environment file; nothing else differs. Not --rm: an engine that dies while the pair comes up
+    leaves its container, so the deploy can print its log (the prewarm removes its containers)."""
+    words = docker_args(profile, node, prewarm_env_path(node), name=PREWARM_CONTAINER, detach=True, remove=False)
     command = shlex.join(words + engine_args(profile, cluster, node))
     if node.is_head:
         return command
@@ -278,8 +279,28 @@ def _prewarm(nodes: _Nodes, profile) -> None:
         else:
             logger.warning(f"    [{head.name}] caches still grew after {head.kernel_cache_prewarm_max_rounds} rounds; merging what there is")
     finally:
+        report_compile_log(nodes, profile)
         for node in (head, *workers):
             nodes.run(node.name, f"docker stop --time=30 {PREWARM_CONTAINER} >/dev/null 2>&1; docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping the prewarm container", check=False)
+
+
+def compile_log_command(engine: str) -> str | None:
+    """The prewarm container's log lines about its compile cache (COMPILE_LOG_LINES), or None for an
+    engine that logs none."""
+    pattern = COMPILE_LOG_LINES[engine]
+    if pattern is None:
+        return None
+    return f"docker logs {PREWARM_CONTAINER} 2>&1 | grep -E {shlex.quote(pattern)} | tail -n 20 || true"
+
+
+def report_compile_log(nodes: "_Nodes", profile) -> None:
+    """Print each prewarm rank's compile-cache lines, prefixed with the rank's node."""
+    command = compile_log_command(profile.engine)
+    if command is None:
+        return
+    for node in nodes.cluster.nodes:
+        for line in nodes.run(node.name, command, "reading the prewarm's log", check=False).splitlines():
+            logger.info(f"    [{node.name}] prewarm engine: {line.strip()[:400]}")
 
 
 def unit_state_command(unit: str) -> str:

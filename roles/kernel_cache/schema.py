@@ -120,6 +120,21 @@ PREWARM_ENV_ADDITIONS: dict[str, dict[str, str]] = {
 }
 
 
+# The lines of each engine's log that say what its compile cache did, printed from every prewarm rank
+# before its container goes (`docker logs`), so the deploy's output names the cache directory the
+# prewarm wrote and what compiling cost; production's journal has the same lines to compare (tests/real).
+# vLLM 0.32.0 and 0.33.0: vllm/compilation/backends.py ("Using cache directory: ... for vLLM's
+# torch.compile", "Directly load the compiled graph(s) ... from the cache", "Compiling a graph for
+# compile range ... takes"), vllm/compilation/monitor.py ("torch.compile took ... in total"),
+# vllm/v1/worker/cpu_model_runner.py (on CPU: "Warming up model for the compilation", "Warming up
+# done"), vllm/v1/engine/core.py ("init engine (profile, create kv cache, warmup model) took"). SGLang: none.
+COMPILE_LOG_LINES: dict[str, str | None] = {
+    "vllm": r"Using cache directory: |Directly load the compiled graph|Compiling a graph for compile range|"
+            r"torch\.compile took|Warming up model for the compilation|Warming up done|init engine \(profile",
+    "sglang": None,
+}
+
+
 def prewarm_env(engine: str, production_env: dict[str, str]) -> dict[str, str]:
     """The prewarm environment of a rank: its production environment plus PREWARM_ENV_ADDITIONS."""
     return {**production_env, **PREWARM_ENV_ADDITIONS[engine]}

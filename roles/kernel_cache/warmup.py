@@ -31,7 +31,9 @@ def png_data_url(size: int = 64) -> str:
 
 
 def warmup_requests(profile, long_prompt_words: int) -> list[tuple[str, dict]]:
-    """(label, /v1/chat/completions body): short prompt, long prefill, a tool call, an image."""
+    """(label, /v1/chat/completions body): short prompt, long prefill, a tool call (when the profile
+    parses tool calls: vLLM answers 400 to tool_choice "auto" without --enable-auto-tool-choice and
+    --tool-call-parser, vllm/entrypoints/openai/chat_completion/serving.py), an image (vision)."""
     model = profile.api_model_name
 
     def body(content, **extra):
@@ -42,8 +44,9 @@ def warmup_requests(profile, long_prompt_words: int) -> list[tuple[str, dict]]:
     requests = [
         ("short prompt", body("Say hello in one word.")),
         (f"long prefill ({long_prompt_words} words)", body("Summarise: " + long_text)),
-        ("tool call", body("What is the weather in Paris?", tools=[TOOL], tool_choice="auto")),
     ]
+    if profile.tool_call_parser:
+        requests.append(("tool call", body("What is the weather in Paris?", tools=[TOOL], tool_choice="auto")))
     if profile.vision:
         requests.append(("image", body([
             {"type": "text", "text": "Describe this image in one word."},

@@ -281,12 +281,15 @@ def served_image(profile: Profile, node) -> str:
     return profile.image_ref if node.is_head else IMAGE_WORD
 
 
-def docker_args(profile: Profile, node, env_file: str, name: str | None = None, detach: bool = False) -> list[str]:
+def docker_args(profile: Profile, node, env_file: str, name: str | None = None, detach: bool = False,
+                remove: bool = True) -> list[str]:
+    """`remove` False: the container stays when its engine exits, so its log can still be read (the
+    prewarm, which removes its containers itself)."""
     c = profile.container
     # --init: a real PID 1 in the container forwards signals, so `docker stop` never waits out the
     # grace period on an engine that has not installed its SIGTERM handler yet.
     args = ["/usr/bin/docker", "run"] + (["--detach"] if detach else [])
-    args += ["--rm", "--init", "--name", name or unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
+    args += (["--rm"] if remove else []) + ["--init", "--name", name or unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
     if c.network_host:
         args.append("--network=host")
     if c.ipc_host:

@@ -121,11 +121,21 @@ def test_the_api_key_files_are_root_only_and_the_key_is_on_no_command_line(host,
         assert key not in text, f"{node.name}: the API key is in {what}"
 
 
+def plain_ipv4(endpoint: str) -> str:
+    """`[::ffff:a.b.c.d]:port` as `a.b.c.d:port`; any other endpoint as it is."""
+    address, _, port = endpoint.rpartition(":")
+    if address.startswith("[::ffff:") and address.endswith("]") and "." in address:
+        return f"{address[8:-1]}:{port}"
+    return endpoint
+
+
 def test_the_worker_reaches_the_head_over_the_fabric(host, node, cluster, profile):
     if node.is_head:
         pytest.skip("workers dial the head")
     lines = host.check_output(f"ss -tnH state established '( dport = :{profile.master_port} )'").splitlines()
-    pairs = [(l.split()[-2], l.split()[-1]) for l in lines if l.strip()]
+    # An IPv4 address on a dual-stack socket is shown IPv4-mapped ([::ffff:198.19.77.2]:44940), as the
+    # real vLLM's rendezvous (torch's TCPStore) connects; the stand-ins' sockets are plain IPv4.
+    pairs = [(plain_ipv4(l.split()[-2]), plain_ipv4(l.split()[-1])) for l in lines if l.strip()]
     want = (f"{node.fabric_ip}", f"{cluster.head.fabric_ip}:{profile.master_port}")
     assert any(local.rsplit(":", 1)[0] == want[0] and peer == want[1] for local, peer in pairs), (
         f"{node.name}: no connection {want[0]} -> {want[1]} (found {pairs})")

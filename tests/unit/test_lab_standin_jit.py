@@ -31,7 +31,10 @@ def argv(engine, ports, rank, vision=True):
     --limit-mm-per-prompt {"image": 0} (vLLM) or --language-model-only (SGLang)."""
     if engine == "vllm":
         if rank == 0:
-            extra = [] if vision else ["--limit-mm-per-prompt", '{"image": 0}']
+            # tools answered as a profile with a tool parser serves them (vLLM refuses tool_choice
+            # "auto" without both flags, and the stand-in with it)
+            extra = ["--enable-auto-tool-choice", "--tool-call-parser", "glm47"]
+            extra += [] if vision else ["--limit-mm-per-prompt", '{"image": 0}']
             return [sys.executable, str(vllm.VLLM), *vllm.head_args(ports, *extra)]
         return [sys.executable, str(vllm.VLLM), *vllm.worker_args(ports, rank=str(rank))]
     args = sglang.rank_args(ports, str(rank))
