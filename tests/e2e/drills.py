@@ -15,34 +15,37 @@ from tests.e2e.lab import SSH_CONFIG, on, reboot
 
 HEAD, WORKER = "spark-a", "spark-b"
 UNITS = {HEAD: "sparkfleet-head", WORKER: "sparkfleet-worker"}
-SERVED = "glm-5.3-flash"  # the lab's profile's api_model_name
-# A chat completion through the head's API, as a client sends it; its own 4 s bound.
-CHAT = ("curl -s -o /dev/null -w '%{http_code}' -m 4 -K /etc/sparkfleet/api-key.curl "
-        "-H 'Content-Type: application/json' -d "
-        + shlex.quote(json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
-        + " http://127.0.0.1:8000/v1/chat/completions")
+SERVED = "glm-5.3-flash"  # the lab's profile's api_model_name (tests/real serves "tiny-llama")
+
+
+def chat_command(model: str = SERVED) -> str:
+    """A chat completion through the head's API, as a client sends it; its own 4 s bound."""
+    return ("curl -s -o /dev/null -w '%{http_code}' -m 4 -K /etc/sparkfleet/api-key.curl "
+            "-H 'Content-Type: application/json' -d "
+            + shlex.quote(json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
+            + " http://127.0.0.1:8000/v1/chat/completions")
 # The lab's watchdog (lab/group_data/all.py): 2 failed probes of 5 s + 5 s find a fault within 20 s,
 # and a pair restart of the stand-ins takes ~10 s. A reboot adds the host's boot. The README states
 # this bound for the lab.
 RECOVERY_BOUND_S = 120
 
 
-def chat_code() -> str:
+def chat_code(model: str = SERVED) -> str:
     """The HTTP status of one chat completion through the head, '000' when none came back."""
     try:
-        r = subprocess.run(["ssh", "-F", str(SSH_CONFIG), "-o", "ConnectTimeout=3", HEAD, CHAT],
+        r = subprocess.run(["ssh", "-F", str(SSH_CONFIG), "-o", "ConnectTimeout=3", HEAD, chat_command(model)],
                            capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
         return "000"
     return r.stdout.strip()[-3:] or "000"
 
 
-def wait_serving(since: float, bound: float = RECOVERY_BOUND_S) -> float:
+def wait_serving(since: float, bound: float = RECOVERY_BOUND_S, model: str = SERVED) -> float:
     """Seconds from `since` (time.monotonic()) until a chat completion is answered 200; AssertionError
     naming the last status after `bound` seconds."""
     code = None
     while time.monotonic() - since < bound:
-        code = chat_code()
+        code = chat_code(model)
         if code == "200":
             return time.monotonic() - since
         time.sleep(1)
@@ -60,6 +63,25 @@ def signal_engine(host: str, signal: str) -> int:
     pid = engine_pid(host)
     on(host, f"kill -{signal} {pid}")
     return pid
+
+
+def signal_every_engine_process(host: str, signal: str) -> list[int]:
+    """Signal every process of the rank's engine (the real vLLM runs its API server, engine core and
+    workers as processes under the one its container's init started): a frozen rank, all of it."""
+    unit = UNITS[host]
+    init = int(on(host, f"docker inspect -f '{{{{.State.Pid}}}}' {unit}").strip())
+    children: dict[int, list[int]] = {}
+    for line in on(host, "ps -e -o pid=,ppid=").splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    pids, todo = [], list(children.get(init, []))
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo += children.get(pid, [])
+    assert pids, f"{host}: no engine process under {unit}'s init ({init})"
+    on(host, f"kill -{signal} {' '.join(map(str, pids))}")
+    return pids
 
 
 def watchdog_journal(host: str, since_epoch: float) -> str:
@@ -119,11 +141,27 @@ def wait_watchdog_settled(timeout: float = RECOVERY_BOUND_S) -> None:
         time.sleep(1)
 
 
-def run_drill(key: str) -> tuple[float, float]:
-    """Inject drill `key` once the pair serves and its watchdog has settled; (seconds until it serves
-    again, epoch of the fault)."""
-    wait_serving(time.monotonic())
-    wait_watchdog_settled()
+def wait_outage(since: float, bound: float, model: str = SERVED) -> float:
+    """Seconds from `since` until a chat completion is not answered 200: a fault the engine takes a
+    moment to feel (the real vLLM answers from the head until its next step needs the dead rank)."""
+    code = "200"
+    while time.monotonic() - since < bound:
+        code = chat_code(model)
+        if code != "200":
+            return time.monotonic() - since
+        time.sleep(0.5)
+    raise AssertionError(f"the pair still served {bound} s after the fault (the fault never took effect)")
+
+
+def run_drill(key: str, bound: float = RECOVERY_BOUND_S, model: str = SERVED, inject=None,
+              outage_first: bool = False) -> tuple[float, float]:
+    """Inject drill `key` (or call `inject`) once the pair serves and its watchdog has settled;
+    (seconds until it serves again, epoch of the fault). outage_first: it serves again only after a
+    request has failed since the fault."""
+    wait_serving(time.monotonic(), bound, model)
+    wait_watchdog_settled(bound)
     epoch, start = time.time(), time.monotonic()
-    DRILLS[key].inject()
-    return wait_serving(start), epoch
+    (inject or DRILLS[key].inject)()
+    if outage_first:
+        wait_outage(start, bound, model)
+    return wait_serving(start, bound, model), epoch

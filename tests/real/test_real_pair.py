@@ -1,0 +1,178 @@
+"""The real vLLM across the two lab hosts, from sparkfleet's own units: the deploy, its second run, the
+state checks, a chat completion with the key, every route of the real app without it, the ranks on
+the fabric, the benchmark receipt, and the prewarm's compile cache as production loads it.
+
+One deploy (tests/real/conftest.py), then read-only checks of what it left; the drills that restart
+the pair are tests/real/test_real_watchdog.py, after these.
+"""
+import json
+import re
+import shlex
+
+import pytest
+
+from roles.api_proxy.schema import OPEN_PATHS
+from tests.e2e.lab import REPO, deploy, on, state_checks
+from tests.state.test_serving import plain_ipv4
+from tests.real.conftest import REAL_INVENTORY, SERVED
+
+pytestmark = pytest.mark.lab
+
+HEAD, WORKER = "spark-a", "spark-b"
+API = "http://127.0.0.1:8000"  # the API proxy on the profile's port
+ENGINE = "http://127.0.0.1:18000"  # the head's engine itself (api_proxy_engine_port), root on the head only
+KEY = "-K /etc/sparkfleet/api-key.curl"
+FABRIC = {HEAD: "198.19.77.1", WORKER: "198.19.77.2"}
+
+
+def post(url: str, body: dict, key: bool = True, timeout: int = 60) -> tuple[str, str]:
+    """(status, body) of a JSON POST from the head."""
+    out = on(HEAD, f"printf '%s' {shlex.quote(json.dumps(body))} | curl -sS -m {timeout} {KEY if key else ''} "
+                   f"-H 'Content-Type: application/json' --data-binary @- -w '\\n%{{http_code}}' {url}")
+    text, _, code = out.rpartition("\n")
+    return code.strip(), text
+
+
+def chat_body(max_tokens: int = 16) -> dict:
+    # ignore_eos: a random model may emit its end-of-sequence token at any step (vLLM's sampling params)
+    return {"model": SERVED, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+
+
+def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
+    run, _ = real_deploy
+    assert "sparkfleet serving lab-vllm-cpu" in run.output
+    again = deploy(inventory=REAL_INVENTORY)
+    assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
+
+
+def test_the_state_checks_pass_against_the_real_engine(real_deploy):
+    checks = state_checks(inventory=REAL_INVENTORY)
+    assert checks.returncode == 0, checks.output[-8000:]
+
+
+def test_both_units_run_the_real_vllm_not_a_stand_in(real_deploy):
+    for host, unit in ((HEAD, "sparkfleet-head"), (WORKER, "sparkfleet-worker")):
+        assert on(host, f"systemctl is-active {unit}").strip() == "active"
+        version = on(host, f"docker exec {unit} /opt/vllm/bin/python -c 'import importlib.metadata as m; "
+                           f"print(m.version(\"vllm-cpu\"), m.version(\"vllm\"))'").split()
+        assert version == ["0.32.0", "0.32.0+cpu"], version
+        assert on(host, f"docker exec {unit} sh -c 'test -e /usr/local/bin/vllm && echo stand-in || echo none'").strip() == "none"
+    cmd = json.loads(on(WORKER, "docker inspect --format '{{json .Config.Cmd}}' sparkfleet-worker"))
+    assert cmd[:2] == ["vllm", "serve"] and "--headless" in cmd and cmd[cmd.index("--node-rank") + 1] == "1"
+
+
+def test_a_chat_completion_with_the_key_returns_tokens_from_both_ranks(real_deploy):
+    code, text = post(f"{API}/v1/chat/completions", chat_body(16))
+    assert code == "200", text
+    reply = json.loads(text)
+    assert reply["model"] == SERVED and reply["usage"]["completion_tokens"] == 16, reply
+    assert reply["choices"][0]["message"]["content"], reply
+    # TP 2: every step ran on both ranks, which meet on the fabric (gloo on enp1s0f0np0, MTU 9000):
+    # the worker's engine holds TCP connections to the head's fabric address, none to its management one.
+    # (torch's sockets are dual-stack: an IPv4 peer shows IPv4-mapped, [::ffff:a.b.c.d]:port.)
+    peers = [[plain_ipv4(e) for e in line.split()[-2:]] for line in on(WORKER, "ss -Htn state established").splitlines()]
+    to_head = [(local, peer) for local, peer in peers if peer.startswith(FABRIC[HEAD] + ":")]
+    assert len(to_head) >= 2, f"the worker's engine has no connections to the head's fabric address: {peers}"
+    assert all(local.startswith(FABRIC[WORKER] + ":") for local, _ in to_head), to_head
+    assert not [p for p in peers if p[1].startswith("198.18.0.11:") and not p[1].endswith(":22")], peers
+    assert on(WORKER, "ip -o link show enp1s0f0np0").split("mtu ")[1].split()[0] == "9000"
+
+
+def routes_of_the_real_app() -> list[tuple[str, str]]:
+    """Every (method, path) the real app registers for the head's command line (tests/real/routes_in_image.py)."""
+    cmd = on(HEAD, "docker inspect --format '{{json .Config.Cmd}}' sparkfleet-head").strip()
+    image = on(HEAD, "docker inspect --format '{{.Config.Image}}' sparkfleet-head").strip()
+    script = (REPO / "tests" / "real" / "routes_in_image.py").read_text()
+    out = on(HEAD, f"docker run --rm --network none --env-file /etc/sparkfleet/sparkfleet-head.env --entrypoint "
+                   f"/opt/vllm/bin/python {shlex.quote(image)} -c {shlex.quote(script)} {shlex.quote(cmd)} 2>/dev/null")
+    table = json.loads(out.strip().splitlines()[-1])
+    assert table["version"].startswith("0.32.0"), table["version"]
+    return [tuple(r) for r in table["routes"]]
+
+
+def test_without_the_key_every_route_of_the_real_app_answers_401_and_invocations_would_not(real_deploy):
+    routes = routes_of_the_real_app()
+    assert ("POST", "/invocations") in routes and ("POST", "/v1/chat/completions") in routes, routes
+    # The engine itself (root on the head: the firewall's output chain lets nobody else reach its
+    # port): POST /invocations runs a completion without the key (vLLM's key check guards only
+    # /v1, /v2, /inference and /cohere: vllm/entrypoints/serve/middleware/authenticate.py).
+    code, text = post(f"{ENGINE}/invocations", chat_body(4), key=False)
+    assert code == "200" and json.loads(text)["usage"]["completion_tokens"] == 4, (code, text)
+    # Through the API proxy every route answers 401 without the key, but OPEN_PATHS.
+    probes = []
+    for method, path in routes:
+        concrete = re.sub(r"\{[^}]+\}", "x", path)
+        probes.append(f"echo \"{method} {path} $(curl -s -o /dev/null -m 10 -X {method} -w '%{{http_code}}' "
+                      f"{API}{shlex.quote(concrete)})\"")
+    answers = [line.rsplit(" ", 1) for line in on(HEAD, "; ".join(probes)).splitlines()]
+    assert len(answers) == len(routes)
+    for route, code in answers:
+        method, path = route.split(" ", 1)
+        expected = "200" if method in OPEN_PATHS.get(path, ()) else "401"
+        assert code == expected, f"{route}: {code} through the proxy without the key (expected {expected})"
+    code, text = post(f"{API}/invocations", chat_body(4), key=True)
+    assert code == "200", text  # with the key the route serves through the proxy
+
+
+def test_the_benchmark_receipt_was_taken_with_llama_benchy_against_the_real_engine(real_deploy):
+    run, _ = real_deploy
+    name = on(HEAD, "ls -t /var/lib/sparkfleet/receipts/lab-vllm-cpu/ | head -1").strip()
+    receipt = json.loads(on(HEAD, f"cat /var/lib/sparkfleet/receipts/lab-vllm-cpu/{name}"))
+    assert receipt["profile"] == "lab-vllm-cpu" and receipt["tool"].startswith("llama-benchy ")
+    assert receipt["image_id"] == on(HEAD, "docker inspect --format '{{.Image}}' sparkfleet-head").strip()
+    assert [f["concurrency"] for f in receipt["figures"]] == [1, 4]
+    assert all(f["decode_tps_aggregate"] > 0 and f["ttft_ms"] > 0 for f in receipt["figures"]), receipt["figures"]
+    assert receipt["cold_start_s"] > 0
+    print(f"\n  receipt of the real pair: cold start {receipt['cold_start_s']} s; "
+          + "; ".join(f"c{f['concurrency']}: TTFT {f['ttft_ms']} ms, {f['decode_tps_aggregate']} tok/s" for f in receipt["figures"]))
+
+
+# vLLM 0.32.0 on CPU compiles with torch.compile's inductor directly, at the engine's warm-up
+# (vllm/v1/worker/cpu_model_runner.py, between these two lines), into TORCHINDUCTOR_CACHE_DIR, which
+# the kernel-cache generation holds (roles/kernel_cache/schema.py).
+WARMUP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[cpu_model_runner\.py:\d+\] Warming up (model for the compilation|done)")
+
+
+def warmup_seconds(lines) -> float:
+    """Seconds from the last 'Warming up model for the compilation' to the 'Warming up done' after it."""
+    import datetime as dt
+    start = took = None
+    for line in lines:
+        if m := WARMUP.search(line):
+            at = dt.datetime.strptime(m.group(1), "%m-%d %H:%M:%S")
+            if m.group(2) == "done" and start is not None:
+                took = (at - start).total_seconds()
+            else:
+                start = at
+    assert took is not None, "no warm-up in the log"
+    return took
+
+
+def generation_files(host: str) -> tuple[list[str], list[str]]:
+    """(files in the served generation's manifest, files on disk there now)."""
+    gen = on(host, "readlink /var/lib/sparkfleet/kernel-cache/current").strip()
+    manifest = [line.split("\t")[2] for line in on(host, f"cat /var/lib/sparkfleet/kernel-cache/{gen}.manifest").splitlines()
+                if line and not line.startswith("#")]
+    disk = on(host, f"cd /var/lib/sparkfleet/kernel-cache/{gen} && find . -type f -printf '%P\\n'").split()
+    return sorted(manifest), sorted(disk)
+
+
+def test_production_loads_the_compile_cache_the_prewarm_wrote_on_both_ranks(real_deploy):
+    """The prewarm compiled (cold), the merge made its generation identical on both ranks, and
+    production started on it without compiling anything: not one file added to the generation on
+    either rank (a kernel whose key differed between the prewarm and production, e.g. by a setting
+    the prewarm changed, would be compiled and written there), and its warm-up was shorter."""
+    run, _ = real_deploy
+    listed = {}
+    for host, unit in ((HEAD, "sparkfleet-head"), (WORKER, "sparkfleet-worker")):
+        manifest, disk = generation_files(host)
+        assert [f for f in manifest if f.startswith("inductor/")], manifest  # the prewarm compiled into it
+        assert disk == manifest, f"{host}: production wrote to the prewarmed generation: {sorted(set(disk) - set(manifest))}"
+        listed[host] = manifest
+        prewarm = [line for line in run.output.splitlines() if f"[{host}] prewarm engine: " in line]
+        journal = on(host, f"journalctl -u {unit} -o cat --no-pager --since @{int(real_deploy[1]) - 900}").splitlines()
+        cold, warm = warmup_seconds(prewarm), warmup_seconds(journal)
+        print(f"\n  {host}: warm-up (torch.compile) in the prewarm {cold:.0f} s, in production {warm:.0f} s")
+        assert warm < cold, (cold, warm)
+    assert listed[HEAD] == listed[WORKER]  # the merge: every rank has every rank's kernels

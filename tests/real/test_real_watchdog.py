@@ -1,0 +1,100 @@
+"""The watchdog's drills against the real vLLM pair (after tests/real/test_real_pair.py, on the pair its
+deploy left): each rank SIGKILLed and SIGSTOPped, spark-b rebooted, a power cut of both hosts, and a
+worker that dies while the pair is starting, which leaves the real head hung (LAB-NOTES: over 10
+minutes, deaf to SIGTERM). Each must serve a chat completion again with no deploy, after a request
+has failed since the fault, and the watchdog's journal must say what it saw and did; a deploy
+afterwards changes nothing. Each time to recover is printed. (The give-up drill stays on the stand-in,
+tests/e2e/test_lab_drills.py: its repair deploy ships the whole image again.)
+"""
+import json
+import time
+
+import pytest
+
+from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
+    wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
+from tests.e2e.lab import deploy, on
+from tests.real.conftest import REAL_INVENTORY, SERVED
+
+pytestmark = pytest.mark.lab
+
+# lab/inventory_vllm_cpu.py's watchdog: 2 failed probes of 5 s + 5 s find a fault within 20 s; a
+# pair restart of the real engine takes ~40 s warm (the head's stop waits out stop_timeout_s 20 s
+# when its engine ignores SIGTERM). The README states this bound for the real pair.
+REAL_RECOVERY_BOUND_S = 300
+
+FAULTS = {
+    "worker SIGKILL": (WORKER, lambda: signal_engine(WORKER, "KILL"), "spark-b"),
+    "worker SIGSTOP": (WORKER, lambda: signal_every_engine_process(WORKER, "STOP"), "spark-b: sparkfleet-worker: process"),
+    "head SIGKILL": (HEAD, lambda: signal_engine(HEAD, "KILL"), "sparkfleet-head"),
+    "head SIGSTOP": (HEAD, lambda: signal_every_engine_process(HEAD, "STOP"), "sparkfleet-head"),
+}
+
+
+def report(capsys, line):
+    with capsys.disabled():
+        print(f"\n  real drill: {line}")
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_dead_or_frozen_real_rank_is_restarted_as_a_pair(real_deploy, fault, capsys):
+    host, inject, saw = FAULTS[fault]
+    took, since = run_drill(fault, REAL_RECOVERY_BOUND_S, SERVED, inject, outage_first=True)
+    report(capsys, f"{fault}: serving again after {took:.1f} s (bound {REAL_RECOVERY_BOUND_S} s)")
+    head = wait_journal(HEAD, since, "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
+    assert [line for line in head.splitlines() if "probe failed" in line and saw in line], head
+    assert "restarting the pair" in head, head
+
+
+@pytest.mark.parametrize("key", ["d", "e"])
+def test_after_a_reboot_or_a_power_cut_the_real_pair_serves_again_without_a_deploy(real_deploy, key, capsys):
+    took, since = run_drill(key, REAL_RECOVERY_BOUND_S, SERVED, outage_first=True)
+    report(capsys, f"{DRILLS[key].what}: serving again after {took:.1f} s, the boot included "
+                   f"(bound {REAL_RECOVERY_BOUND_S} s)")
+    for host in (HEAD, WORKER):
+        assert on(host, "systemctl is-enabled sparkfleet-watchdog " + UNITS[host]).split() == ["enabled", "enabled"]
+    # Whether the ranks met by themselves or the watchdog restarted them, the journal says which.
+    wait_journal(HEAD, since, "probe ok", "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
+
+
+def container_started(host: str) -> float:
+    """The epoch its rank's container started at (0 when none runs)."""
+    out = on(host, f"docker inspect --format '{{{{.State.StartedAt}}}}' {UNITS[host]} 2>/dev/null || true").strip()
+    if not out:
+        return 0.0
+    return float(on(host, f"date -d {out} +%s.%N").strip())
+
+
+def test_a_worker_that_dies_while_the_pair_starts_does_not_leave_the_head_hung(real_deploy, capsys):
+    """Found by running the real engine: a worker that fails while the head is starting leaves the
+    real vLLM head waiting for it for over ten minutes, deaf to SIGTERM. The watchdog must see the
+    worker restarted alone during the start-up grace, restart the pair at once (the head's container
+    killed after its stop timeout), and the pair must serve again, with no deploy."""
+    def inject():
+        signal_engine(WORKER, "KILL")  # the watchdog restarts the pair ...
+        deadline = time.monotonic() + REAL_RECOVERY_BOUND_S
+        while container_started(HEAD) < since_epoch:  # ... and its new head is starting:
+            assert time.monotonic() < deadline, "the watchdog never restarted the head"
+            time.sleep(1)
+        assert on(HEAD, "curl -s -o /dev/null -w '%{http_code}' -m 3 http://127.0.0.1:18000/health || true").strip() != "200"
+        signal_engine(WORKER, "KILL")  # the worker dies during the pair's start-up
+
+    since_epoch = time.time()
+    took, since = run_drill("startup", REAL_RECOVERY_BOUND_S, SERVED, inject, outage_first=True)
+    report(capsys, f"worker killed during the pair's start-up: serving again after {took:.1f} s "
+                   f"(bound {REAL_RECOVERY_BOUND_S} s)")
+    head = wait_journal(HEAD, since, "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
+    assert head.count("restarting the pair") >= 2, head  # once for the first kill, again during the start
+    # what it saw of the worker during the start: its container gone, stopped, or restarted by systemd
+    assert any(seen in head for seen in ("container sparkfleet-worker does not exist", "not running",
+                                         "container restarted on its own")), head
+
+
+def test_after_the_drills_a_deploy_changes_nothing(real_deploy):
+    wait_serving(time.monotonic(), REAL_RECOVERY_BOUND_S, SERVED)
+    wait_watchdog_settled(REAL_RECOVERY_BOUND_S)
+    state = json.loads(on(HEAD, "cat /var/lib/sparkfleet/watchdog/state.json"))
+    assert not state.get("gave_up"), state
+    run = deploy(inventory=REAL_INVENTORY)
+    assert run.returncode == 0 and run.changed() == [], run.output[-8000:]
+    assert "restarts the pair (generation" in watchdog_journal(WORKER, 0)
