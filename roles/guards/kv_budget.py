@@ -119,10 +119,15 @@ def kv_budget(name, *, utilization, mem_total_gib, weights_gib, drafter_gib, res
     )
 
 
-_ENGINE_KV = re.compile(r"GPU KV cache size:\s*([0-9,]+)\s*tokens")
+# vLLM 0.32.0 and 0.33.0 name the device: "GPU" on CUDA, else the device type upper-cased ("CPU" for
+# the CPU build the lab runs), " + host" after it with hisparse (vllm/v1/core/kv_cache_utils.py,
+# _kv_cache_device_name and update_kv_cache_capacity). The lab's real engine logged "CPU KV cache
+# size", which a pattern for "GPU" alone let pass unverified.
+_ENGINE_KV = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size:\s*([0-9,]+)\s*tokens")
 
 
 def engine_kv_tokens(log: str) -> int | None:
-    """The KV-cache size vLLM reports at start ("GPU KV cache size: 1,234,567 tokens"), last one wins."""
+    """The KV-cache size vLLM reports at start ("GPU KV cache size: 1,234,567 tokens", "CPU ..." on the
+    CPU build), last one wins."""
     found = _ENGINE_KV.findall(log)
     return int(found[-1].replace(",", "")) if found else None

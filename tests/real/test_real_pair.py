@@ -42,6 +42,8 @@ def chat_body(max_tokens: int = 16) -> dict:
 def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     run, _ = real_deploy
     assert "sparkfleet serving lab-vllm-cpu" in run.output
+    # the engine's own KV-cache size was read and checked against max_model_len (roles/guards/kv_budget.py)
+    assert "engine KV cache 131072 tokens >= max_model_len 8192" in run.output, run.output[-5000:]
     again = deploy(inventory=REAL_INVENTORY)
     assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
 

@@ -60,6 +60,10 @@ def test_engine_kv_size_is_read_from_the_log():
     log = "INFO ... GPU KV cache size: 655,360 tokens\nINFO Maximum concurrency ...\n"
     assert engine_kv_tokens(log) == 655360
     assert engine_kv_tokens("nothing here") is None
+    # the device as vLLM names it (vllm/v1/core/kv_cache_utils.py): the CPU build, and hisparse's host pool
+    cpu = "(EngineCore pid=20) INFO 12-01 12:46:11 [kv_cache_utils.py:2327] CPU KV cache size: 131,072 tokens, Maximum"
+    assert engine_kv_tokens(cpu) == 131072
+    assert engine_kv_tokens("INFO GPU + host KV cache size: 2,048 tokens") == 2048
 
 
 # --- Per rank for the group's TP x PP split ---------------------------------------------------
