@@ -195,16 +195,50 @@ def check_api_key(host, port: int, curl_config: str) -> None:
                 f"GET /v1/models 200 with it")
 
 
-def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,
-                    curl_config: str | None = None, key_file: str | None = None) -> None:
-    """Operation body: poll the head's /health with progress, bounded; then prove the API key is
-    required; print the endpoint and where its key is."""
-    from pyinfra import host
+WORKER_UNIT = "sparkfleet-worker"
 
+
+def container_identity_command(container: str) -> str:
+    """`<running> <started at> <pid>` of a container, or `gone`."""
+    return f"docker inspect -f '{{{{.State.Running}}}} {{{{.State.StartedAt}}}} {{{{.State.Pid}}}}' {container} 2>/dev/null || echo gone"
+
+
+def worker_lost(before: str, now: str) -> bool:
+    """Whether a worker's container seen as `before` at the start of the wait is no longer that running
+    container (gone, stopped, or another one: systemd restarted the unit after its engine exited)."""
+    return now != before or not now.startswith("true ")
+
+
+def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,
+                    curl_config: str | None = None, key_file: str | None = None, workers: tuple[str, ...] = ()) -> None:
+    """Operation body: poll the head's /health with progress, bounded; then prove the API key is
+    required; print the endpoint and where its key is. A worker whose engine exits meanwhile ends the
+    wait at once, naming it: found by the lab's real vLLM, a head whose worker died while the pair
+    started waits for it for over ten minutes, deaf to SIGTERM, so the bound alone would spend all of
+    serving_health_timeout_s (20 min by default) before saying anything."""
+    from pyinfra import host, state
+
+    peers = {name: state.inventory.get_host(name) for name in workers}
+    identity = StringCommand(container_identity_command(WORKER_UNIT))
+
+    def seen(peer) -> str:
+        ok, out = peer.run_shell_command(identity)
+        return out.stdout.strip() if ok else "unreachable"
+
+    at_start = {name: seen(peer) for name, peer in peers.items()}
     start = time.monotonic()
     last_report = 0.0
     code = ""
     while (elapsed := time.monotonic() - start) < timeout_s:
+        for name, peer in peers.items():
+            now = seen(peer)
+            if worker_lost(at_start[name], now):
+                _, log = peer.run_shell_command(StringCommand(f"journalctl -u {WORKER_UNIT} -n 30 --no-pager -o cat"))
+                raise DeployError(
+                    f"{name}: the worker's engine exited while the pair was starting (its container: "
+                    f"{at_start[name]} -> {now}), {elapsed:.0f} s into the head's start; the head cannot finish "
+                    f"starting without it (a vLLM head waits for a lost worker, deaf to SIGTERM). A re-run "
+                    f"restarts the pair. The worker's last lines:\n{log.stdout}")
         ok, out = host.run_shell_command(StringCommand(health_command(port)))
         code = out.stdout.strip() if ok else "no answer"
         if code == "200":

@@ -123,6 +123,7 @@ python.call(
     max_model_len=profile.max_model_len,
     curl_config=curl_config(node),
     key_file=key_file(node),
+    workers=tuple(w.name for w in cluster.workers) if restart else (),
     _if=lambda: on_head and (restart or not pair.healthy),
 )
 

@@ -90,6 +90,38 @@ def test_a_worker_that_dies_while_the_pair_starts_does_not_leave_the_head_hung(r
                                          "container restarted on its own")), head
 
 
+def test_a_deploy_whose_worker_dies_while_the_pair_starts_stops_at_once_and_says_so(real_deploy, capsys):
+    """The deploy's side of the same fault: its wait for the head's /health would spend the whole
+    serving_health_timeout_s on a head that can never finish; it must stop as soon as the worker's
+    engine is gone, naming the worker, and a re-run must bring the pair back."""
+    import threading
+
+    from tests.e2e.lab import Run
+
+    for host in (HEAD, WORKER):  # nothing but the deploy may restart the pair here
+        on(host, "systemctl stop sparkfleet-watchdog")
+    on(HEAD, "systemctl stop sparkfleet-head")  # the deploy finds the pair down and restarts it
+    since, result = time.time(), {}
+    thread = threading.Thread(target=lambda: result.setdefault("run", deploy(inventory=REAL_INVENTORY)))
+    thread.start()
+    deadline = time.monotonic() + REAL_RECOVERY_BOUND_S
+    while container_started(HEAD) < since:  # the deploy started the head: now the worker dies
+        assert time.monotonic() < deadline and thread.is_alive(), result
+        time.sleep(1)
+    killed = time.monotonic()
+    signal_engine(WORKER, "KILL")
+    thread.join(REAL_RECOVERY_BOUND_S)
+    run: Run = result["run"]
+    took = time.monotonic() - killed
+    assert run.returncode != 0, run.output[-5000:]
+    assert "spark-b: the worker's engine exited while the pair was starting" in run.output, run.output[-5000:]
+    assert took < 120, f"the deploy took {took:.0f} s to stop after the worker died"
+    report(capsys, f"deploy, worker killed during the pair's start-up: the deploy stopped {took:.1f} s later, naming it")
+    again = deploy(inventory=REAL_INVENTORY)
+    assert again.returncode == 0, again.output[-5000:]
+    wait_serving(time.monotonic(), REAL_RECOVERY_BOUND_S, SERVED)
+
+
 def test_after_the_drills_a_deploy_changes_nothing(real_deploy):
     wait_serving(time.monotonic(), REAL_RECOVERY_BOUND_S, SERVED)
     wait_watchdog_settled(REAL_RECOVERY_BOUND_S)

@@ -85,3 +85,15 @@ def test_the_real_profile_builds_the_lab_recipes_v4_lane_and_pins_what_the_cpu_b
     assert profile.env["VLLM_USE_AOT_COMPILE"] == "0" and "--kv-cache-memory-bytes" in profile.extra_args
     inventory = (REPO / "lab/inventory_vllm_cpu.py").read_text()
     assert '"VLLM_CPU_OMP_THREADS_BIND": "0"' in inventory and '"VLLM_CPU_OMP_THREADS_BIND": "1"' in inventory
+
+
+def test_a_worker_is_lost_when_its_container_is_gone_stopped_or_another_one():
+    from roles.serving.checks import container_identity_command, worker_lost
+
+    running = "true 2026-12-01T12:00:00.1Z 4242"
+    assert not worker_lost(running, running)
+    assert worker_lost(running, "gone") and worker_lost(running, "unreachable")
+    assert worker_lost(running, "false 2026-12-01T12:00:00.1Z 0")
+    assert worker_lost(running, "true 2026-12-01T12:00:09.7Z 5151")  # systemd started another one
+    assert worker_lost("gone", "gone")  # no worker running when the wait began: lost from the start
+    assert container_identity_command("sparkfleet-worker").endswith("sparkfleet-worker 2>/dev/null || echo gone")
