@@ -341,16 +341,15 @@ customize_engine_base() {
   local d=$1
   printf '#!/bin/sh\nexit 101\n' >"$d/usr/sbin/policy-rc.d"
   chmod 0755 "$d/usr/sbin/policy-rc.d"
-  cp /etc/resolv.conf "$d/etc/resolv.conf.build" # the machine's resolver, for the mirror, during the build only
   mv "$d/etc/resolv.conf" "$d/etc/resolv.conf.lab"
-  cp "$d/etc/resolv.conf.build" "$d/etc/resolv.conf"
+  cp /etc/resolv.conf "$d/etc/resolv.conf" # the machine's resolver, for the mirror, during the build only
   mount -t proc proc "$d/proc"
   local ok=0
   # shellcheck disable=SC2086
   chroot "$d" sh -c "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $ENGINE_PACKAGES" || ok=1
   umount "$d/proc"
   mv "$d/etc/resolv.conf.lab" "$d/etc/resolv.conf"
-  rm -f "$d/etc/resolv.conf.build" "$d/usr/sbin/policy-rc.d"
+  rm -f "$d/usr/sbin/policy-rc.d"
   chroot "$d" apt-get clean
   rm -rf "$d"/var/lib/apt/lists/*
   return $ok
@@ -848,6 +847,12 @@ stop_recipe_daemon() {
   return 1
 }
 
+# The real engine's wheelhouse (lab/wheelhouse.sh) when it is filled, else nothing.
+wheelhouse() {
+  local dir; dir=$(bash "$(dirname "$SELF")/wheelhouse.sh" --path)
+  if [[ -e $dir/.complete ]]; then printf '%s\n' "$dir"; fi
+}
+
 # Small deterministic stand-ins for every profile's model (lab/model/make-models.py), served as
 # http://198.18.0.1:8089/<model id>/ with <model id>.manifest beside each.
 ensure_models() {
@@ -856,8 +861,8 @@ ensure_models() {
   python3 "$here/model/make-models.py" "$MODELS_DIR" >"$LOG_DIR/models.log" || die "make-models failed ($LOG_DIR/models.log)"
   # The real engine's wheelhouse (lab/wheelhouse.sh, `make lab-wheels`), when filled: the lab
   # recipe's vllm-cpu/Dockerfile installs from http://198.18.0.1:8089/wheels/.
-  local wheels; wheels=$(bash "$here/wheelhouse.sh" --path)
-  if [[ -e $wheels/.complete ]]; then ln -sfn "$wheels" "$MODELS_DIR/wheels"; else rm -f "$MODELS_DIR/wheels"; fi
+  local wheels; wheels=$(wheelhouse)
+  if [[ -n $wheels ]]; then ln -sfn "$wheels" "$MODELS_DIR/wheels"; else rm -f "$MODELS_DIR/wheels"; fi
   if [[ -s $MODELS_PID ]] && pid_alive "$(<"$MODELS_PID")"; then
     say "models: http://$BRIDGE_IP:$MODELS_PORT/ (already served)"
     return 0
@@ -889,7 +894,7 @@ ensure_base_image() {
   done
   # The real engine's base, for the two-host pair only (lab/inventory_vllm_cpu.py), once its
   # wheelhouse is filled.
-  [[ $SIZE == 2 && -e $(bash "$(dirname "$SELF")/wheelhouse.sh" --path)/.complete ]] || return 0
+  [[ $SIZE == 2 && -n $(wheelhouse) ]] || return 0
   if ssh_lab spark-a docker image inspect "$ENGINE_BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
   ensure_engine_base
   tar -C "$ENGINE_BASE" -c . | ssh -F "$SSH_CONFIG" spark-a docker import - "$ENGINE_BASE_IMAGE" >/dev/null

@@ -15,7 +15,7 @@ from pyinfra.facts.files import Sha1File
 
 from roles.image.checks import image_ids
 from roles.serving.engine import (
-    IMAGE_VAR, env_file_path, exec_start, image_pin_path, mounted_files, rank_env, unit_name,
+    IMAGE_VAR, WORKER_UNIT, env_file_path, exec_start, image_pin_path, mounted_files, rank_env, unit_name,
 )
 from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, is_serving, pick_gid_index
 from roles.serving.schema import SFL_GID, node_profile
@@ -193,9 +193,6 @@ def check_api_key(host, port: int, curl_config: str) -> None:
         )
     logger.info(f"    [{host.name}] {', '.join(f'{m} {p}' for m, p in KEYLESS_PROBES)}: 401 without the API key; "
                 f"GET /v1/models 200 with it")
-
-
-WORKER_UNIT = "sparkfleet-worker"
 
 
 def container_identity_command(container: str) -> str:

@@ -63,8 +63,12 @@ def sglang_logging_config() -> dict:
 FORBIDDEN_ARGS = ("--load-format dummy", "--no-ple-offload-embedding")
 
 
+# Each rank's unit, and its container (docker run --name).
+HEAD_UNIT, WORKER_UNIT = "sparkfleet-head", "sparkfleet-worker"
+
+
 def unit_name(node) -> str:
-    return "sparkfleet-head" if node.is_head else "sparkfleet-worker"
+    return HEAD_UNIT if node.is_head else WORKER_UNIT
 
 
 def model_path(model: str) -> str:

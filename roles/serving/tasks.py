@@ -18,7 +18,7 @@ from roles.receipt.receipt import note_start
 from roles.serving.api_key import curl_config, key_file
 from roles.serving.checks import pair_state, wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
-from roles.serving.engine import unit_name
+from roles.serving.engine import HEAD_UNIT, WORKER_UNIT, unit_name
 from roles.serving.schema import SFL_GID, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
@@ -63,7 +63,7 @@ unchanged.service(
 )
 
 # 2b. A node that changed rank keeps no unit of its old role (it would start a second engine at boot).
-other_unit = "sparkfleet-worker" if node.is_head else "sparkfleet-head"
+other_unit = WORKER_UNIT if node.is_head else HEAD_UNIT
 other_present = host.get_fact(File, path=f"/etc/systemd/system/{other_unit}.service") is not None
 server.shell(
     name="Remove the unit of the other role",

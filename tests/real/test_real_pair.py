@@ -5,6 +5,7 @@ the fabric, the benchmark receipt, and the prewarm's compile cache as production
 One deploy (tests/real/conftest.py), then read-only checks of what it left; the drills that restart
 the pair are tests/real/test_real_watchdog.py, after these.
 """
+import datetime as dt
 import json
 import re
 import shlex
@@ -138,7 +139,6 @@ WARMUP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[cpu_model_runner\.py:\d+\] Wa
 
 def warmup_seconds(lines) -> float:
     """Seconds from the last 'Warming up model for the compilation' to the 'Warming up done' after it."""
-    import datetime as dt
     start = took = None
     for line in lines:
         if m := WARMUP.search(line):

@@ -7,13 +7,14 @@ afterwards changes nothing. Each time to recover is printed. (The give-up drill 
 tests/e2e/test_lab_drills.py: its repair deploy ships the whole image again.)
 """
 import json
+import threading
 import time
 
 import pytest
 
 from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
     wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
-from tests.e2e.lab import deploy, on
+from tests.e2e.lab import Run, deploy, on
 from tests.real.conftest import REAL_INVENTORY, SERVED
 
 pytestmark = pytest.mark.lab
@@ -94,10 +95,6 @@ def test_a_deploy_whose_worker_dies_while_the_pair_starts_stops_at_once_and_says
     """The deploy's side of the same fault: its wait for the head's /health would spend the whole
     serving_health_timeout_s on a head that can never finish; it must stop as soon as the worker's
     engine is gone, naming the worker, and a re-run must bring the pair back."""
-    import threading
-
-    from tests.e2e.lab import Run
-
     for host in (HEAD, WORKER):  # nothing but the deploy may restart the pair here
         on(host, "systemctl stop sparkfleet-watchdog")
     on(HEAD, "systemctl stop sparkfleet-head")  # the deploy finds the pair down and restarts it
