@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import yaml
 from pyinfra.api import FactBase
 
-from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS
+from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS, RENDERERS_SETTLED
 
 # Where netplan reads YAML (netplan's generate: /run, /etc and /lib, same-named files overriding in
 # that order) and where systemd-networkd reads .network files (systemd.network(5): /etc, /run,
@@ -60,6 +60,7 @@ class FabricConfigs(FactBase):
             f"echo \"kind=$(ip -d -j link show dev {n} 2>/dev/null | python3 -c "
             "'import json,sys; print((json.load(sys.stdin) or [{}])[0].get(\"linkinfo\", {}).get(\"info_kind\", \"\"))'"
             " 2>/dev/null)\"",
+            RENDERERS_SETTLED,  # an operator's `netplan apply` just before the deploy leaves NetworkManager starting
             "for u in NetworkManager systemd-networkd; do"
             " echo \"unit $u $(systemctl is-active $u 2>/dev/null | head -n1) $(systemctl is-enabled $u 2>/dev/null | head -n1)\"; done",
             f"for f in {netplan}; do [ -f \"$f\" ] || continue; echo \"netplan $f $(base64 -w0 < \"$f\")\"; done",

@@ -53,5 +53,10 @@ class FabricData(BaseModel):
 
 # The systemd unit behind each netplan renderer; it must be running for `netplan apply` to work.
 RENDERER_UNITS = {"NetworkManager": "NetworkManager", "networkd": "systemd-networkd"}
+# `netplan apply` restarts NetworkManager without waiting for it (netplan/cli/commands/apply.py:
+# systemctl_network_manager('start', sync=False) queues the start with --no-block), and nmcli answers
+# only once it runs. What reads a renderer after an apply waits for its queued jobs first (30 s at most).
+RENDERERS_SETTLED = ("for i in $(seq 150); do [ -z \"$(systemctl show -P Job "
+                     + " ".join(RENDERER_UNITS.values()) + " 2>/dev/null)\" ] && break; sleep 0.2; done")
 
 NETPLAN_FILE = "/etc/netplan/40-sparkfleet-fabric.yaml"

@@ -6,7 +6,7 @@ from pyinfra import host, logger, state
 from pyinfra.operations import python, server
 
 from roles.fabric.checks import fabric_others, fabric_state, netplan_text
-from roles.fabric.schema import NETPLAN_FILE
+from roles.fabric.schema import NETPLAN_FILE, RENDERERS_SETTLED
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
@@ -43,6 +43,6 @@ netplan_file = unchanged.put(
 live_drift = fabric.drift[host.name]
 server.shell(
     name="Apply netplan (fabric file or live link changed)",
-    commands=["netplan apply"],
+    commands=["netplan apply", RENDERERS_SETTLED],
     _if=lambda: netplan_file.did_change() or bool(live_drift) or bool(take_over and take_over.did_change()),
 )

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from roles.fabric.facts import ping_command
-from roles.fabric.schema import NETPLAN_FILE
+from roles.fabric.schema import NETPLAN_FILE, RENDERERS_SETTLED
 from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
 
 pytestmark = pytest.mark.lab
@@ -45,7 +45,7 @@ def renderer(request):
     def unconfigure():
         pause_watchdogs()  # a pair left serving must not be repaired under this module
         for h in HOSTS:
-            on(h, f"{CLEAN_PLANTED}; rm -f {NETPLAN_FILE} && netplan apply && ip addr flush dev {NETDEV} && "
+            on(h, f"{CLEAN_PLANTED}; rm -f {NETPLAN_FILE} && netplan apply && {RENDERERS_SETTLED} && ip addr flush dev {NETDEV} && "
                   f"ip link set {NETDEV} mtu 1500 down")
 
     unconfigure()  # under the renderer that wrote the file, so that nothing it generated outlives it
@@ -127,8 +127,8 @@ def test_preflight_failure_stops_the_deploy_before_any_change():
 
 def test_another_configuration_of_the_netdev_stops_the_deploy_naming_it(renderer):
     on("spark-b", f"umask 077; printf 'network:\\n  version: 2\\n  ethernets:\\n    {NETDEV}:\\n"
-                  f"      addresses: [{PLANTED_ADDRESS}]\\n' > {PLANTED_NETPLAN} && netplan apply")
-    on("spark-b", PLANTED[renderer][0])
+                  f"      addresses: [{PLANTED_ADDRESS}]\\n' > {PLANTED_NETPLAN} && netplan apply && {RENDERERS_SETTLED}")
+    on("spark-b", PLANTED[renderer][0])  # nmcli: NetworkManager runs again (netplan apply restarts it, --no-block)
     assert PLANTED_ADDRESS in on("spark-b", f"ip -br addr show dev {NETDEV}")  # it applies, beside ours
     run = deploy()
     assert run.returncode != 0
