@@ -122,7 +122,7 @@ DEFAULTS = {
     "backoff_s": 60.0,
     "startup_grace_s": 1200.0,
     "stale_after_s": None,  # derived when absent (stale_after())
-    "worker_wait_s": 300.0,  # a worker's bound on its container running after its restart
+    "worker_wait_s": 300.0,  # a rank's bound on its container running after its restart (the head's too)
     "ready_timeout_s": 1200.0,  # head: bound on the probe passing after the head started
     "command_timeout_s": 30.0,  # systemctl show, docker inspect
     "stop_timeout_s": 180.0,  # systemctl stop / restart (docker stop waits stop_timeout_s, then kills)
@@ -884,6 +884,17 @@ class Head(Node):
             self.act(f"{label}: systemctl start {cfg.unit} failed ({r.why()})")
         self.state["want"] = "serving"
         self.save()
+        # systemctl start returns before the unit's `docker run` has made the container: a probe now
+        # would find it absent and count that against the restart (seen in the lab: "container
+        # sparkfleet-head does not exist" 0.3 s after the start). Wait for it as a worker waits for
+        # its own; a start that failed, or no container within worker_wait_s, is the probes' to judge.
+        made_by = time.monotonic() + cfg.worker_wait_s
+        while not container_ok(container_state(self.runner, cfg)):
+            if start_failed(unit_state(self.runner, cfg)) or time.monotonic() >= made_by:
+                break
+            self.sleep(min(1.0, cfg.interval_s))
+        else:
+            say(f"{label}: {cfg.unit}'s container running after {secs(time.monotonic() - t0)}")
         deadline = time.monotonic() + cfg.ready_timeout_s
         poll = max(0.05, min(cfg.interval_s, 5.0))
         last_report = time.monotonic()

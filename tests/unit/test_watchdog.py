@@ -70,7 +70,15 @@ elif verb in ("start", "restart"):
     with open(os.path.join(W, "pids"), "a") as f:
         f.write(f"{{p.pid}}\n")
     started = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{{time.time_ns() % 10**9:09d}}Z"
-    json.dump({{"Status": "running", "Running": True, "Paused": False, "Pid": p.pid, "StartedAt": started}}, open(cfile, "w"))
+    container = {{"Status": "running", "Running": True, "Paused": False, "Pid": p.pid, "StartedAt": started}}
+    delay = os.path.join(W, "start_delay", unit)
+    if os.path.exists(delay):  # `docker run` creates the container a moment after systemctl returns
+        subprocess.Popen([sys.executable, "-S", "-c", "import json, sys, time; time.sleep(float(sys.argv[1])); "
+                          "json.dump(json.loads(sys.argv[2]), open(sys.argv[3], 'w'))",
+                          open(delay).read().strip(), json.dumps(container), cfile], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        json.dump(container, open(cfile, "w"))
     json.dump({{"active": "active", "started_usec": int(time.monotonic() * 1e6)}}, open(ufile, "w"))
     if unit == "sparkfleet-head":
         start_mode = os.path.join(W, "head_start_mode")
@@ -227,6 +235,12 @@ class World:
         """From now on every start of `unit` fails as a `docker run` of a missing image does (status 125)."""
         (self.dir / "start_fails").mkdir(exist_ok=True)
         (self.dir / "start_fails" / unit).write_text("")
+
+    def delay_starts(self, unit, seconds):
+        """From now on a start of `unit` creates its container `seconds` after systemctl returns (the
+        unit is active at once), as `docker run` does on a busy node."""
+        (self.dir / "start_delay").mkdir(exist_ok=True)
+        (self.dir / "start_delay" / unit).write_text(str(seconds))
 
     def container(self, unit):
         path = self.dir / "containers" / unit
@@ -544,6 +558,26 @@ def test_a_restart_whose_head_never_comes_up_fails_without_waiting_the_cold_star
     assert time.monotonic() - t0 < 20  # never ready_timeout_s (60 s)
     failed = lines(world.log("head"), "restart 1 failed after")[0]
     assert "container sparkfleet-head" in failed and "(2 probes in a row while waiting for the pair to serve)" in failed
+
+
+def test_a_head_container_created_a_moment_after_its_start_is_waited_for_not_judged_gone(world):
+    """systemctl start returns before the unit's `docker run` has created the head's container: the
+    restart waits for the container (as a worker waits for its own) before it probes, so even one
+    probe (failures_before_restart 1) does not judge the restart failed on a container not made yet.
+    Found in the lab with the real vLLM: `restart 1 failed after 6.9 s: container sparkfleet-head
+    does not exist (1 probes in a row ...)` 0.3 s after the head's start."""
+    world.deploy()
+    world.start_pair(head={"failures_before_restart": 1, "ready_timeout_s": 10})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.delay_starts(HEAD, 1.5)  # 7 probe intervals of 0.2 s
+    os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
+    (world.dir / "containers" / WORKER).unlink()  # --rm
+    wait_for(lambda: lines(world.log("head"), "the pair serves again") or lines(world.log("head"), "failed after"),
+             20, "the restart's end")
+    log = world.log("head")
+    assert not lines(log, "restart 1 failed"), log
+    assert lines(log, f"restart 1: {HEAD}'s container running after"), log
+    assert lines(log, "restart 1: the pair serves again after"), log
 
 
 def test_a_worker_state_left_from_before_a_reboot_is_not_taken_for_a_rank_restarted_alone(world):
