@@ -56,6 +56,8 @@ deploy's order:
   5. wait (bounded: ready_timeout_s, a cold start) for the probe to pass; log how long it all took.
 Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
 window_s that did not bring the pair back (the probe keeps running meanwhile; a pass cancels it).
+The window and the backoff run on this boot's monotonic clock (a wall-clock step moves neither; a
+reboot resets both: "clocks" below).
 Once max_restarts restarts that did not bring the pair back (or were interrupted) fell within
 window_s and the probe still fails, the head gives up (a restart that worked never counts: three
 unrelated crashes in a window are three recoveries, not a reason to stop serving): it stops the
@@ -215,6 +217,49 @@ def say(msg):
 
 def iso(t=None):
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() if t is None else t))
+
+
+# ---------------------------------------------------------------------------------------------- clocks
+# The restart window and the backoff run on CLOCK_MONOTONIC of this boot, never on the wall clock: a
+# restart recorded while the clock was a day ahead made the next wait 87060 s, and a step forward
+# forgot every restart in the window. Each restart records the boot it happened in; one from another
+# boot counts for nothing (a reboot resets the window and the backoff, deliberately). The wall-clock
+# fields beside them are for people reading the state.
+
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id():
+    try:
+        with open(BOOT_ID_FILE) as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"  # then a restart whose monotonic time is ahead of now is another boot's
+
+
+def restart_age_s(restart, now_mono, boot, since="started"):
+    """Seconds since `restart` started (since="finished": since it ended, or started if it never did),
+    on this boot's monotonic clock; None when it was recorded in another boot or without one."""
+    if restart.get("boot") != boot:
+        return None
+    at = restart.get(f"{since}_mono")
+    if at is None and since == "finished":
+        at = restart.get("started_mono")
+    try:
+        age = now_mono - float(at)
+    except (TypeError, ValueError):
+        return None
+    return age if age >= 0 else None
+
+
+def restarts_in_window(restarts, window_s, now_mono, boot):
+    """The restarts of this boot that started less than window_s ago (monotonic)."""
+    out = []
+    for r in restarts:
+        age = restart_age_s(r, now_mono, boot)
+        if age is not None and age < window_s:
+            out.append(r)
+    return out
 
 
 def secs(x):
@@ -632,6 +677,7 @@ class Stop(BaseException):
 class Node:
     def __init__(self, cfg):
         self.cfg, self.runner = cfg, Runner(cfg)
+        self.boot = boot_id()
         try:
             self.state = read_json(cfg.state_path)
         except FileNotFoundError:
@@ -685,8 +731,7 @@ class Head(Node):
 
     # ---- bookkeeping
     def recent_restarts(self):
-        now = time.time()
-        return [r for r in self.state["restarts"] if now - r["started_epoch"] < self.cfg.window_s]
+        return restarts_in_window(self.state["restarts"], self.cfg.window_s, time.monotonic(), self.boot)
 
     def record_probe(self, result):
         self.state["last_probe"] = {**{k: result[k] for k in ("ok", "reason", "latency_s", "at")},
@@ -789,13 +834,12 @@ class Head(Node):
             # Doubles with each failed restart in the window; after one that worked, backoff_s again.
             wait = cfg.backoff_s * 2 ** len(failed)
             # A restart whose watchdog was stopped before it ended has no end: count from its start.
-            due = (recent[-1].get("finished_epoch") or recent[-1]["started_epoch"]) + wait
-            left = due - time.time()
+            left = wait - (restart_age_s(recent[-1], time.monotonic(), self.boot, since="finished") or 0.0)
             if left > 0:
-                if self.backoff_told != (k, recent[-1]["started_epoch"]):
+                if self.backoff_told != (k, recent[-1].get("started_mono")):
                     self.act(f"{line}; restart {k} waits for its backoff: {secs(left)} more "
                              f"({num(wait)} s after restart {k - 1} ended)")
-                    self.backoff_told = (k, recent[-1]["started_epoch"])
+                    self.backoff_told = (k, recent[-1].get("started_mono"))
                 else:
                     say(line)
                 self.save()
@@ -835,7 +879,8 @@ class Head(Node):
         cfg = self.cfg
         label = f"restart {k}" if k else "restart"
         t0, t0_epoch = time.monotonic(), time.time()
-        entry = {"started": iso(t0_epoch), "started_epoch": round(t0_epoch, 3), "reason": reason}
+        entry = {"started": iso(t0_epoch), "started_epoch": round(t0_epoch, 3), "boot": self.boot,
+                 "started_mono": round(t0, 3), "reason": reason}
         if not resume:
             self.state["restarts"] = self.recent_restarts() + [entry]
             say(f"{label}: stopping {cfg.unit}")
@@ -925,11 +970,12 @@ class Head(Node):
 
     def finish_restart(self, ok, msg):
         self.act(msg)
-        now = time.time()
+        now, now_mono = time.time(), time.monotonic()
         if self.state["restarts"]:
             last = self.state["restarts"][-1]
-            last.update(finished=iso(now), finished_epoch=round(now, 3), ok=ok,
-                        took_s=round(now - last["started_epoch"], 1))
+            took = restart_age_s(last, now_mono, self.boot)
+            last.update(finished=iso(now), finished_epoch=round(now, 3), finished_mono=round(now_mono, 3), ok=ok,
+                        took_s=round(took if took is not None else now - last["started_epoch"], 1))
         self.failures = 0
         self.state["failures"] = 0
         self.save()

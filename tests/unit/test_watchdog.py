@@ -25,6 +25,7 @@ from tests.unit.test_lab_standin import free_port, wait_for  # the shared helper
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "roles" / "watchdog" / "sfl_watch.py"
 HEAD, WORKER = "sparkfleet-head", "sparkfleet-worker"
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # the fake nodes' boot: this machine's
 MUTATING = ("start", "stop", "restart")
 
 # The fakes: one Python program each, the world's directory baked in. A unit's start spawns a process
@@ -794,13 +795,54 @@ def test_a_restart_that_never_ended_still_backs_off(world):
     now = time.time()
     (world.dir / "head-state" / "state.json").write_text(json.dumps({
         "generation": 1, "want": "serving", "seq": 1,
-        "restarts": [{"started": "then", "started_epoch": now - 0.5, "reason": "test"}]}))
+        "restarts": [{"started": "then", "started_epoch": now - 0.5, "boot": BOOT,
+                      "started_mono": time.monotonic() - 0.5, "reason": "test"}]}))
     world.start_pair()
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     world.set_api("hang")
     wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
     assert lines(world.log("head"), "restarting the pair (restart 2 within 60 s; ")
     assert not lines(world.log("head"), "internal error")
+
+
+@pytest.mark.parametrize("clock", ["a day ahead", "a day behind", "another boot"])
+def test_the_window_and_the_backoff_follow_this_boots_monotonic_clock_not_the_wall_clock(world, clock):
+    """A restart recorded with the wall clock a day off (either way) is still the restart of 0.5 s
+    ago: the next one is restart 2 and waits only its backoff (with the wall clock, a day ahead made
+    that wait a day, and a day behind forgot it). One recorded in another boot counts for nothing:
+    a reboot resets the window and the backoff, deliberately."""
+    world.deploy()
+    skew = {"a day ahead": 86400, "a day behind": -86400, "another boot": 0}[clock]
+    (world.dir / "head-state" / "state.json").write_text(json.dumps({
+        "generation": 1, "want": "serving", "seq": 1,
+        "restarts": [{"started": "then", "started_epoch": time.time() - 0.5 + skew,
+                      "finished_epoch": time.time() - 0.4 + skew, "ok": False,
+                      "boot": BOOT if clock != "another boot" else "0" * 8 + BOOT[8:],
+                      "started_mono": time.monotonic() - 0.5, "finished_mono": time.monotonic() - 0.4,
+                      "reason": "test"}]}))
+    world.start_pair(head={"backoff_s": 3, "max_restarts": 2})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.set_api("hang")
+    wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
+    log = world.log("head")
+    k = 1 if clock == "another boot" else 2
+    assert lines(log, f"restarting the pair (restart {k} within 60 s; {k - 1} failed"), log
+    if k == 2:  # the backoff after one failed restart: backoff_s * 2, from its end 0.4 s before the start
+        assert lines(log, "restart 2 waits for its backoff") and lines(log, "(6 s after restart 1 ended)"), log
+
+
+def test_restart_ages_are_monotonic_and_of_this_boot_only():
+    """The program's own arithmetic, on recorded restarts: ages from the monotonic fields, None for
+    another boot's (or a monotonic time ahead of now: a boot whose id could not be read)."""
+    mod = {}
+    exec(compile(PROGRAM.read_text(), str(PROGRAM), "exec"), mod)
+    age, window = mod["restart_age_s"], mod["restarts_in_window"]
+    r = {"boot": "b1", "started_mono": 100.0, "finished_mono": 130.0, "started_epoch": 1e12}
+    assert age(r, 160.0, "b1") == 60.0 and age(r, 160.0, "b1", since="finished") == 30.0
+    assert age(r, 160.0, "b2") is None and age(r, 90.0, "b1") is None
+    assert age({"boot": "b1", "started_mono": 100.0}, 160.0, "b1", since="finished") == 60.0
+    assert age({"boot": "b1", "started_epoch": 5.0}, 160.0, "b1") is None  # no monotonic record
+    assert window([r, {**r, "started_mono": 10.0}, {**r, "boot": "b0"}], 100.0, 160.0, "b1") == [r]
 
 
 def test_bad_configs_are_refused(tmp_path):
