@@ -225,12 +225,22 @@ def check_disk(dest, need, margin_gib):
 
 
 def write_atomic(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".manifest-")
+    """A temporary file, fsynced, renamed into place, then its directory fsynced: after a power cut
+    the manifest is the old one or the new one, whole."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def finish(dest, out, header, entries=None):

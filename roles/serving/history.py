@@ -65,11 +65,14 @@ def last_served(events: list[Event]) -> str | None:
 
 
 def record_command(path: str, event: str, commit: str) -> str:
-    """Append one event, stamped with the node's UTC clock."""
+    """Append one event, stamped with the node's UTC clock, and fsync the file and its directory
+    (coreutils `sync FILE...`), so that a power cut right after a deploy does not lose it (a line
+    torn by one is skipped by parse_history)."""
     if event not in EVENTS:
         raise ValueError(f"unknown history event {event!r}")
     p = shlex.quote(path)
-    return f"mkdir -p $(dirname {p}) && echo \"$(date -u {TIME_FORMAT}) {event} {shlex.quote(commit)}\" >> {p}"
+    return (f"mkdir -p $(dirname {p}) && echo \"$(date -u {TIME_FORMAT}) {event} {shlex.quote(commit)}\" >> {p}"
+            f" && sync {p} \"$(dirname {p})\"")
 
 
 def wait_then_record(history: str, commit: str, **wait) -> None:

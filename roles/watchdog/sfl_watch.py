@@ -445,14 +445,24 @@ def read_json(path):
 
 
 def write_state(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".state-")
+    """Durably: a temporary file, fsynced, renamed over the state, then the directory fsynced, so that
+    after a power cut the state is the old one or the new one, whole (a give-up is not forgotten)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state-")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -678,6 +688,7 @@ class Node:
     def __init__(self, cfg):
         self.cfg, self.runner = cfg, Runner(cfg)
         self.boot = boot_id()
+        self.save_failed = None  # why the last save failed (said once), or None
         try:
             self.state = read_json(cfg.state_path)
         except FileNotFoundError:
@@ -711,7 +722,22 @@ class Node:
         self.state.update(fields)
         self.state.update(role=self.cfg.role, node=self.cfg.node, unit=self.cfg.unit, container_name=self.cfg.container,
                           seq=self.seq, updated=iso(), updated_epoch=round(time.time(), 3), pid_watchdog=os.getpid())
-        write_state(self.cfg.state_path, self.state)
+        path = self.cfg.state_path
+        try:
+            write_state(path, self.state)
+        except OSError as e:
+            # A full disk (or any write error) must not kill the loop: systemd would restart it every
+            # few seconds and nothing would watch the pair. It goes on from its state in memory.
+            why = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+            if self.save_failed != why:
+                say(f"cannot save its state to {path}: {why}; it goes on watching from memory (its peers "
+                    f"read the last state it saved, and `status` shows that state growing stale)")
+            self.save_failed = why
+            return False
+        if self.save_failed:
+            say(f"its state is saved again to {path}")
+            self.save_failed = None
+        return True
 
     def sleep(self, seconds):
         time.sleep(max(0.0, seconds))
@@ -1201,8 +1227,7 @@ def cmd_deployed(cfg):
         return 1
     node = (Head if cfg.role == "head" else Worker)(cfg)
     node.handed_over()
-    node.save()
-    return 0
+    return 0 if node.save() else 1  # the deploy must not start a watchdog on a hand-over it did not save
 
 
 def cmd_probe(cfg):

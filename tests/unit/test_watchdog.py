@@ -728,6 +728,39 @@ def test_a_stale_worker_state_is_reported_but_restarts_nothing(world):
     assert status.returncode == 1 and "spark-b: state not updated for" in status.stdout.splitlines()[-1]
 
 
+def test_a_state_that_cannot_be_saved_leaves_the_watchdog_watching_and_saying_why(world):
+    """A save that fails (a full disk; here the state directory replaced by a file, so every write
+    fails) must not end the loop: it says why once, goes on probing from memory, says when it can
+    save again, and `deployed` refuses to report a hand-over it could not save."""
+    world.deploy()
+    world.start_pair()
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    state_dir, kept = world.dir / "head-state", world.dir / "head-state.kept"
+    state_dir.rename(kept)
+    state_dir.write_text("not a directory\n")
+    wait_for(lambda: lines(world.log("head"), "cannot save its state to"), 10, "the failure said")
+    time.sleep(1.5)  # seven probe intervals
+    assert world.procs["head"].poll() is None, world.log("head")
+    log = world.log("head")
+    assert len(lines(log, "cannot save its state to")) == 1, log  # said once, not at every probe
+    assert lines(log, "it goes on watching from memory"), log
+    state_dir.unlink()
+    kept.rename(state_dir)
+    wait_for(lambda: lines(world.log("head"), "its state is saved again"), 10, "the state saved again")
+    broke_at = time.time() - 1.5
+    seq = world.state("head")["seq"]
+    wait_for(lambda: world.state("head")["seq"] > seq + 2, 10, "states written again")
+    head = world.state("head")
+    assert head["last_probe"]["ok"] and head["updated_epoch"] > broke_at + 1.5
+    world.stop("head")
+    state_dir.rename(kept)
+    state_dir.write_text("not a directory\n")
+    r = world.command("deployed", "head")
+    assert r.returncode == 1 and "cannot save its state to" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    state_dir.unlink()
+    kept.rename(state_dir)
+
+
 def test_a_deploy_hands_back_a_pair_whose_restart_it_interrupted(world):
     """The deploy stops the watchdogs mid-restart, restarts the pair itself and runs `deployed`: the
     interrupted restart is not resumed when the watchdogs start again (no rank restarted alone)."""
