@@ -112,6 +112,9 @@ import urllib.request
 PREFIX = "sparkfleet-watchdog"
 ACTIONS_KEPT = 20
 STATE_FILE = "state.json"
+# A peer's state is a few KiB (20 actions, the restarts of one window); anything larger is refused
+# unread: a broken or spoofed peer must not make this loop read or parse without bound.
+STATE_MAX_BYTES = 256 * 1024
 
 DEFAULTS = {
     "node": None,  # this node's name (default: the host name)
@@ -436,12 +439,41 @@ def kill_if_frozen(runner, cfg):
 
 # ------------------------------------------------------------------------------------------- state files
 
-def read_json(path):
+def read_json(path, max_bytes=None):
     with open(path) as f:
-        data = json.load(f)
+        text = f.read(max_bytes + 1) if max_bytes else f.read()
+    if max_bytes and len(text) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes: refused unread")
+    data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data
+
+
+# What each side reads of its peer's state, and the types it must have (None allowed where listed):
+# a state that breaks them is refused whole, as one that cannot be read.
+PEER_FIELDS = {
+    "head": {"generation": (int,), "want": (str,), "gave_up": (dict, type(None))},
+    "worker": {"handled_generation": (int, type(None)), "failed_generation": (int, type(None)),
+               "container": (str, type(None)), "process": (str, type(None)), "seq": (int, type(None))},
+}
+HEAD_WANTS = ("serving", "restarting", "stopped")
+
+
+def peer_state_problem(state, role):
+    """Why `state` (the peer's, of `role`) is not one to act on, or None."""
+    for key, types in PEER_FIELDS[role].items():
+        value = state.get(key)
+        if key in state and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"{key} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
+    if role == "head":
+        if "generation" not in state:
+            return "it has no generation"
+        if state["generation"] < 0:
+            return f"generation {state['generation']} is negative"
+        if state.get("want") not in HEAD_WANTS:
+            return f"want {state.get('want')!r} is none of {', '.join(HEAD_WANTS)}"
+    return None
 
 
 def write_state(path, data):
@@ -471,11 +503,22 @@ def write_state(path, data):
         raise
 
 
-def fetch_state(runner, cfg, source):
-    """(peer state dict, None) or (None, why). source: rsync://... (the peer's rsync daemon) or a path."""
+def fetch_state(runner, cfg, source, role=None):
+    """(peer state dict, None) or (None, why). source: rsync://... (the peer's rsync daemon) or a path;
+    role: the peer's ("head" or "worker"), whose fields are checked (peer_state_problem); a state
+    over STATE_MAX_BYTES is refused unread."""
+    state, why = _fetch_state(runner, cfg, source)
+    if state is not None and role:
+        problem = peer_state_problem(state, role)
+        if problem:
+            return None, f"{source}: not a {role}'s state to act on: {problem}"
+    return state, why
+
+
+def _fetch_state(runner, cfg, source):
     if not source.startswith("rsync://"):
         try:
-            return read_json(source), None
+            return read_json(source, STATE_MAX_BYTES), None
         except FileNotFoundError:
             return None, f"{source} does not exist"
         except (OSError, ValueError) as e:
@@ -488,14 +531,16 @@ def fetch_state(runner, cfg, source):
         # no symlink, device or special file and keeps no owner; said here as sfl_files.py's SAFE_RSYNC
         # says it for every other transfer (the peer's daemon refuses -l -D -o -g anyway).
         safe = ["--no-links", "--no-devices", "--no-specials", "--no-owner", "--no-group", "--chmod=ug-s"]
-        r = runner.run("rsync", ["--quiet", *safe, f"--timeout={t}", f"--contimeout={t}", source, dest],
-                       cfg.rsync_timeout_s + 5)
+        r = runner.run("rsync", ["--quiet", *safe, f"--max-size={STATE_MAX_BYTES}", f"--timeout={t}",
+                                 f"--contimeout={t}", source, dest], cfg.rsync_timeout_s + 5)
         if not r.ok and "No such file or directory" in (r.err or ""):
             return None, f"{source}: no state written yet (that node's watchdog has not run since it was installed)"
         if not r.ok:
             return None, f"rsync {source}: {r.why()}"
+        if not os.path.exists(dest):  # --max-size skips a larger file without an error
+            return None, f"{source}: larger than {STATE_MAX_BYTES} bytes: refused unread"
         try:
-            return read_json(dest), None
+            return read_json(dest, STATE_MAX_BYTES), None
         except (OSError, ValueError) as e:
             return None, f"{source}: {e}"
     finally:
@@ -609,7 +654,7 @@ class Probe:
 
     def worker_view(self, w):
         """(view for the head's state, problem or None, its severity)."""
-        state, err = fetch_state(self.runner, self.cfg, w["state"])
+        state, err = fetch_state(self.runner, self.cfg, w["state"], role="worker")
         now = time.monotonic()
         name = w["name"]
         if state is not None:
@@ -890,7 +935,7 @@ class Head(Node):
         {worker: why} of those whose restart for generation failed for good)."""
         pending, failed = {}, {}
         for w in self.cfg.workers:
-            state, err = fetch_state(self.runner, self.cfg, w["state"])
+            state, err = fetch_state(self.runner, self.cfg, w["state"], role="worker")
             if state is None:
                 pending[w["name"]] = f"state unreadable ({err})"
             elif state.get("handled_generation") != generation:
@@ -1033,8 +1078,18 @@ class Worker(Node):
             self.state["busy"] = None
 
     def handed_over(self):
+        self.state["last_restart"] = None  # the head's restarts start afresh, so does their spacing
         self.act(f"a deploy handed the pair back (this rank's watchdog was stopped meanwhile); following head "
                  f"{self.cfg.head['name']} from handled generation {self.state.get('handled_generation')}")
+
+    def restart_spacing_left(self):
+        """(seconds before the head's rules allow another restart of this rank, seconds since its last
+        one ended), on this boot's monotonic clock; (0, None) when none ended in this boot."""
+        last = self.state.get("last_restart") or {}
+        ago = restart_age_s(last, time.monotonic(), self.boot, since="finished")
+        if ago is None:
+            return 0.0, None
+        return max(0.0, self.cfg.backoff_s - ago), ago
 
     def observe(self):
         """This rank's container and unit into the state; the container's state returned."""
@@ -1057,7 +1112,7 @@ class Worker(Node):
 
     def tick(self):
         cfg = self.cfg
-        head, err = fetch_state(self.runner, cfg, cfg.head["state"])
+        head, err = fetch_state(self.runner, cfg, cfg.head["state"], role="head")
         if head is None:
             self.say_limited("unreachable", f"head {cfg.head['name']}'s state unreachable ({err}); doing nothing",
                              cfg.unreachable_log_every_s)
@@ -1070,10 +1125,18 @@ class Worker(Node):
             self.forget("unreachable")
         gen, want, handled = head.get("generation"), head.get("want"), self.state.get("handled_generation")
         self.state["head"] = {"reachable": True, "generation": gen, "want": want, "at": iso()}
-        if not isinstance(gen, int):
-            self.say_limited("bad", f"head {cfg.head['name']}'s state has no generation; doing nothing", 300)
-        elif want == "restarting" and gen != handled:
-            self.restart(gen)
+        if want == "restarting" and gen != handled:
+            left, ago = self.restart_spacing_left()
+            if left > 0:
+                # The head starts restart k+1 no sooner than backoff_s after restart k ended, and this
+                # rank's part of k ended before the head's did: a request sooner than that is not the
+                # head's own rules at work (a broken or spoofed state). It waits, it is not refused.
+                self.say_limited("spacing", f"head {cfg.head['name']} asks for generation {gen}'s restart "
+                                 f"{secs(ago)} after this rank's last restart ended, sooner than the head's backoff "
+                                 f"({num(cfg.backoff_s)} s) allows: it waits {secs(left)}", cfg.backoff_s)
+            else:
+                self.forget("spacing")
+                self.restart(gen)
         elif gen != handled:
             if handled is None:
                 self.act(f"first sight of head {cfg.head['name']}: adopting its generation {gen} ({want}) "
@@ -1137,6 +1200,7 @@ class Worker(Node):
         finally:
             self.state["busy"] = None
             self.state["handled_generation"] = gen
+            self.state["last_restart"] = {"generation": gen, "boot": self.boot, "finished_mono": round(time.monotonic(), 3)}
 
 
 # -------------------------------------------------------------------------------------------- commands

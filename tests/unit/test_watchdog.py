@@ -878,6 +878,60 @@ def test_restart_ages_are_monotonic_and_of_this_boot_only():
     assert window([r, {**r, "started_mono": 10.0}, {**r, "boot": "b0"}], 100.0, 160.0, "b1") == [r]
 
 
+def write_head_state(world, **state):
+    """The head's state.json as a broken or spoofed head would leave it (no head watchdog runs)."""
+    path = world.dir / "head-state" / "state.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"role": "head", "seq": 1, "want": "serving", **state}))
+    os.replace(tmp, path)
+
+
+def test_a_head_asking_for_a_restart_at_every_read_gets_one_per_backoff(world):
+    """A spoofed or broken head state whose generation moves at every read, want = restarting: the
+    worker restarts its rank no sooner than backoff_s after its last restart ended (the head's own
+    rules never ask sooner), not at every read."""
+    world.deploy()
+    write_head_state(world, generation=1)
+    world.start("worker", backoff_s=2)
+    wait_for(lambda: world.state("worker").get("handled_generation") == 1, 10, "the worker adopting generation 1")
+    t0, gen, stop = time.time(), [1], threading.Event()
+
+    def spoof():
+        while not stop.is_set():
+            gen[0] += 1
+            write_head_state(world, generation=gen[0], want="restarting")
+            time.sleep(0.15)
+
+    thread = threading.Thread(target=spoof, daemon=True)
+    thread.start()
+    time.sleep(4.5)
+    stop.set()
+    thread.join()
+    restarts = [c for c in world.calls(since=t0) if c == f"restart {WORKER}.service"]
+    # one at once, then one each 2 s after the previous ended: 3 at most in 4.5 s (20+ reads asked)
+    assert 1 <= len(restarts) <= 3, restarts
+    assert gen[0] > 20
+    assert lines(world.log("worker"), "sooner than the head's backoff (2 s) allows: it waits"), world.log("worker")
+
+
+@pytest.mark.parametrize("broken", ["oversized", "generation a string", "want unknown"])
+def test_a_head_state_too_large_or_of_the_wrong_shape_is_refused_unread(world, broken):
+    world.deploy()
+    extra = {"oversized": {"generation": 5, "want": "restarting", "filler": "x" * (300 * 1024)},
+             "generation a string": {"generation": "5", "want": "restarting"},
+             "want unknown": {"generation": 5, "want": "reboot-everything"}}[broken]
+    write_head_state(world, **extra)
+    t0 = time.time()
+    world.start("worker")
+    why = {"oversized": "larger than 262144 bytes: refused unread",
+           "generation a string": "not a head's state to act on: generation is str, not int",
+           "want unknown": "not a head's state to act on: want 'reboot-everything' is none of serving, restarting, stopped"}
+    wait_for(lambda: lines(world.log("worker"), why[broken]), 10, "the refusal")
+    time.sleep(0.5)
+    assert world.calls(since=t0) == []  # nothing restarted or stopped
+    assert world.state("worker")["head"]["reachable"] is False
+
+
 def test_bad_configs_are_refused(tmp_path):
     cases = {
         "unknown key": ({"role": "head", "unit": "u", "container": "c", "state_dir": "/x", "port": 1, "model": "m",
