@@ -81,11 +81,13 @@ hands back serves (the deploy awaited it), so on the head a restart the stop int
 
 A worker's loop, every follow_interval_s: read the head's state, then
   * want == restarting and generation != handled_generation: `systemctl restart` its unit, wait
-    (bounded) for its container to run, set handled_generation = generation;
+    (bounded) for its container to run, set handled_generation = generation; no sooner than
+    backoff_s after its last restart ended (the head's own backoff never asks sooner);
   * otherwise generation != handled_generation (the head's state was reset, this worker's state is
     new, or it missed a restart the head finished): adopt the head's generation without restarting;
   * want == stopped: stop its unit, once per give-up (gave_up.at remembered as handled_stop);
-  * the head's state unreachable: do nothing but log (rate-limited);
+  * the head's state unreachable, over STATE_MAX_BYTES or of the wrong shape: do nothing but log
+    (rate-limited);
 and always write its own state (updated, seq, container running | absent | <docker status>, the
 stopped processes if any).
 
