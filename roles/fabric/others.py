@@ -61,7 +61,7 @@ class FabricConfigs(FactBase):
             "'import json,sys; print((json.load(sys.stdin) or [{}])[0].get(\"linkinfo\", {}).get(\"info_kind\", \"\"))'"
             " 2>/dev/null)\"",
             RENDERERS_SETTLED,  # an operator's `netplan apply` just before the deploy leaves NetworkManager starting
-            "for u in NetworkManager systemd-networkd; do"
+            f"for u in {' '.join(RENDERER_UNITS.values())}; do"
             " echo \"unit $u $(systemctl is-active $u 2>/dev/null | head -n1) $(systemctl is-enabled $u 2>/dev/null | head -n1)\"; done",
             f"for f in {netplan}; do [ -f \"$f\" ] || continue; echo \"netplan $f $(base64 -w0 < \"$f\")\"; done",
             f"for f in {networkd}; do [ -e \"$f\" ] || [ -L \"$f\" ] || continue;"
