@@ -10,6 +10,10 @@ from roles.rolling.checks import turn_order
 from sparkfleet.run import refusals_stop_the_run
 
 with refusals_stop_the_run():
+    # 0. One run at a time: the deploy lock on every node, before any fact is read; a live holder
+    #    is named and refused, a dead one's lock taken over (roles/lock).
+    local.include("roles/lock/tasks.py")
+
     # 1. Every node's facts in one table; hard requirements stop the deploy before any change.
     local.include("roles/preflight/tasks.py")
 

@@ -11,5 +11,6 @@ from sparkfleet.rollback import override_with_previous
 from sparkfleet.run import refusals_stop_the_run
 
 with refusals_stop_the_run():
+    local.include("roles/lock/tasks.py")  # before the history is read: one run at a time (roles/lock)
     override_with_previous(state)
 local.include("deploy.py")

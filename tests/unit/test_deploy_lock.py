@@ -1,0 +1,111 @@
+"""roles/lock: the deploy lock's decisions (pure), the recorded command (no secret in it), and the
+node's program run for real on this machine: real /proc, real flock, a real live and a dead session."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roles.lock import lock, node_lock
+
+PROGRAM = Path(lock.__file__).parent / "node_lock.py"
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def node(action, path, holder=None):
+    args = [sys.executable, "-c", PROGRAM.read_text(), action, str(path)] + ([json.dumps(holder)] if holder else [])
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def session_of(pid: int) -> dict:
+    return {"pid": pid, "start": node_lock.stat(pid)[2], "boot": BOOT, "via": "sshd"}
+
+
+MINE = {"pid": 10, "start": 5, "boot": "b"}
+
+
+@pytest.mark.parametrize("current, alive, expected", [
+    (None, False, "took"),
+    ({"session": dict(MINE)}, True, "held"),
+    ({"session": {"pid": 11, "start": 5, "boot": "b"}}, True, "refused"),
+    ({"session": {"pid": 11, "start": 5, "boot": "b"}}, False, "took_over"),
+    ({"session": {"pid": 10, "start": 6, "boot": "b"}}, False, "took_over"),  # the pid reused
+    ({"broken": "{not json"}, True, "took_over"),
+    ([1, 2], True, "took_over"),
+])
+def test_a_lock_is_taken_kept_refused_or_taken_over_by_its_holder_s_session(current, alive, expected):
+    assert node_lock.decide(current, MINE, lambda s: alive) == expected
+
+
+def test_a_session_is_alive_only_in_the_same_boot_with_the_same_pid_and_start_time():
+    me = session_of(os.getpid())
+    assert node_lock.alive(me)
+    assert not node_lock.alive({**me, "start": me["start"] + 1})
+    assert not node_lock.alive({**me, "boot": "another boot"})
+    assert not node_lock.alive({**me, "pid": "12"}) and not node_lock.alive(None)
+
+
+def test_the_recorded_command_leaves_out_secret_data_values_and_keeps_the_rest():
+    argv = ["/opt/venv/bin/pyinfra", "-y", "inventory.py", "deploy.py", "--data", "serving_api_key=sk-123",
+            "--data=hf_token=hf_abc", "--data", "recipe_commit=abc123"]
+    text = lock.recorded_command(argv)
+    assert "sk-123" not in text and "hf_abc" not in text
+    assert text == ("pyinfra -y inventory.py deploy.py --data serving_api_key=*** --data=hf_token=*** "
+                    "--data recipe_commit=abc123")
+
+
+def test_the_node_program_takes_keeps_refuses_takes_over_and_releases(tmp_path):
+    path = tmp_path / "run" / "deploy.lock"
+    holder = {"controller": "laptop-1", "user": "ops", "pid": 4242, "started": "then", "command": "pyinfra"}
+
+    first = node("take", path, holder)  # every call is a new process under this test: one session
+    assert first["result"] == "took" and first["holder"] is None
+    record = json.loads(path.read_text())
+    assert record["controller"] == "laptop-1" and record["session"]["boot"] == BOOT
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert node("take", path, holder)["result"] == "held"
+    assert node("show", path)["result"] == "alive"
+
+    # A live session that is not this one: a process that is running now.
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        path.write_text(json.dumps({**holder, "pid": 7, "session": session_of(other.pid)}))
+        refused = node("take", path, holder)
+        assert refused["result"] == "refused" and refused["holder"]["pid"] == 7
+        assert node("release", path)["result"] == "not_ours" and path.exists()
+    finally:
+        other.kill()
+        other.wait()
+    # The same session once it has ended: taken over, and the record it replaced is returned.
+    assert node("show", path)["result"] == "gone"
+    took = node("take", path, holder)
+    assert took["result"] == "took_over" and took["holder"]["pid"] == 7
+    assert node("release", path)["result"] == "released" and not path.exists()
+    assert node("release", path)["result"] == "absent"
+
+
+def test_two_takes_at_the_same_instant_give_one_lock(tmp_path):
+    """Each take's read-modify-write is under flock: of many processes asking at once from
+    different live sessions, exactly one takes it. Each asks from its own session: a shell that
+    stays alive (`sh -c '...; sleep'`) is made the session leader by setsid, and the program is
+    told to know no sshd (so it takes the session leader, its fallback, whoever runs this test)."""
+    path = tmp_path / "deploy.lock"
+    script = f"{sys.executable} -c \"$P\" take {path} '{{}}' > {tmp_path}/$1.out; sleep 30"
+    source = PROGRAM.read_text()
+    assert 'SSHD = ("sshd", "sshd-session")' in source
+    env = {**os.environ, "P": source.replace('SSHD = ("sshd", "sshd-session")', "SSHD = ()")}
+    procs = [subprocess.Popen(["setsid", "sh", "-c", script, "sh", str(i)], env=env) for i in range(8)]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len([p for p in tmp_path.glob("*.out") if p.read_text()]) < 8:
+            time.sleep(0.1)
+        results = sorted(json.loads(p.read_text())["result"] for p in tmp_path.glob("*.out"))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert results == ["refused"] * 7 + ["took"]
