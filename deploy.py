@@ -67,6 +67,9 @@ with refusals_stop_the_run():
     # 7c-11, one serving group after the other (roles/rolling): out of the router, the watchdog
     #     paused, kernel caches warmed, units restarted workers first, the watchdog back, the receipt;
     #     then a real request proves the group serves and it is routed again before the next starts.
+    #     First, routing converges: a serving group an earlier run left drained is routed again,
+    #     and a turn that would drain the last routed group of a model is refused (roles/rolling).
+    local.include("roles/rolling/routing_tasks.py")
     for turn in host.loop(turn_order(state)):
         local.include("roles/rolling/turn.py", data={"sparkfleet_turn": turn})
     local.include("roles/rolling/done.py")

@@ -5,7 +5,8 @@ Health is the watchdog's probe (`sfl_watch.py probe`, as root on the head: a 1-t
 through the API with the key, every rank's container running and no engine process stopped), never
 /health alone; each worker's own probe too (its container and processes, seen on the worker). With
 the watchdog on, each node's watchdog must run, be enabled as data says, and its own verdict
-(`sfl_watch.py status`) must pass: a watchdog that gave up fails the doctor with its reason.
+(`sfl_watch.py status`) must pass: a watchdog that gave up fails the doctor with its reason. With a
+router, a row per serving group: routed, or drained, draining, unhealthy (each a failure).
 
 It defines no operation and changes nothing; it exits non-zero when any check fails.
 """
@@ -170,10 +171,30 @@ def _doctor(state) -> None:
         title = f" serving group {name}" if several else ""
         logger.info(f"--> sparkfleet doctor{title} (read-only):\n" + "\n".join(_table(rows)) + "\n")
     rows = [r for group_rows in tables.values() for r in group_rows]
+    routing = _router_rows(state)
+    if routing:
+        logger.info(f"--> sparkfleet doctor router on {routing[0]} (read-only):\n" + "\n".join(_table(routing[1])) + "\n")
+        rows += routing[1]
     failed = [r for r in rows if r[2]]
     if failed:
         raise DeployError(f"doctor: {len(failed)} of {len(rows)} checks failed (nothing was changed)")
     logger.info(f"--> sparkfleet doctor: all {len(rows)} checks passed")
+
+
+def _router_rows(state):
+    """(router node, its rows): a row per group the router routes to (routed, or what it is instead);
+    None when the fleet has no router or the router node is not in this run."""
+    from roles.router.control import doctor_rows
+    from roles.router.facts import RouterRouting
+    from roles.router.node_config import router_node
+    from sparkfleet.inventory import fleet_from_state
+    from sparkfleet.once import fleet_hosts
+
+    fleet = fleet_from_state(state)
+    router = router_node(fleet)
+    if router is None or router.name not in {h.name for h in fleet_hosts(state)}:
+        return None
+    return router.name, doctor_rows(fleet, router, state.inventory.get_host(router.name).get_fact(RouterRouting))
 
 
 def run_doctor(state) -> None:

@@ -101,6 +101,12 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
     return lines
 
 
+def turn_sequence(plans: dict[str, GroupPlan]) -> list[str]:
+    """The order of one-group turns: groups that do not serve first (their turn repairs them, and
+    they are routed again before a serving group is drained), then the serving ones, each by name."""
+    return sorted(plans, key=lambda name: (plans[name].healthy, name))
+
+
 def fleet_plan(state) -> dict[str, GroupPlan]:
     """Every group's plan, printed once as a table before any operation runs."""
     def compute():
@@ -110,7 +116,7 @@ def fleet_plan(state) -> dict[str, GroupPlan]:
                     f"(decided before any change; the roles execute this plan)")
         for line in plan_table(plans):
             logger.info("    " + line)
-        restarting = [name for name, p in sorted(plans.items()) if p.restart]
+        restarting = [name for name in turn_sequence(plans) if plans[name].restart]
         if len(restarting) > 1 and any(p.healthy for p in plans.values()):
             logger.info(f"    rolling: {', then '.join(restarting)} (one group at a time: each out of the router, "
                         f"upgraded, proven to serve and routed again before the next stops)")

@@ -145,7 +145,8 @@ def _status(state) -> None:
 
 
 def _router_status(state) -> None:
-    """The router's verdict on every group it routes to (router_node set and in this run)."""
+    """The router's verdict on every group it routes to (router_node set and in this run): a row per
+    group, routed, unhealthy, draining or drained."""
     from roles.router import control
     from roles.router.node_config import router_node
     from sparkfleet.inventory import fleet_from_state
@@ -153,8 +154,10 @@ def _router_status(state) -> None:
     router = router_node(fleet_from_state(state))
     if router is None or router.name not in {h.name for h in fleet_hosts(state)}:
         return
+    groups = control.groups_by_url(fleet_from_state(state), router)
     try:
-        rows = [f"  {b['url']:<28} {b['state']}" for b in control.routing(state.inventory.get_host(router.name))]
+        rows = [f"  {groups.get(b['url'], '-'):<8} {b['url']:<28} {b['state']}"
+                for b in control.routing(state.inventory.get_host(router.name))]
     except control.RouterError as e:
         rows = [f"  not answering: {e}"]
     logger.info(f"--> sparkfleet router on {router.name} (read-only):\n" + "\n".join(rows) + "\n")

@@ -19,14 +19,17 @@ from sparkfleet.inventory import fleet_from_state
 
 
 def turn_order(state) -> list[str]:
-    """The turns, in order, each the groups that take it ('g1', or 'g1+g2'): one group per turn, by
-    name, while any group serves (the others keep answering during a group's turn); all groups in
-    one turn when none serves yet (a first bring-up keeps nobody waiting for nothing)."""
-    from sparkfleet.plan import fleet_plan
+    """The turns, in order, each the groups that take it ('g1', or 'g1+g2'): one group per turn while
+    any group serves (the others keep answering during a group's turn), the groups that do not
+    serve first (sparkfleet/plan.py turn_sequence); all groups in one turn when none serves yet (a
+    first bring-up keeps nobody waiting for nothing)."""
+    from sparkfleet.plan import fleet_plan, turn_sequence
 
     groups = list(fleet_from_state(state).groups)
-    if any(p.healthy for p in fleet_plan(state).values()):
-        return groups
+    plans = fleet_plan(state)
+    if any(p.healthy for p in plans.values()):
+        planned = turn_sequence(plans)
+        return planned + [g for g in groups if g not in planned]
     return ["+".join(groups)]
 
 
@@ -117,3 +120,63 @@ def turns_done(order: list[str]) -> None:
     how = "restarted one at a time" if len(order) > 1 else "restarted together (none was serving)"
     logger.info(f"    serving groups took their turns in this order: {', '.join(order)}; {how}: "
                 f"{', '.join(moved) or 'none'}")
+
+
+def routing_decision(state):
+    """The run's routing plan (roles/rolling/routes.py), once per run, from the router's routing read
+    at prepare and every group's plan; printed, and a drain of a model's last routed group refused
+    here, before any change. None when there is no router, or it is not running or not answering."""
+    from pyinfra import logger
+
+    from roles.rolling.routes import Backend, routing_plan
+    from roles.router.facts import RouterRouting
+    from roles.router.node_config import backend_url, routed_groups, router_node, served_name
+    from sparkfleet.once import once_per_fleet
+    from sparkfleet.plan import fleet_plan
+    from sparkfleet.refusal import Problem, Refusal
+
+    def compute():
+        fleet = fleet_from_state(state)
+        router = router_node(fleet)
+        if router is None:
+            return None
+        table = state.inventory.get_host(router.name).get_fact(RouterRouting)
+        if table is None or "error" in table:
+            logger.info(f"--> sparkfleet router on {router.name}: "
+                        + ("not running; it starts with every group (step 12)" if table is None
+                           else f"not answering ({table['error']}); routing is not checked before the turns"))
+            return None
+        plans = fleet_plan(state)
+        backends = [Backend(name, backend_url(g.head), served_name(g), table.get(backend_url(g.head)),
+                            plans[name].healthy, plans[name].restart)
+                    for name, g in routed_groups(fleet, router).items() if name in plans]
+        plan = routing_plan(backends, [turn_groups(t) for t in turn_order(state)], router.router_outage_accepted)
+        for line in plan.lines(backends, router.name):
+            logger.info(line)
+        if plan.last_routed:
+            raise Refusal(
+                "a turn would take the last routed group of a model out of the router; nothing was changed",
+                [Problem(why, [fleet.groups[group].head.name], key="router_outage_accepted",
+                         fix="bring another group of that model back first (a deploy repairs the groups that do not "
+                             "serve before it drains one that does), or set router_outage_accepted: true (allowed: "
+                             "true, false) to accept the outage")
+                 for group, why in plan.last_routed.items()])
+        return plan
+
+    return once_per_fleet(state, "routing", compute)
+
+
+def route_again(groups: list[tuple[str, str]], timeout_s: float) -> None:
+    """Operation body (the router node, before any turn): put back the groups an earlier run left
+    drained (group, backend URL); each returns once the router routes to it (its health checks pass)."""
+    from pyinfra import host
+
+    from roles.router import control
+
+    for group, url in groups:
+        try:
+            control.undrain(host, url, timeout_s)
+        except control.RouterError as e:
+            raise DeployError(f"serving group {group} serves but could not be routed again: {e}; no turn was started")
+        logger.info(f"    serving group {group}: routed again at {host.name} ({url}); an earlier run had left it "
+                    f"drained")

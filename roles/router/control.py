@@ -45,6 +45,13 @@ def _run(host, *args: str) -> list[dict]:
     return json.loads(text.strip().splitlines()[-1])
 
 
+def groups_by_url(fleet, router) -> dict[str, str]:
+    """backend URL -> the serving group's name, for every group the router routes to."""
+    from roles.router.node_config import routed_groups
+
+    return {backend_url(g.head): name for name, g in routed_groups(fleet, router).items()}
+
+
 def routing(host) -> list[dict]:
     """[{url, state, configured, status}] for every backend: state routed (smg sends it requests),
     unhealthy (registered, failing its health checks), draining or drained (not registered)."""
@@ -85,3 +92,26 @@ def report_routing(port: int, timeout_s: float = 60) -> None:
     if not any(b["state"] == "routed" for b in table):
         raise DeployError(f"{host.name}: the router on port {port} routes to no group: "
                           f"{', '.join(b['url'] + ' ' + b['state'] for b in table)}")
+
+
+ROUTING_PROBLEMS = {
+    "routed": None,
+    "drained": "drained: out of routing although the router's config names it; a deploy routes it again once it serves",
+    "draining": "draining: being taken out of routing (a run's turn, or a run that stopped in one)",
+    "unhealthy": "unhealthy: the router's health checks of its head fail (GET /health)",
+    None: "not in the router's routing: a deploy writes the router's config and restarts it",
+}
+
+
+def doctor_rows(fleet, router, table) -> list[tuple]:
+    """(check, group, problems, note) per group the router should route to, from RouterRouting's
+    table (None: the router's unit is not active; {'error': ...}: it does not answer)."""
+    groups = groups_by_url(fleet, router)
+    if table is None or "error" in table:
+        why = "its unit is not active" if table is None else f"its admin API does not answer: {table['error']}"
+        return [("router", router.name, [f"the router on {router.name} routes nothing: {why}"])]
+    rows = []
+    for url, group in groups.items():
+        problem = ROUTING_PROBLEMS.get(table.get(url), f"{table.get(url)}: a state sparkfleet does not know")
+        rows.append(("router", group, [f"{url} {problem}"] if problem else [], f"{url} routed"))
+    return rows

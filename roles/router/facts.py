@@ -2,12 +2,14 @@
 python3 can make a virtualenv with pip (Debian's python3-venv), the smg version installed in the
 router's virtualenv, whether a router unit is installed (a node that ran the router before), and the
 state of the control-plane key file (sparkfleet/keyfiles.py: missing, unreadable, owner, format, ok;
-never the key)."""
+never the key). And the router's routing, read before any change (roles/rolling/routes.py decides
+from it)."""
+import json
 import shlex
 
 from pyinfra.api import FactBase
 
-from roles.router.node_config import CONTROL_KEY_FILE
+from roles.router.node_config import CONTROL_KEY_FILE, ROUTER_CONFIG, ROUTER_UNIT, SFL_ROUTER
 from roles.serving.api_key import KEY_PATTERN
 from sparkfleet.keyfiles import state_command, state_end
 
@@ -28,3 +30,23 @@ class RouterHost(FactBase):
         return {"arch": values.get("arch", "").strip(), "venv": values.get("venv") == "yes",
                 "installed": values.get("installed", "").strip() or None, "unit": values.get("unit") == "yes",
                 "control_key": values.get("control", "").strip()}
+
+
+class RouterRouting(FactBase):
+    """The router's routing now (read-only, at prepare): None when its unit is not active; else
+    {url: state} (routed, unhealthy, draining, drained: sfl_router.py routing); {'error': text} when
+    the unit is active but the router's admin API does not answer."""
+
+    def command(self) -> str:
+        return (f"if systemctl is-active --quiet {ROUTER_UNIT}.service; then "
+                f"python3 {SFL_ROUTER} routing {ROUTER_CONFIG} 2>&1 | tail -n 1; else echo not-running; fi")
+
+    def process(self, output):
+        last = output[-1].strip() if output else ""
+        if last == "not-running":
+            return None
+        try:
+            table = json.loads(last)
+            return {b["url"]: b["state"] for b in table}
+        except (ValueError, TypeError, KeyError):
+            return {"error": last[-300:] or "no answer"}

@@ -41,6 +41,11 @@ class RouterData(BaseModel):
     router_health_success_threshold: int = Field(
         2, ge=1, description="consecutive passed health checks after which the router routes to a recovered group again"
     )
+    router_outage_accepted: bool = Field(
+        False, description="true: a serving group's turn may take the last group the router routes for its model "
+        "out of routing (the fleet's endpoint then serves nothing for that group's cold start); false: a run that "
+        "would do so is refused before any change, naming the group"
+    )
     router_version: Literal[ROUTER_VERSIONS] = Field(
         "1.13.0", description="the pinned smg release the router node runs (its wheels' sha256 are recorded in "
         "roles/router/wheels.py)"

@@ -4,11 +4,13 @@ In order, on fresh hosts (`make test` resets the lab to four hosts before this m
 (d) two TP=2 groups behind the router deploy, and an unchanged re-deploy of the fleet changes nothing;
 (a) a chat completion through the router is served (the key required), and stopping one group's
     worker takes that group out of routing while every request through the endpoint is answered;
+(e) a turn that fails after its drain leaves the group drained, and the next run routes it again;
 (b) a rolling recipe bump across the two groups while a bounded client loop sends requests through
     the router: no request fails, and the order of the group upgrades is printed;
 (c) the same four hosts as one group, TP=2 x PP=2, serve a completion.
 """
 import json
+import os
 import re
 import threading
 import time
@@ -117,7 +119,10 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert re.search(r"--> sparkfleet doctor: all \d+ checks passed", doctor.output)
     status = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "status.py"])
     assert status.returncode == 0, status.output[-4000:]
-    assert re.search(rf"^  {G1}\s+routed$", status.output, re.M) and re.search(rf"^  {G2}\s+routed$", status.output, re.M)
+    assert re.search(rf"^  g1\s+{G1}\s+routed$", status.output, re.M), status.output[-3000:]
+    assert re.search(rf"^  g2\s+{G2}\s+routed$", status.output, re.M)
+    assert re.search(rf"^router\s+g1\s+ok \({G1} routed\)$", doctor.output, re.M), doctor.output[-3000:]
+    assert re.search(rf"^router\s+g2\s+ok \({G2} routed\)$", doctor.output, re.M)
 
 
 def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_routing():
@@ -163,6 +168,38 @@ def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_
     assert re.search(r"^\s+g2\s.*\syes$", run.output, re.M)
     assert started_at("spark-a") == g1_started
     assert routing() == {G1: "routed", G2: "routed"}
+
+
+def test_e_a_turn_that_failed_after_its_drain_leaves_its_group_drained_and_the_next_run_routes_it_again(tmp_path):
+    """g1's head stopped, so its plan restarts it; the run drains g1, restarts it, and stops at the
+    receipt, which cannot run (the controller's llama-benchy broken for that run): g1 serves but is
+    out of routing. The next run, with nothing changed, routes it again before any turn."""
+    pause_watchdogs(("spark-a", "spark-b"))  # g1's: they would restart its head under the test
+    on("spark-a", "systemctl stop sparkfleet-head")
+    broken = tmp_path / "llama_benchy"
+    broken.mkdir()
+    (broken / "__init__.py").write_text('raise ImportError("llama-benchy broken on purpose by tests/fleet")\n')
+    failed = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "deploy.py"],
+                  env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert failed.returncode != 0, failed.output[-4000:]
+    assert "serving group g1: out of routing" in failed.output and "receipt: the load failed" in failed.output, \
+        failed.output[-4000:]
+    assert "serving group g1: routed again" not in failed.output
+    assert routing() == {G1: "drained", G2: "routed"}
+    assert chat("http://198.18.0.11:8000/v1", key())[0] == 200  # g1 serves, out of routing
+    doctor = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "doctor.py"])
+    assert doctor.returncode != 0
+    assert re.search(rf"^router\s+g1\s+FAIL {G1} drained: out of routing although the router's config names it",
+                     doctor.output, re.M), doctor.output[-3000:]
+
+    again = fleet_deploy()
+    assert again.returncode == 0, again.output[-4000:]
+    assert "--> sparkfleet router on spark-a: g1 drained, g2 routed" in again.output, again.output[-4000:]
+    assert "routed again before any turn (an earlier run left them drained; they serve): g1" in again.output
+    assert again.changed() == [("Route again the serving groups an earlier run left drained (g1)", "spark-a")], \
+        again.changed()
+    assert routing() == {G1: "routed", G2: "routed"}
+    assert fleet_deploy().changed() == []
 
 
 def test_b_a_rolling_recipe_bump_upgrades_one_group_at_a_time_and_no_request_fails():
