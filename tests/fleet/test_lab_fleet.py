@@ -180,7 +180,8 @@ def test_e_a_turn_that_failed_after_its_drain_leaves_its_group_drained_and_the_n
     broken.mkdir()
     (broken / "__init__.py").write_text('raise ImportError("llama-benchy broken on purpose by tests/fleet")\n')
     failed = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "deploy.py"],
-                  env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                  env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path),
+                                                                                os.environ.get("PYTHONPATH"))))})
     assert failed.returncode != 0, failed.output[-4000:]
     assert "serving group g1: out of routing" in failed.output and "receipt: the load failed" in failed.output, \
         failed.output[-4000:]
