@@ -35,3 +35,7 @@ watchdog_failures_before_restart = 2
 watchdog_backoff_s = 5
 watchdog_startup_grace_s = 120
 watchdog_window_s = 900
+# The drills fault the pair again seconds after each recovery, each a new fault: 0 counts every restart
+# that brought the pair back as having ended its failure (tests/unit/test_watchdog.py drives the count
+# of restarts the pair failed again soon after; 600 s, the default, would give up at the fourth drill).
+watchdog_recovered_after_s = 0

@@ -21,6 +21,21 @@ def state_source(node, wd) -> str:
     return f"rsync://{node.fabric_ip}:{node.fanout_rsync_port}/{RSYNC_MODULE}/state.json"
 
 
+# The engine's own counters the head's watchdog weighs a failed probe against (sfl_watch.py
+# progress_verdict): a rise of any progress counter is progress; the work gauges' sum is the work in
+# hand. vLLM 0.33: vllm/v1/metrics/loggers.py PrometheusStatLogger (counters vllm:prompt_tokens,
+# vllm:generation_tokens, vllm:request_success, exposed by prometheus_client with _total; gauges
+# vllm:num_requests_running, vllm:num_requests_waiting), on the API server's /metrics
+# (vllm/entrypoints/serve/instrumentator/metrics.py), which vLLM's --api-key check leaves open
+# (vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere). SGLang exposes its metrics only with
+# --enable-metrics (srt/server_args.py), which sparkfleet does not render: judged on its probe.
+PROGRESS_METRICS = {
+    "vllm": {"path": "/metrics",
+             "progress": ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"],
+             "work": ["vllm:num_requests_running", "vllm:num_requests_waiting"]},
+}
+
+
 def watch_config(cluster, node, profile, wd) -> dict:
     config = {
         "role": "head" if node.is_head else "worker",
@@ -36,6 +51,7 @@ def watch_config(cluster, node, profile, wd) -> dict:
         "window_s": wd.watchdog_window_s,
         "backoff_s": wd.watchdog_backoff_s,
         "startup_grace_s": wd.watchdog_startup_grace_s,
+        "recovered_after_s": wd.watchdog_recovered_after_s,
         # A cold start, as the deploy waits for it (roles/serving/checks.py wait_for_health).
         "ready_timeout_s": node.serving_health_timeout_s,
         # systemctl stop/restart waits for docker stop (stop_timeout_s, then SIGKILL): the unit's
@@ -50,6 +66,7 @@ def watch_config(cluster, node, profile, wd) -> dict:
             # the pair, and a proxy restart must never restart the pair.
             port=node.api_proxy_engine_port,
             model=profile.api_model_name,
+            progress_metrics=PROGRESS_METRICS.get(profile.engine),
             key_file=key_file(node),
             workers=[{"name": w.name, "state": state_source(w, wd)} for w in cluster.workers] if wd.watchdog_enabled else [],
         )

@@ -34,7 +34,7 @@ class WatchdogData(BaseModel):
         3, ge=1, description="consecutive failed probes before the pair restarts"
     )
     watchdog_max_restarts: int = Field(
-        3, ge=1, description="failed restarts within watchdog_window_s after which the watchdog gives up: it stops the "
+        3, ge=1, description="restarts that did not end the failure within watchdog_window_s after which the watchdog gives up: it stops the "
         "pair and says why in the journal, in make status and in make doctor"
     )
     watchdog_window_s: int = Field(
@@ -42,7 +42,12 @@ class WatchdogData(BaseModel):
         "(serving_health_timeout_s + the backoffs), or a pair that never comes back is never given up on"
     )
     watchdog_backoff_s: int = Field(
-        60, ge=0, description="a restart waits this x 2^f after the previous one ended, f = the failed restarts in the window"
+        60, ge=0, description="a restart waits this x 2^f after the previous one ended, f = the restarts in the window "
+        "that did not end the failure"
+    )
+    watchdog_recovered_after_s: int = Field(
+        600, ge=0, description="a restart ended the failure only if the pair then served this long before failing "
+        "again; one that did not counts toward watchdog_max_restarts like a restart that never served"
     )
     watchdog_startup_grace_s: int = Field(
         1200, ge=0, description="seconds after the head unit starts during which a failed completion is not judged "

@@ -54,13 +54,24 @@ deploy's order:
      stopped (a head started beside a worker that never came up cannot serve);
   4. start the head unit, want = serving;
   5. wait (bounded: ready_timeout_s, a cold start) for the probe to pass; log how long it all took.
+A failed completion is first weighed against the engine's own counters (progress_metrics: on vLLM
+its /metrics, vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total and
+the gauges vllm:num_requests_running + vllm:num_requests_waiting), sampled at every probe: when a
+counter rose since the last probe, the engine is producing tokens and completing requests and the
+probe only waited behind its queue: alive, not a failure, whatever its latency (journal: "busy, not
+judged"). A failure is judged when nothing moved while requests are in hand (stuck), when nothing is
+in hand (the queue is empty and the probe still fails), or without two comparable samples (no
+counters: SGLang, whose metrics need --enable-metrics, is judged on its probe alone).
 Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
-window_s that did not bring the pair back (the probe keeps running meanwhile; a pass cancels it).
+window_s that did not end the failure: that did not bring the pair back, or after which it failed
+again within recovered_after_s (the probe keeps running meanwhile; a pass cancels it).
 The window and the backoff run on this boot's monotonic clock (a wall-clock step moves neither; a
 reboot resets both: "clocks" below).
-Once max_restarts restarts that did not bring the pair back (or were interrupted) fell within
-window_s and the probe still fails, the head gives up (a restart that worked never counts: three
-unrelated crashes in a window are three recoveries, not a reason to stop serving): it stops the
+Once max_restarts restarts that did not end the failure (or were interrupted) fell within window_s
+and the probe still fails, the head gives up (a restart after which the pair served for
+recovered_after_s never counts: three unrelated crashes in a window are three recoveries, not a
+reason to stop serving; a pair that fails again within minutes of every restart is not cured by
+them): it stops the
 head unit, sets want = stopped and gave_up = {at, reason}, and says so in the journal; the workers
 stop their units.
 It keeps probing without restarting, and clears gave_up (and the restart count) as soon as the probe
@@ -128,6 +139,10 @@ DEFAULTS = {
     "window_s": 7200.0,
     "backoff_s": 60.0,
     "startup_grace_s": 1200.0,
+    # A restart ended the failure only if the pair then served this long before failing again; one
+    # that did not counts toward the give-up like a restart that never served (a pair that fails
+    # again within minutes of each restart is not being cured by them).
+    "recovered_after_s": 600.0,
     "stale_after_s": None,  # derived when absent (stale_after())
     "worker_wait_s": 300.0,  # a rank's bound on its container running after its restart (the head's too)
     "ready_timeout_s": 1200.0,  # head: bound on the probe passing after the head started
@@ -142,6 +157,10 @@ DEFAULTS = {
     "key_file": None,
     "workers": [],
     "head": None,
+    # The engine's own counters on its metrics endpoint (head): {"path": "/metrics", "progress":
+    # [counter, ...] (a rise of any is progress), "work": [gauge, ...] (their sum is the work in hand:
+    # requests running and waiting)}; None: the engine exposes none, the probe alone is judged.
+    "progress_metrics": None,
 }
 REQUIRED = ("role", "unit", "container", "state_dir")
 COMMANDS = {"systemctl": ["systemctl"], "docker": ["docker"], "rsync": ["rsync"]}
@@ -174,7 +193,7 @@ class Config:
         elif not isinstance(self.head, dict) or not self.head.get("name") or not self.head.get("state"):
             raise ConfigError(f"{path}: a worker needs head: {{name, state}}")
         for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "window_s", "backoff_s",
-                    "startup_grace_s", "worker_wait_s", "ready_timeout_s", "command_timeout_s",
+                    "startup_grace_s", "recovered_after_s", "worker_wait_s", "ready_timeout_s", "command_timeout_s",
                     "stop_timeout_s", "rsync_timeout_s", "unreachable_log_every_s"):
             v = getattr(self, key)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
@@ -184,6 +203,12 @@ class Config:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{path}: {key} must be an integer >= 1, not {v!r}")
+        pm = self.progress_metrics
+        if pm is not None and not (isinstance(pm, dict) and isinstance(pm.get("path"), str) and pm["path"].startswith("/")
+                                   and all(isinstance(pm.get(k), list) and pm[k] and all(isinstance(m, str) for m in pm[k])
+                                           for k in ("progress", "work"))):
+            raise ConfigError(f"{path}: progress_metrics must be null or {{path: '/...', progress: [names], work: "
+                              f"[names]}}, not {pm!r}")
         self.node = self.node or socket.gethostname()
         cmds = dict(COMMANDS)
         for name, value in (self.commands or {}).items():
@@ -255,6 +280,22 @@ def restart_age_s(restart, now_mono, boot, since="started"):
     except (TypeError, ValueError):
         return None
     return age if age >= 0 else None
+
+
+def unended_restarts(recent, failing_since, recovered_after_s):
+    """The restarts of `recent` (this boot's, oldest first) that did not end the failure: those that
+    never brought the pair back (or were interrupted), and those after which the pair failed again
+    within recovered_after_s (the next failure began at the next restart's failing_since_mono, or
+    at `failing_since` for the last: the first judged failure of the current run of them)."""
+    out = []
+    for i, r in enumerate(recent):
+        next_failure = recent[i + 1].get("failing_since_mono") if i + 1 < len(recent) else failing_since
+        finished = r.get("finished_mono")
+        held = (r.get("ok") is True and (next_failure is None or finished is None
+                                          or next_failure - finished >= recovered_after_s))
+        if not held:
+            out.append(r)
+    return out
 
 
 def restarts_in_window(restarts, window_s, now_mono, boot):
@@ -621,6 +662,68 @@ def redact(text, key):
     return text.replace(key, "<key>") if key else text
 
 
+METRICS_MAX_BYTES = 4 << 20  # vLLM's exposition is some 100 KiB; anything past this is not read
+
+
+def parse_metrics(text, names):
+    """{name: the sum over its label sets} of each metric of `names` in Prometheus' text exposition
+    (`name{labels} value` or `name value`); a name absent from the text is absent from the result."""
+    wanted, sums = set(names), {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end <= 0 or line[:name_end] not in wanted:
+            continue
+        rest = line[line.rindex("}") + 1:] if line[name_end] == "{" and "}" in line else line[name_end:]
+        try:
+            value = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        sums[line[:name_end]] = sums.get(line[:name_end], 0.0) + value
+    return sums
+
+
+def read_metrics(cfg):
+    """(progress: the sum of the progress counters, work: the sum of the work gauges) from the
+    engine's metrics endpoint, or (None, reason). Bounded by probe_timeout_s, like the probe."""
+    pm = cfg.progress_metrics
+    url = f"http://{cfg.api_host}:{int(cfg.port)}{pm['path']}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url), timeout=cfg.probe_timeout_s) as r:
+            text = r.read(METRICS_MAX_BYTES).decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return None, f"{pm['path']} answered HTTP {e.code}"
+    except Exception as e:  # noqa: BLE001: no counters is a reason, never a crash
+        return None, f"{pm['path']} unreadable: {getattr(e, 'reason', e)}"
+    found = parse_metrics(text, pm["progress"] + pm["work"])
+    missing = [m for m in pm["progress"] + pm["work"] if m not in found]
+    if missing:
+        return None, f"{pm['path']} has no {', '.join(missing)}"
+    return (sum(found[m] for m in pm["progress"]), sum(found[m] for m in pm["work"])), None
+
+
+def progress_verdict(before, now, elapsed):
+    """How a pair whose probe failed is doing, from two samples of its counters `elapsed` seconds
+    apart (each (progress, work), or None): ('moving', why) when a progress counter rose (tokens
+    produced, requests completed: the engine works, however slow a probe behind its queue is);
+    ('stuck', why) when work is in hand and nothing moved; ('idle', why) when nothing is in hand (a
+    probe that fails with the queue empty is the engine's fault); ('unknown', why) without two
+    comparable samples (no counters, the first sample, or counters that went back: a new engine)."""
+    if now is None or before is None:
+        return "unknown", "no earlier sample of the engine's counters"
+    (p0, _w0), (p1, w1) = before, now
+    if p1 < p0:
+        return "unknown", "the engine's counters went back (a new engine process)"
+    if p1 > p0:
+        return "moving", f"the engine made progress: its token and request counters rose by {num(round(p1 - p0, 1))} " \
+                         f"in {secs(elapsed)}, {num(round(w1))} request(s) in hand"
+    if w1 > 0:
+        return "stuck", f"no progress in {secs(elapsed)} with {num(round(w1))} request(s) in hand"
+    return "idle", "no request in hand"
+
+
 # How much a probe problem weighs. WATCH: the watchdog cannot see a peer (its state stale or
 # unreadable) while the pair may serve: reported (probe, status, doctor), never a restart, which
 # could not happen in order anyway. SOFT: the completion failed: judged outside the start-up grace.
@@ -795,6 +898,8 @@ class Head(Node):
         super().__init__(cfg)
         self.probe = Probe(cfg, self.runner)
         self.failures = 0
+        self.failing_since = None  # monotonic time of the first judged failure of the current run of them
+        self.sample = None  # (monotonic time, (progress, work)) of the engine's counters at the last probe
         self.grace_exempt_start = None  # the unit start this watchdog made and already waited for
         self.backoff_told = None  # the backoff already announced in the journal
         self.state.setdefault("generation", 0)
@@ -845,9 +950,26 @@ class Head(Node):
                 say(f"internal error ({type(e).__name__}: {e}); continuing")
             self.sleep(started + cfg.interval_s - time.monotonic())
 
+    def progress(self, result):
+        """The engine's counters now, against those of the last probe: progress_verdict's (kind, why);
+        ('unknown', why) without counters. Sampled at every probe that reached the API."""
+        cfg = self.cfg
+        if not cfg.progress_metrics:
+            return "unknown", "the engine exposes no counters"
+        if result["severity"] >= HARD:
+            self.sample = None
+            return "unknown", "a rank is down"
+        now = time.monotonic()
+        counters, why = read_metrics(cfg)
+        before, self.sample = self.sample, (None if counters is None else (now, counters))
+        if counters is None:
+            return "unknown", why
+        return progress_verdict(before[1] if before else None, counters, now - before[0] if before else 0.0)
+
     def tick(self, first=False):
         cfg = self.cfg
         result = self.probe.run()
+        progress, progress_why = self.progress(result)
         unit = unit_state(self.runner, cfg)
         self.state["unit_active"] = unit["active"]
         n = cfg.failures_before_restart
@@ -856,8 +978,8 @@ class Head(Node):
                 self.act(f"probe ok again ({result['reason']}) after {self.failures} failure(s)")
             elif first or "grace" in self._limited:  # the first pass, or the first after a start-up
                 say(f"probe ok ({result['reason']})")
-            self.failures = 0
-            self.forget("watch", "grace", "gave-up")
+            self.failures, self.failing_since = 0, None
+            self.forget("watch", "grace", "gave-up", "busy")
             g = self.state.get("gave_up")
             if g:
                 self.act(f"probe passes again ({result['reason']}): clearing the give-up of {g.get('at')} "
@@ -874,6 +996,21 @@ class Head(Node):
             self.save()
             return
         self.forget("watch")
+        if progress == "moving" and result["severity"] < HARD:
+            # Alive: the engine produces tokens and completes requests; the probe only waited behind
+            # its queue. Not a failure, whatever the probe's latency.
+            if self.failures:
+                self.act(f"probe failed ({result['reason']}) but {progress_why}: alive, not a failure "
+                         f"(the {self.failures} failure(s) before are forgiven)")
+            self.failures, self.failing_since = 0, None
+            result = {**result, "reason": f"{result['reason']}; {progress_why}"}
+            self.record_probe(result)
+            self.state["last_probe"]["kind"] = "busy"
+            self.say_limited("busy", f"probe failed ({result['reason']}); busy, not judged", 60)
+            self.save()
+            return
+        if result["severity"] < HARD and cfg.progress_metrics:
+            result = {**result, "reason": f"{result['reason']}; {progress_why}"}
         grace = self.in_grace(unit)
         if grace > 0 and result["severity"] < HARD:
             self.record_probe(result)
@@ -882,6 +1019,8 @@ class Head(Node):
             self.save()
             return
         self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
         self.record_probe(result)
         if self.state.get("gave_up"):
             g = self.state["gave_up"]
@@ -895,9 +1034,10 @@ class Head(Node):
             self.save()
             return
         recent = self.recent_restarts()
-        # Only restarts that did not bring the pair back count towards the give-up (an interrupted one
-        # has no verdict: it counts); the backoff below grows with every restart in the window.
-        failed = [r for r in recent if r.get("ok") is not True]
+        # Only restarts that did not end the failure count towards the give-up: those that did not
+        # bring the pair back (an interrupted one has no verdict: it counts), and those after which it
+        # failed again within recovered_after_s. The backoff below grows with each of them.
+        failed = unended_restarts(recent, self.failing_since, cfg.recovered_after_s)
         if len(failed) >= cfg.max_restarts:
             self.give_up(f"{len(failed)} restart(s) within {num(cfg.window_s)} s did not keep the pair serving; "
                          f"last probe: {result['reason']}", line)
@@ -953,7 +1093,8 @@ class Head(Node):
         label = f"restart {k}" if k else "restart"
         t0, t0_epoch = time.monotonic(), time.time()
         entry = {"started": iso(t0_epoch), "started_epoch": round(t0_epoch, 3), "boot": self.boot,
-                 "started_mono": round(t0, 3), "reason": reason}
+                 "started_mono": round(t0, 3), "reason": reason,
+                 "failing_since_mono": None if self.failing_since is None else round(self.failing_since, 3)}
         if not resume:
             self.state["restarts"] = self.recent_restarts() + [entry]
             say(f"{label}: stopping {cfg.unit}")
@@ -1043,13 +1184,14 @@ class Head(Node):
 
     def finish_restart(self, ok, msg):
         self.act(msg)
+        self.sample = None  # a new engine: its counters start again
         now, now_mono = time.time(), time.monotonic()
         if self.state["restarts"]:
             last = self.state["restarts"][-1]
             took = restart_age_s(last, now_mono, self.boot)
             last.update(finished=iso(now), finished_epoch=round(now, 3), finished_mono=round(now_mono, 3), ok=ok,
                         took_s=round(took if took is not None else now - last["started_epoch"], 1))
-        self.failures = 0
+        self.failures, self.failing_since = 0, None
         self.state["failures"] = 0
         self.save()
 

@@ -7,6 +7,7 @@ served by its own rsync daemon as module `watchdog`, as on the nodes.
 import http.server
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -133,7 +134,33 @@ class Api(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.world.requests.append(("GET", self.path, None))
+        if self.path == "/metrics":
+            return self.metrics()
         self.answer(200, {"status": "ok"})  # /health is always green: the probe must not care
+
+    def metrics(self):
+        """vLLM's counters as its /metrics exposes them (two label sets each, summed by the reader):
+        the world's `metrics` file says how fast tokens grow and how much work is in hand."""
+        path = self.world.dir / "metrics"
+        if not path.exists():
+            return self.answer(404, {"detail": "Not Found"})
+        m = json.loads(path.read_text())
+        tokens = int(m["rate"] * (time.monotonic() - m["since"]))
+        text = "".join(
+            f"# TYPE vllm:{name} {kind}\n" + "".join(f'vllm:{name}{{engine="{e}",model_name="test-model"}} {v}\n'
+                                                    for e, v in (("0", value), ("1", 0.0)))
+            for name, kind, value in (("prompt_tokens_total", "counter", float(tokens)),
+                                      ("generation_tokens_total", "counter", float(tokens)),
+                                      ("generation_tokens_created", "gauge", 1.7e9),
+                                      ("request_success_total", "counter", 0.0),
+                                      ("num_requests_running", "gauge", float(m["running"])),
+                                      ("num_requests_waiting", "gauge", float(m["waiting"]))))
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -231,6 +258,13 @@ class World:
         self.systemctl("stop", f"{HEAD}.service")
         self.systemctl("restart", f"{WORKER}.service")
         self.systemctl("start", f"{HEAD}.service")
+
+    def set_metrics(self, rate, running, waiting):
+        """The engine's counters from now on: tokens grow by `rate` a second (0: nothing moves), with
+        `running` and `waiting` requests in hand."""
+        (self.dir / "metrics.new").write_text(json.dumps({"rate": rate, "running": running, "waiting": waiting,
+                                                          "since": time.monotonic()}))
+        os.replace(self.dir / "metrics.new", self.dir / "metrics")
 
     def fail_starts(self, unit):
         """From now on every start of `unit` fails as a `docker run` of a missing image does (status 125)."""
@@ -1009,5 +1043,121 @@ def test_backoff_and_window_arithmetic_in_the_schema_defaults():
     finally:
         sys.path.pop(0)
     for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "failures_before_restart", "max_restarts",
-                "window_s", "backoff_s", "startup_grace_s"):
+                "window_s", "backoff_s", "startup_grace_s", "recovered_after_s"):
         assert sfl_watch.DEFAULTS[key] == getattr(wd, f"watchdog_{key}"), key
+
+
+def program():
+    mod = {}
+    exec(compile(PROGRAM.read_text(), str(PROGRAM), "exec"), mod)
+    return type("sfl_watch", (), {k: staticmethod(v) if callable(v) else v for k, v in mod.items()
+                                  if not k.startswith("__")})
+
+
+sfl_watch = program()
+
+VLLM_METRICS = {"path": "/metrics",
+                "progress": ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"],
+                "work": ["vllm:num_requests_running", "vllm:num_requests_waiting"]}
+
+
+def test_a_busy_engine_whose_probe_waits_behind_its_queue_is_not_restarted(world):
+    """Completions hang (the probe waits behind long requests) while the engine's counters rise:
+    alive, whatever the probe's latency. Without the counters this pair is restarted (the next test)."""
+    world.deploy()
+    world.set_metrics(rate=200, running=4, waiting=12)
+    world.start_pair(head={"progress_metrics": VLLM_METRICS})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    t0 = time.time()
+    world.set_api("hang")
+    # 12 probes, each a failed completion: six times failures_before_restart.
+    wait_for(lambda: len(lines(world.log("head"), "busy, not judged")) >= 1 and time.time() - t0 > 12 * 0.7, 30,
+             "a dozen busy probes")
+    assert world.calls(since=t0) == [], world.log("head")
+    busy = lines(world.log("head"), "busy, not judged")[0]
+    assert "probe failed (completion timed out after 0.5 s; the engine made progress: its token and request " \
+           "counters rose by" in busy and "16 request(s) in hand" in busy, busy
+    head = world.state("head")
+    assert head["last_probe"]["kind"] == "busy" and head["failures"] == 0 and head["restarts"] == []
+    assert not lines(world.log("head"), "probe failed 1/2")
+    assert ("GET", "/metrics", None) in world.requests
+
+
+@pytest.mark.parametrize("rate, running, waiting, why", [
+    (0, 2, 5, "no progress in"),  # work waits, nothing moves: stuck
+    (0, 0, 0, "no request in hand"),  # the queue is empty and the probe still fails
+    (None, 0, 0, "/metrics answered HTTP 404"),  # no counters: the probe alone is judged
+])
+def test_a_pair_that_makes_no_progress_or_has_nothing_in_hand_is_restarted(world, rate, running, waiting, why):
+    world.deploy()
+    world.start_pair(head={"progress_metrics": VLLM_METRICS})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    if rate is not None:
+        world.set_metrics(rate=rate, running=running, waiting=waiting)
+    time.sleep(0.5)  # a sample of the counters as they now are
+    t0 = time.time()
+    world.set_api("hang")
+    wait_for(lambda: lines(world.log("head"), "restarting the pair"), 20, "the restart")
+    restarting = lines(world.log("head"), "restarting the pair")[0]
+    assert "probe failed 2/2 (completion timed out after 0.5 s; " in restarting, restarting
+    assert (why in restarting) if rate is None or running == 0 else re.search(
+        r"no progress in [0-9.]+ s with 7 request\(s\) in hand", restarting), restarting
+    wait_for(lambda: f"start {HEAD}.service" in world.calls(since=t0), 20, "the head started again")
+    in_order(world.calls(since=t0), f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service")
+    assert not lines(world.log("head"), "busy, not judged")
+
+
+def test_restarts_after_which_the_pair_fails_again_within_recovered_after_s_count_toward_the_give_up(world):
+    """Every restart brings the pair back, and the failure returns at once (sustained load on an
+    engine without counters, a fault the restart does not cure): under recovered_after_s each such
+    restart did not end the failure, and the watchdog gives up instead of restarting for ever."""
+    world.deploy()
+    world.start_pair(head={"max_restarts": 2, "recovered_after_s": 30, "window_s": 120})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    t0 = time.time()
+    for k in (1, 2):
+        world.set_api("hang")
+        wait_for(lambda: len(lines(world.log("head"), "the pair serves again")) >= k, 20, f"restart {k} serving")
+    world.set_api("hang")
+    wait_for(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
+    log = world.log("head")
+    assert lines(log, "restarting the pair (restart 1 within 120 s; 0 failed")
+    assert lines(log, "restarting the pair (restart 2 within 120 s; 1 failed"), log
+    gave = lines(log, "GAVE UP")[0]
+    assert "2 restart(s) within 120 s did not keep the pair serving" in gave, gave
+    assert [r["ok"] for r in world.state("head")["restarts"]] == [True, True]
+    assert world.calls(since=t0).count(f"start {HEAD}.service") == 2
+
+
+def test_which_restarts_ended_the_failure():
+    ok = {"ok": True, "finished_mono": 100.0, "failing_since_mono": None}
+    later = {"ok": True, "finished_mono": 900.0, "failing_since_mono": 800.0}  # failed again 700 s after `ok`
+    soon = {"ok": True, "finished_mono": 950.0, "failing_since_mono": 910.0}  # 10 s after `later` ended
+    never = {"ok": False, "finished_mono": 990.0, "failing_since_mono": 960.0}
+    unended = sfl_watch.unended_restarts
+    # ok held 700 s (later's failure began at 800); later and soon were each followed by a failure 10 s
+    # after they ended; never did not bring the pair back.
+    assert unended([ok, later, soon, never], failing_since=1000.0, recovered_after_s=600) == [later, soon, never]
+    assert unended([ok], failing_since=650.0, recovered_after_s=600) == [ok]  # the current failure came 550 s after
+    assert unended([ok], failing_since=700.0, recovered_after_s=600) == []
+    assert unended([{"ok": None, "started_mono": 1.0}], failing_since=None, recovered_after_s=0) != []  # interrupted
+
+
+@pytest.mark.parametrize("before, now, kind", [
+    (None, (10.0, 3.0), "unknown"),
+    ((10.0, 3.0), (12.0, 3.0), "moving"),
+    ((10.0, 3.0), (10.0, 3.0), "stuck"),
+    ((10.0, 0.0), (10.0, 0.0), "idle"),
+    ((10.0, 3.0), (2.0, 3.0), "unknown"),  # counters went back: a new engine process
+])
+def test_the_progress_verdict(before, now, kind):
+    assert sfl_watch.progress_verdict(before, now, 5.0)[0] == kind
+
+
+def test_metrics_are_summed_over_label_sets_and_only_exact_names_count():
+    text = ('# HELP vllm:generation_tokens_total x\nvllm:generation_tokens_total{engine="0"} 5.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="a b"} 7\nvllm:generation_tokens_created 1.7e9\n'
+            'vllm:num_requests_running 2\nother 9\n')
+    assert sfl_watch.parse_metrics(text, ["vllm:generation_tokens_total", "vllm:num_requests_running",
+                                          "vllm:num_requests_waiting"]) == {
+        "vllm:generation_tokens_total": 12.0, "vllm:num_requests_running": 2.0}
