@@ -18,7 +18,7 @@ help:
 	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
-	@echo "make deploy-lab | verify-lab | show-lab | config | bench"
+	@echo "make deploy-lab | verify-lab | show-lab | config | bench | drills-busy"
 	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
 	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
@@ -139,6 +139,10 @@ bench: install lab-up
 	$(BIN)/python bench/fanout.py
 	$(BIN)/python bench/receipt.py
 	$(BIN)/python bench/recovery.py
+
+# The watchdog's drills three times in a row on this machine kept busy by stress-ng (issue 26).
+drills-busy: install lab-wheels lab-reset
+	$(BIN)/python bench/drills_busy.py
 
 clean: lab-down
 	rm -rf $(VENV) *.egg-info

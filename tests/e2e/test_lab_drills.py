@@ -7,6 +7,7 @@ real engine, a few MB here) and it proves the watchdog's own give-up logic, whic
 
 Runs first on a fresh lab (its fixture deploys the pair), or on any deployed lab.
 """
+import json
 import time
 from types import SimpleNamespace
 
@@ -58,3 +59,38 @@ def test_a_pair_that_cannot_come_back_is_given_up_on_and_the_doctor_says_why(cap
     assert repaired.returncode == 0, repaired.output
     wait_serving(time.monotonic(), 60)
     assert deploy().changed() == []
+
+
+def test_a_full_disk_leaves_the_watchdog_watching_and_saying_why_it_cannot_save(capsys):
+    """The head's watchdog state directory on a 16 KiB tmpfs holding the state it had, the rest filled:
+    every save fails (ENOSPC) and the watchdog says so once, keeps running (systemd never restarts it:
+    no crash loop; its peers read the last state it saved), and says its state is saved again as soon
+    as there is room. The directory's own filesystem is never filled: the lab's hosts
+    share this machine's disk."""
+    state_dir = "/var/lib/sparkfleet/watchdog"
+    restarts = on(HEAD, "systemctl show -P NRestarts sparkfleet-watchdog").strip()
+    pid = on(HEAD, "systemctl show -P MainPID sparkfleet-watchdog").strip()
+    since = time.time()
+    on(HEAD, f"cp -a {state_dir}/state.json /run/sfl-state.json && mount -t tmpfs -o size=16k,mode=0700 tmpfs "
+             f"{state_dir} && cp -a /run/sfl-state.json {state_dir}/state.json && "
+             f"(dd if=/dev/zero of={state_dir}/filler bs=1k 2>/dev/null || true) && df -k {state_dir}")
+    try:
+        full = wait_journal(HEAD, since, "cannot save its state", timeout=60)
+        assert f"cannot save its state to {state_dir}/state.json: No space left on device" in full, full
+        time.sleep(15)  # three probes of the lab's watchdog (every 5 s), every save failing
+        assert on(HEAD, "systemctl is-active sparkfleet-watchdog").strip() == "active"
+        assert on(HEAD, "systemctl show -P MainPID sparkfleet-watchdog").strip() == pid
+        assert on(HEAD, "systemctl show -P NRestarts sparkfleet-watchdog").strip() == restarts
+        journal = watchdog_journal(HEAD, since)
+        assert journal.count("cannot save its state") == 1, journal  # said once, not at every probe
+        assert "internal error" not in journal and "probing sparkfleet-head every" not in journal, journal
+        # The file stays as it was saved last: the `status` command, which reads it, sees it grow stale.
+        saved = json.loads(on(HEAD, f"cat {state_dir}/state.json"))
+        assert time.time() - saved["updated_epoch"] >= 15
+    finally:
+        on(HEAD, f"umount {state_dir}; rm -f /run/sfl-state.json")
+    wait_journal(HEAD, since, "its state is saved again", timeout=60)
+    assert time.time() - json.loads(on(HEAD, f"cat {state_dir}/state.json"))["updated_epoch"] < 15
+    assert on(HEAD, "systemctl show -P NRestarts sparkfleet-watchdog").strip() == restarts
+    report(capsys, "(full disk) the head's watchdog could not save for 15 s+, said so once, kept running and "
+                   "saved again once there was room")

@@ -5,6 +5,7 @@ deploy switches them to the real engine, so its image, weights and kernel-cache 
 and the prewarm runs cold (on a lab that ran this tier before, the fixture removes the kernel caches
 first, so that it does there too). Every test of the tier reads that one deploy's output or the pair it left.
 """
+import os
 import platform
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ def real_deploy(request):
     # The tier proves the prewarm on this deploy: a kernel-cache generation an earlier real run left on
     # this lab (the image rebuilt from docker's layer cache keeps its ID) would spare it the prewarm.
     began = time.monotonic()
-    for host in ("spark-a", "spark-b"):
+    # SFL_REAL_KEEP_CACHES=1 (bench/drills_busy.py's rounds after its first): the pair the last session
+    # left is reused, its deploy changes nothing; the drills are about the watchdog, not the prewarm.
+    for host in ("spark-a", "spark-b") if not os.environ.get("SFL_REAL_KEEP_CACHES") else ():
         on(host, "rm -rf /var/lib/sparkfleet/kernel-cache")
     run = deploy(inventory=REAL_INVENTORY)
     assert run.returncode == 0, run.output[-20000:]

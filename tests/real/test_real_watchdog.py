@@ -47,6 +47,71 @@ def test_a_dead_or_frozen_real_rank_is_restarted_as_a_pair(real_deploy, fault, c
     assert "restarting the pair" in head, head
 
 
+def flood(key: str, stop: threading.Event, results: list, prompt_tokens: int = 7000) -> None:
+    """One client of the load: long prompts (token ids: exactly prompt_tokens each, of the tiny model's
+    2048-token vocabulary, drawn at random: vLLM's prefix cache would serve a repeated prompt without
+    computing it), a few tokens each, one request after another until `stop`."""
+    import random
+    import urllib.request
+
+    while not stop.is_set():
+        prompt = [random.randrange(300, 2000) for _ in range(prompt_tokens)]
+        body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": 16}).encode()
+        request = urllib.request.Request("http://198.18.0.11:8000/v1/completions", data=body, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as r:
+                results.append(r.status)
+        except Exception as e:  # noqa: BLE001: counted, the test asserts on it
+            results.append(repr(e)[:120])
+
+
+def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted(real_deploy, capsys):
+    """96 clients keep the real head's queue full of 7000-token prompts (vLLM prefills them
+    max_num_batched_tokens, 8192, a step: about 80 of them stand before any new request), so the
+    watchdog's one-token probe waits behind them past watchdog_probe_timeout_s (5 s) at every probe,
+    while the engine's own counters rise. The watchdog must call that busy, never a failure: no
+    restart, and the probe passes again once the load stops. The start-up grace (300 s here) would
+    hide the verdict, so for this test the head's watchdog runs with its grace at 0 (its config
+    restored after, byte for byte: the deploy that follows changes nothing)."""
+    config = "/etc/sparkfleet/watchdog.json"
+    original = on(HEAD, f"cat {config}")
+    settings = json.loads(original)
+    assert settings["progress_metrics"]["path"] == "/metrics", settings
+    on(HEAD, f"python3 -c \"import json; p='{config}'; c=json.load(open(p)); c['startup_grace_s']=0; "
+             f"json.dump(c, open(p, 'w'))\" && systemctl restart sparkfleet-watchdog")
+    started = container_started(HEAD)
+    key = on(HEAD, "cat /etc/sparkfleet/api-key").strip()
+    stop, results = threading.Event(), []
+    clients = [threading.Thread(target=flood, args=(key, stop, results), daemon=True) for _ in range(96)]
+    since = time.time()
+    try:
+        wait_journal(HEAD, since, "probe ok", timeout=60)  # the restarted watchdog's first probe
+        for c in clients:
+            c.start()
+        # At least two probes' worth of failures_before_restart (2 x 2 probes, 5 s apart, each up to 5 s)
+        # in a row, and the watchdog has said the pair is busy.
+        journal = wait_journal(HEAD, since, "busy, not judged", timeout=180)
+        time.sleep(4 * (settings["interval_s"] + settings["probe_timeout_s"]))
+        journal = watchdog_journal(HEAD, since)
+    finally:
+        stop.set()
+        on(HEAD, f"cat > {config} <<'EOF'\n{original.rstrip(chr(10))}\nEOF\nchmod 600 {config}")
+        for c in clients:
+            c.join(timeout=600)
+        on(HEAD, "systemctl restart sparkfleet-watchdog")
+    assert on(HEAD, f"cat {config}") == original
+    busy = [line for line in journal.splitlines() if "busy, not judged" in line]
+    assert busy and "the engine made progress: its token and request counters rose by" in busy[0], journal
+    assert "restarting the pair" not in journal and "probe failed 2/2" not in journal, journal
+    assert container_started(HEAD) == started, "the head was restarted under load"
+    served = sum(1 for r in results if r == 200)
+    assert served >= 96 and all(r == 200 for r in results), results[:20]
+    wait_journal(HEAD, since, "probe ok", timeout=120)
+    report(capsys, f"busy pair: {served} prompts of 7000 tokens served; the watchdog said busy "
+                   f"{len(busy)} time(s), restarted nothing: {busy[0].split('probe failed ')[-1][:160]}")
+
+
 @pytest.mark.parametrize("key", ["d", "e"])
 def test_after_a_reboot_or_a_power_cut_the_real_pair_serves_again_without_a_deploy(real_deploy, key, capsys):
     took, since = run_drill(key, REAL_RECOVERY_BOUND_S, SERVED, outage_first=True)
