@@ -24,7 +24,7 @@ from roles.image.facts import (
 from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
 from roles.api_proxy.checks import UNIT_PATH as API_PROXY_UNIT_PATH, ApiProxyHost
-from roles.router.facts import RouterHost
+from roles.router.facts import RouterHost, RouterRouting
 from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
@@ -74,6 +74,8 @@ for model, _revision in profile_models(profile):
 host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
 host.get_fact(WatchdogUnit)
 host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH)
+if node.router_node == node.name:  # roles/rolling: the router's routing, read on the router node before the turns
+    host.get_fact(RouterRouting)
 host.get_fact(ApiProxyHost, unit_path=API_PROXY_UNIT_PATH)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))

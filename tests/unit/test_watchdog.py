@@ -240,7 +240,7 @@ class World:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_for(listening, 5, f"the {node} rsync daemon")
+        wait_for(listening, 30, f"the {node} rsync daemon")  # a loaded machine starts it late
         return f"rsync://127.0.0.1:{port}/watchdog/state.json"
 
     # ---- the fake world
