@@ -154,8 +154,3 @@ def _release_at_disconnect(host) -> None:
 
     host.disconnect = release_then_disconnect
     host._sparkfleet_releases_lock = True
-
-
-def lock_state(host) -> dict:
-    """Read-only (the doctor, status): {'result': absent|alive|gone, 'holder': record or None}."""
-    return _node(host, "show")

@@ -130,7 +130,8 @@ def routing_decision(state):
 
     from roles.rolling.routes import Backend, routing_plan
     from roles.router.facts import RouterRouting
-    from roles.router.node_config import backend_url, routed_groups, router_node, served_name
+    from roles.router.control import groups_by_url
+    from roles.router.node_config import router_node, served_name
     from sparkfleet.once import once_per_fleet
     from sparkfleet.plan import fleet_plan
     from sparkfleet.refusal import Problem, Refusal
@@ -147,9 +148,9 @@ def routing_decision(state):
                            else f"not answering ({table['error']}); routing is not checked before the turns"))
             return None
         plans = fleet_plan(state)
-        backends = [Backend(name, backend_url(g.head), served_name(g), table.get(backend_url(g.head)),
-                            plans[name].healthy, plans[name].restart)
-                    for name, g in routed_groups(fleet, router).items() if name in plans]
+        backends = [Backend(name, url, served_name(fleet.groups[name]), table.get(url), plans[name].healthy,
+                            plans[name].restart)
+                    for url, name in groups_by_url(fleet, router).items() if name in plans]
         plan = routing_plan(backends, [turn_groups(t) for t in turn_order(state)], router.router_outage_accepted)
         for line in plan.lines(backends, router.name):
             logger.info(line)
