@@ -51,8 +51,11 @@ def stat(pid: int):
 
 def session() -> dict:
     """This command's SSH session: the nearest sshd ancestor; without one (a local connector), the
-    process session's leader, which outlives the run (safe: its lock is refused, not taken over)."""
-    pid = os.getppid()
+    process session's leader, which outlives the run (safe: its lock is refused, not taken over).
+    A session's leader can have exited while the session goes on (a shell that started a job in the
+    background and ended; seen in CI): then the oldest living ancestor below init, which outlives
+    the run too. A dead pid would make the lock look abandoned at once."""
+    pid, oldest = os.getppid(), None
     while pid > 1:
         found = stat(pid)
         if found is None:
@@ -60,10 +63,13 @@ def session() -> dict:
         comm, ppid, start = found
         if comm in SSHD:
             return {"pid": pid, "start": start, "boot": boot_id(), "via": comm}
+        oldest = (pid, start)
         pid = ppid
     leader = os.getsid(0)
     found = stat(leader)
-    return {"pid": leader, "start": found[2] if found else 0, "boot": boot_id(), "via": "session leader"}
+    if found is not None or oldest is None:
+        return {"pid": leader, "start": found[2] if found else 0, "boot": boot_id(), "via": "session leader"}
+    return {"pid": oldest[0], "start": oldest[1], "boot": boot_id(), "via": "oldest ancestor"}
 
 
 def alive(recorded) -> bool:

@@ -986,6 +986,19 @@ class Head(Node):
                          f"({g.get('reason')}); watching and restarting again")
                 self.state.update(gave_up=None, want="serving", restarts=[])
             self.record_probe(result)
+            recent = self.recent_restarts()
+            if recent and recent[-1].get("finished_mono") is None:
+                # This watchdog was restarted after the last restart had started the head unit but
+                # before the pair served (`want` was already "serving", so run() resumed nothing):
+                # the pair serves now, so that restart worked. Left without an end it would count
+                # as failed until it left the window (seen in the lab: the busy drill restarted the
+                # watchdog a moment after a SIGSTOP restart, and the restart never ended).
+                age = restart_age_s(recent[-1], time.monotonic(), self.boot)
+                self.finish_restart(True, f"the restart of {recent[-1].get('started')} ended when this watchdog "
+                                    f"restarted during it: the pair serves again"
+                                    + (f" {secs(age)} after it began" if age is not None else "")
+                                    + f" ({result['reason']})")
+                return
             self.save()
             return
         if result["severity"] < SOFT:

@@ -74,6 +74,7 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
     restart, and the probe passes again once the load stops. The start-up grace (300 s here) would
     hide the verdict, so for this test the head's watchdog runs with its grace at 0 (its config
     restored after, byte for byte: the deploy that follows changes nothing)."""
+    wait_watchdog_settled(REAL_RECOVERY_BOUND_S)  # the drill before may still be ending its restart
     config = "/etc/sparkfleet/watchdog.json"
     original = on(HEAD, f"cat {config}")
     settings = json.loads(original)

@@ -109,3 +109,24 @@ def test_two_takes_at_the_same_instant_give_one_lock(tmp_path):
             p.kill()
             p.wait()
     assert results == ["refused"] * 7 + ["took"]
+
+
+def test_a_session_whose_leader_has_exited_is_held_by_a_living_ancestor(tmp_path):
+    """Run from a session whose leader has exited (a shell that put the job in the background and
+    ended, as CI's runner did): the lock names the oldest living ancestor, so it is kept, not
+    taken for abandoned at the next call (it was: the recorded session was the dead leader)."""
+    path, out = tmp_path / "deploy.lock", tmp_path / "out"
+    take = f"{sys.executable} -c \"$P\" take {path} '{{}}'"
+    show = f"{sys.executable} -c \"$P\" show {path}"
+    script = f"( {take} > {out}.take; sleep 0.5; {show} > {out}.show ) & exit 0"
+    subprocess.run(["setsid", "--wait", "sh", "-c", script], env={**os.environ, "P": PROGRAM.read_text()},
+                   check=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (Path(f"{out}.show").exists() and Path(f"{out}.show").read_text()):
+        time.sleep(0.1)
+    took = json.loads(Path(f"{out}.take").read_text())
+    shown = json.loads(Path(f"{out}.show").read_text())
+    assert took["result"] == "took", took
+    session = json.loads(path.read_text())["session"]
+    assert session["via"] in ("oldest ancestor", "sshd", "sshd-session"), session
+    assert shown["result"] == "alive", (shown, session)

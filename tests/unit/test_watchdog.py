@@ -855,21 +855,44 @@ def test_a_worker_stopped_mid_restart_is_not_busy_forever(world):
     assert world.command("status", "worker").returncode == 0
 
 
-def test_a_restart_that_never_ended_still_backs_off(world):
-    """A watchdog stopped while it waited for the pair leaves a restart without an end: the next one
-    counts its backoff from that restart's start (it used to fail every tick instead)."""
-    world.deploy()
+def unended_restart_state(ago_s):
     now = time.time()
-    (world.dir / "head-state" / "state.json").write_text(json.dumps({
+    return json.dumps({
         "generation": 1, "want": "serving", "seq": 1,
-        "restarts": [{"started": "then", "started_epoch": now - 0.5, "boot": BOOT,
-                      "started_mono": time.monotonic() - 0.5, "reason": "test"}]}))
-    world.start_pair()
-    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+        "restarts": [{"started": "then", "started_epoch": now - ago_s, "boot": BOOT,
+                      "started_mono": time.monotonic() - ago_s, "reason": "test"}]})
+
+
+def test_a_restart_that_never_ended_still_backs_off(world):
+    """A watchdog stopped while it waited for the pair leaves a restart without an end; when the
+    pair does not serve either, the next restart counts its backoff from that restart's start (it
+    used to fail every tick instead), and the unended restart counts as a failed one."""
+    world.deploy()
+    (world.dir / "head-state" / "state.json").write_text(unended_restart_state(0.5))
     world.set_api("hang")
-    wait_for(lambda: lines(world.log("head"), "the pair serves again"), 20, "the pair serving again")
-    assert lines(world.log("head"), "restarting the pair (restart 2 within 60 s; ")
+    world.start_pair()
+    wait_for(lambda: lines(world.log("head"), "restarting the pair (restart 2 within 60 s; 1 failed"), 20,
+             "restart 2, counting the unended one as failed")
+    assert not lines(world.log("head"), "ended when this watchdog restarted during it")
     assert not lines(world.log("head"), "internal error")
+
+
+def test_a_restart_the_watchdog_was_restarted_during_ends_when_the_pair_serves(world):
+    """A watchdog restarted after its restart had started the head unit (`want` already "serving")
+    ends that restart, as worked, at its first passing probe: left unended it would count as a
+    failed restart, and hold the state "restarting" for a drill or an operator, for the whole window."""
+    world.deploy()
+    (world.dir / "head-state" / "state.json").write_text(unended_restart_state(3.0))
+    world.start_pair(head={"recovered_after_s": 0})  # a failure soon after it does not undo "worked"
+    wait_for(lambda: (world.state("head").get("restarts") or [{}])[-1].get("finished"), 10, "the restart ended")
+    restart = world.state("head")["restarts"][-1]
+    assert restart["ok"] is True and restart["took_s"] >= 3.0, restart
+    assert lines(world.log("head"), "the restart of then ended when this watchdog restarted during it: the pair "
+                                    "serves again")
+    # It worked: a later failure's restart is restart 2 with none failed before it.
+    world.set_api("hang")
+    wait_for(lambda: lines(world.log("head"), "restarting the pair (restart 2 within 60 s; 0 failed"), 20,
+             "restart 2, the first one counted as worked")
 
 
 @pytest.mark.parametrize("clock", ["a day ahead", "a day behind", "another boot"])
