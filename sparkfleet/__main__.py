@@ -1,4 +1,5 @@
-"""sparkfleet command line: `python -m sparkfleet config INVENTORY` prints the validated config per host."""
+"""sparkfleet command line: `python -m sparkfleet config INVENTORY` prints the validated config per host;
+`python -m sparkfleet docs` writes docs/data-keys.md from the config model."""
 import argparse
 import sys
 
@@ -14,7 +15,14 @@ def main(argv=None) -> int:
     show = sub.add_parser("config", help="print the merged, validated config of every host")
     show.add_argument("inventory", help="inventory file, e.g. inventory.py or lab/inventory.py")
     show.add_argument("--host", help="only this host")
+    sub.add_parser("docs", help="write docs/data-keys.md from the config model's field descriptions")
     args = parser.parse_args(argv)
+
+    if args.command == "docs":
+        from sparkfleet import datadoc  # only this command needs it
+
+        print(f"sparkfleet: wrote {datadoc.write().relative_to(datadoc.ROOT)}")
+        return 0
 
     try:
         cluster = load_cluster(args.inventory)

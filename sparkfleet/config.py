@@ -59,9 +59,10 @@ DEFAULT_GROUP = "pair"
 class GroupData(BaseModel):
     serving_group: str = Field(
         DEFAULT_GROUP, pattern=GROUP_NAME,
-        description="The serving group of this node: the nodes that serve one model together, with their own "
-        "head (rank 0), ranks 0..N-1, profile, parallelism (TP x PP = N) and ports. A fleet holds several groups; a "
-        "node belongs to exactly one. Default: one group, 'pair'.",
+        description="the serving group of the node: the nodes that serve one model together (own head, ranks, "
+        "profile, TP x PP = its node count, ports); several groups make a fleet, a node belongs to exactly one (see "
+        "docs/fleet.md#a-fleet-serving-groups); lower case, digits and `-`",
+        json_schema_extra={"set_in": "inventory, per node"},
     )
 
 
@@ -73,7 +74,11 @@ class NodeConfig(GroupData, ApiProxyData, RouterData, ReceiptData, WatchdogData,
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(description="Inventory name of the node.")
-    rank: int = Field(ge=0, description="Tensor-parallel rank; rank 0 is the head. Required per node.")
+    rank: int = Field(
+        ge=0,
+        description="rank within the node's serving group; exactly one node of a group has 0 (its head), a group's "
+        "ranks are 0..N-1 without gaps",
+    )
     management_address: str = Field(
         description="Address used to reach the node over SSH (pyinfra `ssh_hostname`, else the name)."
     )

@@ -80,7 +80,7 @@ class Listeners(FactBase):
 
 
 def listener_problems(node, sockets, proxy_active: bool) -> list[str]:
-    """The live half of the README's security table, on a head: the API port held by the proxy
+    """The live half of the security table (docs/security.md), on a head: the API port held by the proxy
     alone, running, and the engine's own port on loopback only (anything else there is reachable
     without the proxy's key check)."""
     if not node.is_head:

@@ -29,10 +29,11 @@ OPEN_PATHS = {
 
 class ApiProxyData(BaseModel):
     api_proxy_engine_port: int = Field(
-        18000, ge=1024, le=65535, description="port the engine's own HTTP server listens on, on the head's 127.0.0.1 "
-        "only (the API proxy, on the profile's port, is the one way in); must differ from every other port on the head"
+        18000, ge=1024, le=65535, description="the port of the engine's own HTTP server on each head, on 127.0.0.1 "
+        "only, behind the API proxy on the profile's `port`; must differ from every other port on the head. See "
+        "docs/security.md#every-route-behind-the-key"
     )
     api_proxy_timeout_s: int = Field(
-        3600, ge=30, description="seconds the API proxy waits on either side with no byte moving (a long request that "
-        "is not streamed sends nothing until it is done) before it closes the connection"
+        3600, ge=30, description="seconds the API proxy waits with no byte moving on either side before it closes a "
+        "connection (a long request that is not streamed sends nothing until it is done)"
     )

@@ -13,42 +13,46 @@ class FabricData(BaseModel):
     fabric_netdev: str = Field(
         "enp1s0f0np0",
         pattern=r"^[A-Za-z0-9_.-]{1,15}$",
-        description="The CX7 netdev cabled to the peer (`ibdev2netdev` shows it).",
+        description="the CX7 netdev cabled to the peer (`ibdev2netdev` shows it)",
     )
     fabric_address: IPv4Interface = Field(
-        description="This node's static fabric address with prefix, e.g. 10.77.77.1/30. Required per node.",
+        description="the node's address on the CX7 link with prefix (`10.77.77.1/30`); unique in the fleet; one "
+        "subnet per link (back-to-back: a group's two nodes, each cable its own) or per group (switch)",
         strict=False,  # written as text ("10.77.77.1/30"); every other key is strictly typed (no coercion)
     )
     fabric_topology: Literal["back-to-back", "switch"] = Field(
         "back-to-back",
-        description="How the CX7 ports are cabled: back-to-back (one cable per serving group of two nodes, a "
-        "subnet per cable) or switch (every node on one switched segment; the group's nodes in one subnet). The "
-        "jumbo-frame proof runs between every two nodes of a group either way. One value for the whole fleet.",
+        description="how the CX7 ports are cabled: `back-to-back` (a cable per serving group of two) or `switch` "
+        "(every node on one switched segment, any group size); one value for the fleet; the jumbo-frame proof runs "
+        "between every two nodes of a group either way",
     )
     fabric_mtu: int = Field(
         JUMBO_MTU,
         ge=1280,
         le=9216,
-        description="Link MTU. 9000 (jumbo frames): NCCL bus bandwidth drops from ~20 GB/s to ~3 GB/s without.",
+        description="link MTU; jumbo frames (NCCL bus bandwidth drops from ~20 GB/s to ~3 GB/s without); the same on "
+        "every node",
     )
     fabric_mtu_reason: str | None = Field(
         None,
-        description=f"Required when fabric_mtu is not {JUMBO_MTU}: why the smaller MTU is on purpose.",
+        description="required when `fabric_mtu` is not 9000: why the smaller MTU is on purpose",
     )
     netplan_renderer: Literal["NetworkManager", "networkd"] = Field(
         "NetworkManager",
-        description="netplan renderer: NetworkManager on DGX OS, networkd on plain Debian/Ubuntu servers.",
+        description="`NetworkManager` (DGX OS) or `networkd` (plain Debian/Ubuntu servers); its service must be "
+        "active (preflight)",
     )
     fabric_take_over: bool = Field(
         False,
-        description="When another netplan file, NetworkManager connection or systemd-networkd file also "
-        "configures fabric_netdev: false stops the deploy naming it; true has the deploy disable it "
-        "(kept on disk: *.sparkfleet-disabled, autoconnect no) and say so.",
+        description="another netplan file, NetworkManager connection or systemd-networkd file that also configures "
+        "`fabric_netdev`: `false` stops the deploy naming it; `true` has the deploy disable it (kept on disk: "
+        "`*.sparkfleet-disabled`, NetworkManager's autoconnect off) and say so. See "
+        "docs/operations.md#a-cx7-configured-by-someone-else",
     )
     rdma_hca: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_]+$",
-        description="RDMA device of the fabric port (e.g. rocep1s0f0), or none for TCP sockets only.",
+        description="RDMA device of the fabric port (`rocep1s0f0` on a DGX Spark), or none for TCP sockets only",
     )
 
 # The systemd unit behind each netplan renderer; it must be running for `netplan apply` to work.

@@ -7,22 +7,23 @@ SFL_FILES = "/usr/local/libexec/sparkfleet/sfl_files.py"
 
 class FanoutData(BaseModel):
     fanout_rsync_port: int = Field(
-        873, ge=1, le=65535, description="port of each node's read-only rsync daemon, bound to its fabric address"
+        873, ge=1, le=65535, description="port of each node's read-only rsync daemon, bound to its fabric address "
+        "only"
     )
     fanout_bwlimit_kib: int = Field(
-        0, ge=0, description="per-transfer bandwidth cap in KiB/s for fan-out (0: none, the link's full speed)"
+        0, ge=0, description="per-pull cap of the fan-out in KiB/s; 0 is the link's full speed"
     )
     fanout_streams: int = Field(
-        4, ge=1, le=64, description="concurrent rsync streams of a worker's weights pull, over disjoint sets of "
-        "the model's files balanced by size, each file's sha256 checked as it arrives: one rsync is one "
-        "process per end, bound by one core, short of a CX7 link; 4 keeps a Spark's cores for the hashing "
-        "(fanout_bwlimit_kib is shared between them)",
+        4, ge=1, le=64, description="concurrent rsync streams of a worker's weights pull, over disjoint sets of the "
+        "model's files balanced by size, each file's sha256 checked as it arrives: one rsync is one process per end, "
+        "bound by one core, short of a CX7 link; 4 keeps a Spark's cores for the hashing (fanout_bwlimit_kib is "
+        "shared between them)",
     )
     fanout_rsync_timeout_s: int = Field(
-        7200, ge=1, description="seconds one fan-out transfer may take, verification included (a worker's "
-        "pull of ~170 GiB of weights, a kernel-cache merge); 2 h is ~24 MiB/s: raise it with fanout_bwlimit_kib",
+        7200, ge=1, description="seconds one fan-out transfer may take, verification included (a worker's pull of "
+        "~170 GiB of weights, a kernel-cache merge); 2 h is ~24 MiB/s: raise it with `fanout_bwlimit_kib`",
     )
     fanout_rsync_io_timeout_s: int = Field(
-        300, ge=1, description="rsync's own --timeout: seconds without any data from the peer before a "
-        "transfer gives up (a stalled or vanished peer); a re-run resumes from the partial file",
+        300, ge=1, description="rsync's own `--timeout`: seconds without any data from the peer before a transfer "
+        "gives up (a stalled or vanished peer); a re-run resumes from the partial file",
     )

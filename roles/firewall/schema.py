@@ -11,9 +11,10 @@ Network = Annotated[IPv4Network, Field(strict=False)]
 
 class FirewallData(BaseModel):
     firewall_enabled: bool = Field(
-        True, description="manage the nftables table `inet sparkfleet` (false: it is removed, nothing else is touched)"
+        True, description="manage the nftables table `inet sparkfleet` on every node (false: the table and its unit "
+        "are removed; nothing else is touched)"
     )
     firewall_api_allowed_networks: list[Network] | None = Field(
-        None, description="networks that may reach the head's API port (`198.18.0.0/24`); none: the "
-        "management subnet, the connected subnet of the address each node's SSH session arrives at"
+        None, description="networks that may reach the head's API port (`[\"192.168.1.0/24\"]`); none: the connected "
+        "subnet of the address each node's SSH session arrives at"
     )

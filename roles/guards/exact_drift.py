@@ -251,7 +251,7 @@ def stop_message(commit: str, launcher: str, image: str, lines: list[str], stops
         todo.append(f"pin (serving_env_pins: {json.dumps(pins) if pins else '{...}'}) or acknowledge "
                     f"(recipe_drift_acknowledged: {json.dumps([f.name for f in env])})")
     if other:
-        todo.append("check the profile's recipe.launcher and recipe.launcher_args (README: exact recipe drift)")
+        todo.append("check the profile's recipe.launcher and recipe.launcher_args (docs/configuration.md#exact-recipe-drift)")
     stopped = "; ".join(dict.fromkeys(f.text for f in stops))
     return (
         f"exact recipe drift at {commit[:12]}: the recipe's launcher {launcher} (run in {image} with the engine "

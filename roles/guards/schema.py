@@ -10,19 +10,20 @@ _ACKNOWLEDGED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|--[A-Za-z0-9][A-Za-z0-9_-]
 class GuardsData(BaseModel):
     deployment_purpose: Literal["production", "research"] = Field(
         "production",
-        description="production refuses drafters with non-commercial licenses; research needs an acknowledgement",
+        description="`production` refuses a drafter with a non-commercial license; `research` needs the license "
+        "acknowledged",
     )
     drafter_license_acknowledged: str | None = Field(
-        None, description="research only: the drafter license (e.g. CC-BY-NC-ND-4.0) you accept, spelled as the profile has it"
+        None, description="research only: the drafter license you accept, spelled as the profile has it "
+        "(`CC-BY-NC-ND-4.0` for DFlash2)"
     )
     allow_ray_backend: bool = Field(
-        False, description="allow Ray as executor backend (its memory monitor killed the head on unified memory)"
+        False, description="allow Ray as vLLM executor backend (its memory monitor killed the head on unified memory)"
     )
     recipe_drift_acknowledged: list[str] = Field(
         default_factory=list,
         description="recipe differences accepted without a pin: a launch default or a variable the launcher sets "
-        "(its name, e.g. KV_SLOTMAP_PIN), a flag the launcher passes (--max-num-seqs for any value, "
-        "--max-num-seqs=64 for that value)",
+        "(its name), a flag the launcher passes (`--flag` for any value, `--flag=VALUE` for that value)",
     )
 
     @field_validator("recipe_drift_acknowledged")
@@ -34,8 +35,9 @@ class GuardsData(BaseModel):
                              f"flag with its value (--max-num-seqs=64)")
         return entries
     guard_kv_reserve_gib: float = Field(
-        4.0, ge=0, description="memory per rank the engine needs besides weights and KV cache (activations, graphs, NCCL)"
+        4.0, ge=0, description="memory per rank the engine needs besides weights and KV cache, in the KV budget "
+        "estimate"
     )
     guard_min_headroom_gib: float = Field(
-        0.0, ge=0, description="memory to keep free beyond utilization x MemTotal when the pair starts"
+        0.0, ge=0, description="memory to keep free beyond utilization x MemTotal when a rank's engine starts"
     )

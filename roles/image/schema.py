@@ -11,18 +11,18 @@ REGISTRY_DROPIN = "/etc/systemd/system/docker-registry.service.d/50-sparkfleet.c
 
 class ImageData(BaseModel):
     image_git_fetch_timeout_s: int = Field(
-        600, ge=1, description="seconds the head's `git fetch` of the recipe may take (a recipe repository "
-        "fetches in seconds; 10 min allows a slow mirror)",
+        600, ge=1, description="seconds the head's `git fetch` of the recipe may take (a recipe repository fetches "
+        "in seconds; 10 min allows a slow mirror); see docs/deploy.md#time-limits",
     )
     image_build_timeout_s: int = Field(
-        7200, ge=1, description="seconds the head's `docker build` of the overlay image may take (a cold build "
-        "of a vLLM overlay on a Spark can take an hour; a re-run reuses the layer cache)",
+        7200, ge=1, description="seconds the head's `docker build` of the overlay may take (a cold vLLM overlay "
+        "build on a Spark can take an hour; a re-run reuses the layer cache)",
     )
     image_push_timeout_s: int = Field(
-        1800, ge=1, description="seconds the head's `docker push` to its own fabric registry may take (the "
-        "overlay is tens of GiB; compressing it is the slow part)",
+        1800, ge=1, description="seconds the head's `docker push` to its own fabric registry may take (the overlay "
+        "is tens of GiB; compressing it is the slow part)",
     )
     image_pull_timeout_s: int = Field(
-        1800, ge=1, description="seconds a worker's `docker pull` from the head's registry over the fabric may "
-        "take (tens of GiB; decompressing is the slow part)",
+        1800, ge=1, description="seconds a worker's `docker pull` from the head's registry over the fabric may take "
+        "(tens of GiB; decompressing is the slow part)",
     )

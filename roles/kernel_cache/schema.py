@@ -144,16 +144,16 @@ class KernelCacheData(BaseModel):
     kernel_cache_dir: str = Field(
         "/var/lib/sparkfleet/kernel-cache",
         pattern=r"^/",
-        description="per-node cache root: one generation directory per image ID, 'current' links to the served one",
+        description="per-node JIT cache root: one generation per image ID, `current` links to the served one",
     )
     kernel_cache_keep_generations: int = Field(
-        2, ge=1, description="cache generations kept per node, the served one included; older ones are removed"
+        2, ge=1, description="cache generations kept per node (the served one included); older ones are removed"
     )
     kernel_cache_prewarm_timeout_s: int = Field(
-        3600, ge=10, description="how long a prewarm pair may take to answer /health (a cold compile is slow)"
+        3600, ge=10, description="how long the prewarm pair may take to answer `/health` (a cold compile is slow)"
     )
     kernel_cache_prewarm_max_rounds: int = Field(
-        5, ge=2, description="warm-up rounds at most; rounds stop earlier when no rank's cache grew"
+        5, ge=2, description="warm-up rounds at most; they stop as soon as no rank's cache grew in a round"
     )
     kernel_cache_prewarm_long_prompt_words: int = Field(
         4096, ge=16, description="length of the warm-up set's long-prefill prompt, in words"

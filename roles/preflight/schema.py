@@ -5,26 +5,26 @@ from pydantic import BaseModel, Field
 class PreflightData(BaseModel):
     gpu_expected: bool = Field(
         True,
-        description="A GPU must be visible to nvidia-smi on this node (DGX Spark: NVIDIA GB10). "
-        "False only where there is none on purpose (the lab).",
+        description="a GPU must be visible to `nvidia-smi` on this node (DGX Spark: NVIDIA GB10); false only where "
+        "there is none on purpose (the lab)",
     )
     preflight_data_dir: str = Field(
         "/var/lib/sparkfleet",
         pattern=r"^/",
-        description="Where images, weights and kernel caches will live; its free space is checked.",
+        description="where images, weights and caches will live; its free space is checked",
     )
     preflight_min_free_disk_gib: float = Field(
         200.0,
         ge=0,
-        description="Free space needed under preflight_data_dir (the field report's weights alone are ~164 GiB).",
+        description="free GiB needed under the data dir (the field report's weights alone are ~164 GiB)",
     )
     preflight_min_mem_total_gib: float = Field(
         100.0,
         ge=0,
-        description="MemTotal needed (a DGX Spark shows ~121.69 GiB of its 128 GB unified memory).",
+        description="MemTotal needed (a DGX Spark shows ~121.69 GiB of its 128 GB unified memory)",
     )
     preflight_allowed_archs: list[str] = Field(
         ["aarch64"],
         min_length=1,
-        description="CPU architectures accepted (`uname -m`); DGX Spark is aarch64.",
+        description="accepted `uname -m` values (DGX Spark is aarch64)",
     )

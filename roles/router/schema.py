@@ -17,38 +17,39 @@ ROUTER_VERSIONS = ("1.13.0",)
 
 class RouterData(BaseModel):
     router_node: str | None = Field(
-        None, description="name of the node (in the inventory) that runs the router: one OpenAI-compatible endpoint "
-        "in front of every serving group that serves the same model as that node's group; none: no router"
+        None, description="the inventory name of the node that runs the router: one endpoint in front of every "
+        "serving group serving the same model as that node's group; none: no router. See docs/fleet.md#router"
     )
     router_port: int = Field(
-        8100, ge=1, le=65535, description="port the router listens on (every address of router_node; reached from "
-        "firewall_api_allowed_networks, with the API key)"
+        8100, ge=1, le=65535, description="the router's port on `router_node` (every address; reached from "
+        "`firewall_api_allowed_networks`, with the API key); must differ from every port that node listens on"
     )
     router_metrics_port: int = Field(
-        29000, ge=1024, le=65535, description="port of the router's Prometheus metrics, on router_node's 127.0.0.1 "
-        "only (smg's default would be every address)"
+        29000, ge=1024, le=65535, description="the router's Prometheus metrics (smg's exporter), on `router_node`'s "
+        "127.0.0.1 only; must differ from every port that node listens on"
     )
     router_health_check_interval_s: int = Field(
-        10, ge=1, description="seconds between the router's health checks of each group's head (GET /health)"
+        10, ge=1, description="seconds between the router's health checks of each group's head (`GET /health`)"
     )
     router_health_check_timeout_s: int = Field(
         5, ge=1, description="seconds the router waits for one health check's answer"
     )
     router_health_failure_threshold: int = Field(
-        2, ge=1, description="consecutive failed health checks after which the router stops routing to a group "
-        "(within router_health_failure_threshold x (router_health_check_interval_s + router_health_check_timeout_s))"
+        2, ge=1, description="consecutive failed health checks after which the router stops routing to a group: "
+        "within this x (`router_health_check_interval_s` + `router_health_check_timeout_s`)"
     )
     router_health_success_threshold: int = Field(
-        2, ge=1, description="consecutive passed health checks after which the router routes to a recovered group again"
+        2, ge=1, description="consecutive passed health checks after which the router routes to a recovered group "
+        "again"
     )
     router_outage_accepted: bool = Field(
-        False, description="true: a serving group's turn may take the last group the router routes for its model "
-        "out of routing (the fleet's endpoint then serves nothing for that group's cold start); false: a run that "
-        "would do so is refused before any change, naming the group"
+        False, description="true: a group's turn may take the last group the router routes for its model out of "
+        "routing (the endpoint then serves nothing for its cold start); false: such a run is refused before any "
+        "change, naming the group. See docs/fleet.md#a-fleet-serving-groups"
     )
     router_version: Literal[ROUTER_VERSIONS] = Field(
-        "1.13.0", description="the pinned smg release the router node runs (its wheels' sha256 are recorded in "
-        "roles/router/wheels.py)"
+        "1.13.0", description="the pinned smg release; its wheels' sha256 per architecture are in "
+        "`roles/router/wheels.py`"
     )
 
 

@@ -445,60 +445,66 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
 
 class ServingData(BaseModel):
     serving_profile: str = Field(
-        "glm-5.3-flash-exl3", description="the profile to serve: a file name in roles/serving/profiles/"
+        "glm-5.3-flash-exl3", description="the profile the pair serves: a file in `roles/serving/profiles/`"
     )
     serving_recipe_repository: str | None = Field(
-        None, description="override of the profile's recipe repository (a mirror, or the lab's)"
+        None, description="override of the profile's recipe repository (a mirror; the lab's own)"
     )
     serving_recipe_commit: str | None = Field(
-        None, pattern=r"^[0-9a-f]{7,40}$", description="override of the profile's pinned recipe commit (the full "
-        "40-hex SHA; an abbreviated one is refused at prepare, naming the full SHA where the head can resolve it)"
+        None, pattern=r"^[0-9a-f]{7,40}$", description="override of the profile's pinned recipe commit (bump it here "
+        "to upgrade): the full 40-hex SHA; an abbreviated one is refused at prepare, naming the full SHA where the "
+        "head can resolve it"
     )
     serving_tensor_parallel_size: int | None = Field(
-        None, ge=1, description="the serving group's TP, replacing the profile's tensor_parallel_size (none: the "
-        "profile's); with serving_pipeline_parallel_size, TP x PP = the group's node count"
+        None, ge=1, description="the serving group's TP, replacing the profile's `tensor_parallel_size` (none: the "
+        "profile's); with `serving_pipeline_parallel_size`, TP x PP = the group's node count",
+        json_schema_extra={"set_in": "group_data or inventory, per group"},
     )
     serving_pipeline_parallel_size: int | None = Field(
-        None, ge=1, description="the serving group's PP, replacing the profile's pipeline_parallel_size (none: the "
-        "profile's): four nodes serve a pair's profile at TP 2 x PP 2"
+        None, ge=1, description="the serving group's PP, replacing the profile's `pipeline_parallel_size`: four "
+        "nodes serve a pair's profile at TP 2 x PP 2",
+        json_schema_extra={"set_in": "group_data or inventory, per group"},
     )
-    serving_start_at_boot: bool = Field(True, description="enable the units, so the pair starts at boot")
+    serving_start_at_boot: bool = Field(True, description="enable the units so the pair starts at boot")
     serving_health_timeout_s: int = Field(
-        1200, ge=10, description="how long the deploy waits for the head's /health (cold start: 6-12 min)"
+        1200, ge=10, description="how long a deploy waits for the head's `/health` (a cold start takes 6-12 min)"
     )
     serving_drop_caches: bool = Field(
-        True, description="drop the page cache before start (unified memory: page cache counts as used)"
+        True, description="drop the page cache before each start (unified memory counts it as used)"
     )
     serving_prune_other_profiles: bool = Field(
-        False, description="remove the images of profiles other than the served one (kept by default, for switching back)"
+        False, description="remove the images of profiles other than the served one (kept by default, for switching "
+        "back)"
     )
     serving_env_pins: dict[str, str] = Field(
         default_factory=dict,
-        description="environment pinned in data on top of the profile's (e.g. a recipe default that drifted)",
+        description="environment pinned in data on top of the profile's (a recipe default that drifted upstream)",
     )
     _no_empty_pins = field_validator("serving_env_pins")(classmethod(lambda cls, env: refuse_empty_values(env)))
     serving_extra_args: list[str] = Field(
         default_factory=list,
-        description="engine flags with their values in data after the profile's extra_args (a flag the recipe's "
-        "launcher passes, adopted)",
+        description="engine flags with their values after the profile's `extra_args`, on every rank (a flag the "
+        "recipe's launcher passes, adopted; see exact recipe drift); a flag sparkfleet renders is refused",
     )
     _extra_args = field_validator("serving_extra_args")(classmethod(lambda cls, args: check_extra_args(args)))
 
     serving_ulimit_memlock: str = Field(
         "-1",
         pattern=r"^(-1|[0-9]+(:[0-9]+)?)$",
-        description="--ulimit memlock of the serving containers: -1 (unlimited, RDMA registers memory); "
-        "only a machine that cannot grant it (the lab) sets a number",
+        description="`--ulimit memlock` of the serving containers: -1 (unlimited: RDMA registers memory); a number "
+        "only where the machine cannot grant unlimited (the lab)",
     )
-    serving_dir: str = Field("/etc/sparkfleet", pattern=r"^/", description="where units' environment files live")
+    serving_dir: str = Field("/etc/sparkfleet", pattern=r"^/", description="where the ranks' root-only environment "
+    "files live")
     serving_api_key_file: str | None = Field(
-        None, pattern=r"^/", description="root-only file on the head holding the API key (one line: letters, digits, "
-        "and ._~+/=-, 16 to 512 characters); none: <serving_dir>/api-key, generated with 32 random bytes on the "
-        "first deploy. The engine reads it from a root-only file, never from a command line"
+        None, pattern=r"^/", description="root-only file on the head with the API key (one line, 16-512 of "
+        "`A-Za-z0-9._~+/=-`); none: sparkfleet generates `<serving_dir>/api-key` (32 random bytes, hex) on the first "
+        "deploy. Given and absent, or readable by anyone but root: the deploy stops at prepare. The engine reads the "
+        "key from root-only files, never from a command line. See docs/security.md#the-api-key"
     )
     serving_media_domains: list[str] = Field(
-        default_factory=list, description="vision profiles: the hostnames the engine may fetch an image or video URL "
-        "from (--allowed-media-domains); empty: none, only inline data: URLs (no local paths either way)"
+        default_factory=list, description="vision profiles: the hostnames the engine may fetch image and video URLs "
+        "from (`--allowed-media-domains`); empty: none (only inline `data:` URLs), local paths never"
     )
     _media_domains = field_validator("serving_media_domains")(classmethod(lambda cls, v: check_media_domains(v)))
 

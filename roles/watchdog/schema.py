@@ -19,44 +19,49 @@ RSYNC_MODULE = "watchdog"
 
 class WatchdogData(BaseModel):
     watchdog_enabled: bool = Field(
-        True, description="run sparkfleet-watchdog on every node: the head probes the pair with a real completion "
-        "and restarts it as one when it stops serving; each worker follows the head"
+        True, description="run `sparkfleet-watchdog` on every node: the head probes the pair with a real completion "
+        "and restarts it as one when it stops serving, each worker follows the head (false: the unit is stopped and "
+        "disabled, the rsync module `watchdog` is not served; the doctor still probes). The same on every node. See "
+        "docs/watchdog.md#keeping-the-pair-serving"
     )
     watchdog_interval_s: int = Field(
-        30, ge=5, description="seconds between the head's probes (a 1-token completion through the API, every "
-        "rank's container and processes)"
+        30, ge=5, description="seconds between the head's probes (a 1-token completion through the API, every rank's "
+        "container and processes)"
     )
     watchdog_probe_timeout_s: int = Field(
-        30, ge=1, description="bound on the probe's completion; a hang is seen after watchdog_failures_before_restart "
-        "x (watchdog_interval_s + this)"
+        30, ge=1, description="bound on the probe's completion (`max_tokens: 1`); a hang is seen after "
+        "`watchdog_failures_before_restart` x (`watchdog_interval_s` + this)"
     )
     watchdog_failures_before_restart: int = Field(
-        3, ge=1, description="consecutive failed probes before the pair restarts"
+        3, ge=1, description="consecutive failed probes before the pair restarts (a container not running, a stopped "
+        "process or a rank restarted alone is judged at once, grace or not)"
     )
     watchdog_max_restarts: int = Field(
-        3, ge=1, description="restarts that did not end the failure within watchdog_window_s after which the watchdog gives up: it stops the "
-        "pair and says why in the journal, in make status and in make doctor"
+        3, ge=1, description="restarts that did not end the failure (the pair not serving again, or failing again "
+        "within `watchdog_recovered_after_s`) within `watchdog_window_s` after which the watchdog gives up: the pair "
+        "is stopped, and the journal, `make status` and `make doctor` say why"
     )
     watchdog_window_s: int = Field(
-        7200, ge=60, description="the window the restarts are counted in; keep it above watchdog_max_restarts x "
-        "(serving_health_timeout_s + the backoffs), or a pair that never comes back is never given up on"
+        7200, ge=60, description="the window restarts are counted in; refused unless it holds "
+        "`watchdog_max_restarts` cold starts (`serving_health_timeout_s` each) with their backoffs and failed "
+        "probes, or a pair that never comes back would never be given up on"
     )
     watchdog_backoff_s: int = Field(
-        60, ge=0, description="a restart waits this x 2^f after the previous one ended, f = the restarts in the window "
-        "that did not end the failure"
+        60, ge=0, description="a restart waits this x 2^f after the previous one ended, f being the restarts in the "
+        "window that did not end the failure (this again after one that held)"
     )
     watchdog_recovered_after_s: int = Field(
         600, ge=0, description="a restart ended the failure only if the pair then served this long before failing "
-        "again; one that did not counts toward watchdog_max_restarts like a restart that never served"
+        "again; one that did not counts toward `watchdog_max_restarts` like a restart that never served"
     )
     watchdog_startup_grace_s: int = Field(
-        1200, ge=0, description="seconds after the head unit starts during which a failed completion is not judged "
-        "(a cold start: keep it at least serving_health_timeout_s); a container not running, a stopped process or a "
-        "rank restarted alone is judged at once"
+        1200, ge=0, description="seconds after the head unit starts in which a failed completion is not judged (a "
+        "cold start); refused below `serving_health_timeout_s`; a container not running, a stopped process or a rank "
+        "restarted alone is judged at once"
     )
     watchdog_state_dir: str = Field(
-        "/var/lib/sparkfleet/watchdog", pattern=r"^/", description="where each node's watchdog keeps state.json, "
-        "served read-only to the peers by the fabric rsync daemon (module watchdog)"
+        "/var/lib/sparkfleet/watchdog", pattern=r"^/", description="where each node's watchdog keeps `state.json`, "
+        "served read-only to the peers by the fabric rsync daemon (module `watchdog`)"
     )
     watchdog_follow_interval_s: int = Field(
         5, ge=1, description="seconds between a worker's reads of the head's state"

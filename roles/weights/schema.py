@@ -10,24 +10,28 @@ class WeightsData(BaseModel):
     weights_dir: str = Field(
         "/var/lib/sparkfleet/models",
         pattern=r"^/",
-        description="where every node keeps the weights: <weights_dir>/<model id>/, its manifest beside it",
+        description="where every node keeps weights: `<weights_dir>/<model id>/`, its manifest `<model id>.manifest` "
+        "beside it",
     )
     weights_source: str = Field(
         "hub",
-        description=f"where the head fetches weights from: {SOURCE_FORMS}; a directory or URL holds "
-        "<model id>/ and (URL) <model id>.manifest",
+        description="where the head fetches weights: `hub` (Hugging Face, at the profile's pinned revision), an "
+        "absolute directory on the head holding `<model id>/`, or an `http(s)://` URL serving `<model id>/...` and "
+        "`<model id>.manifest`",
     )
     weights_hf_token_file: str = Field(
         "/etc/sparkfleet/hf-token",
         pattern=r"^/",
-        description="root-only file on the head with the hub token (read by the hub client; absent: anonymous)",
+        description="root-only file on the head with the hub token; read by the hub client through `HF_TOKEN_PATH`, "
+        "never on a command line; absent: anonymous",
     )
     weights_free_margin_gib: float = Field(
-        10.0, ge=0, description="disk left free after a download or fan-out, or the deploy stops before it"
+        10.0, ge=0, description="GiB that must stay free after a download or fan-out; a shortfall stops before the "
+        "first byte, with the numbers"
     )
     weights_fetch_timeout_s: int = Field(
-        21600, ge=1, description="seconds the head's fetch of one model from weights_source may take, hashing "
-        "included (~170 GiB from the hub: 6 h is ~8 MiB/s; a re-run resumes from what arrived)",
+        21600, ge=1, description="seconds the head's fetch of one model from `weights_source` may take, hashing "
+        "included (~170 GiB from the hub: 6 h is ~8 MiB/s); a re-run resumes from what arrived",
     )
 
     @field_validator("weights_source")

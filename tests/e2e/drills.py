@@ -25,7 +25,7 @@ def chat_command(model: str = SERVED) -> str:
             + shlex.quote(json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
             + " http://127.0.0.1:8000/v1/chat/completions")
 # The lab's watchdog (lab/group_data/all.py): 2 failed probes of 5 s + 5 s find a fault within 20 s,
-# and a pair restart of the stand-ins takes ~10 s. A reboot adds the host's boot. The README states
+# and a pair restart of the stand-ins takes ~10 s. A reboot adds the host's boot. docs/watchdog.md states
 # this bound for the lab.
 RECOVERY_BOUND_S = 120
 

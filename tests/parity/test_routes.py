@@ -75,7 +75,7 @@ def vllm_app():
 
 def test_vllm_itself_answers_inference_without_the_key(vllm_app):
     """What the engine's own check leaves open, asked directly: the proxy's reason to exist. If vLLM
-    starts guarding /invocations itself, this fails and the README's list must be read again."""
+    starts guarding /invocations itself, this fails and docs/security.md's list must be read again."""
     _, table, port = vllm_app
     assert table["version"] == "0.33.0"
     open_at_engine = sorted({(m, p) for m, p in table["routes"] if ask(port, m, concrete(p)) != 401})

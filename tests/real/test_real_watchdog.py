@@ -21,7 +21,7 @@ pytestmark = pytest.mark.lab
 
 # lab/inventory_vllm_cpu.py's watchdog: 2 failed probes of 5 s + 5 s find a fault within 20 s; a
 # pair restart of the real engine takes ~35 s warm (the head's stop waits out stop_timeout_s, 5 s,
-# when its engine ignores SIGTERM). The README states this bound for the real pair.
+# when its engine ignores SIGTERM). docs/watchdog.md states this bound for the real pair.
 REAL_RECOVERY_BOUND_S = 300
 
 FAULTS = {
