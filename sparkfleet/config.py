@@ -29,7 +29,8 @@ from roles.kernel_cache.schema import KernelCacheData
 from roles.preflight.schema import PreflightData
 from roles.receipt.schema import ReceiptData
 from roles.router.schema import RouterData, router_problems
-from roles.serving.schema import SECRET_BEARING_KEYS, ServingData, serving_problems, withhold_secrets
+from roles.serving.group_checks import serving_problems
+from roles.serving.schema import SECRET_BEARING_KEYS, ServingData, withhold_secrets
 from roles.watchdog.schema import WatchdogData, watchdog_problems
 from roles.weights.schema import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem

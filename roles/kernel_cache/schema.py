@@ -95,15 +95,6 @@ def cache_vars(engine: str) -> dict[str, str]:
     return {var: c.subdir for var, c in CACHE_VARS[engine].items()}
 
 
-def cache_readers(engine: str) -> dict:
-    """{variable: roles.serving.env_readers.Reader} of `engine`'s cache variables, for the
-    engine-parity tier's account of who reads each variable of a rank's environment."""
-    from roles.serving.env_readers import Reader
-
-    return {var: Reader(c.reader, c.source, c.installed, tuple(e for e, table in CACHE_VARS.items() if var in table))
-            for var, c in CACHE_VARS[engine].items()}
-
-
 # The prewarm pair runs production's command line and environment unchanged, plus only these, per
 # engine: values that provably enter no cache key, so a kernel compiled in the prewarm is the one
 # production looks up. Nothing else may differ (tests/unit/test_kernel_cache.py checks it).

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from roles.kernel_cache.schema import CACHE_VARS
+
 
 @dataclass(frozen=True)
 class Reader:
@@ -50,10 +52,15 @@ LIBRARY_ENV: dict[str, Reader] = {
 }
 
 
+def cache_readers(engine: str) -> dict[str, Reader]:
+    """The readers of `engine`'s kernel-cache variables (roles/kernel_cache/schema.py CACHE_VARS names
+    each with the library that reads it and the upstream file)."""
+    return {var: Reader(c.reader, c.source, c.installed, tuple(e for e, table in CACHE_VARS.items() if var in table))
+            for var, c in CACHE_VARS[engine].items()}
+
+
 def library_readers(engine: str) -> dict[str, Reader]:
     """Every variable a library of `engine`'s stack reads, the kernel caches' movers included."""
-    from roles.kernel_cache.schema import cache_readers
-
     table = {**LIBRARY_ENV, **cache_readers(engine)}
     return {name: r for name, r in table.items() if engine in r.engines}
 
