@@ -25,6 +25,15 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import Sha1File
+
+from roles.router.node_config import routed_groups, router_node
+from roles.serving.key_paths import KEY_PATTERN, generated, key_file
+from sparkfleet.inventory import fleet_from_state
+from sparkfleet.keyfiles import KeyFileError, read, write
+from sparkfleet.once import once_per_fleet
+
 
 @dataclass
 class KeyPlan:
@@ -34,8 +43,6 @@ class KeyPlan:
 
 
 def _targets(fleet, router):
-    from roles.router.node_config import routed_groups
-
     source = fleet.group_of(router.name).head
     nodes = [g.head for g in routed_groups(fleet, router).values() if g.head.name != source.name]
     if router.name not in {source.name, *(n.name for n in nodes)}:
@@ -46,18 +53,7 @@ def _targets(fleet, router):
 def plan(state) -> KeyPlan | None:
     """Once per run, at prepare: the fleet's key and where it must be written (None: no router, or a
     source key file roles/serving refuses anyway: absent though named in data, or not one valid line)."""
-    from sparkfleet.inventory import fleet_from_state
-    from sparkfleet.once import once_per_fleet
-
     def compute():
-        from pyinfra.facts.files import Sha1File
-
-        from pyinfra.api.exceptions import DeployError
-
-        from roles.router.node_config import router_node
-        from roles.serving.api_key import KEY_PATTERN, generated, key_file
-        from sparkfleet.keyfiles import KeyFileError, read
-
         fleet = fleet_from_state(state)
         router = router_node(fleet)
         if router is None:
@@ -97,8 +93,6 @@ def write_fleet_key(path: str) -> None:
     """Operation body (a node of KeyPlan.writes): the fleet's key into `path`, root-only from its first
     byte, over the shell's stdin; the key is taken from the plan here, so it is in no operation's
     arguments either."""
-    from pyinfra import host, state
-
-    from sparkfleet.keyfiles import write
+    from pyinfra import host, state  # the operation's own host and state, at execution
 
     write(host, path, plan(state).key)

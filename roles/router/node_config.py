@@ -14,7 +14,7 @@ alias only the controller's ssh_config knows).
 import json
 
 from roles.router.schema import RouterData
-from roles.serving.api_key import key_file
+from roles.serving.key_paths import key_file
 from roles.serving.schema import node_profile
 from sparkfleet.render import render
 

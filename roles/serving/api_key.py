@@ -16,25 +16,12 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from roles.router.fleet_key import replaced_on
 from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
+from roles.serving.key_paths import KEY_PATTERN, KEY_TEXT, generated, key_file  # noqa: F401 (this role's API)
 from sparkfleet.keyfiles import generate_command
 from sparkfleet.keyfiles import problem as key_file_problem
 from sparkfleet.keyfiles import state_command as key_file_state
-
-# What a key may be: safe in an env file, a YAML double-quoted scalar, a curl config string and an
-# HTTP header, with no quoting at all.
-KEY_PATTERN = "[A-Za-z0-9._~+/=-]{16,512}"
-KEY_TEXT = ("16 to 512 characters from A-Z a-z 0-9 . _ ~ + / = - (the key is written into an env file, a YAML "
-            "file and an HTTP header unquoted)")
-
-
-def key_file(node) -> str:
-    return node.serving_api_key_file or f"{node.serving_dir}/api-key"
-
-
-def generated(node) -> bool:
-    """The key is sparkfleet's to create when absent (no file named in data)."""
-    return node.serving_api_key_file is None
 
 
 def curl_config(node) -> str:
@@ -116,9 +103,9 @@ def key_state(state) -> str:
     def read():
         head = cluster_from_state(state).head
         found = state.inventory.get_host(head.name).get_fact(ApiKeyState, command=state_command(head))
-        from roles.router.fleet_key import replaced_on  # behind a router the fleet has one key (roles/router)
-
-        if replaced_on(state, head.name):  # written before api_key_tasks.py: a changed key, the group restarts
+        # Behind a router the fleet has one key (roles/router), written before api_key_tasks.py: a
+        # changed key, the group restarts.
+        if replaced_on(state, head.name):
             found = "stale"
         why = problem(head, found)
         if why:
