@@ -24,7 +24,7 @@ class GroupPlan:
     fetch: list[str] = field(default_factory=list)  # models the head fetches
     build: bool = False  # the head builds the image
     ship: list[str] = field(default_factory=list)  # "image -> node", "model -> node": sent over the fabric
-    warm: str = ""  # "prewarm" | "sync <nodes>" | ""
+    warm: str = ""  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" (what the cache step does) | ""
     restart: bool = False
     reasons: list[str] = field(default_factory=list)  # why the group restarts
     healthy: bool = False
@@ -53,10 +53,14 @@ def group_plan(state, group) -> GroupPlan:
     plan.build = image.build
     plan.ship = [f"image -> {n}" for n in image.ship]
     plan.ship += [f"{model} -> {n}" for (model, n) in sorted(weights.pull)]
+    # What roles/kernel_cache's one step does: a prewarm (which also syncs, links and expires), or
+    # only bringing the ranks in line: a rank's files (sync), `current` linked to the image's
+    # generation (link: a rollback), generations past kernel_cache_keep_generations removed (expire).
     if caches.prewarm:
         plan.warm = "prewarm"
-    elif caches.sync:
-        plan.warm = "sync " + ", ".join(sorted(caches.sync))
+    else:
+        plan.warm = "; ".join(f"{what} {', '.join(sorted(nodes))}" for what, nodes in
+                              (("sync", caches.sync), ("link", caches.link), ("expire", caches.expire)) if nodes)
     plan.restart, plan.reasons, plan.healthy = serving.restart, list(serving.reasons), serving.healthy
     return plan
 

@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.e2e import plan_conformance
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LAB_STATE = Path(os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab"))
@@ -47,7 +49,14 @@ def run(cmd: list[str], timeout=900, **kw) -> Run:
 
 
 def deploy(*extra: str, inventory: str = INVENTORY) -> Run:
-    return run([str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
+    """A lab deploy; one that succeeded must have done exactly what its printed plan said
+    (tests/e2e/plan_conformance.py): every end-to-end test that deploys checks that too."""
+    result = run([str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
+    if result.returncode == 0:
+        problems = plan_conformance.mismatches(result.output, result.changed())
+        assert not problems, ("the deploy did not do what its plan printed:\n  " + "\n  ".join(problems)
+                              + f"\n{result.output}")
+    return result
 
 
 def state_checks(*extra: str, path: str = "tests/state", hosts=HOSTS, inventory: str = INVENTORY) -> Run:

@@ -1,0 +1,103 @@
+"""The plan a deploy printed against the operations it ran: every planned fetch, build, shipment,
+cache warm-up and pair restart happened, on the node the plan names, and none happened that the plan
+did not announce. Read from the deploy's own output, nothing else: the plan table (sparkfleet/plan.py,
+printed once before any operation) and pyinfra's per-operation results.
+
+Used by tests/e2e/lab.py's deploy() on every lab deploy that succeeded, so each end-to-end test that
+deploys also proves that what ran is what was printed."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_PLAN = re.compile(r"^--> sparkfleet plan: (?P<groups>\d+) serving group\(s\), (?P<changes>\d+) with changes")
+_HEADER = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
+
+
+@dataclass
+class PlannedGroup:
+    group: str
+    nodes: list[str]  # head first
+    fetch: int = 0  # models the head fetches
+    build: bool = False
+    ship_image: set[str] = field(default_factory=set)  # workers that pull the image
+    ship_models: dict[str, int] = field(default_factory=dict)  # worker -> models it is sent
+    warm: str = "-"  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" | "-"
+    restart: bool = False
+
+    @property
+    def head(self) -> str:
+        return self.nodes[0]
+
+
+def parse_plan(output: str) -> tuple[int, dict[str, PlannedGroup]] | None:
+    """(groups with changes, {group: its plan}) from the printed table; None when no plan printed
+    (a run refused before step 2c)."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        m = _PLAN.match(line.strip())
+        if m:
+            break
+    else:
+        return None
+    header = re.split(r"\s{2,}", lines[i + 1].strip())
+    assert tuple(header) == _HEADER, f"the plan table's header changed: {header}"
+    indent = len(lines[i + 1]) - len(lines[i + 1].lstrip())
+    plans = {}
+    for row in lines[i + 2:]:
+        if len(row) - len(row.lstrip()) != indent or not row.strip():  # a row: the header's indent, then the group
+            break
+        cells = re.split(r"\s{2,}", row.strip())
+        assert len(cells) == len(_HEADER), f"a plan row that does not parse: {row!r}"
+        name, _, nodes, fetch, build, ship, warm, restart = cells
+        p = PlannedGroup(group=name, nodes=[n.strip() for n in nodes.split(",")],
+                         fetch=0 if fetch == "-" else int(fetch.split()[0]), build=build == "yes",
+                         warm=warm, restart=restart == "yes")
+        for part in ([] if ship == "-" else ship.split("; ")):
+            node, what = part.split(": ", 1)
+            for item in what.split(", "):
+                if item == "image":
+                    p.ship_image.add(node)
+                else:
+                    p.ship_models[node] = int(item.split()[0])
+        plans[name] = p
+    assert len(plans) == int(m["groups"]), f"{m['groups']} groups announced, {len(plans)} rows read"
+    return int(m["changes"]), plans
+
+
+def _count(changed: list[tuple[str, str]], host: str, test) -> int:
+    return sum(1 for op, h in changed if h == host and test(op))
+
+
+def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
+    """What ran against what the plan printed: one line per difference (none: the plan was followed).
+    `changed` is (operation, host) of every operation that changed something."""
+    parsed = parse_plan(output)
+    if parsed is None:
+        return []
+    _, plans = parsed
+    out = []
+
+    def expect(group, what, planned, done):
+        if planned != done:
+            out.append(f"{group}: {what}: the plan said {planned}, the run did {done}")
+
+    for name, p in plans.items():
+        workers = p.nodes[1:]
+        expect(name, f"build on {p.head}", p.build,
+               _count(changed, p.head, lambda op: op.startswith("Build ") and op.endswith(" on the head")) > 0)
+        expect(name, f"models fetched on {p.head}", p.fetch,
+               _count(changed, p.head, lambda op: op.startswith("Fetch ") and " on the head (" in op))
+        for w in workers:
+            expect(name, f"image pulled by {w}", w in p.ship_image,
+                   _count(changed, w, lambda op: op.startswith("Pull ") and op.endswith(" from the head")) > 0)
+            expect(name, f"models sent to {w}", p.ship_models.get(w, 0),
+                   _count(changed, w, lambda op: op.startswith("Send ") and op.endswith(" to the workers over the fabric")))
+        prewarmed = _count(changed, p.head, lambda op: op == "Prewarm and merge the kernel caches") > 0
+        synced = _count(changed, p.head, lambda op: op == "Bring the kernel caches in line with the head's") > 0
+        expect(name, "kernel-cache prewarm", p.warm == "prewarm", prewarmed)
+        expect(name, "kernel caches brought in line (sync, link, expire)", p.warm not in ("-", "prewarm"), synced)
+        restarted = [p.head] if _count(changed, p.head, lambda op: op == "Start the head (every worker is up)") else []
+        restarted += [w for w in workers if _count(changed, w, lambda op: op == "Restart the workers (workers first)")]
+        expect(name, "pair restart (nodes restarted)", p.nodes if p.restart else [], restarted)
+    return out

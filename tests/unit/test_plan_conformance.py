@@ -1,0 +1,101 @@
+"""tests/e2e/plan_conformance.py: the printed plan read back, and a run held to it (the lab's deploy()
+applies it to every deploy; here, on output in pyinfra's and the plan's own format)."""
+from pathlib import Path
+
+from tests.e2e.lab import Run
+from tests.e2e.plan_conformance import mismatches, parse_plan
+
+PLAN = """\
+--> sparkfleet plan: 2 serving group(s), 2 with changes (decided before any change; the roles execute this plan)
+    group  profile             nodes (head first)  fetch     build  ship over the fabric      warm     restart
+    g1     glm-5.3-flash-exl3  spark-a, spark-b    2 models  yes    spark-b: image, 2 models  prewarm  yes
+    g2     glm-5.3-flash-exl3  spark-c, spark-d    -         -      -                         -        no, serving
+      g1 fetches: brandonmusic/GLM-5.3-Flash-tr3-4bpw, incoai/GLM-5.3-Flash-DFlash2
+      g1 restarts: image sparkfleet/glm-5.3-flash-exl3:fd5f is new or differs between nodes
+    rolling: g1 (one group at a time)
+"""
+
+
+def ran(*ops):
+    """pyinfra's output for operations (name, {host: result})."""
+    lines = [PLAN]
+    for name, results in ops:
+        lines.append(f"--> Starting operation: roles/serving/tasks.py | {name}")
+        lines += [f"    [{h}] {r}" for h, r in results.items()]
+    return Run(0, "\n".join(lines))
+
+
+G1_AS_PLANNED = [
+    ("Fetch m1 at abc on the head (hub)", {"spark-a": "Success", "spark-c": "No changes"}),
+    ("Fetch m2 at def on the head (hub)", {"spark-a": "Success"}),
+    ("Build sparkfleet/glm:fd5f on the head", {"spark-a": "Success"}),
+    ("Pull sparkfleet/glm:fd5f from the head", {"spark-b": "Success"}),
+    ("Send m1 to the workers over the fabric", {"spark-b": "Success"}),
+    ("Send m2 to the workers over the fabric", {"spark-b": "Success"}),
+    ("Prewarm and merge the kernel caches", {"spark-a": "Success"}),
+    ("Restart the workers (workers first)", {"spark-b": "Success"}),
+    ("Start the head (every worker is up)", {"spark-a": "Success"}),
+    ("Write /etc/sparkfleet/sparkfleet-head.env", {"spark-a": "Success", "spark-c": "No changes"}),
+]
+
+
+def test_the_table_is_read_back():
+    changes, plans = parse_plan(PLAN)
+    assert changes == 2 and sorted(plans) == ["g1", "g2"]
+    g1, g2 = plans["g1"], plans["g2"]
+    assert g1.nodes == ["spark-a", "spark-b"] and g1.fetch == 2 and g1.build and g1.restart
+    assert g1.ship_image == {"spark-b"} and g1.ship_models == {"spark-b": 2} and g1.warm == "prewarm"
+    assert g2.head == "spark-c" and not (g2.fetch or g2.build or g2.ship_image or g2.restart) and g2.warm == "-"
+
+
+def test_a_run_that_did_what_its_plan_printed_passes():
+    run = ran(*G1_AS_PLANNED)
+    assert mismatches(run.output, run.changed()) == []
+
+
+def test_no_plan_printed_is_nothing_to_hold_a_run_to():
+    assert mismatches("--> Loading inventory...\nrefused", []) == []
+
+
+def test_a_restart_outside_the_plan_and_a_planned_step_that_did_not_run_are_named():
+    run = ran(*[op for op in G1_AS_PLANNED if not op[0].startswith("Send m2")],
+              ("Start the head (every worker is up)", {"spark-c": "Success"}),
+              ("Bring the kernel caches in line with the head's", {"spark-c": "Success"}))
+    assert mismatches(run.output, run.changed()) == [
+        "g1: models sent to spark-b: the plan said 2, the run did 1",
+        "g2: kernel caches brought in line (sync, link, expire): the plan said False, the run did True",
+        "g2: pair restart (nodes restarted): the plan said [], the run did ['spark-c']",
+    ]
+
+
+def test_a_planned_restart_that_skipped_a_worker_is_named():
+    run = ran(*[op for op in G1_AS_PLANNED if op[0] != "Restart the workers (workers first)"])
+    assert mismatches(run.output, run.changed()) == [
+        "g1: pair restart (nodes restarted): the plan said ['spark-a', 'spark-b'], the run did ['spark-a']"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
+    run = Run(0, (FIXTURES / "lab-first-deploy-output.txt").read_text())
+    changes, plans = parse_plan(run.output)
+    pair = plans["pair"]
+    assert changes == 1 and pair.nodes == ["spark-a", "spark-b"] and pair.build and pair.fetch == 2
+    assert pair.ship_image == {"spark-b"} and pair.ship_models == {"spark-b": 2} and pair.warm == "prewarm"
+    assert pair.restart and len(run.changed()) > 20
+    assert mismatches(run.output, run.changed()) == []
+    # The same run with the worker's restart lost: named.
+    without = [(op, h) for op, h in run.changed() if op != "Restart the workers (workers first)"]
+    assert mismatches(run.output, without) == [
+        "pair: pair restart (nodes restarted): the plan said ['spark-a', 'spark-b'], the run did ['spark-a']"]
+
+
+def test_a_recorded_unchanged_lab_deploy_planned_nothing_and_changed_nothing():
+    run = Run(0, (FIXTURES / "lab-unchanged-deploy-output.txt").read_text())
+    changes, plans = parse_plan(run.output)
+    assert changes == 0 and not plans["pair"].restart and run.changed() == []
+    assert mismatches(run.output, run.changed()) == []
+    # A restart the empty plan did not announce: named.
+    assert mismatches(run.output, [("Start the head (every worker is up)", "spark-a")]) == [
+        "pair: pair restart (nodes restarted): the plan said [], the run did ['spark-a']"]
