@@ -551,6 +551,8 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     t1 = time.time()
     world.deploy()
     wait_for(lambda: lines(world.log("head"), "clearing the give-up"), 10, "the give-up cleared")
+    # the journal line comes a moment before the state file is saved: wait for the state itself
+    wait_for(lambda: world.state("head").get("gave_up") is None, 5, "the state saved without the give-up")
     head = world.state("head")
     assert head["gave_up"] is None and head["want"] == "serving" and head["restarts"] == []
     time.sleep(0.5)
