@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback
+.PHONY: help install demo test unit docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -21,6 +21,7 @@ help:
 	@echo "make deploy-lab | verify-lab | show-lab | config | bench | drills-busy"
 	@echo "make docs        write docs/data-keys.md from the config model (a unit test fails when it is stale)"
 	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
+	@echo "make plan [INVENTORY=...]      what a deploy would do, changing nothing (exit 0 none, 2 changes, 1 error)"
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
 	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
 	@echo "make rollback [INVENTORY=...]  back to the recipe commit that served last, no rebuild"
@@ -85,6 +86,11 @@ docs: install
 
 config: install
 	$(BIN)/python -m sparkfleet config $(or $(INVENTORY),inventory.py)
+
+# What a deploy would do, changing nothing (the deploy's prepare under pyinfra --dry): the plan per
+# group and every operation that would change; exit 0 nothing to do, 2 changes, 1 error.
+plan: install
+	$(BIN)/python -m sparkfleet plan $(or $(INVENTORY),$(LAB_INVENTORY))
 
 # Read-only: every guard and check on live machines, one table; changes nothing.
 doctor: install

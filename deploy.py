@@ -77,3 +77,7 @@ with refusals_stop_the_run():
     # 12. The router (router_node): one endpoint for every group serving the same model, behind the
     #     API key; groups whose health check fails are taken out of routing until they pass again.
     local.include("roles/router/tasks.py")
+
+    # 13. Run as a plan (`sparkfleet plan`: prepare only, nothing runs), what each operation above
+    #     would do on this host, for the plan to print; in a deploy, nothing.
+    local.include("roles/plan/operations_tasks.py")

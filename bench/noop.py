@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.e2e.lab import BIN, FLEET_INVENTORY, INVENTORY, REPO, Run, deploy  # noqa: E402
 
-ROUNDS = 5
+ROUNDS = int(os.environ.get("SFL_BENCH_ROUNDS", "5"))
 
 # pyinfra's phase lines, in the order it prints them; "start" is the interpreter and pyinfra's imports.
 PHASES = (
@@ -94,12 +94,13 @@ def medians(runs: list[dict[str, dict[str, float]]], part: str) -> dict[str, flo
     return {name: statistics.median(run[part].get(name, 0.0) for run in runs) for name in names}
 
 
-def measure(inventory: str) -> tuple[float, float, list[float], list[float], list, list]:
-    """Converge `inventory`, then ROUNDS interleaved rounds of a no-op re-deploy and a facts-only run."""
+def measure(inventory: str) -> tuple[float, float, list[float], list[float], list, list, list[float]]:
+    """Converge `inventory`, then ROUNDS interleaved rounds of a no-op re-deploy, a facts-only run and
+    `sparkfleet plan` (which must find nothing to do: exit 0)."""
     first = deploy(inventory=inventory)  # converge first: the benchmark is about the second run
     if first.returncode != 0:
         sys.exit(f"deploy failed:\n{first.output}")
-    noop, facts, noop_parts, facts_parts = [], [], [], []
+    noop, facts, noop_parts, facts_parts, plans = [], [], [], [], []
     for _ in range(ROUNDS):
         elapsed, run, lines = streamed([str(BIN / "pyinfra"), "-y", inventory, "deploy.py"])
         if run.changed():
@@ -109,7 +110,11 @@ def measure(inventory: str) -> tuple[float, float, list[float], list[float], lis
         elapsed, _, lines = streamed([str(BIN / "pyinfra"), "-y", inventory, "bench/facts_only.py"])
         facts.append(elapsed)
         facts_parts.append(breakdown(lines, elapsed))
-    return statistics.median(noop), statistics.median(facts), noop, facts, noop_parts, facts_parts
+        elapsed, run, _ = streamed([str(BIN / "python"), "-m", "sparkfleet", "plan", inventory], check=False)
+        if run.returncode != 0:
+            sys.exit(f"sparkfleet plan did not find nothing to do (exit {run.returncode}):\n{run.output}")
+        plans.append(elapsed)
+    return statistics.median(noop), statistics.median(facts), noop, facts, noop_parts, facts_parts, plans
 
 
 def lab(size: int) -> None:
@@ -122,11 +127,14 @@ def lab(size: int) -> None:
 
 def main() -> int:
     fleet = "--fleet" in sys.argv[1:]
-    noop_s, facts_s, noop, facts, noop_parts, facts_parts = measure(INVENTORY)
+    noop_s, facts_s, noop, facts, noop_parts, facts_parts, plans = measure(INVENTORY)
+    plan_s = statistics.median(plans)
     print(f"hosts: 2 (lab), rounds: {ROUNDS}, medians")
     print(f"no-op re-deploy        {noop_s:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in noop)})")
     print(f"facts-only pyinfra run {facts_s:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in facts)})")
+    print(f"sparkfleet plan        {plan_s:6.2f} s   (runs: {', '.join(f'{t:.2f}' for t in plans)})")
     print(f"ratio no-op / facts    {noop_s / facts_s:6.2f}")
+    print(f"ratio plan / facts     {plan_s / facts_s:6.2f}   (the plan: the deploy's prepare under pyinfra --dry)")
     print()
     phase_noop, phase_facts = medians(noop_parts, "phases"), medians(facts_parts, "phases")
     print(f"{'phase (s)':<40} {'no-op':>7} {'facts':>7}")
@@ -145,7 +153,7 @@ def main() -> int:
     # way in this run, on fresh hosts; the lab is the pair again afterwards.
     lab(4)
     try:
-        fleet_noop, fleet_facts, fleet_runs, fleet_fact_runs, _, _ = measure(FLEET_INVENTORY)
+        fleet_noop, fleet_facts, fleet_runs, fleet_fact_runs, _, _, fleet_plans = measure(FLEET_INVENTORY)
     finally:
         lab(2)
     print()
@@ -153,6 +161,8 @@ def main() -> int:
     print(f"  {'2 hosts, 1 group':<26} {noop_s:8.2f} {facts_s:8.2f} {noop_s / facts_s:6.2f}")
     print(f"  {'4 hosts, 2 groups':<26} {fleet_noop:8.2f} {fleet_facts:8.2f} {fleet_noop / fleet_facts:6.2f}"
           f"   (runs: {', '.join(f'{t:.2f}' for t in fleet_runs)} / {', '.join(f'{t:.2f}' for t in fleet_fact_runs)})")
+    print(f"  {'4 hosts, sparkfleet plan':<26} {statistics.median(fleet_plans):8.2f} {fleet_facts:8.2f} "
+          f"{statistics.median(fleet_plans) / fleet_facts:6.2f}")
     return 0
 
 

@@ -1,12 +1,9 @@
 """sparkfleet command line: `python -m sparkfleet config INVENTORY` prints the validated config per host;
-`python -m sparkfleet docs` writes docs/data-keys.md from the config model."""
+`python -m sparkfleet docs` writes docs/data-keys.md from the config model; `python -m sparkfleet plan
+INVENTORY` prints what a deploy would do and changes nothing (exit 0 nothing, 2 changes, 1 error)."""
 import argparse
 import sys
 
-import yaml
-
-from sparkfleet.inventory import load_cluster
-from sparkfleet.refusal import Refusal
 
 
 def main(argv=None) -> int:
@@ -16,13 +13,27 @@ def main(argv=None) -> int:
     show.add_argument("inventory", help="inventory file, e.g. inventory.py or lab/inventory.py")
     show.add_argument("--host", help="only this host")
     sub.add_parser("docs", help="write docs/data-keys.md from the config model's field descriptions")
+    plan = sub.add_parser("plan", help="what a deploy would do, changing nothing: exit 0 nothing, 2 changes, 1 error")
+    plan.add_argument("inventory", help="inventory file, e.g. inventory.py or lab/inventory.py")
+    plan.add_argument("pyinfra_args", nargs=argparse.REMAINDER,
+                      help="passed to the deploy as given, e.g. --data serving_recipe_commit=<sha> or --limit")
     args = parser.parse_args(argv)
+
+    if args.command == "plan":
+        from sparkfleet import plan_command  # only this command needs it
+
+        return plan_command.main(args.inventory, args.pyinfra_args)
 
     if args.command == "docs":
         from sparkfleet import datadoc  # only this command needs it
 
         print(f"sparkfleet: wrote {datadoc.write().relative_to(datadoc.ROOT)}")
         return 0
+
+    import yaml  # the commands above start without the config model (a plan's time is the deploy's own)
+
+    from sparkfleet.inventory import load_cluster
+    from sparkfleet.refusal import Refusal
 
     try:
         cluster = load_cluster(args.inventory)

@@ -33,10 +33,11 @@ from roles.watchdog.schema import SFL_WATCH, WATCH_UNIT
 from roles.weights.checks import weights_plan
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_fleet, per_group
+from sparkfleet.plan import group_plan
 
 
-def _checks(state) -> list[tuple[str, str, list[str]]]:
-    """(check, host, problems) rows; an empty problem list is a pass."""
+def _checks(state, group) -> list[tuple[str, str, list[str]]]:
+    """(check, host, problems) rows of one serving group; an empty problem list is a pass."""
     cluster = cluster_from_state(state)
     profile = node_profile(cluster.head)
     hosts = {h.name: h for h in active_hosts(state)}
@@ -82,6 +83,13 @@ def _checks(state) -> list[tuple[str, str, list[str]]]:
     rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
                  + [f"{n}: {why}" for n, why in caches.sync.items()]
                  + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
+    # The deploy's plan for this group (sparkfleet/plan.py, the verdicts `sparkfleet plan` prints):
+    # anything a deploy would do here is a failure, saying what and why.
+    try:
+        actions = group_plan(state, group).actions()
+    except DeployError as err:
+        actions = [f"no plan: {err}"]
+    rows.append(("plan", group.group or "pair", [f"a deploy would {a}" for a in actions]))
     head = hosts.get(cluster.head.name)
     if head is not None:
         rows.append(("health", cluster.head.name, health_problems(cluster, hosts, profile.port)))
@@ -165,7 +173,7 @@ def _table(rows) -> list[str]:
 def _doctor(state) -> None:
     """Every serving group's checks (at once, each in its own group: sparkfleet.once.per_group), a
     table per group, then one verdict for the fleet."""
-    tables = per_group(state, lambda group: _checks(state))
+    tables = per_group(state, lambda group: _checks(state, group))
     several = len(tables) > 1
     for name, rows in sorted(tables.items()):
         title = f" serving group {name}" if several else ""

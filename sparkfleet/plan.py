@@ -8,30 +8,13 @@ group only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict
 
 from pyinfra import logger
 
 from sparkfleet.once import once_per_fleet, per_group
-
-
-@dataclass
-class GroupPlan:
-    group: str
-    profile: str
-    image: str
-    nodes: list[str]  # head first
-    fetch: list[str] = field(default_factory=list)  # models the head fetches
-    build: bool = False  # the head builds the image
-    ship: list[str] = field(default_factory=list)  # "image -> node", "model -> node": sent over the fabric
-    warm: str = ""  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" (what the cache step does) | ""
-    restart: bool = False
-    reasons: list[str] = field(default_factory=list)  # why the group restarts
-    healthy: bool = False
-
-    @property
-    def changes(self) -> bool:
-        return bool(self.fetch or self.build or self.ship or self.warm or self.restart)
+from sparkfleet.plan_types import GroupPlan
 
 
 def group_plan(state, group) -> GroupPlan:
@@ -65,6 +48,10 @@ def group_plan(state, group) -> GroupPlan:
     return plan
 
 
+# The plan table's columns (tests/e2e/plan_conformance.py reads the table back by them).
+TABLE_HEADER = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
+
+
 def _cell(items: list[str], empty: str = "-") -> str:
     return ", ".join(items) if items else empty
 
@@ -86,7 +73,7 @@ def _ship_cell(p: GroupPlan) -> str:
 
 def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]:
     """The table's lines: one row per group, then why each restarting group restarts."""
-    header = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
+    header = TABLE_HEADER
     rows = [header]
     for name, p in sorted(plans.items()):
         restart = "yes" if p.restart else ("no, serving" if p.healthy else "no, /health not 200")
@@ -109,6 +96,12 @@ def turn_sequence(plans: dict[str, GroupPlan]) -> list[str]:
     """The order of one-group turns: groups that do not serve first (their turn repairs them, and
     they are routed again before a serving group is drained), then the serving ones, each by name."""
     return sorted(plans, key=lambda name: (plans[name].healthy, name))
+
+
+def write_plan(plans: dict[str, GroupPlan], path: str) -> None:
+    """The plan as JSON for `sparkfleet plan` (sparkfleet/plan_command.py), group -> its verdicts."""
+    with open(path, "w") as out:
+        json.dump({name: asdict(p) for name, p in sorted(plans.items())}, out, indent=1, sort_keys=True)
 
 
 def fleet_plan(state) -> dict[str, GroupPlan]:

@@ -133,6 +133,22 @@ def take_deploy_locks(state, holder: dict | None = None) -> list[str]:
     return taken
 
 
+def refuse_if_held(state) -> list[str]:
+    """For a run that changes nothing (`sparkfleet plan`): the lock of every node read, none taken;
+    a live holder refuses, since its nodes are changing under the facts a plan would read. The names read."""
+    read = []
+    for host in hosts_to_lock(state):
+        answer = _node(host, "show")
+        if answer["result"] == "alive":
+            raise Refusal(
+                "a deploy holds the deploy lock: its nodes are changing, and a plan read now would be of a half "
+                "changed node; nothing was changed on any node",
+                [Problem(f"held by {describe(answer['holder'])}", [host.name],
+                         fix="plan again when that run has ended (it releases the lock when it disconnects)")])
+        read.append(host.name)
+    return read
+
+
 def _release(host) -> str:
     try:
         return _node(host, "release")["result"]

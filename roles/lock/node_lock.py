@@ -125,6 +125,9 @@ def _write(path: str, record: dict) -> None:
 def main(argv) -> int:
     action, path = argv[0], argv[1]
     directory = os.path.dirname(path)
+    if action == "show" and not os.path.isdir(directory):  # a read creates nothing (sparkfleet plan)
+        print(json.dumps({"result": "absent", "holder": None}, sort_keys=True))
+        return 0
     os.makedirs(directory, mode=0o700, exist_ok=True)
     dir_fd = os.open(directory, os.O_RDONLY)
     fcntl.flock(dir_fd, fcntl.LOCK_EX)  # held until exit: one read-modify-write at a time

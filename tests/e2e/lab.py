@@ -59,6 +59,12 @@ def deploy(*extra: str, inventory: str = INVENTORY) -> Run:
     return result
 
 
+def plan(*extra: str, inventory: str = INVENTORY) -> Run:
+    """`python -m sparkfleet plan` on the lab: what a deploy would do, changing nothing (exit 0
+    nothing, 2 changes, 1 error); its output after the deploy's own prepare output."""
+    return run([str(BIN / "python"), "-m", "sparkfleet", "plan", inventory, *extra])
+
+
 def state_checks(*extra: str, path: str = "tests/state", hosts=HOSTS, inventory: str = INVENTORY) -> Run:
     targets = ",".join(f"ssh://{h}" for h in hosts)
     return run([

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sparkfleet.plan import TABLE_HEADER
+
 _PLAN = re.compile(r"^--> sparkfleet plan: (?P<groups>\d+) serving group\(s\), (?P<changes>\d+) with changes")
-_HEADER = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
 
 
 @dataclass
@@ -41,14 +42,14 @@ def parse_plan(output: str) -> tuple[int, dict[str, PlannedGroup]] | None:
     else:
         return None
     header = re.split(r"\s{2,}", lines[i + 1].strip())
-    assert tuple(header) == _HEADER, f"the plan table's header changed: {header}"
+    assert tuple(header) == TABLE_HEADER, f"the plan table's header changed: {header}"
     indent = len(lines[i + 1]) - len(lines[i + 1].lstrip())
     plans = {}
     for row in lines[i + 2:]:
         if len(row) - len(row.lstrip()) != indent or not row.strip():  # a row: the header's indent, then the group
             break
         cells = re.split(r"\s{2,}", row.strip())
-        assert len(cells) == len(_HEADER), f"a plan row that does not parse: {row!r}"
+        assert len(cells) == len(TABLE_HEADER), f"a plan row that does not parse: {row!r}"
         name, _, nodes, fetch, build, ship, warm, restart = cells
         p = PlannedGroup(group=name, nodes=[n.strip() for n in nodes.split(",")],
                          fetch=0 if fetch == "-" else int(fetch.split()[0]), build=build == "yes",

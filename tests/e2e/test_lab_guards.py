@@ -41,6 +41,7 @@ def test_the_doctor_passes_on_a_healthy_pair_and_changes_nothing():
     result = doctor()
     assert result.returncode == 0, result.output
     assert "sparkfleet doctor (read-only)" in result.output and "checks passed" in result.output
+    assert re.search(r"^plan\s+pair\s+ok$", result.output, re.M), result.output  # a deploy would do nothing
     assert result.results() == []
 
 

@@ -10,7 +10,7 @@ import secrets
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, running_tag, state_checks
+from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, plan, running_tag, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -101,10 +101,10 @@ def test_a_hand_stopped_worker_is_caught_and_the_pair_is_brought_back():
     assert receipt["cold_start_s"] > 0  # measured (units started -> first token); no bound on it here
     assert f"kept in {RECEIPTS}/{new}" in run.output and "decode t/s aggregate" in run.output
 
-    # A deploy that restarts nothing takes no receipt.
-    again = deploy()
-    assert again.changed() == [] and receipts() == after, again.output
-    assert "Take the benchmark receipt" not in [op for op, _, result in again.results() if result != "No changes"]
+    # Nothing more to do: the plan says so (a deploy that restarts nothing, and takes no receipt:
+    # test_a_recipe_bump_..., at its end).
+    planned = plan()
+    assert planned.returncode == 0 and "  pair: nothing to do (serving)\n" in planned.output, planned.output
 
 
 def test_status_shows_the_latest_receipt_against_the_previous_one_and_flags_a_drop():
@@ -143,6 +143,13 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
 
     # Pinned in data, the bump proceeds: built once, only the new layer crosses, worker first.
     pinned = (*bump, "--data", 'serving_env_pins={"KV_SLOTMAP_PIN": "1"}')
+    # `sparkfleet plan` first: the group's build, ship, warm and restart, and why; nothing changed.
+    planned = plan(*pinned)
+    assert planned.returncode == 2, planned.output
+    assert (f"  pair: build {IMAGE}:{v2}; ship image -> spark-b; warm the kernel caches (prewarm); restart the group "
+            f"(image {IMAGE}:{v2} is new or differs between nodes; ") in planned.output, planned.output
+    assert "spark-b: /etc/sparkfleet/sparkfleet-worker.env changed" in planned.output
+    assert running_tag("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
     base_size = int(on("spark-a", f"docker image inspect --format '{{{{.Size}}}}' {IMAGE}:{v1}"))
     rx_before = fabric_rx_bytes("spark-b")
     run = deploy(*pinned)
@@ -158,6 +165,7 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     assert "KV_SLOTMAP_PIN=1" in on("spark-b", "cat /etc/sparkfleet/sparkfleet-worker.env")
     assert '"id": "glm-5.3-flash"' in models()
 
+    assert plan(*pinned).returncode == 0  # the deploy did what the plan said, and nothing is left to do
     again = deploy(*pinned)
     assert again.returncode == 0 and again.changed() == [], again.output
 
@@ -174,7 +182,11 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     plain = deploy()
     assert plain.returncode == 0, plain.output
     assert state_checks().returncode == 0
-    assert deploy().changed() == []
+    # A deploy that restarts nothing takes no benchmark receipt.
+    kept = receipts()
+    unchanged = deploy()
+    assert unchanged.changed() == [] and receipts() == kept, unchanged.output
+    assert "Take the benchmark receipt" not in [op for op, _, result in unchanged.results() if result != "No changes"]
 
 
 def run_pyinfra(entry, *extra):

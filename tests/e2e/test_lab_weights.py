@@ -11,7 +11,7 @@ import time
 import pytest
 
 from roles.serving.schema import load_profile
-from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, state_checks
+from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, plan, state_checks
 from tests.e2e.lab import run as run_cmd
 
 pytestmark = pytest.mark.lab
@@ -61,6 +61,11 @@ def test_a_deleted_cache_file_fails_the_checks_naming_it_and_is_restored_without
     assert f"missing {victim}" in checks.output, checks.output
     doctor = run_cmd([str(BIN / "pyinfra"), "-y", INVENTORY, "doctor.py"])
     assert doctor.returncode != 0 and f"spark-b: 1 file(s) missing or resized: {victim}" in doctor.output, doctor.output
+    # The doctor's plan row and `sparkfleet plan` say the same: the next deploy syncs spark-b's caches.
+    assert re.search(r"^plan\s+pair\s+FAIL a deploy would warm the kernel caches \(sync spark-b\)$", doctor.output, re.M)
+    planned = plan()
+    assert planned.returncode == 2, planned.output
+    assert "  pair: warm the kernel caches (sync spark-b)\n" in planned.output
     run = deploy()
     assert run.returncode == 0, run.output
     assert "repair without prewarm: spark-b: 1 file(s) missing or resized" in run.output

@@ -130,3 +130,47 @@ def test_a_session_whose_leader_has_exited_is_held_by_a_living_ancestor(tmp_path
     session = json.loads(path.read_text())["session"]
     assert session["via"] in ("oldest ancestor", "sshd", "sshd-session"), session
     assert shown["result"] == "alive", (shown, session)
+
+
+class LocalNode:
+    """A node of the run whose shell is this machine's: the real node program, run as the controller
+    would run it over SSH (roles/lock/lock.py _node)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def run_shell_command(self, command):
+        from types import SimpleNamespace
+
+        r = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True)
+        return r.returncode == 0, SimpleNamespace(stdout=r.stdout, stderr=r.stderr)
+
+
+def test_a_plan_reads_the_lock_takes_none_and_is_refused_by_a_live_deploy(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sparkfleet.refusal import Refusal
+
+    path = tmp_path / "run" / "deploy.lock"
+    monkeypatch.setattr(lock, "LOCK_PATH", str(path))
+    nodes = [LocalNode("spark-b"), LocalNode("spark-a")]
+    state = SimpleNamespace(inventory=nodes, is_host_in_limit=lambda h: True)
+
+    assert lock.refuse_if_held(state) == ["spark-a", "spark-b"]
+    assert not path.parent.exists()  # a read creates nothing, not even the lock's directory
+
+    other = subprocess.Popen(["sleep", "60"])  # a deploy running now
+    try:
+        path.parent.mkdir(mode=0o700)
+        record = {"controller": "laptop-1", "user": "ops", "pid": 7, "started": "then", "command": "pyinfra deploy.py",
+                  "session": session_of(other.pid)}
+        path.write_text(json.dumps(record))
+        with pytest.raises(Refusal) as refused:
+            lock.refuse_if_held(state)
+        text = refused.value.block()
+        assert "a deploy holds the deploy lock" in text and "ops@laptop-1, pid 7" in text and "spark-a" in text
+        assert json.loads(path.read_text()) == record  # read, not taken
+    finally:
+        other.kill()
+        other.wait()
+    assert lock.refuse_if_held(state) == ["spark-a", "spark-b"]  # that run has ended: its lock is no obstacle

@@ -1,0 +1,33 @@
+"""The plan's types: what a deploy decides per serving group. Imports nothing of sparkfleet's or
+pyinfra's, so `sparkfleet plan` (sparkfleet/plan_command.py) reads a plan without loading either."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GroupPlan:
+    group: str
+    profile: str
+    image: str
+    nodes: list[str]  # head first
+    fetch: list[str] = field(default_factory=list)  # models the head fetches
+    build: bool = False  # the head builds the image
+    ship: list[str] = field(default_factory=list)  # "image -> node", "model -> node": sent over the fabric
+    warm: str = ""  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" (what the cache step does) | ""
+    restart: bool = False
+    reasons: list[str] = field(default_factory=list)  # why the group restarts
+    healthy: bool = False
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.fetch or self.build or self.ship or self.warm or self.restart)
+
+    def actions(self) -> list[str]:
+        """What a deploy would do to this group, and why it restarts: [] when nothing
+        (`sparkfleet plan`'s summary and the doctor's plan row)."""
+        return (([f"fetch {', '.join(self.fetch)}"] if self.fetch else [])
+                + ([f"build {self.image}"] if self.build else [])
+                + ([f"ship {', '.join(self.ship)}"] if self.ship else [])
+                + ([f"warm the kernel caches ({self.warm})"] if self.warm else [])
+                + ([f"restart the group ({'; '.join(self.reasons) or 'no reason recorded'})"] if self.restart else []))

@@ -1,0 +1,122 @@
+"""`python -m sparkfleet plan` (sparkfleet/plan_command.py, sparkfleet/plan_ops.py): how each declared
+operation is judged, the verdict on recorded lab plans, and the exit status when the deploy's
+prepare fails or writes no plan.
+
+The fixtures are the lab's own (tests/unit/fixtures/plan/lab-<case>/): `pyinfra -y --dry
+lab/inventory.py deploy.py` with SPARKFLEET_PLAN_DIR set, on the lab after a deploy of v1:
+unchanged; with the recipe bumped to v2 (pinned); with docker_log_max_file changed (a file beyond
+the group plan)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkfleet import plan_command
+from sparkfleet.plan_command import CHANGES, ERROR, NO_CHANGES, read_plan, verdict
+from sparkfleet.plan_ops import NOT_RUN, ONLY_IF, WOULD_RUN, judge
+
+FIXTURES = Path(__file__).parent / "fixtures" / "plan"
+V2 = "742fd91baa8990bf3275366183273ac4fecddeac"
+
+
+def recorded(case: str):
+    return read_plan(FIXTURES / f"lab-{case}")
+
+
+def not_executed():
+    raise RuntimeError("Cannot evaluate operation result before execution")  # pyinfra's OperationMeta
+
+
+def never_generated():
+    raise AssertionError("an operation with a condition is judged by its condition, not its commands")
+
+
+@pytest.mark.parametrize("conditions, generated, expected", [
+    ([lambda: True], never_generated, WOULD_RUN),  # a verdict, or sparkfleet.unchanged's reading says it differs
+    ([lambda: True, lambda: False], never_generated, NOT_RUN),  # pyinfra calls them all: any false, it does not run
+    ([not_executed], never_generated, ONLY_IF),  # `_if=earlier.did_change`
+    ([not_executed, lambda: False], never_generated, NOT_RUN),  # false whatever the earlier one did
+    ([], lambda: iter(["systemctl restart docker"]), WOULD_RUN),  # no condition: pyinfra's own commands say
+    ([], lambda: iter([]), NOT_RUN),
+])
+def test_an_operation_is_judged_by_its_conditions_then_its_own_commands(conditions, generated, expected):
+    assert judge(conditions, generated) == expected
+
+
+def test_a_condition_that_fails_otherwise_is_not_hidden():
+    with pytest.raises(KeyError):
+        judge([lambda: {}["missing"]], never_generated)
+
+
+def test_an_unchanged_lab_plans_nothing_and_exits_0():
+    code, lines = verdict(*recorded("unchanged"))
+    assert code == NO_CHANGES
+    assert "  pair: nothing to do (serving)" in lines
+    assert "  spark-a: none would run" in lines and "  spark-b: none would run" in lines
+    # gated on an earlier operation's change: counted apart, never as a change
+    assert any(line.startswith("  spark-a: ") and "more only if an earlier step changes" in line for line in lines)
+    assert lines[-1] == "--> a deploy would change nothing: exit 0"
+
+
+def test_a_recipe_bump_plans_the_groups_build_ship_warm_and_restart_and_the_operations_that_do_it():
+    code, lines = verdict(*recorded("bump"))
+    assert code == CHANGES
+    [pair] = [line for line in lines if line.startswith("  pair: ")]
+    assert pair.startswith(f"  pair: build sparkfleet/glm-5.3-flash-exl3:{V2}; ship image -> spark-b; "
+                           f"warm the kernel caches (prewarm); restart the group (image ")
+    assert "spark-b: /etc/sparkfleet/sparkfleet-worker.env changed" in pair  # the why, from the plan
+    head = lines[lines.index("  spark-a: 21 operation(s) would run:"):lines.index("  spark-b: 9 operation(s) would run:")]
+    worker = lines[lines.index("  spark-b: 9 operation(s) would run:"):]
+    assert f"    roles/image/tasks.py | Build sparkfleet/glm-5.3-flash-exl3:{V2} on the head" in head
+    assert "    roles/kernel_cache/tasks.py | Prewarm and merge the kernel caches" in head
+    assert "    roles/serving/tasks.py | Start the head (every worker is up)" in head
+    assert f"    roles/image/tasks.py | Pull sparkfleet/glm-5.3-flash-exl3:{V2} from the head" in worker
+    assert "    roles/serving/tasks.py | Restart the workers (workers first)" in worker
+    assert not [line for line in worker if "Build" in line or "Start the head" in line]
+    assert lines[-1].endswith("1 serving group(s) by the plan, 30 operation(s) would run: exit 2")
+
+
+def test_a_file_beyond_the_group_plan_is_a_change_named_per_host():
+    code, lines = verdict(*recorded("docker"))
+    assert code == CHANGES
+    assert "  pair: nothing to do (serving)" in lines
+    for host in ("spark-a", "spark-b"):
+        at = lines.index(f"  {host}: 2 operation(s) would run:")
+        assert lines[at + 1:at + 3] == ["    roles/docker/tasks.py | Write /etc/docker/daemon.json",
+                                        "    roles/docker/tasks.py | Check docker info"]
+    assert lines[-1].endswith("0 serving group(s) by the plan, 4 operation(s) would run: exit 2")
+
+
+def fake_pyinfra(monkeypatch, tmp_path, script: str):
+    """pyinfra replaced by a Python program (the deploy's prepare cannot run here): it gets the plan's
+    own environment."""
+    program = tmp_path / "fake.py"
+    program.write_text(script)
+    monkeypatch.setattr(plan_command, "pyinfra_command", lambda inventory, extra: [sys.executable, str(program)])
+
+
+def test_a_failed_prepare_exits_1(monkeypatch, tmp_path, capsys):
+    fake_pyinfra(monkeypatch, tmp_path, "import sys; sys.exit(2)")
+    assert plan_command.main("lab/inventory.py") == ERROR
+    assert "the deploy's prepare failed (pyinfra exit 2); nothing was changed" in capsys.readouterr().err
+
+
+def test_a_prepare_that_wrote_no_plan_exits_1(monkeypatch, tmp_path, capsys):
+    fake_pyinfra(monkeypatch, tmp_path, "pass")
+    assert plan_command.main("lab/inventory.py") == ERROR
+    assert "no plan to read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, code", [("unchanged", NO_CHANGES), ("bump", CHANGES)])
+def test_the_plan_directory_named_in_the_environment_is_what_is_read(monkeypatch, tmp_path, capsys, case, code):
+    fake_pyinfra(monkeypatch, tmp_path, (
+        "import os, shutil\n"
+        f"shutil.copytree({str(FIXTURES / f'lab-{case}')!r}, os.environ[{plan_command.PLAN_DIR_VAR!r}], "
+        "dirs_exist_ok=True)\n"))
+    assert plan_command.main("lab/inventory.py") == code
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"exit {code}")
+
+
+def test_the_deploy_runs_dry_without_pyinfras_change_detection():
+    cmd = plan_command.pyinfra_command("inventory.py", ["--limit", "spark-a"])
+    assert cmd[1:] == ["-y", "--dry", "inventory.py", "deploy.py", "--limit", "spark-a"]
