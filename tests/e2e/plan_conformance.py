@@ -102,3 +102,54 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
         restarted += [w for w in workers if _count(changed, w, lambda op: op == "Restart the workers (workers first)")]
         expect(name, "pair restart (nodes restarted)", p.nodes if p.restart else [], restarted)
     return out
+
+
+_HOST_RUNS = re.compile(r"^  (?P<host>\S+): (?P<n>\d+) operation\(s\) would run:$")
+_HOST_NONE = re.compile(r"^  (?P<host>\S+): none would run$")
+_HOST_MAYBE = re.compile(r"^  (?P<host>\S+): (?P<n>\d+) more only if an earlier step changes")
+
+
+def parse_planned_operations(output: str) -> dict[str, tuple[list[set[str]], int]]:
+    """From `sparkfleet plan`'s output: host -> (the operations it would run, each the set of names
+    it may carry, and how many more run only if an earlier step changes)."""
+    out: dict[str, tuple[list[set[str]], int]] = {}
+    current = None
+    for line in output.splitlines():
+        if m := _HOST_RUNS.match(line) or _HOST_NONE.match(line):
+            current = m["host"]
+            out.setdefault(current, ([], 0))
+        elif m := _HOST_MAYBE.match(line):
+            ops, _ = out.get(m["host"], ([], 0))
+            out[m["host"]] = (ops, int(m["n"]))
+            current = None
+        elif current and line.startswith("    "):
+            label = line.strip().split(" | ", 1)[-1]
+            out[current][0].append(set(label.split(" / ")))
+        else:
+            current = None
+    return out
+
+
+def operations_mismatches(plan_output: str, changed: list[tuple[str, str]]) -> list[str]:
+    """A deploy's changed operations against the plan made before it: every operation the plan said
+    would run changed, on its host; any other that changed is one of those the plan said run only if
+    an earlier step changes (no more of them than it counted)."""
+    planned = parse_planned_operations(plan_output)
+    out = []
+    for host, (ops, maybe) in sorted(planned.items()):
+        done = [op for op, h in changed if h == host]
+        left = list(done)
+        for names in ops:
+            # pyinfra prints an operation with a name per host as all of them, joined by ", "
+            hit = next((op for op in left if op in names or (len(names) > 1 and all(n in op for n in names))), None)
+            if hit is None:
+                out.append(f"{host}: planned to run {' / '.join(sorted(names))}, did not change")
+            else:
+                left.remove(hit)
+        if len(left) > maybe:
+            out.append(f"{host}: {len(left)} operation(s) changed outside the plan's list, which counted {maybe} "
+                       f"that run only if an earlier step changes: {left}")
+    unplanned = sorted({h for _, h in changed} - set(planned))
+    if unplanned:
+        out.append(f"operations changed on hosts the plan did not name: {unplanned}")
+    return out

@@ -11,6 +11,7 @@ import secrets
 import pytest
 
 from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, plan, running_tag, state_checks
+from tests.e2e.plan_conformance import operations_mismatches
 
 pytestmark = pytest.mark.lab
 
@@ -155,6 +156,7 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     run = deploy(*pinned)
     assert run.returncode == 0, run.output
     changed = run.changed()
+    assert operations_mismatches(planned.output, changed) == [], planned.output  # it did what the plan said
     assert (f"Build {IMAGE}:{v2} on the head", "spark-a") in changed
     assert (f"Pull {IMAGE}:{v2} from the head", "spark-b") in changed
     assert f"image {IMAGE}:{v2} is new" in run.output  # the deploy says what changed

@@ -13,6 +13,7 @@ import pytest
 from roles.serving.schema import load_profile
 from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, plan, state_checks
 from tests.e2e.lab import run as run_cmd
+from tests.e2e.plan_conformance import operations_mismatches
 
 pytestmark = pytest.mark.lab
 
@@ -68,6 +69,7 @@ def test_a_deleted_cache_file_fails_the_checks_naming_it_and_is_restored_without
     assert "  pair: warm the kernel caches (sync spark-b)\n" in planned.output
     run = deploy()
     assert run.returncode == 0, run.output
+    assert operations_mismatches(planned.output, run.changed()) == [], planned.output
     assert "repair without prewarm: spark-b: 1 file(s) missing or resized" in run.output
     assert ("Bring the kernel caches in line with the head's", "spark-a") in run.changed()
     assert "warm-up round" not in run.output and "prewarm of generation" not in run.output

@@ -99,3 +99,40 @@ def test_a_recorded_unchanged_lab_deploy_planned_nothing_and_changed_nothing():
     # A restart the empty plan did not announce: named.
     assert mismatches(run.output, [("Start the head (every worker is up)", "spark-a")]) == [
         "pair: pair restart (nodes restarted): the plan said [], the run did ['spark-a']"]
+
+
+PLAN_OUTPUT = """--> sparkfleet plan, per serving group:
+  pair: build sparkfleet/x:v2; restart the group (image sparkfleet/x:v2 is new or differs between nodes)
+--> operations a deploy would run:
+  spark-a: 2 operation(s) would run:
+    roles/image/tasks.py | Build sparkfleet/x:v2 on the head
+    roles/serving/tasks.py | Write /etc/sparkfleet/sparkfleet-head.env / Write /etc/sparkfleet/sparkfleet-worker.env
+  spark-a: 1 more only if an earlier step changes (their _if=)
+  spark-b: none would run
+--> a deploy would change something: 1 serving group(s) by the plan, 2 operation(s) would run: exit 2
+"""
+
+
+def test_a_deploy_that_ran_the_planned_operations_matches_its_plan():
+    from tests.e2e.plan_conformance import operations_mismatches
+
+    # pyinfra prints an operation with a name per host as all its names (tests/e2e/lab.py Run keeps the first's
+    # include prefixes off): lab-first-deploy-output.txt
+    both = ("Write /etc/sparkfleet/sparkfleet-head.env, roles/rolling/turn.py | roles/serving/tasks.py | "
+            "Write /etc/sparkfleet/sparkfleet-worker.env")
+    changed = [("Build sparkfleet/x:v2 on the head", "spark-a"), (both, "spark-a"),
+               ("Reload systemd (unit changed)", "spark-a")]  # the one that runs only if the unit file changed
+    assert operations_mismatches(PLAN_OUTPUT, changed) == []
+
+
+def test_a_planned_operation_that_did_not_run_or_one_too_many_is_named():
+    from tests.e2e.plan_conformance import operations_mismatches
+
+    assert operations_mismatches(PLAN_OUTPUT, [("Write /etc/sparkfleet/sparkfleet-head.env", "spark-a")]) == [
+        "spark-a: planned to run Build sparkfleet/x:v2 on the head, did not change"]
+    too_many = [("Build sparkfleet/x:v2 on the head", "spark-a"), ("Write /etc/sparkfleet/sparkfleet-head.env", "spark-a"),
+                ("Reload systemd (unit changed)", "spark-a"), ("Restart Docker (daemon.json changed)", "spark-a"),
+                ("Restart the workers (workers first)", "spark-b")]
+    problems = operations_mismatches(PLAN_OUTPUT, too_many)
+    assert problems[0].startswith("spark-a: 2 operation(s) changed outside the plan's list, which counted 1")
+    assert problems[1].startswith("spark-b: 1 operation(s) changed outside the plan's list, which counted 0")
