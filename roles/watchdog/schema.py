@@ -74,13 +74,20 @@ class WatchdogData(BaseModel):
 SHARED_WATCHDOG_KEYS = tuple(k for k in WatchdogData.model_fields if k != "watchdog_state_dir")
 
 
+def hang_seen_after_s(node) -> int:
+    """Seconds after which the head's watchdog calls a pair that stopped answering hung (and restarts
+    it): watchdog_failures_before_restart probes, each up to watchdog_probe_timeout_s, one every
+    watchdog_interval_s."""
+    return node.watchdog_failures_before_restart * (node.watchdog_interval_s + node.watchdog_probe_timeout_s)
+
+
 def give_up_span_s(node) -> int:
     """Seconds from the first of watchdog_max_restarts restarts of a pair that never comes back to the
     judgement that gives up (sfl_watch.py Head.tick): each restart waits up to serving_health_timeout_s
     for the pair (a cold start); restart k >= 2 starts once watchdog_failures_before_restart probes
     failed again and its backoff (watchdog_backoff_s x 2^(k-1)) passed; the give-up needs those
     failed probes once more. All of it must fall within watchdog_window_s."""
-    failed_probes = node.watchdog_failures_before_restart * (node.watchdog_interval_s + node.watchdog_probe_timeout_s)
+    failed_probes = hang_seen_after_s(node)
     restarts = node.watchdog_max_restarts
     waits = sum(max(failed_probes, node.watchdog_backoff_s * 2 ** (k - 1)) for k in range(2, restarts + 1))
     return restarts * node.serving_health_timeout_s + waits + failed_probes

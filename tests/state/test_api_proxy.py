@@ -9,6 +9,7 @@ import pytest
 
 from roles.api_proxy.checks import UNIT, UNIT_PATH, config_path, config_text, unit_text
 from roles.serving.api_key import authed_curl
+from tests.state.limits import request_bound_s
 
 # Inference and other routes the real engines answer without a key of their own (vLLM 0.33.0:
 # /invocations, /tokenize, /ping, /metrics, /docs ...; SGLang 0.5.23: /health_generate, /metrics), and
@@ -66,7 +67,7 @@ def test_health_answers_without_the_key_and_a_chat_with_it(host, head, profile):
     assert code(host, "GET", f"http://127.0.0.1:{profile.port}/health") == "200"
     body = json.dumps({"model": profile.api_model_name, "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
-    out = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(head)} -sS -m 60 -H 'Content-Type: application/json' "
+    out = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(head)} -sS -m {request_bound_s(head)} -H 'Content-Type: application/json' "
                    f"--data-binary @- http://127.0.0.1:{profile.port}/v1/chat/completions")
     assert out.rc == 0 and json.loads(out.stdout)["choices"], f"{head.name}: {out.stdout} {out.stderr}"
 

@@ -5,6 +5,7 @@ import shlex
 import pytest
 
 from roles.serving.api_key import authed_curl, key_file
+from tests.state.limits import request_bound_s
 from roles.image.checks import pin_of
 from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, image_pin_path, unit_name
 
@@ -93,7 +94,7 @@ def test_the_api_refuses_a_request_without_the_key_and_serves_one_with_it(host, 
     url = f"http://127.0.0.1:{profile.port}/v1/chat/completions"
     body = json.dumps({"model": profile.api_model_name, "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
-    post = f"-sS -m 60 -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' --data-binary @- {url}"
+    post = f"-sS -m {request_bound_s(node)} -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' --data-binary @- {url}"
     without = host.run(f"printf '%s' {shlex.quote(body)} | curl {post}").stdout.strip()
     wrong = host.run(f"printf '%s' {shlex.quote(body)} | curl -H 'Authorization: Bearer not-the-key' {post}").stdout.strip()
     with_key = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(node)} {post}").stdout.strip()
