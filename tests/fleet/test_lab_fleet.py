@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.lab import BIN, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs
+from tests.e2e.lab import BIN, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs, plan
 from tests.e2e.lab import run as run_
 
 pytestmark = pytest.mark.lab
@@ -111,6 +111,10 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert run.returncode == 0, run.output[-4000:]
     assert run.changed() == [], run.changed()
     assert "--> sparkfleet plan: 2 serving group(s), 0 with changes" in run.output
+    planned = plan(inventory=FLEET_INVENTORY)  # and `sparkfleet plan` finds nothing to do on any of the four
+    assert planned.returncode == 0, planned.output[-4000:]
+    assert "  g1: nothing to do (serving)\n  g2: nothing to do (serving)\n" in planned.output
+    assert [h for h in FLEET_HOSTS if f"  {h}: none would run\n" in planned.output] == list(FLEET_HOSTS)
     # The doctor checks every group, a table each, and one verdict for the fleet; status shows the router.
     doctor = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "doctor.py"])
     assert doctor.returncode == 0, doctor.output[-4000:]
@@ -123,6 +127,7 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert re.search(rf"^  g2\s+{G2}\s+routed$", status.output, re.M)
     assert re.search(rf"^router\s+g1\s+ok \({G1} routed\)$", doctor.output, re.M), doctor.output[-3000:]
     assert re.search(rf"^router\s+g2\s+ok \({G2} routed\)$", doctor.output, re.M)
+    assert re.search(r"^plan\s+g1\s+ok$", doctor.output, re.M) and re.search(r"^plan\s+g2\s+ok$", doctor.output, re.M)
 
 
 def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_routing():
@@ -204,6 +209,11 @@ def test_e_a_turn_that_failed_after_its_drain_leaves_its_group_drained_and_the_n
 
 
 def test_b_a_rolling_recipe_bump_upgrades_one_group_at_a_time_and_no_request_fails():
+    planned = plan(*V2, "--data", f"serving_env_pins={V2_PINS}", inventory=FLEET_INVENTORY)
+    assert planned.returncode == 2, planned.output[-4000:]
+    for group in ("g1", "g2"):  # each group its own build, ship, warm and restart
+        assert re.search(rf"^  {group}: build \S+:{COMMITS['v2']}; ship image -> spark-[bd]; warm the kernel caches "
+                         rf"\(prewarm\); restart the group \(", planned.output, re.M), planned.output[-4000:]
     with Client(key()) as client:
         run = fleet_deploy(*V2, "--data", f"serving_env_pins={V2_PINS}")
     assert run.returncode == 0, run.output[-6000:]
