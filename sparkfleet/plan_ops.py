@@ -42,7 +42,14 @@ def judge(conditions: list, generate) -> str:
         return ONLY_IF
     if conditions:
         return WOULD_RUN
-    return WOULD_RUN if next(iter(generate()), None) is not None else NOT_RUN
+    commands = iter(generate())
+    try:
+        return WOULD_RUN if next(commands, None) is not None else NOT_RUN
+    finally:
+        # closed at once: pyinfra's generator marks the host as inside an operation until it ends
+        close = getattr(commands, "close", None)
+        if close:
+            close()
 
 
 def host_operations(state, host) -> list[dict]:

@@ -120,3 +120,16 @@ def test_the_plan_directory_named_in_the_environment_is_what_is_read(monkeypatch
 def test_the_deploy_runs_dry_without_pyinfras_change_detection():
     cmd = plan_command.pyinfra_command("inventory.py", ["--limit", "spark-a"])
     assert cmd[1:] == ["-y", "--dry", "inventory.py", "deploy.py", "--limit", "spark-a"]
+
+
+def test_an_operations_commands_are_generated_once_and_closed_at_once():
+    ended = []
+
+    def generated():  # as pyinfra's command_generator: the host is "in an operation" until it ends
+        try:
+            yield "first"
+            yield "second"
+        finally:
+            ended.append(True)
+
+    assert judge([], generated) == WOULD_RUN and ended == [True]
