@@ -161,8 +161,8 @@ def main() -> int:
     print(f"  {'2 hosts, 1 group':<26} {noop_s:8.2f} {facts_s:8.2f} {noop_s / facts_s:6.2f}")
     print(f"  {'4 hosts, 2 groups':<26} {fleet_noop:8.2f} {fleet_facts:8.2f} {fleet_noop / fleet_facts:6.2f}"
           f"   (runs: {', '.join(f'{t:.2f}' for t in fleet_runs)} / {', '.join(f'{t:.2f}' for t in fleet_fact_runs)})")
-    print(f"  {'4 hosts, sparkfleet plan':<26} {statistics.median(fleet_plans):8.2f} {fleet_facts:8.2f} "
-          f"{statistics.median(fleet_plans) / fleet_facts:6.2f}")
+    fleet_plan = statistics.median(fleet_plans)
+    print(f"  {'4 hosts, sparkfleet plan':<26} {fleet_plan:8.2f} {fleet_facts:8.2f} {fleet_plan / fleet_facts:6.2f}")
     return 0
 
 

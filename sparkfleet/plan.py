@@ -76,7 +76,7 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
     header = TABLE_HEADER
     rows = [header]
     for name, p in sorted(plans.items()):
-        restart = "yes" if p.restart else ("no, serving" if p.healthy else "no, /health not 200")
+        restart = "yes" if p.restart else f"no, {p.standing}"
         fetch = f"{len(p.fetch)} model{'s' * (len(p.fetch) > 1)}" if p.fetch else "-"
         rows.append((name, p.profile, _cell(p.nodes), fetch, "yes" if p.build else "-", _ship_cell(p),
                      p.warm or "-", restart))

@@ -33,6 +33,12 @@ OPS_PREFIX = "operations-"  # the last step: operations-<host>.json, [{"names", 
 NO_CHANGES, CHANGES, ERROR = 0, 2, 1
 
 
+def plan_dir() -> Path | None:
+    """Where this run, run as a plan, writes what it decides; None in a deploy."""
+    value = os.environ.get(PLAN_DIR_VAR)
+    return Path(value) if value else None
+
+
 def pyinfra_command(inventory: str, extra: list[str]) -> list[str]:
     return [str(Path(sys.executable).parent / "pyinfra"), "-y", "--dry", inventory, "deploy.py", *extra]
 
@@ -44,8 +50,7 @@ def group_lines(groups: dict[str, dict]) -> tuple[list[str], int]:
         plan = GroupPlan(**fields)
         what = plan.actions()
         changing += bool(what)
-        lines.append(f"  {name}: " + ("; ".join(what) if what else
-                                      "nothing to do (" + ("serving" if plan.healthy else "/health not 200") + ")"))
+        lines.append(f"  {name}: " + ("; ".join(what) if what else f"nothing to do ({plan.standing})"))
     return lines, changing
 
 

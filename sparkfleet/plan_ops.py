@@ -53,7 +53,7 @@ def judge(conditions: list, generate) -> str:
 
 
 def host_operations(state, host) -> list[dict]:
-    """[{"name": ..., "names": [...], "verdict": ...}] for every operation declared on `host`, in order."""
+    """[{"names": [...], "verdict": ...}] for every operation declared on `host`, in order."""
     out = []
     order = {op_hash: i for i, op_hash in enumerate(state.get_op_order())}
     for op_hash, op_data in sorted(state.ops[host].items(), key=lambda item: order.get(item[0], 0)):

@@ -20,6 +20,11 @@ class GroupPlan:
     healthy: bool = False
 
     @property
+    def standing(self) -> str:
+        """How the group stands when nothing restarts it (the plan table's restart cell, `sparkfleet plan`)."""
+        return "serving" if self.healthy else "/health not 200"
+
+    @property
     def changes(self) -> bool:
         return bool(self.fetch or self.build or self.ship or self.warm or self.restart)
 

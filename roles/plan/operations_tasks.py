@@ -2,14 +2,11 @@
 this host declared above would do (sparkfleet/plan_ops.py), written for that command to read. In a
 deploy it does nothing."""
 import json
-import os
-from pathlib import Path
 
 from pyinfra import host, state
 
-from sparkfleet.plan_command import OPS_PREFIX, PLAN_DIR_VAR
+from sparkfleet.plan_command import OPS_PREFIX, plan_dir
 from sparkfleet.plan_ops import host_operations
 
-if os.environ.get(PLAN_DIR_VAR):
-    path = Path(os.environ[PLAN_DIR_VAR]) / f"{OPS_PREFIX}{host.name}.json"
-    path.write_text(json.dumps(host_operations(state, state.inventory.get_host(host.name)), indent=1))
+if (directory := plan_dir()) is not None:
+    (directory / f"{OPS_PREFIX}{host.name}.json").write_text(json.dumps(host_operations(state, state.inventory.get_host(host.name)), indent=1))
