@@ -57,7 +57,8 @@ def group_lines(groups: dict[str, dict]) -> tuple[list[str], int]:
 def operation_label(names: list[str]) -> str:
     """An operation as pyinfra names it, the task file it is declared in first. One operation of the
     deploy may carry a name per host (the head's unit and the worker's are one line of roles/serving):
-    pyinfra keeps them all on the operation, not which host had which, so all are shown."""
+    pyinfra keeps the names on the operation, not which host had which, and hosts are prepared one
+    after the other, so a host shows the names known when it was judged: its own, or all of them."""
     parts = [name.rsplit(" | ", 2)[-2:] for name in names]
     where = {p[0] for p in parts if len(p) == 2}
     label = " / ".join(dict.fromkeys(p[-1] for p in parts))

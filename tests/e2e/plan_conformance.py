@@ -130,6 +130,17 @@ def parse_planned_operations(output: str) -> dict[str, tuple[list[set[str]], int
     return out
 
 
+_NAME_START = re.compile(r", (?=(?:\S+\.py \| )+)")  # where the next of an operation's names begins
+
+
+def printed_names(op: str) -> set[str]:
+    """The names of an operation as a deploy printed it (tests/e2e/lab.py Run keeps the first's include
+    prefixes off): pyinfra prints one with a name per host as all of them, each with its include
+    prefixes, joined by ", ". The plan names each host's operation by the names known when that host
+    was planned, one or all (sparkfleet/plan_command.py operation_label)."""
+    return {part.rsplit(" | ", 1)[-1] for part in _NAME_START.split(op)}
+
+
 def operations_mismatches(plan_output: str, changed: list[tuple[str, str]]) -> list[str]:
     """A deploy's changed operations against the plan made before it: every operation the plan said
     would run changed, on its host; any other that changed is one of those the plan said run only if
@@ -140,8 +151,7 @@ def operations_mismatches(plan_output: str, changed: list[tuple[str, str]]) -> l
         done = [op for op, h in changed if h == host]
         left = list(done)
         for names in ops:
-            # pyinfra prints an operation with a name per host as all of them, joined by ", "
-            hit = next((op for op in left if op in names or (len(names) > 1 and all(n in op for n in names))), None)
+            hit = next((op for op in left if names & printed_names(op)), None)
             if hit is None:
                 out.append(f"{host}: planned to run {' / '.join(sorted(names))}, did not change")
             else:

@@ -136,3 +136,20 @@ def test_a_planned_operation_that_did_not_run_or_one_too_many_is_named():
     problems = operations_mismatches(PLAN_OUTPUT, too_many)
     assert problems[0].startswith("spark-a: 2 operation(s) changed outside the plan's list, which counted 1")
     assert problems[1].startswith("spark-b: 1 operation(s) changed outside the plan's list, which counted 0")
+
+
+def test_a_host_planned_under_one_of_an_operations_names_matches_the_operation_printed_with_all():
+    """Hosts are prepared one after the other: the first host planned knows only its own name of a
+    shared operation (`Write .../sparkfleet-worker.env` on the worker), the deploy prints all."""
+    from tests.e2e.plan_conformance import operations_mismatches, printed_names
+
+    both = ("Write /etc/sparkfleet/sparkfleet-head.env, roles/rolling/turn.py | roles/serving/tasks.py | "
+            "Write /etc/sparkfleet/sparkfleet-worker.env")
+    assert printed_names(both) == {"Write /etc/sparkfleet/sparkfleet-head.env", "Write /etc/sparkfleet/sparkfleet-worker.env"}
+    assert printed_names("Check docker info") == {"Check docker info"}
+    worker_first = PLAN_OUTPUT.replace("  spark-b: none would run\n", "  spark-b: 1 operation(s) would run:\n"
+                                       "    roles/serving/tasks.py | Write /etc/sparkfleet/sparkfleet-worker.env\n")
+    changed = [("Build sparkfleet/x:v2 on the head", "spark-a"), (both, "spark-a"), (both, "spark-b")]
+    assert operations_mismatches(worker_first, changed) == []
+    assert operations_mismatches(worker_first, changed[:2]) == [
+        "spark-b: planned to run Write /etc/sparkfleet/sparkfleet-worker.env, did not change"]
