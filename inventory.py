@@ -1,13 +1,16 @@
 """Your two DGX Sparks. Edit the addresses, then: pyinfra inventory.py deploy.py
 
 ssh_hostname is the management address (how this machine reaches the node); fabric_address is
-the node's address on the CX7 link, one subnet for all nodes. Rank 0 is the head.
+the node's address on the CX7 link and fabric_twin_address its twin's (the port's second half), each
+half in a subnet of its own. Rank 0 is the head.
 Shared settings live in group_data/all.py.
 """
 from sparkfleet.inventory import sparks
 
 spark_hosts = sparks(
     __file__,
-    ("spark-a", {"ssh_hostname": "spark-a.local", "ssh_user": "root", "rank": 0, "fabric_address": "10.77.77.1/30"}),
-    ("spark-b", {"ssh_hostname": "spark-b.local", "ssh_user": "root", "rank": 1, "fabric_address": "10.77.77.2/30"}),
+    ("spark-a", {"ssh_hostname": "spark-a.local", "ssh_user": "root", "rank": 0, "fabric_address": "10.77.77.1/30",
+                 "fabric_twin_address": "10.77.78.1/30"}),
+    ("spark-b", {"ssh_hostname": "spark-b.local", "ssh_user": "root", "rank": 1, "fabric_address": "10.77.77.2/30",
+                 "fabric_twin_address": "10.77.78.2/30"}),
 )

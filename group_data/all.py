@@ -7,14 +7,18 @@ prints what each node ends up with. docs/data-keys.md lists every key with its d
 """
 
 # --- roles/fabric: the ConnectX-7 link ---------------------------------------------------------
-# The CX7 port cabled to the peer; each physical port also shows a twin (enP2p1s0f0np0) we leave alone.
+# The CX7 port cabled to the peer: one cable is two PCIe Gen5 x4 endpoints, two netdevs. NCCL over one
+# half reaches about half of what the cable carries (98 vs 161 Gb/s busbw measured on a GX10 pair), so
+# both are configured, each with its address (the inventory's fabric_address, fabric_twin_address).
 fabric_netdev = "enp1s0f0np0"
+fabric_twin_netdev = "enP2p1s0f0np0"
 # Jumbo frames: NVIDIA's NCCL guide measures ~20-24 GB/s bus bandwidth with 9000 and ~3 GB/s without.
 fabric_mtu = 9000
 # DGX OS networking is netplan with the NetworkManager renderer.
 netplan_renderer = "NetworkManager"
 # RDMA device behind fabric_netdev (ibdev2netdev: "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)").
 rdma_hca = "rocep1s0f0"
+rdma_twin_hca = "roceP2p1s0f0"
 
 # --- roles/firewall: nftables table inet sparkfleet (SSH is never filtered) ------------------------
 firewall_enabled = True

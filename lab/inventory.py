@@ -23,6 +23,8 @@ _ssh["netplan_renderer"] = "networkd" if _renderer == "networkd" else "NetworkMa
 
 spark_hosts = sparks(
     __file__,
-    ("spark-a", {**_ssh, "ssh_hostname": "198.18.0.11", "rank": 0, "fabric_address": "198.19.77.1/30"}),
-    ("spark-b", {**_ssh, "ssh_hostname": "198.18.0.12", "rank": 1, "fabric_address": "198.19.77.2/30"}),
+    ("spark-a", {**_ssh, "ssh_hostname": "198.18.0.11", "rank": 0, "fabric_address": "198.19.77.1/30",
+                 "fabric_twin_address": "198.19.77.5/30"}),
+    ("spark-b", {**_ssh, "ssh_hostname": "198.18.0.12", "rank": 1, "fabric_address": "198.19.77.2/30",
+                 "fabric_twin_address": "198.19.77.6/30"}),
 )

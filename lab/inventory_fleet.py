@@ -1,8 +1,8 @@
 """Four lab Sparks on a switched fabric as two serving groups of two (lab mode: no GPU, no RDMA).
 
 Brought up by `make fleet-up` (`SFL_LAB_HOSTS=4 lab/lab.sh up`): spark-a..spark-d, each with its
-enp1s0f0np0 on one bridge on the machine (sfl-fab0, the switch), so every fabric address is in one
-subnet, 198.19.78.0/24. Group g1: spark-a (head), spark-b; group g2: spark-c (head), spark-d.
+enp1s0f0np0 on one bridge on the machine (sfl-fab0, the switch) and its twin enP2p1s0f0np0 on
+another (sfl-fab1), so every first half is in one subnet, 198.19.78.0/24, every twin in 198.19.79.0/24. Group g1: spark-a (head), spark-b; group g2: spark-c (head), spark-d.
 SSH settings and the netplan renderer are lab/inventory.py's; the group data is lab/group_data's.
 """
 import runpy
@@ -21,11 +21,15 @@ _switch = {**_ssh, "fabric_topology": "switch", "router_node": "spark-a",
 spark_hosts = sparks(
     __file__,
     ("spark-a", {**_switch, "ssh_hostname": "198.18.0.11", "serving_group": "g1", "rank": 0,
-                 "fabric_address": "198.19.78.1/24"}),
+                 "fabric_address": "198.19.78.1/24",
+                 "fabric_twin_address": "198.19.79.1/24"}),
     ("spark-b", {**_switch, "ssh_hostname": "198.18.0.12", "serving_group": "g1", "rank": 1,
-                 "fabric_address": "198.19.78.2/24"}),
+                 "fabric_address": "198.19.78.2/24",
+                 "fabric_twin_address": "198.19.79.2/24"}),
     ("spark-c", {**_switch, "ssh_hostname": "198.18.0.13", "serving_group": "g2", "rank": 0,
-                 "fabric_address": "198.19.78.3/24"}),
+                 "fabric_address": "198.19.78.3/24",
+                 "fabric_twin_address": "198.19.79.3/24"}),
     ("spark-d", {**_switch, "ssh_hostname": "198.18.0.14", "serving_group": "g2", "rank": 1,
-                 "fabric_address": "198.19.78.4/24"}),
+                 "fabric_address": "198.19.78.4/24",
+                 "fabric_twin_address": "198.19.79.4/24"}),
 )

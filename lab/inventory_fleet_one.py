@@ -17,8 +17,12 @@ _switch = {**_ssh, "fabric_topology": "switch", "serving_group": "fleet",
 
 spark_hosts = sparks(
     __file__,
-    ("spark-a", {**_switch, "ssh_hostname": "198.18.0.11", "rank": 0, "fabric_address": "198.19.78.1/24"}),
-    ("spark-b", {**_switch, "ssh_hostname": "198.18.0.12", "rank": 1, "fabric_address": "198.19.78.2/24"}),
-    ("spark-c", {**_switch, "ssh_hostname": "198.18.0.13", "rank": 2, "fabric_address": "198.19.78.3/24"}),
-    ("spark-d", {**_switch, "ssh_hostname": "198.18.0.14", "rank": 3, "fabric_address": "198.19.78.4/24"}),
+    ("spark-a", {**_switch, "ssh_hostname": "198.18.0.11", "rank": 0, "fabric_address": "198.19.78.1/24",
+                 "fabric_twin_address": "198.19.79.1/24"}),
+    ("spark-b", {**_switch, "ssh_hostname": "198.18.0.12", "rank": 1, "fabric_address": "198.19.78.2/24",
+                 "fabric_twin_address": "198.19.79.2/24"}),
+    ("spark-c", {**_switch, "ssh_hostname": "198.18.0.13", "rank": 2, "fabric_address": "198.19.78.3/24",
+                 "fabric_twin_address": "198.19.79.3/24"}),
+    ("spark-d", {**_switch, "ssh_hostname": "198.18.0.14", "rank": 3, "fabric_address": "198.19.78.4/24",
+                 "fabric_twin_address": "198.19.79.4/24"}),
 )

@@ -18,7 +18,7 @@ from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
 from roles.api_proxy.schema import ApiProxyData
 from roles.docker.schema import DockerData
-from roles.fabric.schema import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData
+from roles.fabric.schema import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData, FabricHalf
 from roles.fanout.schema import FanoutData
 from roles.fingerprint.schema import FingerprintData
 from roles.firewall.schema import FirewallData
@@ -91,6 +91,19 @@ class NodeConfig(GroupData, ApiProxyData, RouterData, ReceiptData, WatchdogData,
     @property
     def fabric_ip(self) -> str:
         return str(self.fabric_address.ip)
+
+    @property
+    def fabric_halves(self) -> tuple[FabricHalf, ...]:
+        """The port's halves this node configures: the first, then the twin when data names it."""
+        first = FabricHalf(self.fabric_netdev, self.fabric_address, self.rdma_hca)
+        if self.fabric_twin_netdev is None or self.fabric_twin_address is None:
+            return (first,)
+        return first, FabricHalf(self.fabric_twin_netdev, self.fabric_twin_address, self.rdma_twin_hca)
+
+    @property
+    def rdma_hcas(self) -> tuple[str, ...]:
+        """Every RDMA device NCCL carries the collectives over (NCCL_IB_HCA), first half first."""
+        return tuple(h.hca for h in self.fabric_halves if h.hca)
 
     @property
     def ping_payload(self) -> int:
@@ -290,26 +303,124 @@ def _rank_problems(nodes: list[NodeConfig], prefix: str) -> list[Problem]:
     return problems
 
 
-def _fabric_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]], several: bool) -> list[Problem]:
-    """Addresses unique in the fleet; the subnets the topology requires: back-to-back, one cable per
-    group of two, one subnet per link; switched, one subnet per group (one segment); one MTU on every
-    link (per group; on a switch, per segment)."""
+def _twin_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]], several: bool) -> list[Problem]:
+    """The port's second half: named with its address (and its HCA when the first has one), the
+    same on both ends of a cable, never the first half's netdev."""
     problems: list[Problem] = []
-
-    by_ip = Counter(n.fabric_ip for n in nodes)
-    for ip, count in by_ip.items():
-        if count > 1:
-            problems.append(Problem(f"key 'fabric_address' = {ip} on {count} nodes; addresses must be unique",
-                                    [n.name for n in nodes if n.fabric_ip == ip], key="fabric_address",
-                                    fix="give each node its own address in the fabric subnet"))
-
     for n in nodes:
-        net = n.fabric_address.network
-        if net.prefixlen < 31 and n.fabric_address.ip in (net.network_address, net.broadcast_address):
+        if n.fabric_twin_netdev is None:
+            for key in ("fabric_twin_address", "rdma_twin_hca"):
+                if getattr(n, key) is not None:
+                    problems.append(Problem(
+                        f"key '{key}' = {getattr(n, key)} without 'fabric_twin_netdev': there is no twin to give it "
+                        f"to", [n.name], key=key, fix="set fabric_twin_netdev (the DGX Spark's is 'enP2p1s0f0np0'), "
+                        f"or remove the key"))
+            continue
+        if n.fabric_twin_netdev == n.fabric_netdev:
             problems.append(Problem(
-                f"key 'fabric_address' = {n.fabric_address}: that is the subnet's network or broadcast address; "
-                f"use a host address of {n.fabric_address.network}", [n.name], key="fabric_address",
+                f"key 'fabric_twin_netdev' = {n.fabric_twin_netdev!r} is fabric_netdev too; the twin is the port's "
+                f"other half", [n.name], key="fabric_twin_netdev"))
+        if n.fabric_twin_address is None:
+            problems.append(Problem(
+                f"key 'fabric_twin_address' missing: fabric_twin_netdev = {n.fabric_twin_netdev!r} needs an address "
+                f"in a subnet of its own (e.g. {_twin_example(n)})", [n.name], key="fabric_twin_address",
+                fix="give each node's twin an address in the inventory, or set fabric_twin_netdev = None to leave the "
+                "twin alone (NCCL then runs over one half: about half of what the cable carries)"))
+        if n.rdma_hca and not n.rdma_twin_hca:
+            problems.append(Problem(
+                f"key 'rdma_twin_hca' missing: rdma_hca = {n.rdma_hca!r} and fabric_twin_netdev = "
+                f"{n.fabric_twin_netdev!r}, but the twin's RDMA device is not named, so NCCL would leave that half idle",
+                [n.name], key="rdma_twin_hca", fix="set rdma_twin_hca (the DGX Spark's is 'roceP2p1s0f0'; "
+                "`ibdev2netdev` shows it)"))
+        if n.rdma_twin_hca and not n.rdma_hca:
+            problems.append(Problem(
+                f"key 'rdma_twin_hca' = {n.rdma_twin_hca!r} without 'rdma_hca': NCCL uses RDMA on both halves or "
+                f"on none", [n.name], key="rdma_twin_hca"))
+        if n.rdma_twin_hca and n.rdma_twin_hca == n.rdma_hca:
+            problems.append(Problem(
+                f"key 'rdma_twin_hca' = {n.rdma_twin_hca!r} is rdma_hca too; each half has its own RDMA device",
+                [n.name], key="rdma_twin_hca"))
+    for group, members in sorted(groups.items()):
+        kinds = {(n.fabric_twin_netdev is None, not n.rdma_twin_hca) for n in members}
+        if len(kinds) > 1:
+            found = ", ".join(f"{n.name}: {n.fabric_twin_netdev or 'no twin'}"
+                              f"{'/' + n.rdma_twin_hca if n.rdma_twin_hca else ''}" for n in members)
+            problems.append(Problem(
+                f"{_in_group(group, several)}key 'fabric_twin_netdev': a cable joins the same halves at both ends, "
+                f"found {found}", [n.name for n in members], key="fabric_twin_netdev",
+                fix="set the twin (and its HCA) on every node of the group, or on none"))
+    return problems
+
+
+def _twin_example(n: NodeConfig) -> str:
+    net = n.fabric_address.network
+    nxt = IPv4Network((int(net.network_address) + net.num_addresses, net.prefixlen)) \
+        if int(net.broadcast_address) < 2**32 - 1 else net
+    offset = int(n.fabric_address.ip) - int(net.network_address)
+    return f"{nxt.network_address + offset}/{net.prefixlen}"
+
+
+def _half_address_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]], several: bool,
+                           topology: str, key: str) -> list[Problem]:
+    """One half's addresses (`key`: fabric_address or fabric_twin_address): no network or broadcast
+    address; the subnets the topology requires."""
+    problems: list[Problem] = []
+    members_of = {g: [n for n in ms if getattr(n, key) is not None] for g, ms in groups.items()}
+    nodes = [n for n in nodes if getattr(n, key) is not None]
+    for n in nodes:
+        address = getattr(n, key)
+        net = address.network
+        if net.prefixlen < 31 and address.ip in (net.network_address, net.broadcast_address):
+            problems.append(Problem(
+                f"key '{key}' = {address}: that is the subnet's network or broadcast address; "
+                f"use a host address of {net}", [n.name], key=key,
             ))
+    for group, members in sorted(members_of.items()):
+        networks: dict[IPv4Network, list[str]] = {}
+        for n in members:
+            networks.setdefault(getattr(n, key).network, []).append(n.name)
+        if len(networks) > 1:
+            found = "; ".join(f"{', '.join(ns)} in {net}" for net, ns in networks.items())
+            where = "the nodes of a link" if topology == "back-to-back" else "the nodes of a group on the switch"
+            problems.append(Problem(
+                f"{_in_group(group, several)}key '{key}': {where} must be in one subnet, found {found}",
+                [n.name for n in members], key=key, fix=f"put every {key} of the group in one subnet",
+            ))
+    if topology == "back-to-back" and several:
+        # Separate cables: a subnet shared by two links would route one group's traffic out of the other's port.
+        owners: dict[IPv4Network, set[str]] = {}
+        for n in nodes:
+            owners.setdefault(getattr(n, key).network, set()).add(n.serving_group)
+        for net, shared in sorted(owners.items(), key=lambda kv: str(kv[0])):
+            if len(shared) > 1:
+                problems.append(Problem(
+                    f"key '{key}': subnet {net} is used by the back-to-back links of serving groups "
+                    f"{', '.join(sorted(shared))}; each cable needs its own subnet",
+                    [n.name for n in nodes if getattr(n, key).network == net], key=key,
+                    fix="give each group's link its own subnet",
+                ))
+    return problems
+
+
+def _fabric_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]], several: bool) -> list[Problem]:
+    """Addresses unique in the fleet, over both halves of every port; the subnets the topology
+    requires, per half: back-to-back, one cable per group of two, one subnet per link; switched,
+    one subnet per group (one segment); no subnet shared by the two halves; one MTU on every link
+    (per group; on a switch, per segment)."""
+    problems: list[Problem] = _twin_problems(nodes, groups, several)
+
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for n in nodes:
+        for key in ("fabric_address", "fabric_twin_address"):
+            if getattr(n, key) is not None:
+                owners.setdefault(str(getattr(n, key).ip), []).append((n.name, key))
+    for ip, where in owners.items():
+        if len(where) > 1:
+            keys = sorted({k for _, k in where})
+            problems.append(Problem(
+                f"key '{keys[0]}' = {ip} used {len(where)} times ({', '.join(f'{name} {k}' for name, k in where)}); "
+                f"addresses must be unique", sorted({name for name, _ in where}), key=keys[0],
+                fix="give each node its own address in the fabric subnet"))
 
     topologies = Counter(n.fabric_topology for n in nodes)
     if len(topologies) > 1:
@@ -321,6 +432,21 @@ def _fabric_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]
         ))
         return problems
     topology = nodes[0].fabric_topology if nodes else "back-to-back"
+    for key in ("fabric_address", "fabric_twin_address"):
+        problems += _half_address_problems(nodes, groups, several, topology, key)
+    first_nets = {n.fabric_address.network: n.name for n in nodes}
+    for n in nodes:
+        if n.fabric_twin_address is None:
+            continue
+        twin_net = n.fabric_twin_address.network
+        clash = next((net for net in first_nets if net.overlaps(twin_net)), None)
+        if clash is not None:
+            problems.append(Problem(
+                f"key 'fabric_twin_address' = {n.fabric_twin_address}: its subnet overlaps {clash}, the first half's "
+                f"(fabric_address of {first_nets[clash]}); two netdevs of a host in one subnet share one route and "
+                f"answer each other's ARP, so the kernel would send the twin's traffic out of the first half",
+                [n.name], key="fabric_twin_address", fix=f"put the twins in a subnet of their own (e.g. "
+                f"{_twin_example(n)})"))
     for group, members in sorted(groups.items()):
         prefix = _in_group(group, several)
         names = [n.name for n in members]
@@ -331,35 +457,12 @@ def _fabric_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]
                 key="fabric_topology", fix="set fabric_topology = 'switch' for nodes on one switch, or split the "
                 "nodes into serving groups of two",
             ))
-        networks: dict[IPv4Network, list[str]] = {}
-        for n in members:
-            networks.setdefault(n.fabric_address.network, []).append(n.name)
-        if len(networks) > 1:
-            found = "; ".join(f"{', '.join(ns)} in {net}" for net, ns in networks.items())
-            where = "the nodes of a link" if topology == "back-to-back" else "the nodes of a group on the switch"
-            problems.append(Problem(
-                f"{prefix}key 'fabric_address': {where} must be in one subnet, found {found}", names,
-                key="fabric_address", fix="put every fabric_address of the group in one subnet",
-            ))
         mtus = {n.fabric_mtu for n in members}
         if len(mtus) > 1:
             found = ", ".join(f"{n.name}={n.fabric_mtu}" for n in members)
             problems.append(Problem(
                 f"{prefix}key 'fabric_mtu' differs between nodes ({found}); every end of a link needs one MTU",
                 names, key="fabric_mtu"))
-    if topology == "back-to-back" and several:
-        # Separate cables: a subnet shared by two links would route one group's traffic out of the other's port.
-        owners: dict[IPv4Network, set[str]] = {}
-        for n in nodes:
-            owners.setdefault(n.fabric_address.network, set()).add(n.serving_group)
-        for net, shared in sorted(owners.items(), key=lambda kv: str(kv[0])):
-            if len(shared) > 1:
-                problems.append(Problem(
-                    f"key 'fabric_address': subnet {net} is used by the back-to-back links of serving groups "
-                    f"{', '.join(sorted(shared))}; each cable needs its own subnet",
-                    [n.name for n in nodes if n.fabric_address.network == net], key="fabric_address",
-                    fix="give each group's link its own subnet",
-                ))
     if topology == "switch":
         mtus = {n.fabric_mtu for n in nodes}
         if len(mtus) > 1:
@@ -392,7 +495,7 @@ def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) 
                 fix="set each node's ssh_hostname (or ssh_port) to the machine it names",
             ))
     names = {n.name for n in nodes}
-    fabric_ips = {n.fabric_ip: n for n in nodes}
+    fabric_ips = {h.ip: n for n in nodes for h in n.fabric_halves}
     for n in nodes:
         if n.management_address in names and n.management_address != n.name:
             problems.append(Problem(
@@ -405,7 +508,7 @@ def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) 
         except ValueError:
             continue  # a DNS name or an ssh_config alias
         owner = fabric_ips.get(str(ip))
-        subnets = {m.fabric_address.network for m in nodes}
+        subnets = {h.address.network for m in nodes for h in m.fabric_halves}
         if owner is not None:
             problems.append(Problem(
                 f"key 'ssh_hostname' = {n.management_address} is {owner.name}'s fabric_address; the management "
@@ -416,7 +519,7 @@ def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) 
         elif any(ip in net for net in subnets):
             problems.append(Problem(
                 f"key 'ssh_hostname' = {n.management_address} is in the fabric subnet "
-                f"{', '.join(str(s) for s in subnets)}; the management address must be off the fabric (the deploy "
+                f"{', '.join(sorted(str(s) for s in subnets if ip in s))}; the management address must be off the fabric (the deploy "
                 f"reconfigures that link)", [n.name], key="ssh_hostname",
                 fix="use the node's management-network address for ssh_hostname",
             ))

@@ -140,12 +140,14 @@ def node_value_problems(node) -> list[Problem]:
         bad = sorted(k for k in getattr(node, key) if not ENV_NAME.match(k))
         if bad:
             refuse(key, f"key '{key}': {bad} not variable names (letters, digits, _; not starting with a digit)")
-    if not SAFE_IFNAME.match(node.fabric_netdev):
-        refuse("fabric_netdev", f"key 'fabric_netdev' = {node.fabric_netdev!r}: not a netdev name (at most 15 of "
-               f"letters, digits, _ . -)")
-    if node.rdma_hca is not None and not SAFE_IFNAME.match(node.rdma_hca):
-        refuse("rdma_hca", f"key 'rdma_hca' = {node.rdma_hca!r}: not an RDMA device name (at most 15 of letters, "
-               f"digits, _ . -)")
+    for key in ("fabric_netdev", "fabric_twin_netdev"):
+        value = getattr(node, key)
+        if value is not None and not SAFE_IFNAME.match(value):
+            refuse(key, f"key '{key}' = {value!r}: not a netdev name (at most 15 of letters, digits, _ . -)")
+    for key in ("rdma_hca", "rdma_twin_hca"):
+        value = getattr(node, key)
+        if value is not None and not SAFE_IFNAME.match(value):
+            refuse(key, f"key '{key}' = {value!r}: not an RDMA device name (at most 15 of letters, digits, _ . -)")
     if not SAFE_PACKAGE.match(node.docker_package):
         refuse("docker_package", f"key 'docker_package' = {node.docker_package!r}: not a package name")
     if node.serving_recipe_repository is not None and not SAFE_URL.match(node.serving_recipe_repository):

@@ -3,6 +3,7 @@ architecture, a few GiB of memory and disk to spare). Their netplan renderer is 
 DGX OS, or systemd-networkd: lab/inventory.py sets netplan_renderer to the one the lab runs."""
 gpu_expected = False
 rdma_hca = None
+rdma_twin_hca = None
 preflight_allowed_archs = ["x86_64", "aarch64"]
 preflight_min_mem_total_gib = 4.0
 preflight_min_free_disk_gib = 5.0

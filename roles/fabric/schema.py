@@ -1,4 +1,12 @@
-"""Data keys of roles/fabric: the ConnectX-7 point-to-point link between the nodes."""
+"""Data keys of roles/fabric: the ConnectX-7 point-to-point link between the nodes.
+
+On a DGX Spark one QSFP port is two PCIe Gen5 x4 endpoints: one cable shows as two netdevs and two
+RDMA devices, `enp1s0f0np0`/`rocep1s0f0` and its twin `enP2p1s0f0np0`/`roceP2p1s0f0`. Each is a
+half of the port with its own address, in its own subnet (two addresses of one subnet on two
+netdevs of a host answer each other's ARP and share one route: the kernel would send the twin's
+traffic out of the first half). NCCL carries the collectives over both HCAs (roles/serving).
+"""
+from dataclasses import dataclass
 from ipaddress import IPv4Interface
 from typing import Literal
 
@@ -54,6 +62,40 @@ class FabricData(BaseModel):
         pattern=r"^[A-Za-z0-9_]+$",
         description="RDMA device of the fabric port (`rocep1s0f0` on a DGX Spark), or none for TCP sockets only",
     )
+    fabric_twin_netdev: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,15}$",
+        description="the port's second half (`enP2p1s0f0np0` on a DGX Spark: one cable is two PCIe x4 endpoints, "
+        "and NCCL over one of them reaches about half of what the cable carries); none for a port of one half",
+    )
+    fabric_twin_address: IPv4Interface | None = Field(
+        None,
+        description="the twin's address with prefix (`10.77.78.1/30`), required with `fabric_twin_netdev`: in a "
+        "subnet of its own, never the first half's (two netdevs of a host in one subnet share one route and answer "
+        "each other's ARP); the same rules as `fabric_address`",
+        strict=False,  # written as text, like fabric_address
+        json_schema_extra={"set_in": "inventory, per node"},
+    )
+    rdma_twin_hca: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_]+$",
+        description="RDMA device of the twin (`roceP2p1s0f0` on a DGX Spark); required with `rdma_hca` and "
+        "`fabric_twin_netdev` (NCCL then carries the collectives over both HCAs)",
+    )
+
+
+@dataclass(frozen=True)
+class FabricHalf:
+    """One half of the CX7 port: a netdev, its address, its RDMA device (None: TCP sockets only)."""
+
+    netdev: str
+    address: IPv4Interface
+    hca: str | None
+
+    @property
+    def ip(self) -> str:
+        return str(self.address.ip)
+
 
 # The systemd unit behind each netplan renderer; it must be running for `netplan apply` to work.
 RENDERER_UNITS = {"NetworkManager": "NetworkManager", "networkd": "systemd-networkd"}

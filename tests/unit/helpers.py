@@ -5,9 +5,11 @@ SSH = {"ssh_user": "root", "ssh_key": "/tmp/key", "ssh_strict_host_key_checking"
 
 SHARED = {
     "fabric_netdev": "enp1s0f0np0",
+    "fabric_twin_netdev": "enP2p1s0f0np0",
     "fabric_mtu": 9000,
     "netplan_renderer": "NetworkManager",
     "rdma_hca": "rocep1s0f0",
+    "rdma_twin_hca": "roceP2p1s0f0",
     # As group_data/all.py: the shipped profile's drafter is non-commercial (the license gate runs
     # with the data checks, before any connection).
     "deployment_purpose": "research",
@@ -18,8 +20,10 @@ SHARED = {
 def pair(**overrides_by_host):
     """Two valid nodes; overrides_by_host={"spark-b": {"rank": 0}} changes one host's data."""
     hosts = {
-        "spark-a": {**SSH, **SHARED, "ssh_hostname": "10.0.0.11", "rank": 0, "fabric_address": "10.77.77.1/30"},
-        "spark-b": {**SSH, **SHARED, "ssh_hostname": "10.0.0.12", "rank": 1, "fabric_address": "10.77.77.2/30"},
+        "spark-a": {**SSH, **SHARED, "ssh_hostname": "10.0.0.11", "rank": 0, "fabric_address": "10.77.77.1/30",
+                    "fabric_twin_address": "10.77.78.1/30"},
+        "spark-b": {**SSH, **SHARED, "ssh_hostname": "10.0.0.12", "rank": 1, "fabric_address": "10.77.77.2/30",
+                    "fabric_twin_address": "10.77.78.2/30"},
     }
     hosts = copy.deepcopy(hosts)
     for name, changes in overrides_by_host.items():
@@ -33,6 +37,8 @@ def pair(**overrides_by_host):
 
 
 DELETE = object()
+# A port of one half (no twin): what a node without enP2p1s0f0np0 is given.
+ONE_HALF = {"fabric_twin_netdev": None, "fabric_twin_address": None, "rdma_twin_hca": None}
 
 GROUP_NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 
@@ -43,6 +49,7 @@ def group(count=4, **overrides_by_host):
     as pair()'s."""
     hosts = {
         name: {**SSH, **SHARED, "ssh_hostname": f"10.0.0.{11 + i}", "rank": i, "fabric_address": f"10.77.77.{1 + i}/29",
+               "fabric_twin_address": f"10.77.78.{1 + i}/29",
                **({"fabric_topology": "switch"} if count > 2 else {})}
         for i, name in enumerate(GROUP_NODES[:count])
     }

@@ -81,8 +81,8 @@ def test_a_plain_pyinfra_inventory_with_two_heads(tmp_path, listener):
     inv.write_text(textwrap.dedent(f"""\
         # no sparks(): pyinfra's own inventory format
         hosts = [
-            ("spark-a", {{"ssh_hostname": "127.0.0.1", "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30"}}),
-            ("spark-b", {{"ssh_hostname": "127.0.0.1", "ssh_port": {ports[1]}, "rank": 0, "fabric_address": "10.77.77.2/30"}}),
+            ("spark-a", {{"ssh_hostname": "127.0.0.1", "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30", "fabric_twin_address": "10.77.78.1/30"}}),
+            ("spark-b", {{"ssh_hostname": "127.0.0.1", "ssh_port": {ports[1]}, "rank": 0, "fabric_address": "10.77.77.2/30", "fabric_twin_address": "10.77.78.2/30"}}),
         ]
     """))
     out = refused(run_pyinfra(inv), accepted)
@@ -251,8 +251,8 @@ def local_run(tmp_path, refuse_at):
     inv = tmp_path / "local.py"
     inv.write_text(textwrap.dedent("""\
         hosts = [
-            ("@local", {"rank": 0, "fabric_address": "10.77.77.1/30"}),
-            ("spark-b", {"ssh_hostname": "127.0.0.2", "ssh_port": 9, "rank": 1, "fabric_address": "10.77.77.2/30"}),
+            ("@local", {"rank": 0, "fabric_address": "10.77.77.1/30", "fabric_twin_address": "10.77.78.1/30"}),
+            ("spark-b", {"ssh_hostname": "127.0.0.2", "ssh_port": 9, "rank": 1, "fabric_address": "10.77.77.2/30", "fabric_twin_address": "10.77.78.2/30"}),
         ]
     """))
     return run_pyinfra(inv, "--limit", "@local", operations=("tests/unit/fixtures/refusing_deploy.py",),

@@ -22,11 +22,15 @@ def test_valid_pair_builds_with_head_and_worker():
 
 
 def test_defaults_fill_keys_not_given():
-    fabric = ("fabric_netdev", "fabric_mtu", "netplan_renderer", "rdma_hca")
+    fabric = ("fabric_netdev", "fabric_mtu", "netplan_renderer", "rdma_hca", "fabric_twin_netdev", "rdma_twin_hca",
+              "fabric_twin_address")
     hosts = [(n, {k: v for k, v in d.items() if k not in fabric}) for n, d in pair()]
     node = build_cluster(hosts).node("spark-a")
     assert (node.fabric_netdev, node.fabric_mtu, node.netplan_renderer, node.rdma_hca) == (
         "enp1s0f0np0", 9000, "NetworkManager", None)
+    # The schema's own defaults are one half, no RDMA; group_data/all.py names the DGX Spark's twins.
+    assert (node.fabric_twin_netdev, node.rdma_twin_hca, [h.netdev for h in node.fabric_halves]) == (
+        None, None, ["enp1s0f0np0"])
     assert node.gpu_expected is True
 
 
@@ -52,16 +56,20 @@ def test_no_rank_zero_is_refused():
 
 
 def test_rank_gap_is_refused_naming_host_and_missing_rank():
-    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 3, "fabric_address": "10.77.77.3/29"}})
-    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29"), "fabric_topology": "switch"})
+    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 3, "fabric_address": "10.77.77.3/29",
+                                "fabric_twin_address": "10.77.78.3/29"}})
+    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29"),
+                  "fabric_twin_address": d["fabric_twin_address"].replace("/30", "/29"), "fabric_topology": "switch"})
              for n, d in hosts]
     [msg] = problems(hosts)
     assert msg.startswith("spark-c: key 'rank' = 3") and "missing: 2" in msg
 
 
 def test_duplicate_worker_rank_is_refused():
-    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 1, "fabric_address": "10.77.77.3/29"}})
-    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29")}) for n, d in hosts]
+    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 1, "fabric_address": "10.77.77.3/29",
+                                "fabric_twin_address": "10.77.78.3/29"}})
+    hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29"),
+                  "fabric_twin_address": d["fabric_twin_address"].replace("/30", "/29")}) for n, d in hosts]
     msgs = problems(hosts)
     assert any("spark-b, spark-c: key 'rank' = 1 on 2 nodes" in m for m in msgs)
 
@@ -77,9 +85,9 @@ def test_duplicate_fabric_address_is_refused():
 
 
 def test_fabric_addresses_in_two_subnets_are_refused():
-    [msg] = problems(pair(**{"spark-b": {"fabric_address": "10.77.78.2/30"}}))
+    [msg] = problems(pair(**{"spark-b": {"fabric_address": "10.77.79.2/30"}}))
     assert "'fabric_address'" in msg and "one subnet" in msg
-    assert "spark-a in 10.77.77.0/30" in msg and "spark-b in 10.77.78.0/30" in msg
+    assert "spark-a in 10.77.77.0/30" in msg and "spark-b in 10.77.79.0/30" in msg
 
 
 def test_network_address_is_refused():

@@ -11,7 +11,12 @@ from tests.unit.helpers import SHARED, SSH
 
 def node(name, group, rank, address, mgmt, **extra):
     return name, {**SSH, **SHARED, "ssh_hostname": mgmt, "serving_group": group, "rank": rank,
-                  "fabric_address": address, **extra}
+                  "fabric_address": address, "fabric_twin_address": twin_of(address), **extra}
+
+
+def twin_of(address: str) -> str:
+    """The twin's address of a test node: the first half's in 10.177.0.0/16 for 10.77.0.0/16."""
+    return address.replace("10.77.", "10.177.", 1)
 
 
 def two_pairs(topology="back-to-back", **changes):

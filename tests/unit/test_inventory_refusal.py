@@ -21,8 +21,8 @@ def write_inventory(tmp_path, ports, a="", b="") -> Path:
         _ssh = {{"ssh_hostname": "127.0.0.1", "ssh_connect_retries": 0}}
         spark_hosts = sparks(
             __file__,
-            ("spark-a", {{**_ssh, "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30"{a}}}),
-            ("spark-b", {{**_ssh, "ssh_port": {ports[1]}, "rank": 1, "fabric_address": "10.77.77.2/30"{b}}}),
+            ("spark-a", {{**_ssh, "ssh_port": {ports[0]}, "rank": 0, "fabric_address": "10.77.77.1/30", "fabric_twin_address": "10.77.78.1/30"{a}}}),
+            ("spark-b", {{**_ssh, "ssh_port": {ports[1]}, "rank": 1, "fabric_address": "10.77.77.2/30", "fabric_twin_address": "10.77.78.2/30"{b}}}),
         )
     """))
     return inv

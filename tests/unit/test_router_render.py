@@ -15,6 +15,7 @@ from roles.router.node_config import (
 from roles.router.schema import ROUTER_VERSIONS, RouterData
 from roles.router.wheels import PLATFORMS, WHEELS
 from sparkfleet.config import DATA_FIELDS, ConfigError, build_cluster
+from tests.unit.test_fleet_config import twin_of
 from tests.unit.helpers import SHARED, SSH, pair
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,8 @@ def fleet_hosts(router="spark-b", **changes):
     rows = [("spark-a", "g1", 0, "10.77.77.1/30", "10.0.0.11"), ("spark-b", "g1", 1, "10.77.77.2/30", "10.0.0.12"),
             ("spark-c", "g2", 0, "10.77.78.1/30", "10.0.0.13"), ("spark-d", "g2", 1, "10.77.78.2/30", "10.0.0.14")]
     return [(name, {**SSH, **SHARED, "ssh_hostname": mgmt, "serving_group": group, "rank": rank,
-                    "fabric_address": address, "router_node": router, **changes.get(name, {})})
+                    "fabric_address": address, "fabric_twin_address": twin_of(address), "router_node": router,
+                    **changes.get(name, {})})
             for name, group, rank, address, mgmt in rows]
 
 
