@@ -15,7 +15,7 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH, ApiProxyHost, Listeners, listener_problems
 from roles.docker.checks import DockerInfo, docker_info_problems
-from roles.fabric.checks import fabric_others, link_failure, node_status
+from roles.fabric.checks import fabric_others, half_pairs, link_failure, live_mtu, node_status
 from roles.fabric.facts import FabricPing
 from roles.fabric.others import netconfig_problems, renderer_in_effect
 from roles.fabric.schema import NETPLAN_FILE
@@ -58,9 +58,10 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         node = cluster.node(name)
         problems = problems_of[name]
         for peer in cluster.peers(node):
-            if not h.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload):
-                mine, theirs = (links.get(name) or {}).get("mtu", "?"), (links.get(peer.name) or {}).get("mtu", "?")
-                problems.append(link_failure(node, mine, peer, theirs))
+            for i, mine, theirs in half_pairs(node, peer):  # each half of the port
+                if not h.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload):
+                    problems.append(link_failure(node, live_mtu(links.get(name), mine.netdev), peer,
+                                                 live_mtu(links.get(peer.name), theirs.netdev), i))
         rows.append(("fabric", name, problems))
         rows.append(("netconfig", name, *netconfig_row(node, *fabric_others(state)[name])))
         rows.append(("firewall", name, firewall_problems(cluster, node, h)))

@@ -12,7 +12,7 @@ from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
-from roles.fabric.schema import NETPLAN_FILE
+from roles.fabric.schema import NETPLAN_FILE, FabricHalf
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.render import render, sha1_text
@@ -22,26 +22,45 @@ def netplan_text(node) -> str:
     return render("fabric", NETPLAN_FILE, node=node)
 
 
-def link_drift(node, link: dict | None) -> list[str]:
-    """How the live link differs from the data (empty when it matches)."""
+def link_drift(node, link: dict | None, half: FabricHalf | None = None) -> list[str]:
+    """How the live link of one half of the port (the first by default) differs from the data
+    (empty when it matches); the twin's differences are named with its netdev."""
+    half = half or node.fabric_halves[0]
+    said = "" if half.netdev == node.fabric_netdev else f"{half.netdev} "
     if link is None:
-        return [f"{node.fabric_netdev} missing"]
+        return [f"{half.netdev} missing"]
     drift = []
     if link["mtu"] != node.fabric_mtu:
-        drift.append(f"mtu {link['mtu']} (want {node.fabric_mtu})")
+        drift.append(f"{said}mtu {link['mtu']} (want {node.fabric_mtu})")
     if not link["up"]:
-        drift.append("link down")
-    if link["ipv4"] != [str(node.fabric_address)]:  # missing, or another beside it (a second configuration)
-        drift.append(f"address {', '.join(link['ipv4']) or 'none'} (want {node.fabric_address})")
+        drift.append(f"{said}link down")
+    if link["ipv4"] != [str(half.address)]:  # missing, or another beside it (a second configuration)
+        drift.append(f"{said}address {', '.join(link['ipv4']) or 'none'} (want {half.address})")
     return drift
 
 
-def link_failure(node, node_mtu, peer, peer_mtu) -> str:
+def port_drift(node, links: dict[str, dict | None]) -> list[str]:
+    """Every half's drift, from {netdev: live link}."""
+    return [d for half in node.fabric_halves for d in link_drift(node, links.get(half.netdev), half)]
+
+
+def link_failure(node, node_mtu, peer, peer_mtu, half: int = 0) -> str:
+    """A failed jumbo-frame proof over half `half` (0: the first, 1: the twin) of the port, both
+    ends named. A twin that does not answer costs half the cable's bandwidth: said so."""
+    mine, theirs = node.fabric_halves[half], peer.fabric_halves[half]
+    cost = ("; NCCL would run over the first half alone: about half of what the cable carries (is the twin "
+            "cabled and up on both ends?)" if half else "")
     return (
-        f"fabric: {node.name} ({node.fabric_netdev} mtu {node_mtu}) cannot reach {peer.name} at "
-        f"{peer.fabric_ip} ({peer.fabric_netdev} mtu {peer_mtu}) with unfragmented "
+        f"fabric: {node.name} ({mine.netdev} mtu {node_mtu}) cannot reach {peer.name} at "
+        f"{theirs.ip} ({theirs.netdev} mtu {peer_mtu}) with unfragmented "
         f"{node.ping_payload}-byte pings (ping -M do -s {node.ping_payload}); both ends need mtu {node.fabric_mtu}"
+        f"{cost}"
     )
+
+
+def half_pairs(node, peer):
+    """(index, this node's half, the peer's half) for each half both ends configure."""
+    return [(i, mine, theirs) for i, (mine, theirs) in enumerate(zip(node.fabric_halves, peer.fabric_halves))]
 
 
 def _fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
@@ -49,14 +68,14 @@ def _fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
 
     def one(node_host):
         node = cluster.node(node_host.name)
-        facts = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev)
-        return facts, other_configs(facts, node.fabric_netdev)
+        facts = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_netdev)
+        return facts, other_configs(facts, tuple(h.netdev for h in node.fabric_halves))
 
     return per_host(state, one)
 
 
 def fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
-    """node name -> (raw facts, every other configuration of its fabric netdev), read at prepare."""
+    """node name -> (raw facts, every other configuration of its fabric netdevs), read at prepare."""
     return once_per_run(state, "fabric-others", lambda: _fabric_others(state))
 
 
@@ -67,11 +86,17 @@ class FabricState:
     file_current: dict[str, bool] = field(default_factory=dict)
 
 
-def node_status(node_host, node) -> tuple[dict | None, list[str], bool]:
-    """(live link, its drift from the data, whether the netplan file is as rendered), from facts."""
-    link = node_host.get_fact(FabricLink, netdev=node.fabric_netdev)
+def node_status(node_host, node) -> tuple[dict[str, dict | None], list[str], bool]:
+    """({netdev: live link} of each half, their drift from the data, whether the netplan file is as
+    rendered), from facts."""
+    links = {h.netdev: node_host.get_fact(FabricLink, netdev=h.netdev) for h in node.fabric_halves}
     file_current = node_host.get_fact(Sha1File, path=NETPLAN_FILE) == sha1_text(netplan_text(node))
-    return link, link_drift(node, link), file_current
+    return links, port_drift(node, links), file_current
+
+
+def live_mtu(links: dict[str, dict | None], netdev: str):
+    link = links.get(netdev) if links else None
+    return link["mtu"] if link else "unknown"
 
 
 def _fabric_state(state) -> FabricState:
@@ -88,15 +113,15 @@ def _fabric_state(state) -> FabricState:
         # Nothing will change: prove the link now, read-only, before any operation runs.
         def pings(node_host):
             node = cluster.node(node_host.name)
-            return [(peer, node_host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload))
-                    for peer in cluster.peers(node)]
+            return [(peer, i, mine, theirs, node_host.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload))
+                    for peer in cluster.peers(node) for i, mine, theirs in half_pairs(node, peer)]
 
         failures = []
         for name, answers in per_host(state, pings, hosts.values()).items():
-            for peer, ok in answers:
+            for peer, i, mine, theirs, ok in answers:
                 if not ok:
-                    peer_mtu = links[peer.name]["mtu"] if links.get(peer.name) else "unknown"
-                    failures.append(link_failure(cluster.node(name), links[name]["mtu"], peer, peer_mtu))
+                    failures.append(link_failure(cluster.node(name), live_mtu(links[name], mine.netdev), peer,
+                                                 live_mtu(links.get(peer.name), theirs.netdev), i))
         if failures and not _firewall_moves(state, cluster, hosts):
             raise DeployError("\n".join(failures))
         # A firewall about to change (a node joined the group, an address moved) may be what stops the
@@ -134,11 +159,12 @@ def prove_jumbo_frames(node, peers) -> None:
 
     failures = []
     for peer in peers:
-        ok, _ = host.run_shell_command(StringCommand(ping_command(peer.fabric_ip, node.ping_payload, settle_seconds=10)))
-        if not ok:
-            peer_host = state.inventory.get_host(peer.name)
-            failures.append(
-                link_failure(node, _live_mtu(host, node.fabric_netdev), peer, _live_mtu(peer_host, peer.fabric_netdev))
-            )
+        for i, mine, theirs in half_pairs(node, peer):
+            ok, _ = host.run_shell_command(StringCommand(ping_command(theirs.ip, node.ping_payload, settle_seconds=10)))
+            if not ok:
+                peer_host = state.inventory.get_host(peer.name)
+                failures.append(
+                    link_failure(node, _live_mtu(host, mine.netdev), peer, _live_mtu(peer_host, theirs.netdev), i)
+                )
     if failures:
         raise DeployError("\n".join(failures))

@@ -1,4 +1,4 @@
-"""Other configurations of the fabric netdev: netplan files, NetworkManager connections and
+"""Other configurations of the fabric netdevs (both halves of the port): netplan files, NetworkManager connections and
 systemd-networkd files that someone else wrote for it (NVIDIA's guide has operators write
 /etc/netplan/40-cx7.yaml or an nmcli connection). Two configurations of one netdev fight at the next
 reboot, so preflight stops on them unless data says to take them over (`fabric_take_over`).
@@ -10,7 +10,7 @@ import base64
 import binascii
 import fnmatch
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import yaml
 from pyinfra.api import FactBase
@@ -42,6 +42,10 @@ class OtherConfig:
     takeover: str | None  # the shell command that disables it for good, or None
     why_not: str = ""  # why it cannot be taken over automatically
     action: str = ""  # what the take-over does, in words
+    netdevs: tuple[str, ...] = ()  # the port's netdevs it configures
+
+    def names(self, node) -> str:
+        return "/".join(self.netdevs) or node.fabric_netdev
 
     def describe(self) -> str:
         return f"{self.kind} {self.where}: {self.detail}"
@@ -51,15 +55,20 @@ class FabricConfigs(FactBase):
     """Raw material: the netdev's MAC and kind, the renderers' states, every netplan and networkd file
     (base64), and every NetworkManager connection with what binds it (nmcli's view)."""
 
-    def command(self, netdev: str) -> str:
+    def command(self, netdev: str, twin: str | None = None) -> str:
         n = shlex.quote(netdev)
         netplan = " ".join(f"{d}/*.yaml" for d in NETPLAN_DIRS)
         networkd = " ".join(f"{d}/*.network" for d in NETWORKD_DIRS)
+        kind = ("$(ip -d -j link show dev {} 2>/dev/null | python3 -c "
+                "'import json,sys; print((json.load(sys.stdin) or [{{}}])[0].get(\"linkinfo\", {{}}).get(\"info_kind\", \"\"))'"
+                " 2>/dev/null)")
+        devs = [netdev] + ([twin] if twin else [])
         return "\n".join([
             f"echo \"mac=$(cat /sys/class/net/{n}/address 2>/dev/null)\"",
-            f"echo \"kind=$(ip -d -j link show dev {n} 2>/dev/null | python3 -c "
-            "'import json,sys; print((json.load(sys.stdin) or [{}])[0].get(\"linkinfo\", {}).get(\"info_kind\", \"\"))'"
-            " 2>/dev/null)\"",
+            f"echo \"kind={kind.format(n)}\"",
+            # each half of the port: "dev NAME MAC KIND"
+            *(f"echo \"dev {shlex.quote(d)} $(cat /sys/class/net/{shlex.quote(d)}/address 2>/dev/null) "
+              f"{kind.format(shlex.quote(d))}\"" for d in devs),
             RENDERERS_SETTLED,  # an operator's `netplan apply` just before the deploy leaves NetworkManager starting
             f"for u in {' '.join(RENDERER_UNITS.values())}; do"
             " echo \"unit $u $(systemctl is-active $u 2>/dev/null | head -n1) $(systemctl is-enabled $u 2>/dev/null | head -n1)\"; done",
@@ -110,11 +119,15 @@ def _nmcli_fields(text: str) -> dict[str, str]:
 
 
 def parse_fabric_configs(lines: list[str]) -> dict:
-    facts = {"mac": "", "kind": "", "units": {}, "netplan": {}, "networkd": {}, "nm": {}, "nm_generated": []}
+    facts = {"mac": "", "kind": "", "devs": {}, "units": {}, "netplan": {}, "networkd": {}, "nm": {},
+             "nm_generated": []}
     files = {}
     for line in lines:
         head, _, rest = line.partition(" ")
-        if line.startswith("mac="):
+        if head == "dev":
+            name, mac, kind = (rest.split() + ["", ""])[:3]
+            facts["devs"][name] = {"mac": mac.lower(), "kind": kind}
+        elif line.startswith("mac="):
             facts["mac"] = line[4:].strip().lower()
         elif line.startswith("kind="):
             facts["kind"] = line[5:].strip()
@@ -187,7 +200,18 @@ def _stanza_summary(key: str, stanza) -> str:
     return f"ethernets.{key}" + (f" ({'; '.join(said)})" if said else "")
 
 
-def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[OtherConfig]:
+def _port_binds(key: str, stanza, macs: dict[str, str]) -> tuple[bool, bool]:
+    """(binds a netdev of the port, binds only netdevs of it for sure) for one `ethernets:` stanza."""
+    judged = [_stanza_binds(key, stanza, netdev, mac) for netdev, mac in macs.items()]
+    binds = any(b for b, _ in judged)
+    return binds, binds and all(exact for b, exact in judged if b)
+
+
+def netplan_others(files: dict[str, str | None], netdev: str | dict[str, str], mac: str = "") -> list[OtherConfig]:
+    """Every netplan file but sparkfleet's that configures `netdev` (or any of {netdev: mac}, the
+    port's halves): a file that configures only them is disabled whole, one that also configures
+    other netdevs is rewritten without their stanzas."""
+    macs = netdev if isinstance(netdev, dict) else {netdev: mac}
     out = []
     ids_for_netdev: set[str] = set()  # stanza ids (netplan's ids are global across files) bound to the netdev
     parsed = {}  # path -> (network, {stanza id: (binds, exact)})
@@ -204,7 +228,7 @@ def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[
         if not isinstance(network, dict):
             continue
         ethernets = {str(k): v for k, v in (network.get("ethernets") or {}).items()}
-        parsed[path] = (network, ethernets, {k: _stanza_binds(k, v, netdev, mac) for k, v in ethernets.items()})
+        parsed[path] = (network, ethernets, {k: _port_binds(k, v, macs) for k, v in ethernets.items()})
         ids_for_netdev.update(k for k, (binds, _) in parsed[path][2].items() if binds)
     for path, (network, ethernets, judged) in parsed.items():
         mine = [k for k, (binds, _) in judged.items() if binds]
@@ -215,7 +239,7 @@ def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[
             for key, stanza in (network.get(section) or {}).items():
                 refs = stanza.get(member_key) if isinstance(stanza, dict) else None
                 refs = refs if isinstance(refs, list) else [refs]
-                if any(str(r) in ids_for_netdev or str(r) == netdev for r in refs if r is not None):
+                if any(str(r) in ids_for_netdev or str(r) in macs for r in refs if r is not None):
                     members.append(f"{section}.{key}")
         if not mine and not members:
             continue
@@ -237,7 +261,10 @@ def netplan_others(files: dict[str, str | None], netdev: str, mac: str) -> list[
             take, why = (f"cp -p --backup=numbered {q} {shlex.quote(path + ORIGINAL_SUFFIX)} && "
                          f"sfl_netplan_drop={shlex.quote(','.join(mine))} python3 -c {shlex.quote(_DROP_STANZAS)} {q}"), ""
             action = f"rewritten without {', '.join(mine)} (the original kept as {path + ORIGINAL_SUFFIX})"
-        out.append(OtherConfig("netplan", path, detail, take, why, action if take else ""))
+        bound = tuple(nd for nd, m in macs.items()
+                      if any(_stanza_binds(k, ethernets[k], nd, m)[0] for k in mine)
+                      or any(nd == k for k in mine))
+        out.append(OtherConfig("netplan", path, detail, take, why, action if take else "", bound))
     return out
 
 
@@ -380,12 +407,25 @@ def nm_others(connections: dict[str, dict], netdev: str, mac: str, generated=())
     return out
 
 
-def other_configs(facts: dict, netdev: str) -> list[OtherConfig]:
-    """Every configuration of `netdev` besides sparkfleet's own netplan file."""
-    mac = facts.get("mac", "")
-    return (netplan_others(facts.get("netplan", {}), netdev, mac)
-            + nm_others(facts.get("nm", {}), netdev, mac, facts.get("nm_generated", ()))
-            + networkd_others(facts.get("networkd", {}), netdev, mac, facts.get("kind", "")))
+def other_configs(facts: dict, netdev: str | tuple[str, ...]) -> list[OtherConfig]:
+    """Every configuration of `netdev` (or of each of the port's netdevs) besides sparkfleet's own
+    netplan file; one that configures both halves is named once."""
+    netdevs = (netdev,) if isinstance(netdev, str) else tuple(netdev)
+    devs = facts.get("devs", {})
+    macs = {nd: devs.get(nd, {}).get("mac") or (facts.get("mac", "") if i == 0 else "") for i, nd in enumerate(netdevs)}
+    kinds = {nd: devs.get(nd, {}).get("kind") or (facts.get("kind", "") if i == 0 else "") for i, nd in enumerate(netdevs)}
+    out = netplan_others(facts.get("netplan", {}), macs)
+    seen = {(c.kind, c.where) for c in out}
+    for nd in netdevs:
+        for c in (nm_others(facts.get("nm", {}), nd, macs[nd], facts.get("nm_generated", ()))
+                  + networkd_others(facts.get("networkd", {}), nd, macs[nd], kinds[nd])):
+            if (c.kind, c.where) in seen:
+                i = next(i for i, o in enumerate(out) if (o.kind, o.where) == (c.kind, c.where))
+                out[i] = replace(out[i], netdevs=out[i].netdevs + (nd,))
+            else:
+                seen.add((c.kind, c.where))
+                out.append(replace(c, netdevs=(nd,)))
+    return out
 
 
 def renderer_state(node, facts: dict) -> str:
@@ -397,7 +437,7 @@ def netconfig_problems(node, facts: dict, configs: list[OtherConfig]) -> list[st
     """What the doctor and the state checks fail on: every other configuration of the fabric netdev,
     and a netplan_renderer whose service is not active."""
     unit = RENDERER_UNITS[node.netplan_renderer]
-    problems = [f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}" for c in configs]
+    problems = [f"{node.name}: {c.names(node)} is also configured by {c.describe()}" for c in configs]
     if renderer_state(node, facts) != "active":
         problems.append(f"{node.name}: netplan_renderer is {node.netplan_renderer}, but {unit} is not active")
     return problems
@@ -410,11 +450,11 @@ def conflict_failures(node, configs: list[OtherConfig]) -> list[str]:
         if node.fabric_take_over and c.takeover:
             continue
         if node.fabric_take_over:
-            failures.append(f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}; "
+            failures.append(f"{node.name}: {c.names(node)} is also configured by {c.describe()}; "
                             f"fabric_take_over cannot disable it: {c.why_not}")
         else:
             fix = (f"set fabric_take_over = true to have the deploy disable it ({c.action})"
                    if c.takeover else c.why_not)
-            failures.append(f"{node.name}: {node.fabric_netdev} is also configured by {c.describe()}; two "
+            failures.append(f"{node.name}: {c.names(node)} is also configured by {c.describe()}; two "
                             f"configurations of one netdev fight at the next reboot. Remove it, or {fix}")
     return failures

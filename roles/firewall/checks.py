@@ -60,10 +60,13 @@ def api_ports(node, profile) -> list[int]:
 
 def _body(cluster, node, management_subnet: str | None, marker: str) -> str:
     profile = node_profile(cluster.head)
-    peers = [n.fabric_ip for n in cluster.peers(node)]
+    # Each half of the port admits the peers' addresses on that half only.
+    halves = [{"netdev": half.netdev, "ip": half.ip, "quoted": f'"{half.netdev}"',
+               "peers": [peer.fabric_halves[i].ip for peer in cluster.peers(node)]}
+              for i, half in enumerate(node.fabric_halves)]
     return render(
-        "firewall", "/etc/sparkfleet/firewall.nft", marker=marker, fabric_ip=node.fabric_ip, netdev=node.fabric_netdev,
-        peers=peers, fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
+        "firewall", "/etc/sparkfleet/firewall.nft", marker=marker, halves=halves,
+        fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
         api_allowed=api_networks(node, management_subnet),
         engine_port=node.api_proxy_engine_port if node.is_head else None, engine_users=ENGINE_PORT_USERS,
     )

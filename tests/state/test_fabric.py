@@ -7,11 +7,18 @@ from roles.fabric.schema import NETPLAN_FILE
 
 
 def test_fabric_netdev_is_up_with_the_inventory_address_and_mtu(host, node):
-    [link] = json.loads(host.check_output(f"ip -j addr show dev {node.fabric_netdev}"))
-    ipv4 = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]
-    assert "UP" in link["flags"], f"{node.name}: {node.fabric_netdev} is down"
-    assert link["mtu"] == node.fabric_mtu, f"{node.name}: {node.fabric_netdev} mtu {link['mtu']}, want {node.fabric_mtu}"
-    assert ipv4 == [str(node.fabric_address)], f"{node.name}: {node.fabric_netdev} has {ipv4}, want {node.fabric_address}"
+    """Each half of the port (the first, and the twin when data names it)."""
+    problems = []
+    for half in node.fabric_halves:
+        [link] = json.loads(host.check_output(f"ip -j addr show dev {half.netdev}"))
+        ipv4 = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]
+        if "UP" not in link["flags"]:
+            problems.append(f"{node.name}: {half.netdev} is down")
+        if link["mtu"] != node.fabric_mtu:
+            problems.append(f"{node.name}: {half.netdev} mtu {link['mtu']}, want {node.fabric_mtu}")
+        if ipv4 != [str(half.address)]:
+            problems.append(f"{node.name}: {half.netdev} has {ipv4}, want {half.address}")
+    assert not problems, "; ".join(problems)
 
 
 def test_netplan_drop_in_is_root_only_and_as_rendered(host, node):
@@ -22,22 +29,40 @@ def test_netplan_drop_in_is_root_only_and_as_rendered(host, node):
 
 
 def test_jumbo_frames_reach_every_peer_unfragmented(host, node, cluster):
+    """Over each half: to the peer's address on the same half."""
+    failures = []
     for peer in cluster.peers(node):
-        cmd = f"ping -M do -s {node.ping_payload} -c 3 -i 0.2 -W 2 -q {peer.fabric_ip}"
-        result = host.run(cmd)
-        assert result.rc == 0, f"{node.name} -> {peer.name} ({peer.fabric_ip}): `{cmd}` failed: {result.stdout}{result.stderr}"
+        for mine, theirs in zip(node.fabric_halves, peer.fabric_halves):
+            cmd = f"ping -M do -s {node.ping_payload} -c 3 -i 0.2 -W 2 -q {theirs.ip}"
+            result = host.run(cmd)
+            if result.rc != 0:
+                failures.append(f"{node.name} -> {peer.name} ({theirs.ip}) over {mine.netdev}: `{cmd}` failed: "
+                                f"{result.stdout}{result.stderr}")
+    assert not failures, "\n".join(failures)
+
+
+def test_each_halfs_peer_is_reached_through_that_half(host, node, cluster):
+    """The kernel routes each peer address out of its own half (a subnet per half: one subnet on two
+    netdevs would send the twin's traffic out of the first)."""
+    for peer in cluster.peers(node):
+        for mine, theirs in zip(node.fabric_halves, peer.fabric_halves):
+            [route] = json.loads(host.check_output(f"ip -j route get {theirs.ip}"))
+            assert route.get("dev") == mine.netdev and route.get("prefsrc") == mine.ip, (
+                f"{node.name}: {theirs.ip} ({peer.name}) is routed {route}, want dev {mine.netdev} src {mine.ip}")
 
 
 def test_no_default_route_uses_the_fabric(host, node):
     for family in ("-4", "-6"):
         routes = json.loads(host.check_output(f"ip -j {family} route show default") or "[]")
-        via_fabric = [r for r in routes if r.get("dev") == node.fabric_netdev]
-        assert not via_fabric, f"{node.name}: default route over {node.fabric_netdev}: {via_fabric}"
+        netdevs = {h.netdev for h in node.fabric_halves}
+        via_fabric = [r for r in routes if r.get("dev") in netdevs]
+        assert not via_fabric, f"{node.name}: default route over the fabric ({', '.join(sorted(netdevs))}): {via_fabric}"
 
 
 def test_nothing_else_configures_the_fabric_netdev(host, node):
-    """No second netplan file, NetworkManager connection or systemd-networkd file binds the netdev
+    """No second netplan file, NetworkManager connection or systemd-networkd file binds either half
     (they fight at the next reboot), and the renderer the data names is the one running."""
-    facts = FabricConfigs().process(host.check_output(FabricConfigs().command(node.fabric_netdev)).splitlines())
-    problems = netconfig_problems(node, facts, other_configs(facts, node.fabric_netdev))
+    command = FabricConfigs().command(node.fabric_netdev, node.fabric_twin_netdev)
+    facts = FabricConfigs().process(host.check_output(command).splitlines())
+    problems = netconfig_problems(node, facts, other_configs(facts, tuple(h.netdev for h in node.fabric_halves)))
     assert not problems, "; ".join(problems) + f" ({renderer_in_effect(facts)})"

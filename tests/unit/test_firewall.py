@@ -26,7 +26,11 @@ def test_the_head_opens_the_api_to_the_management_subnet_and_the_fabric_services
     assert text[:3] == ["table inet sparkfleet", "delete table inet sparkfleet", "table inet sparkfleet {"]
     assert 'ip daddr 10.77.77.1 iifname != "enp1s0f0np0" drop' in text
     assert 'iifname "enp1s0f0np0" ip saddr != { 10.77.77.2 } drop' in text
-    assert 'tcp dport { 873, 5000, 29501 } iifname != "enp1s0f0np0" drop' in text
+    # Both halves of the port are the fabric, each admitting the peer's address on that half only.
+    assert 'ip daddr 10.77.78.1 iifname != "enP2p1s0f0np0" drop' in text
+    assert 'iifname "enP2p1s0f0np0" ip saddr != { 10.77.78.2 } drop' in text
+    assert 'iifname "enP2p1s0f0np0" meta nfproto ipv6 drop' in text
+    assert 'tcp dport { 873, 5000, 29501 } iifname != { "enp1s0f0np0", "enP2p1s0f0np0" } drop' in text
     assert text.index("tcp dport 8000 ip saddr { 10.0.0.0/24 } accept") < text.index("tcp dport 8000 drop")
     assert "policy accept;" in text[4]  # drops only what it names
     worker = rules(rules_text(c, c.workers[0], MGMT))
@@ -154,3 +158,13 @@ def test_the_doctor_row_names_a_missing_or_stale_table(live, want, found):
     problems = table_problems(node, live, want)
     assert (problems == []) if found is None else (found in problems[0] and problems[0].startswith("spark-a: "))
     assert table_problems(both(firewall_enabled=False).head, "", want) == []
+
+
+def test_a_port_of_one_half_filters_that_netdev_alone():
+    from tests.unit.helpers import ONE_HALF, pair
+    from sparkfleet.config import build_cluster
+
+    c = build_cluster(pair(**{"spark-a": ONE_HALF, "spark-b": ONE_HALF}))
+    text = rules(rules_text(c, c.head, MGMT))
+    assert 'tcp dport { 873, 5000, 29501 } iifname != "enp1s0f0np0" drop' in text
+    assert not any("enP2p1s0f0np0" in line for line in text)
