@@ -40,15 +40,18 @@ from sparkfleet.inventory import cluster_from_state
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
-host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev)
+host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
+              twin=node.fabric_twin_netdev or "", hcas=" ".join(node.rdma_hcas))
 host.get_fact(ProcessMemory)
 host.get_fact(ContainerMemory, container=unit_name(node))
 host.get_fact(Fingerprint, netdev=node.fabric_netdev, ref=profile.image_ref, engine=profile.engine)
-host.get_fact(FabricLink, netdev=node.fabric_netdev)
+for half in node.fabric_halves:
+    host.get_fact(FabricLink, netdev=half.netdev)
 host.get_fact(Sha1File, path=NETPLAN_FILE)
-host.get_fact(FabricConfigs, netdev=node.fabric_netdev)
+host.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_netdev)
 for peer in cluster.peers(node):
-    host.get_fact(FabricPing, peer_ip=peer.fabric_ip, payload=node.ping_payload)
+    for half in peer.fabric_halves:
+        host.get_fact(FabricPing, peer_ip=half.ip, payload=node.ping_payload)
 if node.firewall_enabled:
     host.get_fact(ManagementSubnet, address=node.management_address)
     host.get_fact(Which, command="nft")
@@ -66,8 +69,9 @@ host.get_fact(Sha1File, path=env_file_path(node, node.serving_dir))
 host.get_fact(Sha1File, path=unit_path(node))
 host.get_fact(UnitState, unit=unit_name(node))
 host.get_fact(File, path=f"/etc/systemd/system/{'sparkfleet-worker' if node.is_head else 'sparkfleet-head'}.service")
-if node.rdma_hca:
-    host.get_fact(RoceGids, hca=node.rdma_hca)
+for half in node.fabric_halves:
+    if half.hca:
+        host.get_fact(RoceGids, hca=half.hca)
 host.get_fact(Which, command="rsync")
 for model, _revision in profile_models(profile):
     host.get_fact(ModelCopy, root=node.weights_dir, model=model)

@@ -43,6 +43,7 @@ def requirement_failures(node, facts: dict) -> list[str]:
             f"{node.name}: fabric netdev {node.fabric_netdev} does not exist (fabric_netdev); "
             f"check the cable and `ibdev2netdev`"
         )
+    failures += port_failures(node, facts)
     if not facts.get("netplan"):
         failures.append(f"{node.name}: netplan is not installed; the fabric is configured with netplan")
     unit = RENDERER_UNITS[node.netplan_renderer]
@@ -51,6 +52,50 @@ def requirement_failures(node, facts: dict) -> list[str]:
             f"{node.name}: {unit} is {facts.get('renderer_state') or 'unknown'}, but netplan_renderer is "
             f"{node.netplan_renderer}; the renderer's service must be active"
         )
+    return failures
+
+
+# What the field measured with one half of the port: nccl-tests busbw 98 Gb/s with one HCA, 161 Gb/s
+# with both (a back-to-back GX10 pair); NVIDIA/dgx-spark-playbooks #102: both HCAs reach the cable's
+# maximum (23.74 GB/s busbw with NCCL 2.28.9-1).
+ONE_HALF_COST = "NCCL would run over one half of the port: about half of what the cable carries"
+# A DGX Spark BIOS older than 2026-04 wires the second CX7 controller at Gen5 x2.
+BIOS_FIX = "update the BIOS (`fwupdmgr refresh && fwupdmgr update`, then a power cycle); measure nothing before"
+
+
+def port_failures(node, facts: dict) -> list[str]:
+    """Both halves of the CX7 port: the twin netdev present; each RDMA device present, its port
+    Active, its PCIe controller linked at full width (facts from NodeFacts)."""
+    failures = []
+    if node.fabric_twin_netdev and "twin_mtu" not in facts:
+        failures.append(
+            f"{node.name}: the port's twin {node.fabric_twin_netdev} does not exist (fabric_twin_netdev); "
+            f"{ONE_HALF_COST}. Check `ibdev2netdev`, or set fabric_twin_netdev = None to run on one half"
+        )
+    hcas = facts.get("hcas", {})
+    bios = " ".join(v for v in (facts.get("bios_version"), facts.get("bios_date")) if v) or "unknown"
+    for key, hca in (("rdma_hca", node.rdma_hca), ("rdma_twin_hca", node.rdma_twin_hca)):
+        if not hca:
+            continue
+        dev = hcas.get(hca)
+        if dev is None:
+            continue  # facts from before the port was read (a recorded fact without it)
+        if not dev["present"]:
+            failures.append(f"{node.name}: RDMA device {hca} ({key}) does not exist; `ibdev2netdev` lists the "
+                            f"port's devices" + (f"; {ONE_HALF_COST}" if key == "rdma_twin_hca" else ""))
+            continue
+        if "ACTIVE" not in dev["state"].upper():
+            failures.append(f"{node.name}: RDMA device {hca} ({key}) port 1 is {dev['state'] or 'unknown'!r}, not "
+                            f"'4: ACTIVE' (is the cable in, and the peer up?)"
+                            + (f"; {ONE_HALF_COST}" if key == "rdma_twin_hca" else ""))
+        width = dev["width"]
+        if width is not None and width < node.preflight_min_pcie_link_width:
+            failures.append(
+                f"{node.name}: RDMA device {hca} ({key}) links at PCIe x{width}"
+                f"{' of x' + str(dev['max_width']) if dev['max_width'] else ''} ({dev['speed'] or 'speed unknown'}), "
+                f"needs x{node.preflight_min_pcie_link_width} (preflight_min_pcie_link_width); BIOS {bios}: a DGX Spark "
+                f"BIOS older than 2026-04 wires the second CX7 controller at x2; {BIOS_FIX}"
+            )
     return failures
 
 
@@ -68,6 +113,9 @@ def facts_table(rows: list[tuple]) -> str:
             if "netdev_mtu" in facts
             else f"{node.fabric_netdev} missing"
         )
+        if node.fabric_twin_netdev:
+            fabric += (f", {node.fabric_twin_netdev} mtu {facts['twin_mtu']} {facts['twin_state']}"
+                       if "twin_mtu" in facts else f", {node.fabric_twin_netdev} missing")
         lines.append(
             (
                 node.name,
@@ -91,7 +139,8 @@ def _rows(state) -> list[tuple]:
 
     def node_facts(node_host):
         node = cluster.node(node_host.name)
-        return node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev)
+        return node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
+                                  twin=node.fabric_twin_netdev or "", hcas=" ".join(node.rdma_hcas))
 
     # Every node's facts and the fabric's other configurations, all at once.
     facts, others = at_once(lambda: per_host(state, node_facts), lambda: fabric_others(state))

@@ -23,6 +23,14 @@ class PreflightData(BaseModel):
         ge=0,
         description="MemTotal needed (a DGX Spark shows ~121.69 GiB of its 128 GB unified memory)",
     )
+    preflight_min_pcie_link_width: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="PCIe lanes each RDMA device of the port must link at (sysfs `current_link_width`; a DGX Spark's "
+        "two CX7 controllers are Gen5 x4 each, and a BIOS older than 2026-04 wires the second at x2: update it with "
+        "`fwupdmgr`); checked on RDMA nodes only",
+    )
     preflight_allowed_archs: list[str] = Field(
         ["aarch64"],
         min_length=1,

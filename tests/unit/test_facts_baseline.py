@@ -129,7 +129,7 @@ def test_the_deploy_reaches_every_role_and_reads_facts():
     assert {"roles/guards/run.py", "roles/preflight/checks.py", "roles/fabric/checks.py"} <= modules
     assert "bench/facts_only.py" not in modules
     names = {describe(key) for key in reads_of(reachable(ENTRY))}
-    assert "NodeFacts(data_dir=..., netdev=...)" in names
+    assert "NodeFacts(data_dir=..., hcas=..., netdev=..., twin=...)" in names
     assert "Which(command='git')" in names
 
 
@@ -144,7 +144,7 @@ def test_the_facts_only_baseline_gathers_every_fact_the_deploy_reads():
 @pytest.mark.parametrize("call, flagged", [
     ("host.get_fact(Which, command='nft')", False),
     ("host.get_fact(Which, command='curl')", True),  # a literal the baseline does not use
-    ("host.get_fact(NodeFacts, data_dir=d, netdev=n)", False),
+    ("host.get_fact(NodeFacts, data_dir=d, netdev=n, twin=t, hcas=h)", False),
     ("host.get_fact(NodeFacts, data_dir=d, netdev=n, extra=1)", True),  # another argument shape
     ("get_fact(state, host, LiveMarker)", False),  # pyinfra's own function, the fact third
     ("host.get_fact(Sneaky)", True),  # a fact class defined in the role itself

@@ -123,7 +123,8 @@ def test_preflight_judges_the_renderer_from_the_fabric_configs_fact(monkeypatch,
     for node, facts, failures in rows:
         assert facts["renderer_state"] == renderer_active
         assert any("NetworkManager is inactive" in f for f in failures) == failed
-    assert all(asked == [("NodeFacts", {"data_dir": "/var/lib/sparkfleet", "netdev": "enp1s0f0np0"})]
+    assert all(asked == [("NodeFacts", {"data_dir": "/var/lib/sparkfleet", "netdev": "enp1s0f0np0",
+                                        "twin": "enP2p1s0f0np0", "hcas": "rocep1s0f0 roceP2p1s0f0"})]
                for asked in (h.asked for h in hosts))
     assert FabricConfigs  # the fact the units come from (roles/fabric/others.py)
 
