@@ -17,7 +17,9 @@ from roles.image.checks import image_ids
 from roles.serving.engine import (
     IMAGE_VAR, WORKER_UNIT, env_file_path, exec_start, image_pin_path, mounted_files, rank_env, unit_name,
 )
-from roles.serving.facts import HeadHealth, RoceGids, UnitState, health_command, is_serving, pick_gid_index
+from roles.serving.facts import (
+    HeadHealth, RoceGids, UnitState, health_command, is_serving, nccl_auto_gid_index, pick_gid_index,
+)
 from roles.serving.schema import SFL_GID, node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import at_once, once_per_run, per_host
@@ -54,17 +56,34 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
 
 
 def resolve_gid_index(node_host, node) -> int | None:
-    """This rank's RoCE v2 GID index, read from sysfs on every deploy; None without RDMA."""
+    """This rank's RoCE v2 GID index, read from sysfs on every deploy; None without RDMA, and None
+    with both halves of the port (NCCL then chooses per HCA: roles/serving/engine.py), once each
+    half's address is the GID NCCL will choose on its HCA."""
     if not node.rdma_hca:
         return None
-    entries = node_host.get_fact(RoceGids, hca=node.rdma_hca)
-    index = pick_gid_index(entries, node.fabric_ip, node.fabric_netdev)
+    indices = [half_gid_index(node_host, node, half) for half in node.fabric_halves if half.hca]
+    return indices[0] if len(indices) == 1 else None
+
+
+def half_gid_index(node_host, node, half) -> int:
+    """The index of ::ffff:<the half's address>, RoCE v2, on the half's netdev; with both halves,
+    also the one NCCL's own choice (NCCL_IB_GID_INDEX=-1) lands on, or the deploy stops."""
+    entries = node_host.get_fact(RoceGids, hca=half.hca)
+    index = pick_gid_index(entries, half.ip, half.netdev)
+    seen = "; ".join(f"{e['index']}: {e['gid']} {e['type']} {e['ndev']}" for e in entries) or "no GIDs"
     if index is None:
-        seen = "; ".join(f"{e['index']}: {e['gid']} {e['type']} {e['ndev']}" for e in entries) or "no GIDs"
         raise DeployError(
-            f"{node.name}: no RoCE v2 GID for {node.fabric_ip} on {node.rdma_hca}/{node.fabric_netdev} "
+            f"{node.name}: no RoCE v2 GID for {half.ip} on {half.hca}/{half.netdev} "
             f"(sysfs shows {seen}); is the fabric address up?"
         )
+    if len(node.rdma_hcas) > 1:
+        chosen = nccl_auto_gid_index(entries)
+        if chosen != index:
+            raise DeployError(
+                f"{node.name}: NCCL would choose GID index {chosen} on {half.hca}, not {index} ({half.ip} on "
+                f"{half.netdev}): with two HCAs NCCL_IB_GID_INDEX is -1 and NCCL takes the first IPv4 RoCE v2 GID "
+                f"(sysfs shows {seen}); remove the other IPv4 address from {half.netdev}"
+            )
     return index
 
 

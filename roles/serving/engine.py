@@ -243,7 +243,26 @@ def rank_env(profile: Profile, cluster, node, gid_index: int | None = None) -> d
     )
     # Every JIT cache in the mounted generation (roles/kernel_cache), none in the container's layer.
     env.update({var: f"{CONTAINER_CACHE_ROOT}/{c.subdir}" for var, c in CACHE_VARS[profile.engine].items()})
-    if node.rdma_hca:
+    if node.rdma_hca and len(node.rdma_hcas) > 1:
+        # Both halves of the port (NVIDIA/nccl v2.28.9-1, src/transport/net_ib.cc). NCCL_IB_GID_INDEX is
+        # one value for every HCA (ncclIbGetGidIndex, L470: an index >= 0 is used as is on each device),
+        # and the halves' indices need not agree: -1 has NCCL choose per HCA, the first valid (not
+        # fe80::) GID of AF_INET whose type is RoCE v2 (ncclUpdateGidIndex, L428). The unit checks at
+        # every start that this choice is each half's own address (sfl_gid.sh --check).
+        # NCCL_IB_HCA: "=" matches the names exactly, not as prefixes (src/misc/utils.cc matchIf).
+        # NCCL_IB_MERGE_NICS=1 (L509) lets NCCL fuse devices its topology puts on one NIC port; a
+        # Spark's two controllers sit in different PCI domains (0000: and 0002:), so NCCL keeps them
+        # two NICs and spreads its channels over both (src/graph/topo.cc ncclTopoAutoMerge).
+        env.update(
+            {
+                "NCCL_IB_HCA": "=" + ",".join(node.rdma_hcas),
+                "NCCL_IB_GID_INDEX": "-1",
+                "NCCL_IB_ADDR_FAMILY": "AF_INET",
+                "NCCL_IB_ROCE_VERSION_NUM": "2",
+                "NCCL_IB_MERGE_NICS": "1",
+            }
+        )
+    elif node.rdma_hca:
         if gid_index is None:
             raise ValueError(
                 f"{node.name}: rdma_hca is {node.rdma_hca} but no RoCE v2 GID index was resolved; an empty "

@@ -29,14 +29,19 @@ class Reader:
 
 
 # NCCL declares each of these with NCCL_PARAM (name without the NCCL_ prefix, joined at run time,
-# so the full name is not a string in libnccl.so) and documents it in its User Guide.
+# so the full name is not a string in libnccl.so) or reads it with ncclGetEnv. Every NCCL_* name a
+# rank carries must be in the snapshot of NCCL's own source at NCCL_VERSION (known_env/nccl-*.txt,
+# written by tests/parity/nccl_params.py from github:NVIDIA/nccl; tests/unit/test_nccl_names.py).
 _NCCL = Reader("NCCL", "NVIDIA/nccl src/include/param.h (NCCL_PARAM); NCCL User Guide, Environment Variables")
+# The NCCL the field measured both halves of the port with (NVIDIA/dgx-spark-playbooks #102: 23.74 GB/s
+# busbw); the images' own NCCL is in each node's fingerprint.
+NCCL_VERSION = "2.28.9-1"
 
 LIBRARY_ENV: dict[str, Reader] = {
     # The fabric: NCCL's sockets and RoCE on the CX7 netdev (FACTS section 2).
     **dict.fromkeys(
         ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_ADDR_FAMILY",
-         "NCCL_IB_ROCE_VERSION_NUM", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"),
+         "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_MERGE_NICS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"),
         _NCCL,
     ),
     # torch's gloo process groups (the CPU-side groups both engines create) on the fabric netdev.
@@ -73,6 +78,17 @@ ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 # a pin that silently does nothing (the field report's VLLM_ENGINE_ITERATION_TIMEOUT_S), refused.
 ENGINE_PREFIXES = ("VLLM_", "SGLANG_")
 KNOWN_ENV_DIR = Path(__file__).resolve().parent / "known_env"
+
+
+def nccl_known_path() -> Path:
+    return KNOWN_ENV_DIR / f"nccl-{NCCL_VERSION}.txt"
+
+
+@cache
+def nccl_known() -> frozenset[str]:
+    """Every NCCL_* name NCCL's source reads at NCCL_VERSION (the committed snapshot)."""
+    lines = nccl_known_path().read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
 def known_env_path(engine: str) -> Path:

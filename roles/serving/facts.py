@@ -65,6 +65,21 @@ def pick_gid_index(entries: list[dict], ipv4: str, netdev: str) -> int | None:
     return None
 
 
+def nccl_auto_gid_index(entries: list[dict]) -> int | None:
+    """The index NCCL chooses on one HCA with NCCL_IB_GID_INDEX=-1, NCCL_IB_ADDR_FAMILY=AF_INET and
+    NCCL_IB_ROCE_VERSION_NUM=2, no NCCL_IB_ADDR_RANGE (NVIDIA/nccl v2.28.9-1 src/transport/net_ib.cc
+    ncclIbGetGidIndex/ncclUpdateGidIndex): the lowest index whose GID is valid (not zero, not
+    fe80::/64 link-local: validGid), IPv4-mapped (getGidAddrFamily) and of type RoCE v2; a later
+    match of the same version never replaces it."""
+    for e in sorted(entries, key=lambda e: e["index"]):
+        gid = e["gid"].lower()
+        if gid.startswith("fe80:") or set(gid.replace(":", "")) <= {"0"}:
+            continue
+        if gid.startswith("0000:0000:0000:0000:0000:ffff:") and e["type"].strip().lower() == "roce v2":
+            return e["index"]
+    return None
+
+
 class RoceGids(FactBase):
     """Every populated GID of port 1 of an RDMA device, from sysfs (it can move after a link event)."""
 

@@ -2,7 +2,8 @@
 # Managed by sparkfleet (roles/serving); installed as /usr/local/libexec/sparkfleet/sfl_gid.sh on RDMA
 # nodes and run by the rank's unit before every start (ExecStartPre).
 #
-#   sfl_gid.sh HCA IPV4 NETDEV ENV_FILE
+#   sfl_gid.sh HCA IPV4 NETDEV ENV_FILE     one HCA: fix NCCL_IB_GID_INDEX in ENV_FILE
+#   sfl_gid.sh --check HCA IPV4 NETDEV      each of two HCAs (both halves of the port)
 #
 # The RoCE v2 GID index of this rank's fabric address moves: it was 3 and then 4 on one Spark within
 # half an hour, and a pinned NCCL_IB_GID_INDEX then hangs the TP handshake (ibv_modify_qp err 61). The
@@ -12,10 +13,22 @@
 # NCCL_IB_GID_INDEX line of ENV_FILE when it moved (a deploy renders the same value from the same
 # sysfs, so it sees no change). No such GID yet (the fabric address is not up after a boot): exit 1,
 # and systemd starts the unit again after RestartSec; the rank waits for its fabric that way.
+#
+# With both halves of the port NCCL_IB_GID_INDEX is -1 (one index for every HCA cannot fit two that
+# differ) and NCCL chooses on each HCA the first valid IPv4 GID of type RoCE v2 (NVIDIA/nccl
+# v2.28.9-1 src/transport/net_ib.cc ncclUpdateGidIndex). --check writes nothing: it exits 1 unless
+# that choice is the GID of IPV4 on NETDEV (no address yet, or another IPv4 address comes first).
 # SFL_SYSFS (tests only) replaces /sys.
 set -eu
-[ $# -eq 4 ] || { echo "usage: sfl_gid.sh HCA IPV4 NETDEV ENV_FILE" >&2; exit 2; }
-hca=$1 ip=$2 netdev=$3 env_file=$4
+check=
+if [ "${1:-}" = --check ]; then
+  check=1
+  shift
+  [ $# -eq 3 ] || { echo "usage: sfl_gid.sh --check HCA IPV4 NETDEV" >&2; exit 2; }
+else
+  [ $# -eq 4 ] || { echo "usage: sfl_gid.sh HCA IPV4 NETDEV ENV_FILE" >&2; exit 2; }
+fi
+hca=$1 ip=$2 netdev=$3 env_file=${4:-}
 base=${SFL_SYSFS:-/sys}/class/infiniband/$hca/ports/1
 
 # ::ffff:a.b.c.d as sysfs prints it: 0000:0000:0000:0000:0000:ffff:aabb:ccdd
@@ -27,8 +40,8 @@ IFS=$old_ifs
 [ $# -eq 4 ] || { echo "sfl_gid.sh: $ip is not an IPv4 address" >&2; exit 2; }
 want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$1" "$2" "$3" "$4")
 
-index= seen=
-for f in "$base"/gids/*; do
+index= seen= first=
+for f in $(ls "$base"/gids 2>/dev/null | sort -n | sed "s|^|$base/gids/|"); do
   [ -r "$f" ] || continue
   i=${f##*/}
   gid=$(cat "$f" 2>/dev/null) || continue
@@ -36,15 +49,27 @@ for f in "$base"/gids/*; do
   type=$(cat "$base/gid_attrs/types/$i" 2>/dev/null) || type=
   ndev=$(cat "$base/gid_attrs/ndevs/$i" 2>/dev/null) || ndev=
   seen="$seen $i:$gid/$type/$ndev;"
+  lgid=$(echo "$gid" | tr 'A-F' 'a-f') ltype=$(echo "$type" | tr 'A-Z' 'a-z')
+  # NCCL's own choice: the first IPv4-mapped RoCE v2 GID (not zero, not fe80::, which are skipped above)
+  case $lgid in 0000:0000:0000:0000:0000:ffff:*) [ -z "$first" ] && [ "$ltype" = "roce v2" ] && first=$i ;; esac
+  if [ -n "$check" ] && [ -n "$index" ]; then continue; fi
   if [ "$(echo "$gid" | tr 'A-F' 'a-f')" = "$want" ] && [ "$(echo "$type" | tr 'A-Z' 'a-z')" = "roce v2" ] &&
     [ "$ndev" = "$netdev" ]; then
     index=$i
-    break
+    [ -n "$check" ] || break
   fi
 done
 if [ -z "$index" ]; then
   echo "sparkfleet: no RoCE v2 GID for $ip on $hca/$netdev yet (sysfs shows${seen:- no GIDs}); is the fabric address up? systemd tries again" >&2
   exit 1
+fi
+if [ -n "$check" ]; then
+  if [ "$first" != "$index" ]; then
+    echo "sparkfleet: NCCL would choose GID index $first on $hca, not $index ($ip on $netdev): it takes the first IPv4 RoCE v2 GID (sysfs shows$seen); remove the other IPv4 address from $netdev" >&2
+    exit 1
+  fi
+  echo "sparkfleet: RoCE v2 GID index $index for $ip on $hca/$netdev, the one NCCL chooses"
+  exit 0
 fi
 
 current=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' "$env_file" | tail -n 1)

@@ -49,7 +49,9 @@ def test_the_environment_file_is_root_only_and_holds_every_pinned_value(host, no
         assert env["VLLM_HOST_IP"] == node.fabric_ip, f"{node.name}: VLLM_HOST_IP={env.get('VLLM_HOST_IP')}"
     for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         assert env[key] == node.fabric_netdev, f"{node.name}: {key}={env.get(key)}"
-    if node.rdma_hca:
+    if len(node.rdma_hcas) > 1:  # both halves: NCCL chooses each HCA's GID (the unit checks it at start)
+        assert env["NCCL_IB_HCA"] == "=" + ",".join(node.rdma_hcas) and env["NCCL_IB_GID_INDEX"] == "-1", env
+    elif node.rdma_hca:
         assert env["NCCL_IB_HCA"] == node.rdma_hca and env["NCCL_IB_GID_INDEX"].isdigit()
     else:
         assert env["NCCL_IB_DISABLE"] == "1"

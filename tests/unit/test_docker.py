@@ -12,7 +12,7 @@ from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 
 LAB_INFO = json.loads((Path(__file__).parent / "fixtures/docker-info-lab.json").read_text())
-LAB = {"netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False}
+LAB = {"netplan_renderer": "networkd", "rdma_hca": None, "rdma_twin_hca": None, "gpu_expected": False}
 
 
 def lab_cluster():

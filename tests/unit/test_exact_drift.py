@@ -24,7 +24,7 @@ START_V1 = (REPO / "lab" / "recipe" / "start.sh").read_text()
 # What lab/recipe/make-repo.sh makes of it for v3 (test_lab_standin checks the commit has exactly this).
 START_V3 = START_V1.replace('exec vllm serve "$@"\n', 'exec vllm serve "$@" --max-num-seqs 64\n')
 LAB = {
-    "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False,
+    "netplan_renderer": "networkd", "rdma_hca": None, "rdma_twin_hca": None, "gpu_expected": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git", "serving_recipe_commit": "abcdef1",
 }
 

@@ -18,7 +18,7 @@ from tests.unit.test_serving_render import cluster
 
 SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "serving" / "sfl_gid.sh"
 HCA, NETDEV = "rocep1s0f0", "enp1s0f0np0"
-NODE = cluster("spark").node("spark-b")
+NODE = cluster("spark1").node("spark-b")  # a port of one half: the script fixes the one index
 IP = NODE.fabric_ip
 
 
@@ -46,7 +46,7 @@ def sysfs(root: Path, rows) -> Path:
 
 def env_text(index) -> str:
     """The env file the deploy renders for spark-b with GID index `index`."""
-    return rendered_files(cluster("spark"), NODE, index)[env_file_path(NODE, NODE.serving_dir)][0]
+    return rendered_files(cluster("spark1"), NODE, index)[env_file_path(NODE, NODE.serving_dir)][0]
 
 
 def run(root, env_file):

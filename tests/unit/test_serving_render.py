@@ -17,11 +17,11 @@ from roles.serving.checks import rendered_files
 from roles.serving.engine import FORBIDDEN_ARGS, IMAGE_WORD, engine_args, systemd_quote
 from roles.serving.schema import load_profile, profile_names
 from sparkfleet.config import build_cluster
-from tests.unit.helpers import GROUP_NODES, group, pair
+from tests.unit.helpers import GROUP_NODES, ONE_HALF, group, pair
 from tests.unit.test_templates import GOLDEN, check_golden
 
 LAB = {
-    "netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False, "serving_drop_caches": False,
+    "netplan_renderer": "networkd", "rdma_hca": None, "rdma_twin_hca": None, "gpu_expected": False, "serving_drop_caches": False,
     "serving_recipe_repository": "git://198.18.0.1/recipe.git",
     "serving_recipe_commit": "a510aeb6493132c2c4ec841d58e0881d8734d7ed", "serving_ulimit_memlock": "8388608",
 }
@@ -38,7 +38,9 @@ SGLANG_PROFILES = [n for n in PROFILES if ENGINE[n] == "sglang"]
 
 
 def cluster(kind, profile=DEFAULT_PROFILE):
-    data = {"serving_profile": profile, **(LAB if kind == "lab" else {})}
+    """kind: "spark" (real hardware, both halves of the port), "spark1" (a port of one half, one HCA)
+    or "lab"."""
+    data = {"serving_profile": profile, **(LAB if kind == "lab" else ONE_HALF if kind == "spark1" else {})}
     return build_cluster(pair(**{"spark-a": data, "spark-b": data}))
 
 
@@ -157,10 +159,18 @@ def test_rank_env_pins_the_profile_and_the_rank():
     # Read by neither engine: the rendezvous is a flag (--master-addr, --dist-init-addr).
     assert not {"MASTER_ADDR", "MASTER_PORT", "TP_SOCKET_IFNAME"} & set(env)
     for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-        assert env[key] == "enp1s0f0np0"
+        assert env[key] == "enp1s0f0np0"  # the bootstrap: NCCL takes one interface for it (socket.cc)
+    # Both halves of the port carry the collectives; NCCL chooses each HCA's GID (one index cannot fit two).
+    assert env["NCCL_IB_HCA"] == "=rocep1s0f0,roceP2p1s0f0" and env["NCCL_IB_GID_INDEX"] == "-1"
+    assert env["NCCL_IB_MERGE_NICS"] == "1" and env["NCCL_IB_ADDR_FAMILY"] == "AF_INET"
+    assert env["NCCL_IB_ROCE_VERSION_NUM"] == "2" and "NCCL_IB_DISABLE" not in env
+
+
+def test_a_port_of_one_half_pins_its_gid_index_per_rank():
+    env = env_of("spark1", "spark-b")
     assert env["NCCL_IB_HCA"] == "rocep1s0f0" and env["NCCL_IB_GID_INDEX"] == "5"
-    assert "NCCL_IB_DISABLE" not in env
-    assert env_of("spark", "spark-a")["NCCL_IB_GID_INDEX"] == "3"
+    assert "NCCL_IB_MERGE_NICS" not in env
+    assert env_of("spark1", "spark-a")["NCCL_IB_GID_INDEX"] == "3"
 
 
 def test_without_rdma_nccl_uses_sockets_and_no_gid():
@@ -169,7 +179,7 @@ def test_without_rdma_nccl_uses_sockets_and_no_gid():
 
 
 def test_rdma_without_a_resolved_gid_is_refused():
-    c = cluster("spark")
+    c = cluster("spark1")
     with pytest.raises(ValueError, match="spark-b: rdma_hca is rocep1s0f0 but no RoCE v2 GID index"):
         rendered_files(c, c.node("spark-b"), None)
 
@@ -266,7 +276,8 @@ def test_sglang_rank_env_is_the_same_shape_as_vllm(profile):
     env = env_of("spark", "spark-b", profile)
     assert "VLLM_HOST_IP" not in env  # vLLM's variable; SGLang binds by --dist-init-addr
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
-    assert env["NCCL_IB_GID_INDEX"] == "5" and env_of("spark", "spark-a", profile)["NCCL_IB_GID_INDEX"] == "3"
+    assert env["NCCL_IB_GID_INDEX"] == "-1" and env["NCCL_IB_HCA"] == "=rocep1s0f0,roceP2p1s0f0"
+    assert env_of("spark1", "spark-b", profile)["NCCL_IB_GID_INDEX"] == "5"
 
 
 def test_qwen_profile_is_the_report_card():

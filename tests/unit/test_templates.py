@@ -10,7 +10,7 @@ from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 
 GOLDEN = Path(__file__).parent / "golden"
-LAB = {"netplan_renderer": "networkd", "rdma_hca": None, "gpu_expected": False}
+LAB = {"netplan_renderer": "networkd", "rdma_hca": None, "rdma_twin_hca": None, "gpu_expected": False}
 
 
 def clusters():
