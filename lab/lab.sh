@@ -15,11 +15,12 @@
 # the running lab's needs `reset` (fresh hosts).
 # Management network: bridge sfl-mgmt0 (198.18.0.1/24) <-> host0 in each host (spark-a .11, spark-b .12,
 # spark-c .13, spark-d .14).
-# Fabric, two hosts: one veth pair, one end in each host as enp1s0f0np0 (MTU 1500, no address, link
-# down; the deploy configures it). Four hosts: a bridge sfl-fab0 on the machine stands in for the
-# switch (MTU 9000, no address, its ports only); each host has one veth, enp1s0f0np0 inside (as
-# above), its other end a port of sfl-fab0 (MTU 9000). Outside the machine the hosts reach only the
-# Debian mirror (tcp 80/443, NAT).
+# Fabric: a DGX Spark's CX7 port is two halves (two PCIe x4 endpoints, one cable): enp1s0f0np0 and
+# its twin enP2p1s0f0np0. Two hosts: a veth pair per half, one end in each host under the half's
+# name (MTU 1500, no address, link down; the deploy configures both). Four hosts: a bridge per half
+# on the machine stands in for the switch (sfl-fab0 for the first, sfl-fab1 for the twin; MTU 9000,
+# no address, its ports only); each host has a veth per half, its other end a port of that half's
+# bridge (MTU 9000). Outside the machine the hosts reach only the Debian mirror (tcp 80/443, NAT).
 # Hosts are cattle: `down` deletes them; the debootstrapped base rootfs stays cached.
 set -euo pipefail
 
@@ -40,17 +41,22 @@ ALL_HOSTS=(spark-a spark-b spark-c spark-d)
 HOSTS=(spark-a spark-b) # the hosts of the lab's size (set_size)
 SIZE=2
 declare -A MGMT_IP=([spark-a]=198.18.0.11 [spark-b]=198.18.0.12 [spark-c]=198.18.0.13 [spark-d]=198.18.0.14)
-declare -A FAB_VETH=([spark-a]=sfl-fab-a [spark-b]=sfl-fab-b) # machine-side names before the move
-# four hosts: the switch, and per host its port (machine side) and the host's end before the move
-FAB_BRIDGE=sfl-fab0
+# The port's halves (index 0: the first, 1: the twin), as the hosts name them.
+FABRIC_IFS=(enp1s0f0np0 enP2p1s0f0np0)
+# two hosts: machine-side names of each half's veth ends before the move ("host:half")
+declare -A FAB_VETH=([spark-a:0]=sfl-fab-a [spark-b:0]=sfl-fab-b [spark-a:1]=sfl-fab2-a [spark-b:1]=sfl-fab2-b)
+# four hosts: a switch per half, and per host and half its port (machine side) and the host's end
+# before the move
+FAB_BRIDGES=(sfl-fab0 sfl-fab1)
 FAB_MTU=9000
-declare -A FAB_PORT=([spark-a]=sfl-fabp-a [spark-b]=sfl-fabp-b [spark-c]=sfl-fabp-c [spark-d]=sfl-fabp-d)
-declare -A FAB_HOSTEND=([spark-a]=sfl-fabh-a [spark-b]=sfl-fabh-b [spark-c]=sfl-fabh-c [spark-d]=sfl-fabh-d)
+declare -A FAB_PORT=([spark-a:0]=sfl-fabp-a [spark-b:0]=sfl-fabp-b [spark-c:0]=sfl-fabp-c [spark-d:0]=sfl-fabp-d
+  [spark-a:1]=sfl-fabq-a [spark-b:1]=sfl-fabq-b [spark-c:1]=sfl-fabq-c [spark-d:1]=sfl-fabq-d)
+declare -A FAB_HOSTEND=([spark-a:0]=sfl-fabh-a [spark-b:0]=sfl-fabh-b [spark-c:0]=sfl-fabh-c [spark-d:0]=sfl-fabh-d
+  [spark-a:1]=sfl-fabi-a [spark-b:1]=sfl-fabi-b [spark-c:1]=sfl-fabi-c [spark-d:1]=sfl-fabi-d)
 BRIDGE=sfl-mgmt0
 BRIDGE_IP=198.18.0.1
 LAB_NET=198.18.0.0/24
 LAB_PREFIX=24
-FABRIC_IF=enp1s0f0np0
 CHAIN_FWD=SFL-LAB-FWD
 CHAIN_NAT=SFL-LAB-NAT
 BOOT_TIMEOUT=${SFL_LAB_BOOT_TIMEOUT:-90}
@@ -645,7 +651,7 @@ ensure_bridge() {
 }
 
 ensure_firewall() {
-  local ip
+  local ip b
   [[ -f $IPFWD_ORIG ]] || cat /proc/sys/net/ipv4/ip_forward >"$IPFWD_ORIG"
   echo 1 >/proc/sys/net/ipv4/ip_forward
   # chains are (re)built atomically; the hooks are added once
@@ -653,10 +659,12 @@ ensure_firewall() {
     echo '*filter'
     echo ":$CHAIN_FWD - [0:0]"
     echo "-A $CHAIN_FWD -i $BRIDGE -o $BRIDGE -j ACCEPT" # host <-> host (bridge netfilter)
-    if [[ $SIZE == 4 ]]; then # the switch: its ports to each other, nothing routed in or out
-      echo "-A $CHAIN_FWD -i $FAB_BRIDGE -o $FAB_BRIDGE -j ACCEPT"
-      echo "-A $CHAIN_FWD -i $FAB_BRIDGE -j DROP"
-      echo "-A $CHAIN_FWD -o $FAB_BRIDGE -j DROP"
+    if [[ $SIZE == 4 ]]; then # each switch: its ports to each other, nothing routed in or out
+      for b in "${FAB_BRIDGES[@]}"; do
+        echo "-A $CHAIN_FWD -i $b -o $b -j ACCEPT"
+        echo "-A $CHAIN_FWD -i $b -j DROP"
+        echo "-A $CHAIN_FWD -o $b -j DROP"
+      done
     fi
     echo "-A $CHAIN_FWD -o $BRIDGE -d $LAB_NET -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
     for ip in "${MIRROR_IPS[@]}"; do
@@ -677,7 +685,7 @@ ensure_firewall() {
     iptables -w -t nat -I POSTROUTING 1 -j "$CHAIN_NAT"
   say "firewall: ip_forward on; $LAB_NET may reach only ${MIRROR_IPS[*]} tcp/80,443 ($CHAIN_FWD, $CHAIN_NAT)"
   if [[ $SIZE == 4 ]]; then
-    say "firewall: $FAB_BRIDGE switches between its ports only (bridge-nf-call-iptables=$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo off))"
+    say "firewall: ${FAB_BRIDGES[*]} each switch between their own ports only (bridge-nf-call-iptables=$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo off))"
   fi
 }
 
@@ -685,22 +693,26 @@ no_ipv6() { # dev: the machine has no address on the switch, not even a link-loc
   { echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; } 2>/dev/null || true
 }
 
-# four hosts: the switch, a bridge without an address whose ports are the hosts' fabric veths only
+# four hosts: a switch per half, a bridge without an address whose ports are the hosts' veths of
+# that half only
 ensure_fabric_bridge() {
-  if ! ip link show dev "$FAB_BRIDGE" >/dev/null 2>&1; then
-    ip link add name "$FAB_BRIDGE" mtu "$FAB_MTU" type bridge
-    say "fabric: created $FAB_BRIDGE (the switch: mtu $FAB_MTU, no address)"
-  fi
-  no_ipv6 "$FAB_BRIDGE"
-  ip addr flush dev "$FAB_BRIDGE"
-  ip link set dev "$FAB_BRIDGE" mtu "$FAB_MTU" up
+  local b
+  for b in "${FAB_BRIDGES[@]}"; do
+    if ! ip link show dev "$b" >/dev/null 2>&1; then
+      ip link add name "$b" mtu "$FAB_MTU" type bridge
+      say "fabric: created $b (a switch: mtu $FAB_MTU, no address)"
+    fi
+    no_ipv6 "$b"
+    ip addr flush dev "$b"
+    ip link set dev "$b" mtu "$FAB_MTU" up
+  done
 }
 
 # "IDX: NAME@ifPEER: ..." -> "IDX PEER"
-fabric_link() { # leader
-  local l
-  l=$(nsenter -t "$1" -n ip -o link show dev "$FABRIC_IF" 2>/dev/null) || return 1
-  [[ $l =~ ^([0-9]+):\ $FABRIC_IF@if([0-9]+): ]] || return 1
+fabric_link() { # leader half
+  local l dev=${FABRIC_IFS[$2]}
+  l=$(nsenter -t "$1" -n ip -o link show dev "$dev" 2>/dev/null) || return 1
+  [[ $l =~ ^([0-9]+):\ $dev@if([0-9]+): ]] || return 1
   echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]}"
 }
 
@@ -712,61 +724,67 @@ fabric_port() { # port
   echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]}"
 }
 
-# the host's enp1s0f0np0 and its switch port are the two ends of one veth
-fabric_port_pairs() { # name leader
+# the host's netdev of a half and its switch port are the two ends of one veth
+fabric_port_pairs() { # name leader half
   local h p
-  h=$(fabric_link "$2") && p=$(fabric_port "${FAB_PORT[$1]}") &&
+  h=$(fabric_link "$2" "$3") && p=$(fabric_port "${FAB_PORT[$1:$3]}") &&
     [[ ${h#* } == "${p%% *}" && ${p#* } == "${h%% *}" ]]
 }
 
-FABRIC_NEW=() # hosts whose enp1s0f0np0 was (re)created by this run
+FABRIC_NEW=() # "host:half" whose netdev was (re)created by this run
 
 ensure_fabric() {
   if [[ $SIZE == 4 ]]; then ensure_fabric_switch; else ensure_fabric_pair; fi
 }
 
-# four hosts: each host's veth, its port on the switch (a host's end dies with the host, and its
-# port with it: a rebooted host gets a new one)
+# four hosts: each host's veth per half, its port on that half's switch (a host's end dies with the
+# host, and its port with it: a rebooted host gets new ones)
 ensure_fabric_switch() {
-  local name l port hostend
+  local name l port hostend half dev bridge
   for name in "${HOSTS[@]}"; do
-    l=${LEADER[$name]} port=${FAB_PORT[$name]} hostend=${FAB_HOSTEND[$name]}
-    if fabric_port_pairs "$name" "$l"; then
-      ip link set dev "$port" mtu "$FAB_MTU" master "$FAB_BRIDGE" up # (a recreated switch)
-      continue
-    fi
-    nsenter -t "$l" -n ip link del dev "$FABRIC_IF" 2>/dev/null || true
-    ip link del dev "$port" 2>/dev/null || true
-    ip link del dev "$hostend" 2>/dev/null || true
-    ip link add name "$port" mtu "$FAB_MTU" type veth peer name "$hostend" mtu 1500
-    no_ipv6 "$port"
-    ip link set dev "$hostend" netns "$l"
-    nsenter -t "$l" -n ip link set dev "$hostend" name "$FABRIC_IF"
-    ip link set dev "$port" master "$FAB_BRIDGE" up
-    FABRIC_NEW+=("$name")
-    say "fabric: $FABRIC_IF in $name (mtu 1500, no address, down), its port $port on $FAB_BRIDGE (mtu $FAB_MTU)"
+    for half in 0 1; do
+      l=${LEADER[$name]} port=${FAB_PORT[$name:$half]} hostend=${FAB_HOSTEND[$name:$half]}
+      dev=${FABRIC_IFS[$half]} bridge=${FAB_BRIDGES[$half]}
+      if fabric_port_pairs "$name" "$l" "$half"; then
+        ip link set dev "$port" mtu "$FAB_MTU" master "$bridge" up # (a recreated switch)
+        continue
+      fi
+      nsenter -t "$l" -n ip link del dev "$dev" 2>/dev/null || true
+      ip link del dev "$port" 2>/dev/null || true
+      ip link del dev "$hostend" 2>/dev/null || true
+      ip link add name "$port" mtu "$FAB_MTU" type veth peer name "$hostend" mtu 1500
+      no_ipv6 "$port"
+      ip link set dev "$hostend" netns "$l"
+      nsenter -t "$l" -n ip link set dev "$hostend" name "$dev"
+      ip link set dev "$port" master "$bridge" up
+      FABRIC_NEW+=("$name:$half")
+      say "fabric: $dev in $name (mtu 1500, no address, down), its port $port on $bridge (mtu $FAB_MTU)"
+    done
   done
-  ((${#FABRIC_NEW[@]})) || say "fabric: $FABRIC_IF of ${HOSTS[*]} present on $FAB_BRIDGE"
+  ((${#FABRIC_NEW[@]})) || say "fabric: ${FABRIC_IFS[*]} of ${HOSTS[*]} present on ${FAB_BRIDGES[*]}"
 }
 
 ensure_fabric_pair() {
-  local la=${LEADER[spark-a]} lb=${LEADER[spark-b]} a b
-  if a=$(fabric_link "$la") && b=$(fabric_link "$lb") &&
-    [[ ${a#* } == "${b%% *}" && ${b#* } == "${a%% *}" ]]; then
-    say "fabric: $FABRIC_IF pair present"
-    return 0
-  fi
-  nsenter -t "$la" -n ip link del dev "$FABRIC_IF" 2>/dev/null || true
-  nsenter -t "$lb" -n ip link del dev "$FABRIC_IF" 2>/dev/null || true
-  ip link del dev "${FAB_VETH[spark-a]}" 2>/dev/null || true
-  ip link del dev "${FAB_VETH[spark-b]}" 2>/dev/null || true
-  ip link add name "${FAB_VETH[spark-a]}" type veth peer name "${FAB_VETH[spark-b]}"
-  ip link set dev "${FAB_VETH[spark-a]}" netns "$la"
-  ip link set dev "${FAB_VETH[spark-b]}" netns "$lb"
-  nsenter -t "$la" -n ip link set dev "${FAB_VETH[spark-a]}" name "$FABRIC_IF"
-  nsenter -t "$lb" -n ip link set dev "${FAB_VETH[spark-b]}" name "$FABRIC_IF"
-  say "fabric: created veth pair, $FABRIC_IF in spark-a and spark-b (mtu 1500, no address, down)"
-  FABRIC_NEW=("${HOSTS[@]}")
+  local la=${LEADER[spark-a]} lb=${LEADER[spark-b]} a b half dev
+  for half in 0 1; do
+    dev=${FABRIC_IFS[$half]}
+    if a=$(fabric_link "$la" "$half") && b=$(fabric_link "$lb" "$half") &&
+      [[ ${a#* } == "${b%% *}" && ${b#* } == "${a%% *}" ]]; then
+      say "fabric: $dev pair present"
+      continue
+    fi
+    nsenter -t "$la" -n ip link del dev "$dev" 2>/dev/null || true
+    nsenter -t "$lb" -n ip link del dev "$dev" 2>/dev/null || true
+    ip link del dev "${FAB_VETH[spark-a:$half]}" 2>/dev/null || true
+    ip link del dev "${FAB_VETH[spark-b:$half]}" 2>/dev/null || true
+    ip link add name "${FAB_VETH[spark-a:$half]}" type veth peer name "${FAB_VETH[spark-b:$half]}"
+    ip link set dev "${FAB_VETH[spark-a:$half]}" netns "$la"
+    ip link set dev "${FAB_VETH[spark-b:$half]}" netns "$lb"
+    nsenter -t "$la" -n ip link set dev "${FAB_VETH[spark-a:$half]}" name "$dev"
+    nsenter -t "$lb" -n ip link set dev "${FAB_VETH[spark-b:$half]}" name "$dev"
+    say "fabric: created veth pair, $dev in spark-a and spark-b (mtu 1500, no address, down)"
+    FABRIC_NEW+=("spark-a:$half" "spark-b:$half")
+  done
 }
 
 # A new veth pair (a host rebooted: its end died, and with it the peer's) is renamed after the hosts'
@@ -775,11 +793,12 @@ ensure_fabric_pair() {
 # Have networkd apply the host's own configuration (netplan's, when a deploy wrote one) to it.
 # NetworkManager follows the rename itself (it reads the kernel's netlink events).
 reconfigure_fabric() { # renderer
-  local name
+  local entry name dev
   [[ $1 == networkd ]] || return 0
-  for name in "${FABRIC_NEW[@]}"; do
-    ssh_lab "$name" networkctl reconfigure "$FABRIC_IF" >/dev/null 2>&1 ||
-      warn "$name: networkctl reconfigure $FABRIC_IF failed"
+  for entry in "${FABRIC_NEW[@]}"; do
+    name=${entry%:*} dev=${FABRIC_IFS[${entry#*:}]}
+    ssh_lab "$name" networkctl reconfigure "$dev" >/dev/null 2>&1 ||
+      warn "$name: networkctl reconfigure $dev failed"
   done
 }
 
@@ -972,7 +991,7 @@ cmd_down() {
       did=1
     fi
   done
-  for v in "${FAB_VETH[@]}" "${FAB_HOSTEND[@]}" "${FAB_PORT[@]}" "${ALL_HOSTS[@]/#/vb-}" "$BRIDGE" "$FAB_BRIDGE"; do
+  for v in "${FAB_VETH[@]}" "${FAB_HOSTEND[@]}" "${FAB_PORT[@]}" "${ALL_HOSTS[@]/#/vb-}" "$BRIDGE" "${FAB_BRIDGES[@]}"; do
     if ip link show dev "$v" >/dev/null 2>&1; then
       ip link del dev "$v" && say "removed link $v" && did=1
     fi
@@ -1009,7 +1028,7 @@ cmd_down() {
 }
 
 cmd_status() {
-  local name npid leader out ssh_ok sys dock fab l rc=0 ok
+  local name npid leader out ssh_ok sys dock fab l rc=0 ok half dev bridge port
   for name in "${HOSTS[@]}"; do
     npid=$(nspawn_pid "$name")
     leader=$(leader_pids "$name")
@@ -1029,23 +1048,29 @@ cmd_status() {
       dock=${dock#docker-}
     fi
     [[ $ssh_ok == ok && $dock == ok && ($sys == running || $sys == degraded) ]] || ok=
-    l=$(nsenter -t "$leader" -n ip -o link show dev "$FABRIC_IF" 2>/dev/null) || l=
-    if [[ $l =~ \ mtu\ ([0-9]+)\ .*\ state\ ([A-Z]+)\  ]]; then
-      fab="$FABRIC_IF present (mtu ${BASH_REMATCH[1]}, ${BASH_REMATCH[2]})"
-    else
-      fab="$FABRIC_IF MISSING"
-      ok=
-    fi
-    if [[ $SIZE == 4 ]]; then
-      if fabric_port_pairs "$name" "$leader" &&
-        [[ $(ip -o link show dev "${FAB_PORT[$name]}") =~ \<([A-Z_,-]*)\>\ mtu\ ([0-9]+)\ .*\ master\ $FAB_BRIDGE\  &&
-          ,${BASH_REMATCH[1]}, == *,UP,* ]]; then
-        fab+=", port ${FAB_PORT[$name]} on $FAB_BRIDGE (mtu ${BASH_REMATCH[2]})"
+    fab=
+    for half in 0 1; do
+      dev=${FABRIC_IFS[$half]}
+      [[ -z $fab ]] || fab+="; "
+      l=$(nsenter -t "$leader" -n ip -o link show dev "$dev" 2>/dev/null) || l=
+      if [[ $l =~ \ mtu\ ([0-9]+)\ .*\ state\ ([A-Z]+)\  ]]; then
+        fab+="$dev present (mtu ${BASH_REMATCH[1]}, ${BASH_REMATCH[2]})"
       else
-        fab+=", NOT on $FAB_BRIDGE"
+        fab+="$dev MISSING"
         ok=
       fi
-    fi
+      if [[ $SIZE == 4 ]]; then
+        bridge=${FAB_BRIDGES[$half]} port=${FAB_PORT[$name:$half]}
+        if fabric_port_pairs "$name" "$leader" "$half" &&
+          [[ $(ip -o link show dev "$port") =~ \<([A-Z_,-]*)\>\ mtu\ ([0-9]+)\ .*\ master\ $bridge\  &&
+            ,${BASH_REMATCH[1]}, == *,UP,* ]]; then
+          fab+=", port $port on $bridge (mtu ${BASH_REMATCH[2]})"
+        else
+          fab+=", NOT on $bridge"
+          ok=
+        fi
+      fi
+    done
     printf '%s: running (pid %s), ssh %s, systemd %s, docker %s, fabric %s\n' \
       "$name" "$npid" "$ssh_ok" "$sys" "$dock" "$fab"
     [[ -n $ok ]] || rc=1

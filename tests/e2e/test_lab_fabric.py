@@ -5,6 +5,7 @@ Runs against the two lab hosts (`make lab-up`); the tests run in order and share
 module runs with systemd-networkd, then with NetworkManager (DGX OS's renderer, the lab's default,
 which the modules after this one keep).
 """
+import json
 import time
 
 import pytest
@@ -16,7 +17,9 @@ from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, reboot, state_chec
 pytestmark = pytest.mark.lab
 
 NETDEV = "enp1s0f0np0"
+TWIN = "enP2p1s0f0np0"  # the port's second half (lab/lab.sh: a veth pair of its own)
 ADDRESS = {"spark-a": "198.19.77.1/30", "spark-b": "198.19.77.2/30"}  # lab/inventory.py
+TWIN_ADDRESS = {"spark-a": "198.19.77.5/30", "spark-b": "198.19.77.6/30"}
 # What an operator following NVIDIA's guide leaves behind: their own netplan file for the CX7 port,
 # with another address; and the renderer's own kind of configuration for it.
 PLANTED_NETPLAN = "/etc/netplan/40-cx7.yaml"
@@ -45,8 +48,8 @@ def renderer(request):
     def unconfigure():
         pause_watchdogs()  # a pair left serving must not be repaired under this module
         for h in HOSTS:
-            on(h, f"{CLEAN_PLANTED}; rm -f {NETPLAN_FILE} && netplan apply && {RENDERERS_SETTLED} && ip addr flush dev {NETDEV} && "
-                  f"ip link set {NETDEV} mtu 1500 down")
+            on(h, f"{CLEAN_PLANTED}; rm -f {NETPLAN_FILE} && netplan apply && {RENDERERS_SETTLED}"
+                  + "".join(f" && ip addr flush dev {d} && ip link set {d} mtu 1500 down" for d in (NETDEV, TWIN)))
 
     unconfigure()  # under the renderer that wrote the file, so that nothing it generated outlives it
     use_renderer(request.param)
@@ -105,6 +108,51 @@ def test_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_deploy():
     assert deploy().changed() == []
 
 
+def test_the_twins_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_deploy():
+    """The port's second half is drift like the first: caught, named, repaired, and only there."""
+    on("spark-a", f"ip link set {TWIN} mtu 1500")
+    checks = fabric_checks()
+    assert checks.returncode != 0
+    assert f"spark-a: {TWIN} mtu 1500, want 9000" in checks.output, checks.output
+    assert f"spark-a: {NETDEV} mtu" not in checks.output
+    # spark-b's twin is right, but its jumbo pings to spark-a's twin fail, naming that half.
+    assert f"spark-b -> spark-a ({TWIN_ADDRESS['spark-a'].split('/')[0]}) over {TWIN}" in checks.output, checks.output
+
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert f"enP2p1s0f0np0 mtu 1500 (want 9000)" in run.output  # the plan says why spark-a's link is applied
+    assert ("Apply netplan (fabric file or live link changed)", "spark-a") in run.changed()
+    assert ("Apply netplan (fabric file or live link changed)", "spark-b") not in run.changed()
+    assert on("spark-a", f"cat /sys/class/net/{TWIN}/mtu").strip() == "9000"
+    assert fabric_checks().returncode == 0
+    assert deploy().changed() == []
+
+
+def iperf3(client: str, server: str, netdev: str, client_ip: str, server_ip: str, seconds: int = 2) -> dict:
+    """One iperf3 run from client to server over one half, both ends bound to that half's addresses:
+    the figure, and the bytes the client's netdev sent meanwhile (what proves the path)."""
+    on(server, f"iperf3 --server --one-off --daemon --bind {server_ip} --port 5299")
+    time.sleep(0.5)
+    before = int(on(client, f"cat /sys/class/net/{netdev}/statistics/tx_bytes"))
+    out = on(client, f"iperf3 --client {server_ip} --bind {client_ip} --port 5299 --time {seconds} --json")
+    after = int(on(client, f"cat /sys/class/net/{netdev}/statistics/tx_bytes"))
+    end = json.loads(out)["end"]["sum_sent"]
+    return {"gbit_s": end["bits_per_second"] / 1e9, "bytes": end["bytes"], "netdev_tx": after - before}
+
+
+def test_each_half_carries_its_own_traffic_measured_by_iperf3():
+    """The lab's stand-in for NCCL's bandwidth test (no RDMA here): iperf3 over each half, bound to
+    its addresses; each half's own netdev carried the bytes, so the two halves are two paths."""
+    figures = {}
+    for netdev, addresses in ((NETDEV, ADDRESS), (TWIN, TWIN_ADDRESS)):
+        a, b = (addresses[h].split("/")[0] for h in ("spark-a", "spark-b"))
+        result = iperf3("spark-a", "spark-b", netdev, a, b)
+        assert result["bytes"] > 0 and result["netdev_tx"] >= result["bytes"], (netdev, result)
+        figures[netdev] = result
+    print("iperf3 spark-a -> spark-b, 2 s per half (veth, this machine's CPU):",
+          ", ".join(f"{d} {r['gbit_s']:.1f} Gbit/s ({r['bytes'] / 2**20:.0f} MiB)" for d, r in figures.items()))
+
+
 def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends():
     rule = "INPUT -i enp1s0f0np0 -p icmp -m length --length 1500:65535 -j DROP"
     on("spark-b", f"iptables -I {rule}")
@@ -156,12 +204,12 @@ def test_the_take_over_disables_them_says_so_and_a_rerun_changes_nothing(rendere
     assert again.returncode == 0 and again.changed() == [], again.output
 
 
-def link_after_boot(host: str, timeout: float = 60) -> tuple[str, str]:
+def link_after_boot(host: str, timeout: float = 60, netdev: str = NETDEV) -> tuple[str, str]:
     """(mtu, addresses) once the renderer has configured the netdev after a boot (or the timeout)."""
     end = time.monotonic() + timeout
     while True:
-        mtu = on(host, f"cat /sys/class/net/{NETDEV}/mtu", check=False).strip()
-        addrs = on(host, f"ip -4 -br addr show dev {NETDEV}", check=False).split()[2:]
+        mtu = on(host, f"cat /sys/class/net/{netdev}/mtu", check=False).strip()
+        addrs = on(host, f"ip -4 -br addr show dev {netdev}", check=False).split()[2:]
         if (mtu == "9000" and addrs) or time.monotonic() > end:
             return mtu, " ".join(addrs)
         time.sleep(1)
@@ -172,6 +220,8 @@ def test_after_a_reboot_of_spark_b_the_link_is_back_and_the_other_configurations
     for host in HOSTS:
         mtu, addrs = link_after_boot(host)
         assert (mtu, addrs) == ("9000", ADDRESS[host]), f"{host} after spark-b's reboot: mtu {mtu}, addresses {addrs}"
+        mtu, addrs = link_after_boot(host, netdev=TWIN)
+        assert (mtu, addrs) == ("9000", TWIN_ADDRESS[host]), f"{host} {TWIN} after the reboot: mtu {mtu}, {addrs}"
     ping = on("spark-a", ping_command("198.19.77.2", 8972, settle_seconds=10) + " >/dev/null && echo ok", check=False)
     assert ping.strip() == "ok", "spark-a -> spark-b: no unfragmented 8972-byte ping after spark-b's reboot"
     checks = fabric_checks()
