@@ -15,8 +15,7 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH, ApiProxyHost, Listeners, listener_problems
 from roles.docker.checks import DockerInfo, docker_info_problems
-from roles.fabric.checks import fabric_others, half_pairs, link_failure, live_mtu, node_status
-from roles.fabric.facts import FabricPing
+from roles.fabric.checks import fabric_others, node_status, ping_failures
 from roles.fabric.others import netconfig_problems, renderer_in_effect
 from roles.fabric.schema import NETPLAN_FILE
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
@@ -57,11 +56,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     for name, h in hosts.items():
         node = cluster.node(name)
         problems = problems_of[name]
-        for peer in cluster.peers(node):
-            for i, mine, theirs in half_pairs(node, peer):  # each half of the port
-                if not h.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload):
-                    problems.append(link_failure(node, live_mtu(links.get(name), mine.netdev), peer,
-                                                 live_mtu(links.get(peer.name), theirs.netdev), i))
+        problems += ping_failures(h, node, cluster, links)  # each peer, over each half of the port
         rows.append(("fabric", name, problems))
         rows.append(("netconfig", name, *netconfig_row(node, *fabric_others(state)[name])))
         rows.append(("firewall", name, firewall_problems(cluster, node, h)))

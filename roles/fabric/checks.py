@@ -111,23 +111,23 @@ def _fabric_state(state) -> FabricState:
             result.converged = False
     if result.converged:
         # Nothing will change: prove the link now, read-only, before any operation runs.
-        def pings(node_host):
-            node = cluster.node(node_host.name)
-            return [(peer, i, mine, theirs, node_host.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload))
-                    for peer in cluster.peers(node) for i, mine, theirs in half_pairs(node, peer)]
-
-        failures = []
-        for name, answers in per_host(state, pings, hosts.values()).items():
-            for peer, i, mine, theirs, ok in answers:
-                if not ok:
-                    failures.append(link_failure(cluster.node(name), live_mtu(links[name], mine.netdev), peer,
-                                                 live_mtu(links.get(peer.name), theirs.netdev), i))
+        answers = per_host(state, lambda h: ping_failures(h, cluster.node(h.name), cluster, links), hosts.values())
+        failures = [f for name in hosts for f in answers[name]]
         if failures and not _firewall_moves(state, cluster, hosts):
             raise DeployError("\n".join(failures))
         # A firewall about to change (a node joined the group, an address moved) may be what stops the
         # pings: the proof runs after roles/firewall applied it (roles/fabric/proof_tasks.py).
         result.converged = not failures
     return result
+
+
+def ping_failures(node_host, node, cluster, links: dict[str, dict]) -> list[str]:
+    """The jumbo-frame proof as read-only facts, from `node` to every peer over each half: a failure
+    per half that does not answer, both ends named (links: node name -> {netdev: live link})."""
+    return [link_failure(node, live_mtu(links.get(node.name), mine.netdev), peer,
+                         live_mtu(links.get(peer.name), theirs.netdev), i)
+            for peer in cluster.peers(node) for i, mine, theirs in half_pairs(node, peer)
+            if not node_host.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload)]
 
 
 def _firewall_moves(state, cluster, hosts) -> bool:
