@@ -123,3 +123,15 @@ def refusal_block(err: BaseException, host: str | None = None) -> str:
 
 def is_expected(err: BaseException) -> bool:
     return isinstance(err, DeployError)
+
+
+def shared_key_problems(nodes, keys: Iterable[str], why: str) -> list[Problem]:
+    """One problem per key whose value differs between `nodes` that must share it, saying `why`."""
+    problems: list[Problem] = []
+    names = [n.name for n in nodes]
+    for key in keys:
+        if len({repr(getattr(n, key)) for n in nodes}) > 1:
+            found = ", ".join(f"{n.name}={getattr(n, key)!r}" for n in nodes)
+            problems.append(Problem(f"key '{key}' differs between nodes ({found}); {why}", names, key=key,
+                                    fix="set it once for every node (group_data)"))
+    return problems

@@ -7,7 +7,7 @@ match these.
 """
 from pydantic import BaseModel, Field
 
-from sparkfleet.refusal import Problem
+from sparkfleet.refusal import Problem, shared_key_problems
 
 # Where roles/watchdog installs the program, its config and its unit on every node.
 SFL_WATCH = "/usr/local/libexec/sparkfleet/sfl_watch.py"
@@ -97,16 +97,8 @@ def watchdog_problems(nodes) -> list[Problem]:
     """What the schema alone cannot refuse: one watchdog setting for the pair, a start-up grace that
     covers a cold start, and a window that holds watchdog_max_restarts of them (else a pair that
     never comes back is restarted forever, never given up on)."""
-    problems: list[Problem] = []
-    names = [n.name for n in nodes]
-    for key in SHARED_WATCHDOG_KEYS:
-        values = {repr(getattr(n, key)) for n in nodes}
-        if len(values) > 1:
-            found = ", ".join(f"{n.name}={getattr(n, key)!r}" for n in nodes)
-            problems.append(Problem(
-                f"key '{key}' differs between nodes ({found}); the pair has one watchdog: the head drives it and "
-                f"every worker follows", names, key=key, fix="set it once for every node (group_data)",
-            ))
+    problems: list[Problem] = shared_key_problems(
+        nodes, SHARED_WATCHDOG_KEYS, "the pair has one watchdog: the head drives it and every worker follows")
     if problems:
         return problems
     for n in nodes:
