@@ -43,11 +43,19 @@ with refusals_stop_the_run():
     # 3c. Jumbo frames proven between every two nodes of a group, through the firewall.
     local.include("roles/fabric/proof_tasks.py")
 
+    # 3d. The fabric's speed, per link (ib_write_bw over both HCAs; iperf3 per half without RDMA),
+    #     against its bar in data, when no passed proof of this fabric is on record (roles/fabric_speed).
+    local.include("roles/fabric_speed/link_tasks.py")
+
     # 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
     local.include("roles/docker/tasks.py")
 
     # 5. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
     local.include("roles/image/tasks.py")
+
+    # 5a. The collective the engine runs (all_gather, in the serving image, its buffer from the memory
+    #     budget) against its bar; the passed proof recorded on every node (roles/fabric_speed).
+    local.include("roles/fabric_speed/collective_tasks.py")
 
     # 6. The fabric's file path: a read-only rsync daemon per node, and the fetch/pull/manifest tool.
     local.include("roles/fanout/tasks.py")

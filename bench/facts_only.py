@@ -14,6 +14,8 @@ from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
 from roles.fabric.others import FabricConfigs
 from roles.fabric.schema import NETPLAN_FILE
+from roles.fabric_speed.checks import record_path
+from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
 from roles.firewall.checks import LiveMarker, ManagementSubnet
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
@@ -52,6 +54,7 @@ host.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_ne
 for peer in cluster.peers(node):
     for half in peer.fabric_halves:
         host.get_fact(FabricPing, peer_ip=half.ip, payload=node.ping_payload)
+host.get_fact(SpeedRecord, path=record_path(node))
 if node.firewall_enabled:
     host.get_fact(ManagementSubnet, address=node.management_address)
     host.get_fact(Which, command="nft")

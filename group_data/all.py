@@ -20,6 +20,18 @@ netplan_renderer = "NetworkManager"
 rdma_hca = "rocep1s0f0"
 rdma_twin_hca = "roceP2p1s0f0"
 
+# --- roles/fabric_speed: the fabric proves its speed (after a deploy that (re)configured it) ------
+# ib_write_bw over both HCAs of each link at once; then all_gather across the group in the serving
+# image (NCCL through torch), against NVIDIA's pass bar for two Sparks (dgx-spark-playbooks).
+fabric_speed_link_test = "ib_write_bw"
+fabric_speed_min_rdma_gbits = 160.0
+fabric_speed_collective = True
+fabric_speed_min_busbw_gbytes = 21.875
+# The collective's buffer: at most 2 GiB, and within MemAvailable minus this (the playbook's 16 GB
+# test took ~32 GB of unified memory and froze a Spark).
+fabric_speed_max_buffer_mib = 2048
+fabric_speed_headroom_gib = 8.0
+
 # --- roles/firewall: nftables table inet sparkfleet (SSH is never filtered) ------------------------
 firewall_enabled = True
 # Who may reach the head's API port; None: the management subnet (the connected subnet of the

@@ -19,6 +19,7 @@ from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 from roles.api_proxy.schema import ApiProxyData
 from roles.docker.schema import DockerData
 from roles.fabric.schema import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData, FabricHalf
+from roles.fabric_speed.schema import FabricSpeedData, fabric_speed_problems
 from roles.fanout.schema import FanoutData
 from roles.fingerprint.schema import FingerprintData
 from roles.firewall.schema import FirewallData
@@ -67,7 +68,7 @@ class GroupData(BaseModel):
     )
 
 
-class NodeConfig(GroupData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+class NodeConfig(GroupData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
@@ -254,7 +255,7 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
         prefix = _in_group(group, several)
         names = [n.name for n in members]
         # one watchdog per group; its grace and window fit a cold start
-        group_problems = [_prefixed(p, prefix) for p in watchdog_problems(members)]
+        group_problems = [_prefixed(p, prefix) for p in watchdog_problems(members) + fabric_speed_problems(members)]
         if not group_problems and not problems:
             group_problems += [as_problem(prefix + p, names) for p in serving_problems(members)]
         if not group_problems and not problems:

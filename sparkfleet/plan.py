@@ -19,6 +19,7 @@ from sparkfleet.plan_types import GroupPlan
 
 def group_plan(state, group) -> GroupPlan:
     """One group's verdicts (run in a greenlet of that group: sparkfleet.once.per_group)."""
+    from roles.fabric_speed.checks import speed_plan
     from roles.image.checks import image_plan
     from roles.kernel_cache.checks import cache_plan
     from roles.serving.checks import pair_state
@@ -44,6 +45,7 @@ def group_plan(state, group) -> GroupPlan:
     else:
         plan.warm = "; ".join(f"{what} {', '.join(sorted(nodes))}" for what, nodes in
                               (("sync", caches.sync), ("link", caches.link), ("expire", caches.expire)) if nodes)
+    plan.speed = speed_plan(state).why or ""
     plan.restart, plan.reasons, plan.healthy = serving.restart, list(serving.reasons), serving.healthy
     return plan
 
@@ -85,6 +87,8 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
     for name, p in sorted(plans.items()):
         if p.fetch:
             lines.append(f"  {name} fetches: {', '.join(p.fetch)}")
+        if p.speed:
+            lines.append(f"  {name} proves the fabric's speed: {p.speed}")
         shown = p.reasons[:reasons_shown]
         more = len(p.reasons) - len(shown)
         if shown:

@@ -15,6 +15,7 @@ class GroupPlan:
     build: bool = False  # the head builds the image
     ship: list[str] = field(default_factory=list)  # "image -> node", "model -> node": sent over the fabric
     warm: str = ""  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" (what the cache step does) | ""
+    speed: str = ""  # why the fabric proves its speed in this run (roles/fabric_speed), "" when it does not
     restart: bool = False
     reasons: list[str] = field(default_factory=list)  # why the group restarts
     healthy: bool = False
@@ -26,7 +27,7 @@ class GroupPlan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.fetch or self.build or self.ship or self.warm or self.restart)
+        return bool(self.fetch or self.build or self.ship or self.warm or self.speed or self.restart)
 
     def actions(self) -> list[str]:
         """What a deploy would do to this group, and why it restarts: [] when nothing
@@ -34,5 +35,6 @@ class GroupPlan:
         return (([f"fetch {', '.join(self.fetch)}"] if self.fetch else [])
                 + ([f"build {self.image}"] if self.build else [])
                 + ([f"ship {', '.join(self.ship)}"] if self.ship else [])
+                + ([f"prove the fabric's speed ({self.speed})"] if self.speed else [])
                 + ([f"warm the kernel caches ({self.warm})"] if self.warm else [])
                 + ([f"restart the group ({'; '.join(self.reasons) or 'no reason recorded'})"] if self.restart else []))

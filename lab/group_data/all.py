@@ -40,3 +40,12 @@ watchdog_window_s = 900
 # that brought the pair back as having ended its failure (tests/unit/test_watchdog.py drives the count
 # of restarts the pair failed again soon after; 600 s, the default, would give up at the fourth drill).
 watchdog_recovered_after_s = 0
+
+# The fabric's speed: no RDMA here, so iperf3 over each half of the lab's veth port. Its bar is a
+# floor a throttled or broken link fails, far below what any machine's veth carries (12-16 Gbit/s
+# measured on 2 cores): the verdict follows the link, not this machine's speed. The stand-in
+# engine's image has no torch, so no collective here (its runner is tested on recorded output).
+fabric_speed_link_test = "iperf3"
+fabric_speed_min_tcp_gbits = 1.0
+fabric_speed_seconds = 2
+fabric_speed_collective = False

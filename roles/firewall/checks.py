@@ -42,7 +42,8 @@ def rules_path(node) -> str:
 
 def fabric_ports(cluster, node) -> list[int]:
     profile = node_profile(cluster.head)
-    return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port})
+    # fabric_speed_port: iperf3's server and the speed proof's rendezvous (roles/fabric_speed).
+    return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port, node.fabric_speed_port})
 
 
 def api_networks(node, management_subnet: str | None) -> list[str]:

@@ -30,7 +30,7 @@ def test_the_head_opens_the_api_to_the_management_subnet_and_the_fabric_services
     assert 'ip daddr 10.77.78.1 iifname != "enP2p1s0f0np0" drop' in text
     assert 'iifname "enP2p1s0f0np0" ip saddr != { 10.77.78.2 } drop' in text
     assert 'iifname "enP2p1s0f0np0" meta nfproto ipv6 drop' in text
-    assert 'tcp dport { 873, 5000, 29501 } iifname != { "enp1s0f0np0", "enP2p1s0f0np0" } drop' in text
+    assert 'tcp dport { 873, 5000, 29501, 29510 } iifname != { "enp1s0f0np0", "enP2p1s0f0np0" } drop' in text
     assert text.index("tcp dport 8000 ip saddr { 10.0.0.0/24 } accept") < text.index("tcp dport 8000 drop")
     assert "policy accept;" in text[4]  # drops only what it names
     worker = rules(rules_text(c, c.workers[0], MGMT))
@@ -166,5 +166,5 @@ def test_a_port_of_one_half_filters_that_netdev_alone():
 
     c = build_cluster(pair(**{"spark-a": ONE_HALF, "spark-b": ONE_HALF}))
     text = rules(rules_text(c, c.head, MGMT))
-    assert 'tcp dport { 873, 5000, 29501 } iifname != "enp1s0f0np0" drop' in text
+    assert 'tcp dport { 873, 5000, 29501, 29510 } iifname != "enp1s0f0np0" drop' in text
     assert not any("enP2p1s0f0np0" in line for line in text)
