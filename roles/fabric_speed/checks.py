@@ -23,7 +23,7 @@ from pathlib import Path
 from roles.fabric.checks import fabric_state
 from roles.fabric.schema import FabricHalf
 from roles.fabric_speed.facts import SpeedRecord
-from roles.preflight.checks import gather_and_check
+from roles.preflight.checks import preflight_rows
 from roles.serving.schema import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import once_per_run, per_host
@@ -309,7 +309,9 @@ def decide(cluster, image: str | None, records: dict[str, str | None], mem_avail
 def _speed_plan(state) -> SpeedPlan:
     cluster = cluster_from_state(state)
     records = per_host(state, lambda h: h.get_fact(SpeedRecord, path=record_path(cluster.node(h.name))))
-    available = {name: f.get("mem_available_gib", 0.0) for name, f in gather_and_check(state).items()}
+    # preflight's facts, read once; its rows, not its verdict: the doctor reads this plan too, and
+    # shows a failed preflight as a row of its own instead of stopping here.
+    available = {node.name: facts.get("mem_available_gib", 0.0) for node, facts, _ in preflight_rows(state)}
     reconfigured = not fabric_state(state).converged
     return decide(cluster, node_profile(cluster.head).image_ref, records, available, reconfigured)
 
