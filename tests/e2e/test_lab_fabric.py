@@ -73,6 +73,9 @@ def test_first_deploy_configures_and_proves_the_fabric():
         assert ("Write the fabric netplan drop-in", h) in changed
         assert ("Apply netplan (fabric file or live link changed)", h) in changed
         assert ("Prove jumbo frames to every peer", h) in changed
+        assert ("Record the passed fabric speed proof", h) in changed
+    assert ("Prove the fabric's speed: iperf3 over every link", "spark-a") in changed  # the head runs each link
+    assert "pair proves the fabric's speed: this run (re)configures the fabric" in run.output  # the plan said so
     assert "sparkfleet preflight" in run.output
 
 
@@ -123,6 +126,7 @@ def test_the_twins_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_d
     assert f"enP2p1s0f0np0 mtu 1500 (want 9000)" in run.output  # the plan says why spark-a's link is applied
     assert ("Apply netplan (fabric file or live link changed)", "spark-a") in run.changed()
     assert ("Apply netplan (fabric file or live link changed)", "spark-b") not in run.changed()
+    assert ("Prove the fabric's speed: iperf3 over every link", "spark-a") in run.changed()  # reconfigured: again
     assert on("spark-a", f"cat /sys/class/net/{TWIN}/mtu").strip() == "9000"
     assert fabric_checks().returncode == 0
     assert deploy().changed() == []
@@ -151,6 +155,37 @@ def test_each_half_carries_its_own_traffic_measured_by_iperf3():
         figures[netdev] = result
     print("iperf3 spark-a -> spark-b, 2 s per half (veth, this machine's CPU):",
           ", ".join(f"{d} {r['gbit_s']:.1f} Gbit/s ({r['bytes'] / 2**20:.0f} MiB)" for d, r in figures.items()))
+
+
+SPEED_RECORD = "/var/lib/sparkfleet/fabric-speed.json"  # roles/fabric_speed: the last passed proof
+
+
+def test_a_throttled_half_stops_the_deploy_naming_it_and_a_failed_proof_runs_again():
+    """The speed proof's verdict follows the link, not this machine: spark-b's twin throttled to
+    200 Mbit/s (tc tbf) is below the lab's 1 Gbit/s floor, however fast this machine's veth is."""
+    record = json.loads(on("spark-a", f"cat {SPEED_RECORD}"))
+    assert record["passed"] is True
+    assert [f["link"] for f in record["figures"]] == [
+        f"spark-b {NETDEV} -> spark-a {NETDEV} ({ADDRESS['spark-a'].split('/')[0]})",
+        f"spark-b {TWIN} -> spark-a {TWIN} ({TWIN_ADDRESS['spark-a'].split('/')[0]})"]
+    assert all(f["gbits"] >= 1.0 for f in record["figures"]), record
+    on("spark-a", f"rm {SPEED_RECORD}")  # spark-a holds no passed proof: it is due again
+    on("spark-b", f"tc qdisc add dev {TWIN} root tbf rate 200mbit burst 256kb latency 100ms")
+    try:
+        run = deploy()
+    finally:
+        on("spark-b", f"tc qdisc del dev {TWIN} root")
+    assert run.returncode != 0
+    assert "pair proves the fabric's speed: no passed proof on spark-a" in run.output
+    assert (f"fabric speed: spark-b {TWIN} -> spark-a {TWIN} ({TWIN_ADDRESS['spark-a'].split('/')[0]}): iperf3 0."
+            in run.output), run.output
+    assert "below the bar of 1 Gbit/s (fabric_speed_min_tcp_gbits)" in run.output
+    assert on("spark-a", f"test -e {SPEED_RECORD} && echo kept || echo none").strip() == "none"
+
+    run = deploy()
+    assert run.returncode == 0, run.output
+    assert ("Prove the fabric's speed: iperf3 over every link", "spark-a") in run.changed()
+    assert deploy().changed() == []
 
 
 def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends():
