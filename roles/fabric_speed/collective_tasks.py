@@ -40,7 +40,7 @@ def rank_command(rank_node, mib: int) -> str:
     return f". {shlex.quote(image_pin_path(rank_node))} && {shlex.join(detached)} \"${IMAGE_VAR}\" {shlex.join(args)}"
 
 
-def run_collective(mib: int, why: str) -> None:
+def run_collective(mib: int) -> None:
     """Operation body on the head."""
     hosts = {n.name: state.inventory.get_host(n.name) for n in cluster.nodes}
     workers = [n for n in cluster.nodes if not n.is_head]
@@ -108,7 +108,6 @@ if plan.why and node.fabric_speed_collective:
             name="Prove the fabric's speed: all_gather across the group in the serving image",
             function=run_collective,
             mib=plan.buffer_mib,
-            why=plan.why,
         )
 
 if plan.why:
