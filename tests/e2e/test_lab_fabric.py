@@ -140,8 +140,11 @@ def iperf3(client: str, server: str, netdev: str, client_ip: str, server_ip: str
     before = int(on(client, f"cat /sys/class/net/{netdev}/statistics/tx_bytes"))
     out = on(client, f"iperf3 --client {server_ip} --bind {client_ip} --port 5299 --time {seconds} --json")
     after = int(on(client, f"cat /sys/class/net/{netdev}/statistics/tx_bytes"))
-    end = json.loads(out)["end"]["sum_sent"]
-    return {"gbit_s": end["bits_per_second"] / 1e9, "bytes": end["bytes"], "netdev_tx": after - before}
+    end = json.loads(out)["end"]
+    # What the server received crossed the client's netdev before the counter was read again; what
+    # the client wrote (sum_sent) may still sit in its socket's buffer when iperf3 returns.
+    return {"gbit_s": end["sum_sent"]["bits_per_second"] / 1e9, "bytes": end["sum_received"]["bytes"],
+            "netdev_tx": after - before}
 
 
 def test_each_half_carries_its_own_traffic_measured_by_iperf3():
