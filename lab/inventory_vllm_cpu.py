@@ -7,7 +7,12 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   vllm/platforms/cpu.py and vllm/v1/worker/cpu_worker.py): both lab hosts share this machine's cores,
   and the default `auto` refuses two workers on one NUMA node. On real machines each node has its own;
 - the deploy's and the watchdog's bounds fit a real start (a cold torch.compile on two cores takes
-  about two minutes; a warm one under one).
+  about two minutes; a warm one under one);
+- the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
+  inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
+  lab's one run of it. Its bar is a floor (0.05 GB/s, about 400 Mbit/s) a working link clears on any
+  machine and a link throttled below it does not; its buffer is 64 MiB (both hosts share this
+  machine's memory).
 Needs `make lab-wheels` (the wheelhouse the recipe installs from) and an x86_64 machine with AVX2.
 """
 import runpy
@@ -25,6 +30,9 @@ _real = {
     "kernel_cache_prewarm_timeout_s": 900,
     "watchdog_startup_grace_s": 300,
     "watchdog_window_s": 1800,
+    "fabric_speed_collective": True,
+    "fabric_speed_min_busbw_gbytes": 0.05,
+    "fabric_speed_max_buffer_mib": 64,
 }
 _hosts = {name: data for name, data in _lab["spark_hosts"]}
 

@@ -49,6 +49,30 @@ def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
 
 
+def test_the_collective_ran_in_the_real_image_across_both_ranks_before_the_engine_started(real_deploy):
+    """roles/fabric_speed step 5a with the real image: all_gather over gloo between the two hosts, in
+    the image the engine runs, with each rank's own environment; the figure is held to the floor in
+    lab/inventory_vllm_cpu.py and lands in both nodes' records, and the deploy says why it ran."""
+    run, _ = real_deploy
+    changed = set(run.changed())
+    assert ("Prove the fabric's speed: all_gather across the group in the serving image", HEAD) in changed, run.output[-8000:]
+    assert ("Prove the fabric's speed: all_gather across the group in the serving image", WORKER) not in changed
+    assert "pair proves the fabric's speed: " in run.output  # the plan said why
+    log = re.search(r"fabric speed: all_gather \(gloo, 64 MiB, 2 ranks\): busbw ([0-9.]+) GB/s", run.output)
+    assert log, run.output[-8000:]
+    records = {h: json.loads(on(h, "cat /var/lib/sparkfleet/fabric-speed.json")) for h in (HEAD, WORKER)}
+    assert records[HEAD] == records[WORKER] and records[HEAD]["passed"] is True, records
+    (gather,) = [f for f in records[HEAD]["figures"] if f["test"] == "all_gather"]
+    # every element of both ranks' blocks arrived; torch is the image's own (lab/recipe/vllm-cpu)
+    assert (gather["backend"], gather["world"], gather["wrong"], gather["torch"]) == ("gloo", 2, 0, "2.13.0+cpu"), gather
+    assert gather["bytes"] == 64 * 2**20 and gather["busbw_gbytes"] >= 0.05, gather
+    assert [f["test"] for f in records[HEAD]["figures"]].count("iperf3") == 2  # the link's two halves first
+    # no rank's runner is left behind, on either host
+    for h in (HEAD, WORKER):
+        assert on(h, "docker ps -aq --filter name=^sparkfleet-fabric-speed$").strip() == "", h
+    print(f"  real collective: all_gather over gloo, 64 MiB, 2 ranks: busbw {gather['busbw_gbytes']:.3f} GB/s")
+
+
 def test_the_state_checks_pass_against_the_real_engine(real_deploy):
     checks = state_checks(inventory=REAL_INVENTORY)
     assert checks.returncode == 0, checks.output[-8000:]
