@@ -166,11 +166,20 @@ def wait_for_container(unit: str, timeout_s: int = 120) -> None:
     raise DeployError(f"{host.name}: {unit} container not running after {timeout_s} s:\n{log.stdout}")
 
 
+def engine_kv_log_command(unit: str) -> str:
+    """The KV-cache lines the unit's current run logged, and no earlier run's: the unit's journal since
+    boot also holds the engine it replaced, whose line (the real vLLM's 131,072 tokens, before a switch
+    to an SGLang profile, which logs none) would be read as this engine's. systemd gives each start an
+    InvocationID, and journald stamps the unit's output with it (_SYSTEMD_INVOCATION_ID)."""
+    return (f"id=$(systemctl show -p InvocationID --value {unit}); [ -n \"$id\" ] && "
+            f"journalctl _SYSTEMD_INVOCATION_ID=\"$id\" --no-pager -o cat | grep 'KV cache size' | tail -n 20")
+
+
 def check_engine_kv(host, unit: str, max_model_len: int) -> None:
     """The engine's own KV-cache size (from its start-up log) must hold max_model_len tokens."""
     from roles.guards.kv_budget import engine_kv_tokens
 
-    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -b --no-pager -o cat | tail -n 2000"))
+    _, log = host.run_shell_command(StringCommand(engine_kv_log_command(unit)))
     tokens = engine_kv_tokens(log.stdout)
     if tokens is None:
         logger.info(f"    [{host.name}] the engine logged no 'GPU KV cache size'; KV budget not verified")

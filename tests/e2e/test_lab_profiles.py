@@ -43,6 +43,10 @@ def test_switching_to_a_profile(name):
     if profile.engine == "sglang":
         assert "sglang.launch_server" in engine_of("spark-b", "sparkfleet-worker")
         assert "--headless" not in engine_of("spark-b", "sparkfleet-worker")
+        # SGLang logs no vLLM-style KV-cache line: the check says it verified nothing, instead of reading
+        # the line the vLLM engine this switch replaced left in the unit's journal of this boot.
+        assert "the engine logged no 'GPU KV cache size'; KV budget not verified" in run.output, run.output[-4000:]
+        assert "engine KV cache" not in run.output
     checks = state_checks(f"--data=serving_profile={name}")
     assert checks.returncode == 0, checks.output
 
