@@ -8,6 +8,7 @@ from pyinfra import host, local, state
 
 from roles.rolling.checks import turn_order
 from sparkfleet.run import refusals_stop_the_run
+from tools.plan import decide
 
 with refusals_stop_the_run():
     # 0. One run at a time: the deploy lock on every node, before any fact is read; a live holder
@@ -16,6 +17,11 @@ with refusals_stop_the_run():
 
     # 1. Every node's facts in one table; hard requirements stop the deploy before any change.
     local.include("roles/preflight/tasks.py")
+
+    # 1b. The plan, per serving group: every role's verdict taken once from the facts read so far
+    #     (what is fetched, built, shipped, warmed and restarted, and why), printed once as a table
+    #     before anything runs; every step below executes its slice of it (sparkfleet/decided.py).
+    decide(state)
 
     # 2. The field report's failure modes, checked before anything changes: memory admission and
     #    headroom, refused settings, the drafter license.
@@ -26,10 +32,6 @@ with refusals_stop_the_run():
 
     # 2b. Host settings a pair needs to stay up (logind's RemoveIPC), each a file, applied on change.
     local.include("roles/host/tasks.py")
-
-    # 2c. The plan, per serving group: what is fetched, built, shipped, warmed and restarted,
-    #     printed once as a table before anything runs; the roles below execute these verdicts.
-    local.include("roles/plan/tasks.py")
 
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")

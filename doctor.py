@@ -7,7 +7,7 @@ operation: nothing is changed.
 """
 from pyinfra import state
 
-from sparkfleet.doctor import run_doctor
+from tools.doctor import run_doctor
 from sparkfleet.run import refusals_stop_the_run
 
 with refusals_stop_the_run():

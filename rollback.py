@@ -7,7 +7,7 @@ is rebuilt or pulled; the units are re-rendered and the pair restarts worker-fir
 """
 from pyinfra import local, state
 
-from sparkfleet.rollback import override_with_previous
+from tools.rollback import override_with_previous
 from sparkfleet.run import refusals_stop_the_run
 
 with refusals_stop_the_run():

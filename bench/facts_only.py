@@ -13,7 +13,7 @@ from pyinfra.facts.server import Which
 from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
 from roles.fabric.others import FabricConfigs
-from roles.fabric.schema import NETPLAN_FILE
+from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
@@ -30,10 +30,10 @@ from roles.router.facts import RouterHost, RouterRouting
 from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
-from roles.serving.engine import env_file_path, image_pin_path, unit_name
+from sparkfleet.model.engine import env_file_path, image_pin_path, unit_name
 from roles.serving.facts import HeadHealth, RoceGids, UnitState
 from roles.serving.history import RecipeHistory, history_file
-from roles.serving.schema import FULL_SHA, node_profile
+from sparkfleet.model.serving import FULL_SHA, node_profile
 from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import model_dir, profile_models
 from roles.weights.facts import ModelCopy

@@ -16,24 +16,26 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pyinfra.connectors.ssh import ConnectorData as _SSHConnectorData
 
-from roles.api_proxy.schema import ApiProxyData
-from roles.docker.schema import DockerData
-from roles.fabric.schema import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData, FabricHalf
-from roles.fabric_speed.schema import FabricSpeedData, fabric_speed_problems
-from roles.fanout.schema import FanoutData
-from roles.fingerprint.schema import FingerprintData
-from roles.firewall.schema import FirewallData
-from roles.guards.schema import GuardsData
-from roles.host.schema import HostData
-from roles.image.schema import ImageData
-from roles.kernel_cache.schema import KernelCacheData
-from roles.preflight.schema import PreflightData
-from roles.receipt.schema import ReceiptData
-from roles.router.schema import RouterData, router_problems
-from roles.serving.group_checks import serving_problems
-from roles.serving.schema import SECRET_BEARING_KEYS, ServingData, withhold_secrets
-from roles.watchdog.schema import WatchdogData, watchdog_problems
-from roles.weights.schema import WeightsData
+from sparkfleet.model.api_proxy import ApiProxyData
+from sparkfleet.model.docker import DockerData
+from sparkfleet.model.engine import engine_args, pinned_env
+from sparkfleet.model.fabric import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData, FabricHalf
+from sparkfleet.model.fabric_speed import FabricSpeedData, fabric_speed_problems
+from sparkfleet.model.fanout import FanoutData
+from sparkfleet.model.fingerprint import FingerprintData
+from sparkfleet.model.firewall import FirewallData
+from sparkfleet.model.guard_rules import license_gate, refused_settings
+from sparkfleet.model.guards import GuardsData
+from sparkfleet.model.host import HostData
+from sparkfleet.model.image import ImageData
+from sparkfleet.model.kernel_cache import KernelCacheData
+from sparkfleet.model.preflight import PreflightData
+from sparkfleet.model.receipt import ReceiptData
+from sparkfleet.model.router import RouterData, router_problems
+from sparkfleet.model.serving_group import serving_problems
+from sparkfleet.model.serving import SECRET_BEARING_KEYS, ServingData, node_profile, withhold_secrets
+from sparkfleet.model.watchdog import WatchdogData, watchdog_problems
+from sparkfleet.model.weights import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem
 from sparkfleet.values import node_value_problems
 
@@ -529,11 +531,7 @@ def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) 
 
 def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
     """The guards that need no facts: the drafter license gate, the head's ports, refused settings in
-    what every rank would run. The same functions the deploy's guards run (roles/guards/checks.py)."""
-    from roles.guards.checks import license_gate, refused_settings
-    from roles.serving.engine import engine_args, pinned_env
-    from roles.serving.schema import node_profile
-
+    what every rank would run. The same functions the deploy's guards run (sparkfleet/model/guard_rules.py)."""
     shape = SimpleNamespace(nodes=nodes, head=next(n for n in nodes if n.is_head))
     head, profile = shape.head, node_profile(shape.head)
     names = [n.name for n in nodes]

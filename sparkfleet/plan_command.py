@@ -2,9 +2,9 @@
 
 It runs the deploy itself under pyinfra's `-y --dry` (pyinfra_cli/cli.py: with --dry the run ends
 after prepare). So every fact is gathered and every step decided exactly as a deploy decides it,
-the plan table of step 2c included, and no operation runs. The deploy lock is only read, never
+the plan table of step 1b included, and no operation runs. The deploy lock is only read, never
 taken (roles/lock/tasks.py): a deploy that holds it refuses the plan, since its nodes are half
-changed. Run as a plan (PLAN_DIR_VAR set), step 2c writes the groups' verdicts and the last step
+changed. Run as a plan (PLAN_DIR_VAR set), step 1b writes the groups' verdicts and the last step
 writes, per host, what each declared operation would do (sparkfleet/plan_ops.py) into that directory.
 
 What it prints after the deploy's own prepare output: per serving group, the plan's verdicts
@@ -28,7 +28,7 @@ from sparkfleet.plan_types import GroupPlan
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN_DIR_VAR = "SPARKFLEET_PLAN_DIR"  # set by this command only: the deploy runs as a plan, writing here
-GROUPS_FILE = "groups.json"  # step 2c: group -> its verdicts (sparkfleet/plan.py write_plan)
+GROUPS_FILE = "groups.json"  # step 1b: group -> its verdicts (tools/plan.py write_plan)
 OPS_PREFIX = "operations-"  # the last step: operations-<host>.json, [{"names", "verdict"}] in order
 NO_CHANGES, CHANGES, ERROR = 0, 2, 1
 
@@ -44,7 +44,7 @@ def pyinfra_command(inventory: str, extra: list[str]) -> list[str]:
 
 
 def group_lines(groups: dict[str, dict]) -> tuple[list[str], int]:
-    """The groups' verdicts (as step 2c wrote them) as lines, and how many groups would change."""
+    """The groups' verdicts (as step 1b wrote them) as lines, and how many groups would change."""
     lines, changing = [], 0
     for name, fields in sorted(groups.items()):
         plan = GroupPlan(**fields)

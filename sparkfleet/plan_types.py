@@ -38,3 +38,9 @@ class GroupPlan:
                 + ([f"prove the fabric's speed ({self.speed})"] if self.speed else [])
                 + ([f"warm the kernel caches ({self.warm})"] if self.warm else [])
                 + ([f"restart the group ({'; '.join(self.reasons) or 'no reason recorded'})"] if self.restart else []))
+
+
+def turn_sequence(plans: dict[str, GroupPlan]) -> list[str]:
+    """The order of one-group turns: groups that do not serve first (their turn repairs them, and
+    they are routed again before a serving group is drained), then the serving ones, each by name."""
+    return sorted(plans, key=lambda name: (plans[name].healthy, name))

@@ -36,7 +36,7 @@ from pyinfra.api.exceptions import DeployError, PyinfraError
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from roles.serving.schema import SECRET_BEARING_KEYS, withhold_secrets
+from sparkfleet.model.serving import SECRET_BEARING_KEYS, withhold_secrets
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.refusal import Problem, Refusal, as_problem, block, is_expected, merge_hosts, refusal_block
 

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from roles.api_proxy.checks import config_text, key_pattern_file
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 
 
 def free_port() -> int:

@@ -8,9 +8,9 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.api_proxy.schema import OPEN_PATHS
-from roles.serving.engine import KEY_PROXY_FILE
-from roles.serving.schema import node_profile
+from sparkfleet.model.api_proxy import OPEN_PATHS
+from sparkfleet.model.engine import KEY_PROXY_FILE
+from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render
 
 UNIT = "sparkfleet-api-proxy"

@@ -1,6 +1,6 @@
 """roles/api_proxy: on each serving group's head, HAProxy on the profile's port in front of the engine
 on 127.0.0.1:api_proxy_engine_port; every request needs the key but those of OPEN_PATHS
-(roles/api_proxy/schema.py says why each engine's own check is not enough).
+(sparkfleet/model/api_proxy.py says why each engine's own check is not enough).
 
 Runs after the API key's files are written (roles/serving/api_key_tasks.py writes the proxy's
 pattern file with the others) and before any engine starts, so no engine ever answers on the
@@ -16,9 +16,9 @@ from pyinfra.operations import server, systemd
 
 from roles.api_proxy.checks import HAPROXY, UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
 from roles.serving.api_key import key_state
-from roles.serving.checks import pair_state
-from roles.serving.engine import unit_name
-from roles.watchdog.schema import WATCH_UNIT
+from sparkfleet.decided import decisions
+from sparkfleet.model.engine import unit_name
+from sparkfleet.model.watchdog import WATCH_UNIT
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
@@ -39,7 +39,7 @@ if node.is_head:
     # restarts in this run anyway (its unit moves the engine to api_proxy_engine_port), that engine
     # and the watchdog that would start it again stop first (the watchdog is handed the pair back at
     # step 10). Otherwise a port already taken stops the proxy's start, naming it.
-    moves = not found["active"] and pair_state(state).restart
+    moves = not found["active"] and decisions(state).serving.restart
     server.shell(name="Stop the head's engine before the proxy takes the API port (the pair restarts in this run)",
                  commands=[f"systemctl stop {WATCH_UNIT}.service 2>/dev/null || true",
                            f"systemctl stop {unit_name(node)}.service 2>/dev/null || true"],

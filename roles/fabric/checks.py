@@ -12,7 +12,7 @@ from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
-from roles.fabric.schema import NETPLAN_FILE, FabricHalf
+from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.render import render, sha1_text

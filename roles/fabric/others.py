@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import yaml
 from pyinfra.api import FactBase
 
-from roles.fabric.schema import NETPLAN_FILE, RENDERER_UNITS, RENDERERS_SETTLED
+from sparkfleet.model.fabric import NETPLAN_FILE, RENDERER_UNITS, RENDERERS_SETTLED
 
 # Where netplan reads YAML (netplan's generate: /run, /etc and /lib, same-named files overriding in
 # that order) and where systemd-networkd reads .network files (systemd.network(5): /etc, /run,

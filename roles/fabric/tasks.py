@@ -6,7 +6,7 @@ from pyinfra import host, logger, state
 from pyinfra.operations import python, server
 
 from roles.fabric.checks import fabric_others, fabric_state, netplan_text
-from roles.fabric.schema import NETPLAN_FILE, RENDERERS_SETTLED
+from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roles.fabric.checks import fabric_state
-from roles.fabric.schema import FabricHalf
+from sparkfleet.model.fabric import FabricHalf
 from roles.fabric_speed.facts import SpeedRecord
 from roles.preflight.checks import preflight_rows
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import once_per_run, per_host
 

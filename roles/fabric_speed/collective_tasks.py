@@ -15,17 +15,18 @@ from pyinfra.operations import files, python
 
 from roles.fabric_speed.checks import (
     RUNNER_IN_CONTAINER, RUNNER_PATH, RUNNER_SOURCE, SPEED_CONTAINER, env_path, gather_args, gather_docker_args, gather_failures,
-    gather_figure, keep_figures, kept_figures, record_path, record_text, speed_plan,
+    gather_figure, keep_figures, kept_figures, record_path, record_text,
 )
 from roles.serving.checks import resolve_gid_index
-from roles.serving.engine import IMAGE_VAR, image_pin_path, rank_env
-from roles.serving.schema import node_profile
+from sparkfleet.decided import decisions
+from sparkfleet.model.engine import IMAGE_VAR, image_pin_path, rank_env
+from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
-plan = speed_plan(state)
+plan = decisions(state).speed  # the run's plan (tools/plan.py)
 group = node.serving_group
 
 

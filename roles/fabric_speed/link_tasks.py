@@ -11,13 +11,14 @@ from pyinfra.operations import apt, python
 
 from roles.fabric_speed.checks import (
     SPEED_PACKAGES, SpeedLink, ib_client_command, ib_reports, ib_server_command, ib_write_bw_gbits, iperf3_client_command,
-    iperf3_gbits, iperf3_server_command, half_name, keep_figures, rdma_failures, speed_plan, tcp_failures,
+    iperf3_gbits, iperf3_server_command, half_name, keep_figures, rdma_failures, tcp_failures,
 )
+from sparkfleet.decided import decisions
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
-plan = speed_plan(state)
+plan = decisions(state).speed  # the run's plan (tools/plan.py)
 if plan.why and node.is_head:
     logger.info(f"--> sparkfleet fabric speed ({cluster.head.name}'s group): proof due: {plan.why}")
 if plan.why and plan.buffer_mib is None and node.fabric_speed_collective:

@@ -384,7 +384,7 @@ def rsync(args, io_timeout=0):
         sys.exit(done.returncode)
 
 
-STREAMS = 4  # roles/fanout/schema.py's fanout_streams default; the reasons are there
+STREAMS = 4  # sparkfleet/model/fanout.py's fanout_streams default; the reasons are there
 KEEP = ".sfl-keep"  # in each of the stage's partial-dirs while a pull runs (Pull.transfer says why)
 DONE = "sfl-done "  # --out-format prefix of a line rsync prints for each file it transferred
 

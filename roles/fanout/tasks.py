@@ -11,7 +11,7 @@ from pyinfra import host, state
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, systemd
 
-from roles.fanout.schema import SFL_FILES
+from sparkfleet.model.fanout import SFL_FILES
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render

@@ -6,8 +6,8 @@ verdicts have unit tests; `check_fingerprint` and `doctor_rows` read the live fa
 from pyinfra import logger
 
 from roles.fingerprint.facts import Fingerprint
-from roles.fingerprint.schema import FINGERPRINT_FIELDS
-from roles.serving.schema import node_profile
+from sparkfleet.model.fingerprint import FINGERPRINT_FIELDS
+from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.refusal import Problem, Refusal

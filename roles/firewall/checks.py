@@ -20,7 +20,7 @@ from ipaddress import IPv4Network, ip_interface
 from pyinfra.api import FactBase
 
 from roles.api_proxy.checks import PROXY_USER
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render, sha1_text
 
 TABLE = "inet sparkfleet"
@@ -32,7 +32,7 @@ NFTABLES_DROPIN = "/etc/systemd/system/nftables.service.d/50-sparkfleet.conf"
 NFT = "/usr/sbin/nft"
 # Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
 # engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
-# engine answers without the key (roles/api_proxy/schema.py); they go through the proxy like the LAN.
+# engine answers without the key (sparkfleet/model/api_proxy.py); they go through the proxy like the LAN.
 ENGINE_PORT_USERS = ("root", PROXY_USER)
 
 

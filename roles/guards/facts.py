@@ -3,7 +3,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.guards.checks import parse_size
+from sparkfleet.model.guard_rules import parse_size
 from sparkfleet.keyvalue import key_values
 
 

@@ -2,13 +2,13 @@
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.guards.checks import GIB, license_gate, memory_admission, refused_settings, top_consumers
+from sparkfleet.decided import decisions
+from sparkfleet.model.guard_rules import GIB, license_gate, memory_admission, refused_settings, top_consumers
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.guards.kv_budget import PP_LAYER_PARTITION, kv_budget
 from roles.preflight.checks import gather_and_check
-from roles.serving.checks import pair_state
-from roles.serving.engine import engine_args, env_file_path, pinned_env, unit_name
-from roles.serving.schema import node_profile
+from sparkfleet.model.engine import engine_args, env_file_path, pinned_env, unit_name
+from sparkfleet.model.serving import node_profile
 from roles.weights.checks import model_dir
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyvalue import key_values
@@ -18,7 +18,7 @@ from sparkfleet.once import active_hosts, once_per_run, per_host
 def _guards(state) -> list[str]:
     cluster = cluster_from_state(state)
     facts = gather_and_check(state)
-    pair = pair_state(state)
+    pair = decisions(state).serving  # the ranks' rendered files (tools/plan.py decided them at step 1b)
     problems, rows = [], []
     memory = per_host(state, lambda h: _memory_facts(h, cluster.node(h.name)))
     for node_host in active_hosts(state):

@@ -5,7 +5,7 @@ from io import StringIO
 from pyinfra import host, state
 from pyinfra.operations import server
 
-from roles.host.schema import LOGIND_DROP_IN
+from sparkfleet.model.host import LOGIND_DROP_IN
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render

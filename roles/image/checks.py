@@ -9,7 +9,8 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.docker.checks import registry_address
 from roles.image.facts import DockerImageId, pin_of  # noqa: F401 (pin_of: callers of this module read the pin with it)
-from roles.serving.schema import FULL_SHA, PROFILES_DIR
+from sparkfleet.decided import decisions
+from sparkfleet.model.serving import FULL_SHA, PROFILES_DIR
 from sparkfleet.bounded import bounded
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.refusal import Problem, Refusal
@@ -89,11 +90,10 @@ def check_recipe_drift(src: str, old: str, new: str, launch_files, pinned: dict,
 def exact_drift_ranks(state, cluster) -> list[tuple[str, list[str], str]]:
     """Prepare time, per rank of this run: (node name, the engine argv sparkfleet renders for it,
     its environment file as roles/serving will write it)."""
-    from roles.serving.checks import pair_state
-    from roles.serving.engine import engine_args, env_file_path
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.engine import engine_args, env_file_path
+    from sparkfleet.model.serving import node_profile
 
-    pair = pair_state(state)
+    pair = decisions(state).serving  # the ranks' files as roles/serving writes them (the run's plan)
     return [
         (node.name, engine_args(node_profile(node), cluster, node),
          pair.files[node.name][env_file_path(node, node.serving_dir)][0])
@@ -160,7 +160,7 @@ def check_exact_drift(src: str, new: str, image: str, launcher: str, launcher_ar
 
 def other_profile_images(local: list[str], profile, registry: str) -> list[str]:
     """Local images (plain and registry-tagged) of every shipped profile but the served one."""
-    from roles.serving.schema import load_profile, profile_names
+    from sparkfleet.model.serving import load_profile, profile_names
 
     repos = {load_profile(n).image for n in profile_names()} - {profile.image}
     repos |= {f"{registry}/{r}" for r in repos}
@@ -187,7 +187,7 @@ def pushed_digest(output: str) -> str | None:
 
 def pin_text(ref: str) -> str:
     """The worker's pin file (an EnvironmentFile of its unit): IMAGE_VAR=<registry>/<repo>@sha256:..."""
-    from roles.serving.engine import IMAGE_VAR
+    from sparkfleet.model.engine import IMAGE_VAR
 
     return f"{IMAGE_VAR}={ref}\n"
 
@@ -196,7 +196,7 @@ def image_pins(state, profile) -> dict[str, object]:
     """At prepare time: the head's registry digests of the profile's image (RepoDigests, a list), each
     worker's (pinned reference: its pin file or None, its local copy's registry digests)."""
     from roles.image.facts import ImagePin, RepoDigests
-    from roles.serving.engine import image_pin_path
+    from sparkfleet.model.engine import image_pin_path
     from sparkfleet.inventory import cluster_from_state
 
     cluster = cluster_from_state(state)
@@ -241,7 +241,7 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
     from pyinfra import host, logger, state
 
     from roles.image.commands import pull_command
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
     from sparkfleet.inventory import cluster_from_state
 
     cluster = cluster_from_state(state)
@@ -263,7 +263,7 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
 
 def repin_command(node, ref: str) -> str:
     """A worker's pin file written again (the image is there, pulled by `ref` before): nothing pulled."""
-    from roles.serving.engine import image_pin_path
+    from sparkfleet.model.engine import image_pin_path
 
     q, pin = shlex.quote, image_pin_path(node)
     tmp = q(f"{pin}.tmp")

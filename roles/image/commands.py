@@ -1,4 +1,4 @@
-"""The network-bound commands of roles/image, each bounded by its key of roles/image/schema.py
+"""The network-bound commands of roles/image, each bounded by its key of sparkfleet/model/image.py
 (sparkfleet/bounded.py), and the names of their operations (the step a timeout names).
 
 Each resumes on a re-run: a fetch keeps the objects that arrived (a lock a KILLed git left behind is

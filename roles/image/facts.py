@@ -49,7 +49,7 @@ class RepoDigests(FactBase):
 
 
 class ImagePin(FactBase):
-    """The image reference a worker's unit runs (roles/serving/engine.py's pin file), or None."""
+    """The image reference a worker's unit runs (sparkfleet/model/engine.py's pin file), or None."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
@@ -103,7 +103,7 @@ DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 def pin_of(text: str) -> str | None:
     """The digest reference a pin file names, or None (no file, or not a reference by digest)."""
-    from roles.serving.engine import IMAGE_VAR
+    from sparkfleet.model.engine import IMAGE_VAR
 
     for line in text.splitlines():
         key, sep, ref = line.strip().partition("=")

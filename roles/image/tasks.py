@@ -20,16 +20,17 @@ from pyinfra.operations.util import any_changed
 from roles.docker.checks import registry_address
 from roles.image.checks import (
     RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids,
-    image_plan, other_profile_images, pull_by_digest, push_image, repin_command, recipe_dir, record_base_images, refuse_loose_commit,
+    other_profile_images, pull_by_digest, push_image, repin_command, recipe_dir, record_base_images, refuse_loose_commit,
     registry_ref, verify_same_image,
 )
 from roles.image.commands import (
     build_command, build_step, checkout_step, git_fetch_command, pull_step, push_command, push_step,
 )
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
-from roles.image.schema import REGISTRY_DROPIN
-from roles.serving.engine import image_pin_path, pinned_env
-from roles.serving.schema import FULL_SHA, node_profile
+from sparkfleet.decided import decisions
+from sparkfleet.model.image import REGISTRY_DROPIN
+from sparkfleet.model.engine import image_pin_path, pinned_env
+from sparkfleet.model.serving import FULL_SHA, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
@@ -39,7 +40,7 @@ node = cluster.node(host.name)
 profile = node_profile(node)
 recipe = profile.recipe
 ids = image_ids(state, profile)  # prepare-time: which nodes have the image, and which ID
-plan = image_plan(state, profile)  # the run's plan (sparkfleet/plan.py): build on the head, ship to workers
+plan = decisions(state).image  # the run's plan (tools/plan.py): build on the head, ship to workers
 head_id = plan.head_id
 in_sync = plan.in_sync
 on_head = node.is_head

@@ -18,14 +18,14 @@ from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from roles.fanout.commands import rsync_pull_command
-from roles.fanout.schema import SFL_FILES
+from sparkfleet.model.fanout import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState, is_generation
-from roles.kernel_cache.schema import COMPILE_LOG_LINES, cache_vars, prewarm_env
-from roles.serving.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
+from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm_env
+from sparkfleet.model.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
 from roles.serving.api_key import curl_config
 from roles.serving.facts import health_command
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
 from sparkfleet.once import active_hosts, once_per_run, per_host
@@ -178,7 +178,7 @@ def prewarm_command(profile, cluster, node) -> str:
     command = shlex.join(words + engine_args(profile, cluster, node))
     if node.is_head:
         return command
-    # A worker's image word is its pinned digest, from the file its unit reads (roles/serving/engine.py).
+    # A worker's image word is its pinned digest, from the file its unit reads (sparkfleet/model/engine.py).
     return pinned_image_source(node) + command.replace(shlex.quote(IMAGE_WORD), f'"{IMAGE_WORD}"', 1)
 
 

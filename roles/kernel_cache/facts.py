@@ -4,7 +4,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.fanout.schema import SFL_FILES
+from sparkfleet.model.fanout import SFL_FILES
 
 
 class CacheState(FactBase):

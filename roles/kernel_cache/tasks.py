@@ -6,18 +6,19 @@ from io import StringIO
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from roles.kernel_cache.checks import cache_plan, converge_caches, prewarm_env_file, prewarm_env_path
+from roles.kernel_cache.checks import converge_caches, prewarm_env_file, prewarm_env_path
 from roles.serving.checks import resolve_gid_index
-from roles.serving.engine import mounted_files
-from roles.serving.schema import node_profile
-from roles.watchdog.checks import watchdog_plan
+from sparkfleet.decided import decisions
+from sparkfleet.model.engine import mounted_files
+from sparkfleet.model.serving import node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
-plan = cache_plan(state)  # prepare-time: prewarm, repair or nothing, decided once
+planned = decisions(state)  # the run's plan (tools/plan.py)
+plan = planned.caches  # prepare-time: prewarm, repair or nothing, decided once
 
 # 1. The prewarm environment of this rank: production's, plus only what enters no cache key
 #    (PREWARM_ENV_ADDITIONS in schema.py).
@@ -49,6 +50,6 @@ python.call(
     function=converge_caches,
     prewarm=plan.prewarm,
     expire=plan.expire,
-    watchdogs=watchdog_plan(state).pause,  # paused by step 7c; started again if a failed prewarm restores production
+    watchdogs=planned.watchdog.pause,  # paused by step 7c; started again if a failed prewarm restores production
     _if=lambda: node.is_head and plan.converge,
 )

@@ -4,7 +4,7 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.fabric.checks import fabric_others
 from roles.fabric.others import conflict_failures, renderer_state
-from roles.fabric.schema import RENDERER_UNITS
+from sparkfleet.model.fabric import RENDERER_UNITS
 from roles.preflight.facts import NodeFacts
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, at_once, once_per_run, per_host

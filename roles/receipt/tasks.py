@@ -8,15 +8,15 @@ from pyinfra.operations import python
 
 from roles.receipt.receipt import take_receipt
 from roles.serving.api_key import key_file
-from roles.serving.checks import pair_state
-from roles.serving.schema import node_profile
+from sparkfleet.decided import decisions
+from sparkfleet.model.serving import node_profile
 from roles.weights.checks import model_dir
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
-pair = pair_state(state)  # prepare-time: did this deploy restart the pair?
+pair = decisions(state).serving  # the run's plan (tools/plan.py): did this deploy restart the pair?
 
 python.call(
     name="Take the benchmark receipt (the pair restarted)",

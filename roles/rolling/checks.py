@@ -11,22 +11,29 @@ stopped, and the endpoint keeps answering from the groups that serve.
 """
 from __future__ import annotations
 
-from pyinfra import logger
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
+from roles.rolling.routes import Backend, routing_plan
+from roles.router import control
+from roles.router.control import groups_by_url
+from roles.router.facts import RouterRouting
+from roles.router.node_config import ROUTER_UNIT, backend_url, routed_groups, router_node, served_name
+from sparkfleet.decided import fleet_summary
 from sparkfleet.inventory import fleet_from_state
+from sparkfleet.once import once_per_fleet
+from sparkfleet.plan_types import turn_sequence
+from sparkfleet.refusal import Problem, Refusal
 
 
 def turn_order(state) -> list[str]:
     """The turns, in order, each the groups that take it ('g1', or 'g1+g2'): one group per turn while
     any group serves (the others keep answering during a group's turn), the groups that do not
-    serve first (sparkfleet/plan.py turn_sequence); all groups in one turn when none serves yet (a
+    serve first (sparkfleet/plan_types.py turn_sequence); all groups in one turn when none serves yet (a
     first bring-up keeps nobody waiting for nothing)."""
-    from sparkfleet.plan import fleet_plan, turn_sequence
-
     groups = list(fleet_from_state(state).groups)
-    plans = fleet_plan(state)
+    plans = fleet_summary(state)
     if any(p.healthy for p in plans.values()):
         planned = turn_sequence(plans)
         return planned + [g for g in groups if g not in planned]
@@ -39,8 +46,6 @@ def turn_groups(turn: str) -> list[str]:
 
 def router_for(state, group: str):
     """(router node, the group head's backend URL) when a router routes to `group`, else None."""
-    from roles.router.node_config import backend_url, routed_groups, router_node
-
     fleet = fleet_from_state(state)
     router = router_node(fleet)
     if router is None or group not in routed_groups(fleet, router):
@@ -49,7 +54,6 @@ def router_for(state, group: str):
 
 
 def router_active(state, router_name: str) -> bool:
-    from roles.router.node_config import ROUTER_UNIT
 
     host = state.inventory.get_host(router_name)
     ok, out = host.run_shell_command(StringCommand(f"systemctl is-active {ROUTER_UNIT}.service"))
@@ -58,9 +62,7 @@ def router_active(state, router_name: str) -> bool:
 
 def _at_router(group: str, router: str, url: str, timeout_s: float, back: bool) -> None:
     """The group out of routing (back=False) or back in (True), at the router on `router`."""
-    from pyinfra import state
 
-    from roles.router import control
 
     if not router_active(state, router):
         logger.info(f"    serving group {group}: the router on {router} is not running; nothing to "
@@ -85,8 +87,6 @@ def drain(group: str, router: str, url: str, timeout_s: float) -> None:
 def prove_and_undrain(group: str, probe: str, router: str | None, url: str | None, timeout_s: float) -> None:
     """Operation body (the group's head): a real chat completion through both ranks, then the group
     back in routing (the router's own health checks pass: undrain returns once it routes to it)."""
-    from pyinfra import host
-
     ok, out = host.run_shell_command(StringCommand(probe), _timeout=timeout_s)
     if not ok:
         raise DeployError(
@@ -99,8 +99,6 @@ def prove_and_undrain(group: str, probe: str, router: str | None, url: str | Non
 
 def previous_came_back(group: str, earlier: list[str]) -> None:
     """Operation body (the group's head, before its turn): no host of an earlier group failed."""
-    from pyinfra import state
-
     fleet = fleet_from_state(state)
     failed = sorted(h.name for h in state.failed_hosts
                     if (n := fleet.find(h.name)) is not None and n.serving_group in earlier)
@@ -111,11 +109,9 @@ def previous_came_back(group: str, earlier: list[str]) -> None:
 
 def turns_done(order: list[str]) -> None:
     """Operation body (one host): the order the groups took their turns in, for the operator."""
-    from pyinfra import state
 
-    from sparkfleet.plan import fleet_plan
 
-    plans = fleet_plan(state)
+    plans = fleet_summary(state)
     moved = [t for t in order if any(plans[g].restart for g in turn_groups(t) if g in plans)]
     how = "restarted one at a time" if len(order) > 1 else "restarted together (none was serving)"
     logger.info(f"    serving groups took their turns in this order: {', '.join(order)}; {how}: "
@@ -126,15 +122,7 @@ def routing_decision(state):
     """The run's routing plan (roles/rolling/routes.py), once per run, from the router's routing read
     at prepare and every group's plan; printed, and a drain of a model's last routed group refused
     here, before any change. None when there is no router, or it is not running or not answering."""
-    from pyinfra import logger
 
-    from roles.rolling.routes import Backend, routing_plan
-    from roles.router.facts import RouterRouting
-    from roles.router.control import groups_by_url
-    from roles.router.node_config import router_node, served_name
-    from sparkfleet.once import once_per_fleet
-    from sparkfleet.plan import fleet_plan
-    from sparkfleet.refusal import Problem, Refusal
 
     def compute():
         fleet = fleet_from_state(state)
@@ -147,7 +135,7 @@ def routing_decision(state):
                         + ("not running; it starts with every group (step 12)" if table is None
                            else f"not answering ({table['error']}); routing is not checked before the turns"))
             return None
-        plans = fleet_plan(state)
+        plans = fleet_summary(state)
         backends = [Backend(name, url, served_name(fleet.groups[name]), table.get(url), plans[name].healthy,
                             plans[name].restart)
                     for url, name in groups_by_url(fleet, router).items() if name in plans]
@@ -170,9 +158,7 @@ def routing_decision(state):
 def route_again(groups: list[tuple[str, str]], timeout_s: float) -> None:
     """Operation body (the router node, before any turn): put back the groups an earlier run left
     drained (group, backend URL); each returns once the router routes to it (its health checks pass)."""
-    from pyinfra import host
 
-    from roles.router import control
 
     for group, url in groups:
         try:

@@ -5,10 +5,10 @@ from pyinfra.operations import python
 
 from roles.rolling.checks import turn_groups, turn_order, turns_done
 from sparkfleet.inventory import fleet_from_state
-from sparkfleet.plan import fleet_plan
+from sparkfleet.decided import fleet_summary
 
 order = turn_order(state)
-moved = any(p.restart for p in fleet_plan(state).values())
+moved = any(p.restart for p in fleet_summary(state).values())
 first = fleet_from_state(state).groups[turn_groups(order[0])[0]].head.name
 
 python.call(

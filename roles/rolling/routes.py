@@ -1,5 +1,5 @@
 """Routing converges to the plan, every run: pure decisions from the router's routing, read at
-prepare (roles/router/facts.py RouterRouting), and each group's plan (sparkfleet/plan.py).
+prepare (roles/router/facts.py RouterRouting), and each group's plan (tools/plan.py).
 
 - Route again: a group the router has drained (out of its registry) whose plan says it serves,
   healthy, and does not restart in this run is put back before any turn. Draining and routing

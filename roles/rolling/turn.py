@@ -13,10 +13,9 @@ from pyinfra.operations import python
 from roles.kernel_cache.checks import request_command
 from roles.rolling.checks import drain, previous_came_back, prove_and_undrain, router_for, turn_groups, turn_order
 from roles.serving.api_key import curl_config
-from roles.serving.checks import pair_state
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
+from sparkfleet.decided import decisions, fleet_summary
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.plan import fleet_plan
 
 turn = host.current_deploy_data["sparkfleet_turn"]  # 'g1', or 'g1+g2' when none serves yet
 order = turn_order(state)
@@ -24,7 +23,7 @@ cluster = cluster_from_state(state)  # this host's own group
 node = cluster.node(host.name)
 mine = node.serving_group in turn_groups(turn)
 earlier = [g for t in order[:order.index(turn)] for g in turn_groups(t)]
-plans = fleet_plan(state)  # every group's verdicts (sparkfleet/plan.py), printed before any change
+plans = fleet_summary(state)  # every group's verdicts (tools/plan.py), printed before any change
 earlier_moved = any(plans[g].restart for g in earlier if g in plans)
 
 python.call(
@@ -36,7 +35,7 @@ python.call(
 )
 
 if mine:
-    restart = pair_state(state).restart  # the group's plan (sparkfleet/plan.py): it stops and starts
+    restart = decisions(state).serving.restart  # the group's plan (tools/plan.py): it stops and starts
     group = node.serving_group
     routed = router_for(state, group)
     router, url = routed if routed else (None, None)

@@ -13,9 +13,9 @@ alias only the controller's ssh_config knows).
 """
 import json
 
-from roles.router.schema import RouterData
+from sparkfleet.model.router import RouterData
 from roles.serving.key_paths import key_file
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render
 
 ROUTER_UNIT = "sparkfleet-router"

@@ -17,7 +17,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from roles.router.fleet_key import replaced_on
-from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
+from sparkfleet.model.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
 from roles.serving.key_paths import KEY_PATTERN, KEY_TEXT, generated, key_file  # noqa: F401 (this role's API)
 from sparkfleet.keyfiles import generate_command
 from sparkfleet.keyfiles import problem as key_file_problem

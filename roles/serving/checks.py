@@ -13,16 +13,15 @@ from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
-from roles.image.checks import image_ids
-from roles.serving.engine import (
+from sparkfleet.model.engine import (
     IMAGE_VAR, WORKER_UNIT, env_file_path, exec_start, image_pin_path, mounted_files, rank_env, unit_name,
 )
 from roles.serving.facts import (
     HeadHealth, RoceGids, UnitState, health_command, is_serving, nccl_auto_gid_index, pick_gid_index,
 )
-from roles.serving.schema import SFL_GID, node_profile
+from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import at_once, once_per_run, per_host
+from sparkfleet.once import once_per_run, per_host
 from sparkfleet.render import render, sha1_text
 
 
@@ -57,7 +56,7 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
 
 def resolve_gid_index(node_host, node) -> int | None:
     """This rank's RoCE v2 GID index, read from sysfs on every deploy; None without RDMA, and None
-    with both halves of the port (NCCL then chooses per HCA: roles/serving/engine.py), once each
+    with both halves of the port (NCCL then chooses per HCA: sparkfleet/model/engine.py), once each
     half's address is the GID NCCL will choose on its HCA."""
     if not node.rdma_hca:
         return None
@@ -87,21 +86,22 @@ def half_gid_index(node_host, node, half) -> int:
     return index
 
 
-@dataclass
+@dataclass(frozen=True)
 class PairState:
     restart: bool
-    reasons: list[str] = field(default_factory=list)
+    reasons: tuple[str, ...] = ()
     files: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)  # node -> rendered files
     healthy: bool = False
 
 
-def _pair_state(state) -> PairState:
+def _serving_state(state) -> PairState:
+    """This role's own verdict from its facts: each rank's files as rendered against what the node
+    has, each unit serving or not, the head's /health. Whether the pair restarts is this and every
+    other role's verdict together (tools/plan.py composes it: restart_reasons)."""
     cluster = cluster_from_state(state)
-    pair = PairState(restart=False)
     profile = node_profile(cluster.head)
-    ids = image_ids(state, profile)
-    if ids.get(cluster.head.name) is None or len(set(ids.values())) != 1:
-        pair.reasons.append(f"image {profile.image_ref} is new or differs between nodes")
+    reasons, rendered = [], {}
+
     def read(node_host):
         node = cluster.node(node_host.name)
         files = rendered_files(cluster, node, resolve_gid_index(node_host, node))
@@ -110,46 +110,24 @@ def _pair_state(state) -> PairState:
 
     for name, (files, sums, unit) in per_host(state, read).items():
         node = cluster.node(name)
-        pair.files[node.name] = files
+        rendered[node.name] = files
         for path, (text, _mode) in files.items():
             if sums[path] != sha1_text(text):
-                pair.reasons.append(f"{node.name}: {path} changed")
+                reasons.append(f"{node.name}: {path} changed")
         if not is_serving(unit):
-            pair.reasons.append(
+            reasons.append(
                 f"{node.name}: {unit_name(node)} is {unit.get('active') or 'unknown'}, "
                 f"container {unit.get('container') or 'unknown'}"
             )
-    from roles.kernel_cache.checks import cache_plan
-    from roles.weights.checks import weights_plan
-
-    from roles.serving.api_key import key_state
-
-    from roles.fabric.checks import fabric_state
-
-    # Independent prepare-time verdicts, their facts gathered at once (the fabric's pings take 0.4 s).
-    fabric, _, _, _ = at_once(lambda: fabric_state(state), lambda: key_state(state), lambda: weights_plan(state),
-                              lambda: cache_plan(state))
-    for name in sorted(fabric.drift):  # step 1 re-applies it: the ranks' connections ride on that link
-        if fabric.drift[name] or not fabric.file_current[name]:
-            pair.reasons.append(f"{name}: the fabric link is reconfigured ({'; '.join(fabric.drift[name]) or 'its netplan file changed'})")
-    if key_state(state) != "ok":  # the head's engine reads the key only when it starts
-        pair.reasons.append(f"{cluster.head.name}: the API key is new or changed")
-    fetched = weights_plan(state).fetch
-    if fetched:  # the engine loaded the old files; the pair serves what the manifests say
-        pair.reasons.append(f"new weights on the head: {', '.join(fetched)}")
-    if cache_plan(state).prewarm:
-        pair.reasons.append("the kernel caches are warmed first (the prewarm stops the pair)")
-    pair.restart = bool(pair.reasons)
     # Whether the head serves now, restart or not: a group that serves is upgraded in its own turn
     # (roles/rolling), so the others keep answering meanwhile.
-    pair.healthy = state.inventory.get_host(cluster.head.name).get_fact(HeadHealth, port=profile.port)
-    summary = "; ".join(pair.reasons) if pair.restart else ("unchanged, healthy" if pair.healthy else "unchanged, /health not 200")
-    logger.info(f"--> sparkfleet serving {profile.name} ({profile.image_ref}): {summary}")
-    return pair
+    healthy = state.inventory.get_host(cluster.head.name).get_fact(HeadHealth, port=profile.port)
+    return PairState(restart=bool(reasons), reasons=tuple(reasons), files=rendered, healthy=healthy)
 
 
-def pair_state(state) -> PairState:
-    return once_per_run(state, "serving-pair", lambda: _pair_state(state))
+def serving_state(state) -> PairState:
+    """The serving role's own verdict, once per group (tools/plan.py reads it once, for the plan)."""
+    return once_per_run(state, "serving-pair", lambda: _serving_state(state))
 
 
 def wait_for_container(unit: str, timeout_s: int = 120) -> None:
@@ -193,7 +171,7 @@ def check_engine_kv(host, unit: str, max_model_len: int) -> None:
 
 
 # Asked without the key, each must answer 401: the key check's own route, and the two inference
-# routes (vLLM 0.33.0 serves POST /invocations with no key of its own: roles/api_proxy/schema.py).
+# routes (vLLM 0.33.0 serves POST /invocations with no key of its own: sparkfleet/model/api_proxy.py).
 KEYLESS_PROBES = (("GET", "/v1/models"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"))
 
 

@@ -13,13 +13,13 @@ from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.image.checks import history_path
-from roles.kernel_cache.checks import cache_plan
 from roles.receipt.receipt import note_start
 from roles.serving.api_key import curl_config, key_file
-from roles.serving.checks import pair_state, wait_for_container
+from roles.serving.checks import wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
-from roles.serving.engine import HEAD_UNIT, WORKER_UNIT, unit_name
-from roles.serving.schema import SFL_GID, node_profile
+from sparkfleet.decided import decisions
+from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT, unit_name
+from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
@@ -27,7 +27,8 @@ cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
 unit = unit_name(node)
-pair = pair_state(state)  # prepare-time decision for the whole pair
+planned = decisions(state)  # the run's plan (tools/plan.py), decided at prepare
+pair = planned.serving  # the whole pair's verdict
 
 # 1. The rank's environment (root-only: it may carry secrets) and its unit. On RDMA nodes the unit
 #    reads the RoCE v2 GID index again at every start (sfl_gid.sh; the tools directory exists:
@@ -82,7 +83,7 @@ events_file, commit = history_file(node, profile), profile.recipe.commit
 server.shell(
     name="Record the attempted recipe commit",  # a prewarm recorded it already (roles/kernel_cache)
     commands=[record_command(events_file, "attempted", commit)],
-    _if=lambda: on_head and restart and not cache_plan(state).prewarm,
+    _if=lambda: on_head and restart and not planned.caches.prewarm,
 )
 python.call(
     name="Note when the pair's units start (the receipt's cold start)",

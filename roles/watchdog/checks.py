@@ -25,7 +25,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from roles.watchdog.facts import WatchdogUnit
-from roles.watchdog.schema import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import once_per_run, per_host
 
@@ -88,12 +88,8 @@ def node_steps(node, plan: WatchdogPlan) -> NodeSteps:
                      enable=on and node.serving_start_at_boot)
 
 
-def _plan(state) -> WatchdogPlan:
-    from roles.kernel_cache.checks import cache_plan
-    from roles.serving.checks import pair_state
-
+def _plan(state, moves: str | None) -> WatchdogPlan:
     cluster = cluster_from_state(state)
-    moves = "the prewarm" if cache_plan(state).prewarm else "the pair restart" if pair_state(state).restart else None
     units = per_host(state, lambda h: h.get_fact(WatchdogUnit))
     plan = plan_for(cluster, moves, units)
     stopped = [n for n, r in plan.running.items() if not r]
@@ -109,8 +105,10 @@ def _plan(state) -> WatchdogPlan:
     return plan
 
 
-def watchdog_plan(state) -> WatchdogPlan:
-    return once_per_run(state, "watchdog-plan", lambda: _plan(state))
+def watchdog_plan(state, moves: str | None) -> WatchdogPlan:
+    """This role's verdict, once per group: `moves` is what moves the pair in this run ("the
+    prewarm", "the pair restart" or None), from the other roles' verdicts (tools/plan.py)."""
+    return once_per_run(state, "watchdog-plan", lambda: _plan(state, moves))
 
 
 def resume_watchdogs(run, cluster, paused) -> str | None:

@@ -4,7 +4,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from roles.watchdog.schema import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.keyvalue import key_values
 
 

@@ -1,7 +1,7 @@
 """The JSON config each node's sfl_watch.py reads (/etc/sparkfleet/watchdog.json) and the unit that
 runs it: pure functions of the cluster, the node, the served profile and the watchdog data, so a test
 renders what a deploy writes (roles/watchdog/tasks.py). `wd` is anything with the watchdog_* keys of
-roles/watchdog/schema.py: the node itself in the deploy (NodeConfig includes WatchdogData).
+sparkfleet/model/watchdog.py: the node itself in the deploy (NodeConfig includes WatchdogData).
 
 With the watchdog off (watchdog_enabled false) the config is still written: `sfl_watch.py probe` is
 the doctor's liveness. The head's then names no worker state (no worker's watchdog writes one, and
@@ -11,8 +11,8 @@ and the doctor probes each worker's rank on the worker.
 import json
 
 from roles.serving.api_key import key_file
-from roles.serving.engine import unit_name
-from roles.watchdog.schema import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.model.engine import unit_name
+from sparkfleet.model.watchdog import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.render import render
 
 

@@ -21,16 +21,17 @@ from pyinfra import host, state
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.serving.schema import node_profile
-from roles.watchdog.checks import check_config_command, hand_over_command, node_steps, start_command, stop_command, watchdog_plan
+from sparkfleet.decided import decisions
+from sparkfleet.model.serving import node_profile
+from roles.watchdog.checks import check_config_command, hand_over_command, node_steps, start_command, stop_command
 from roles.watchdog.node_config import UNIT_PATH, unit_text, watch_config_text
-from roles.watchdog.schema import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
-steps = node_steps(node, watchdog_plan(state))
+steps = node_steps(node, decisions(state).watchdog)
 on_head, enabled = node.is_head, node.watchdog_enabled
 
 # 1. The program, its config and its unit. (The tools directory exists: roles/fanout made it.)

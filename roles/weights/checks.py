@@ -12,9 +12,9 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File
 
-from roles.fanout.schema import SFL_FILES
+from sparkfleet.model.fanout import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from roles.weights.facts import ModelCopy
 from sparkfleet.bounded import bounded
 from sparkfleet.inventory import cluster_from_state

@@ -10,14 +10,15 @@ stops naming the step, the host and the key, and a re-run resumes.
 from pyinfra import host, state
 from pyinfra.operations import server
 
-from roles.serving.schema import node_profile
-from roles.weights.checks import fetch_command, fetch_step, profile_models, pull_command, pull_step, weights_plan
+from sparkfleet.decided import decisions
+from sparkfleet.model.serving import node_profile
+from roles.weights.checks import fetch_command, fetch_step, profile_models, pull_command, pull_step
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
-plan = weights_plan(state)  # prepare-time: what moves, decided once for the cluster
+plan = decisions(state).weights  # the run's plan (tools/plan.py), prepare-time: what moves, decided once for the cluster
 on_head = node.is_head
 
 for model, revision in profile_models(profile):

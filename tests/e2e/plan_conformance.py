@@ -1,6 +1,6 @@
 """The plan a deploy printed against the operations it ran: every planned fetch, build, shipment,
 cache warm-up and pair restart happened, on the node the plan names, and none happened that the plan
-did not announce. Read from the deploy's own output, nothing else: the plan table (sparkfleet/plan.py,
+did not announce. Read from the deploy's own output, nothing else: the plan table (tools/plan.py,
 printed once before any operation) and pyinfra's per-operation results.
 
 Used by tests/e2e/lab.py's deploy() on every lab deploy that succeeded, so each end-to-end test that
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sparkfleet.plan import TABLE_HEADER
+from tools.plan import TABLE_HEADER
 
 _PLAN = re.compile(r"^--> sparkfleet plan: (?P<groups>\d+) serving group\(s\), (?P<changes>\d+) with changes")
 
@@ -33,7 +33,7 @@ class PlannedGroup:
 
 def parse_plan(output: str) -> tuple[int, dict[str, PlannedGroup]] | None:
     """(groups with changes, {group: its plan}) from the printed table; None when no plan printed
-    (a run refused before step 2c)."""
+    (a run refused before step 1b)."""
     lines = output.splitlines()
     for i, line in enumerate(lines):
         m = _PLAN.match(line.strip())

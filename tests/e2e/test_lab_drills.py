@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from roles.serving.engine import image_pin_path
+from sparkfleet.model.engine import image_pin_path
 from tests.e2e.drills import HEAD, UNITS, WORKER, signal_engine, wait_journal, wait_serving, watchdog_journal
 from tests.e2e.lab import BIN, INVENTORY, deploy, on, run
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from roles.fabric.facts import ping_command
-from roles.fabric.schema import NETPLAN_FILE, RENDERERS_SETTLED
+from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
 from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
 
 pytestmark = pytest.mark.lab

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from roles.serving.schema import load_profile
+from sparkfleet.model.serving import load_profile
 from tests.e2e.lab import REPO, deploy, on
 
 pytestmark = pytest.mark.lab

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from roles.serving.schema import load_profile
+from sparkfleet.model.serving import load_profile
 from tests.e2e.lab import REPO, deploy, on, state_checks
 
 LAB_V1 = dict(l.split() for l in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if l.strip())["v1"]

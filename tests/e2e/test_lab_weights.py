@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from roles.serving.schema import load_profile
+from sparkfleet.model.serving import load_profile
 from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, plan, state_checks
 from tests.e2e.lab import run as run_cmd
 from tests.e2e.plan_conformance import operations_mismatches

@@ -5,7 +5,7 @@ For every profile x rank x (real-hardware data, lab data), for the pair (TP 2) a
 group (TP 2 x PP 2), the exact argv the unit runs goes through the engine's own parser and config
 validation (tests/parity/check_<engine>.py, run by the engine's own virtualenv), and every variable
 of the rank's env file must be read by the engine, by a library of its stack
-(roles/serving/env_readers.py), or by the recipe's launcher (the profile's launcher_env). Refusals
+(sparkfleet/model/env_readers.py), or by the recipe's launcher (the profile's launcher_env). Refusals
 owned by a declared recipe extension pass; a declared extension the engine accepts anyway fails.
 Needs --parity (make test passes it; `make parity` runs this tier alone).
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from roles.serving.engine import SGLANG_KEY_CONFIG, engine_args, rank_env
-from roles.serving.env_readers import library_readers
-from roles.serving.schema import Profile, load_profile, profile_names
+from sparkfleet.model.engine import SGLANG_KEY_CONFIG, engine_args, rank_env
+from sparkfleet.model.env_readers import library_readers
+from sparkfleet.model.serving import Profile, load_profile, profile_names
 from tests.unit.helpers import GROUP_NODES
 from tests.unit.test_serving_render import GIDS, PP_VARIANT, cluster, group_cluster, parallel_variants
 
@@ -99,7 +99,7 @@ def problems(profile: Profile, case: dict, output: dict) -> list[str]:
     for var in sorted(case["env"]):
         if var not in known and var not in libraries and var not in profile.launcher_env:
             found.append(f"{case['id']}: env {var}: read by neither {engine} nor a library of its stack "
-                         f"(roles/serving/env_readers.py), and not declared in the profile's launcher_env")
+                         f"(sparkfleet/model/env_readers.py), and not declared in the profile's launcher_env")
     return found
 
 
@@ -211,7 +211,7 @@ def test_every_verifiable_library_reader_is_verified_somewhere():
 def test_the_committed_known_env_snapshot_is_what_the_engine_reads(engine):
     """roles/serving/known_env/<engine>-<version>.txt (what a VLLM_*/SGLANG_* pin is refused against,
     before any connection) is the checker's env_known of the real engine at the pinned version."""
-    from roles.serving.env_readers import ENGINE_VERSIONS, engine_env_known, known_env_path
+    from sparkfleet.model.env_readers import ENGINE_VERSIONS, engine_env_known, known_env_path
 
     output = shipped(engine)[1]
     assert output["version"] == ENGINE_VERSIONS[engine], f"the parity virtualenv runs {engine} {output['version']}"
@@ -255,7 +255,7 @@ def test_every_secret_flag_of_the_engines_is_refused_in_data():
     """SECRET_FLAGS (refused in serving_extra_args and a profile's extra_args) is every flag of either
     engine whose name ends in key/token or carries secret/password; an engine flag that is a proper
     prefix of one (argparse would expand an abbreviation to the secret) is listed as not secret."""
-    from roles.serving.schema import NOT_SECRET_PREFIXES, SECRET_FLAGS, secret_flag
+    from sparkfleet.model.serving import NOT_SECRET_PREFIXES, SECRET_FLAGS, secret_flag
 
     flags = engine_flags("vllm") | engine_flags("sglang")
     assert sorted(f for f in flags if _names_a_secret(f)) == sorted({*SECRET_FLAGS, *NAMED_LIKE_A_SECRET})
@@ -395,7 +395,7 @@ def test_sglang_logging_config_silences_the_resolved_arguments_line(tmp_path):
     configure_logger) drops exactly that logger's INFO and keeps everything else."""
     import os
 
-    from roles.serving.engine import SGLANG_LOGGING_CONFIG, sglang_logging_config
+    from sparkfleet.model.engine import SGLANG_LOGGING_CONFIG, sglang_logging_config
 
     case = render(load_profile("qwen3.8-flash-next"), "spark", "spark-a")
     assert case["env"]["SGLANG_LOGGING_CONFIG_PATH"] == SGLANG_LOGGING_CONFIG

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.api_proxy.schema import OPEN_PATHS
-from roles.serving.schema import load_profile
+from sparkfleet.model.api_proxy import OPEN_PATHS
+from sparkfleet.model.serving import load_profile
 from sparkfleet.config import build_cluster
 from tests.parity.test_engine_parity import HERE, PARITY_KEY, engine_python, render
 from tests.proxy_run import ask, free_port, running_proxy, wait_listening

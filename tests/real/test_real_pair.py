@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from roles.api_proxy.schema import OPEN_PATHS
+from sparkfleet.model.api_proxy import OPEN_PATHS
 from tests.e2e.lab import REPO, deploy, on, state_checks
 from tests.state.test_serving import plain_ipv4
 from tests.real.conftest import REAL_INVENTORY, SERVED
@@ -157,7 +157,7 @@ def test_the_benchmark_receipt_was_taken_with_llama_benchy_against_the_real_engi
 
 # vLLM 0.32.0 on CPU compiles with torch.compile's inductor directly, at the engine's warm-up
 # (vllm/v1/worker/cpu_model_runner.py, between these two lines), into TORCHINDUCTOR_CACHE_DIR, which
-# the kernel-cache generation holds (roles/kernel_cache/schema.py).
+# the kernel-cache generation holds (sparkfleet/model/kernel_cache.py).
 WARMUP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[cpu_model_runner\.py:\d+\] Warming up (model for the compilation|done)")
 
 

@@ -41,6 +41,6 @@ def node_hosts(request, cluster):
 
 @pytest.fixture(scope="session")
 def profile(cluster):
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
 
     return node_profile(cluster.head)

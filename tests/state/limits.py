@@ -1,5 +1,5 @@
 """How long a state check waits for the pair to answer a request."""
-from roles.watchdog.schema import hang_seen_after_s
+from sparkfleet.model.watchdog import hang_seen_after_s
 
 REQUEST_BOUND_S = 60  # a request slower than this fails the check, whatever the watchdog's settings
 

@@ -3,7 +3,7 @@ import json
 
 from roles.fabric.checks import netplan_text
 from roles.fabric.others import FabricConfigs, netconfig_problems, other_configs, renderer_in_effect
-from roles.fabric.schema import NETPLAN_FILE
+from sparkfleet.model.fabric import NETPLAN_FILE
 
 
 def test_fabric_netdev_is_up_with_the_inventory_address_and_mtu(host, node):

@@ -2,7 +2,7 @@
 the deploy's own fact command (so this checks the machines, and the command on them)."""
 from roles.fingerprint.checks import mismatches, must_match, table
 from roles.fingerprint.facts import Fingerprint, parse_fingerprint
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 
 
 def test_every_node_matches_on_every_must_match_field(cluster, node_hosts):

@@ -6,7 +6,7 @@ from ipaddress import ip_address, ip_network
 
 import pytest
 
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from roles.firewall.checks import (
     NFTABLES_DROPIN, LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, nftables_dropin_text, rules_path,
     rules_text,

@@ -1,6 +1,6 @@
 """Host settings of roles/host, checked on the machines: the file the deploy wrote, and the value the
 running daemon uses (a file logind never re-read would prove nothing)."""
-from roles.host.schema import LOGIND_DROP_IN
+from sparkfleet.model.host import LOGIND_DROP_IN
 from sparkfleet.render import render
 
 

@@ -1,7 +1,7 @@
 """roles/image on the machines: the head's registry outlives a boot that brings the fabric up late."""
 import pytest
 
-from roles.image.schema import REGISTRY_DROPIN
+from sparkfleet.model.image import REGISTRY_DROPIN
 from sparkfleet.render import render
 
 

@@ -7,7 +7,7 @@ import pytest
 from roles.serving.api_key import authed_curl, key_file
 from tests.state.limits import request_bound_s
 from roles.image.checks import pin_of
-from roles.serving.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, image_pin_path, unit_name
+from sparkfleet.model.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, image_pin_path, unit_name
 
 
 def test_the_rank_unit_is_active_and_the_other_is_absent(host, node):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from roles.watchdog.node_config import UNIT_PATH, unit_text, watch_config_text
-from roles.watchdog.schema import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.model.watchdog import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 
 
 def test_the_program_config_and_unit_are_the_rendered_ones(host, node, cluster):

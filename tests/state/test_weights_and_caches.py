@@ -7,8 +7,8 @@ import pytest
 
 from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.checks import warmed_caches
-from roles.kernel_cache.schema import cache_vars
-from roles.serving.engine import CONTAINER_WEIGHTS_ROOT, unit_name
+from sparkfleet.model.kernel_cache import cache_vars
+from sparkfleet.model.engine import CONTAINER_WEIGHTS_ROOT, unit_name
 from roles.weights.checks import manifest_path, model_dir, profile_models
 
 
@@ -68,7 +68,7 @@ def test_every_cache_file_of_the_manifest_is_on_this_rank(host, node):
 
 def test_the_container_sees_the_cache_and_weight_paths_its_environment_names(host, node, profile):
     container = unit_name(node)
-    caches = cache_vars(profile.engine)  # exactly the served engine's JIT caches (roles/kernel_cache/schema.py)
+    caches = cache_vars(profile.engine)  # exactly the served engine's JIT caches (sparkfleet/model/kernel_cache.py)
     script = "; ".join(f'echo "{v}=${{{v}}}"' for v in caches)
     env = dict(l.split("=", 1) for l in host.check_output(f"docker exec {container} sh -c '{script}'").splitlines())
     gen = host.check_output(f"readlink {node.kernel_cache_dir}/current")

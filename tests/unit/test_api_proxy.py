@@ -13,10 +13,10 @@ import threading
 import pytest
 
 from roles.api_proxy.checks import config_text, unit_text
-from roles.api_proxy.schema import OPEN_PATHS
+from sparkfleet.model.api_proxy import OPEN_PATHS
 from roles.firewall.checks import rules_text
-from roles.serving.engine import engine_args
-from roles.serving.schema import node_profile
+from sparkfleet.model.engine import engine_args
+from sparkfleet.model.serving import node_profile
 from sparkfleet.config import ConfigError, build_cluster
 from tests.proxy_run import ask, free_port, running_proxy
 from tests.unit.helpers import pair

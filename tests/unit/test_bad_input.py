@@ -175,7 +175,7 @@ def test_inputs_that_hand_roots_powers_out_are_refused(tmp_path, listener, data,
 
 def run_with_profiles(profiles: Path, inventory: Path, *args):
     """pyinfra's own CLI, with the profiles read from `profiles` (the repository's stay untouched)."""
-    patch = ("import sys; from pathlib import Path; import roles.serving.schema as s; "
+    patch = ("import sys; from pathlib import Path; import sparkfleet.model.serving as s; "
              "s.PROFILES_DIR = Path(sys.argv.pop(1)); from pyinfra_cli.main import main; sys.argv[0] = 'pyinfra'; "
              "sys.exit(main())")
     return run_pyinfra(inventory, *args, prefix=(sys.executable, "-c", patch, str(profiles)))

@@ -219,10 +219,10 @@ def test_the_license_gate_needs_only_data():
 def test_settings_refused_on_a_rank_need_only_data(monkeypatch):
     """The guards' refused_settings runs on every rank's rendered command line before connecting (today
     the renderer itself refuses what data could add; the guard stays the last word)."""
-    import roles.serving.engine as engine
+    import sparkfleet.config as config  # the name the data-only guards call
 
-    render = engine.engine_args
-    monkeypatch.setattr(engine, "engine_args",
+    render = config.engine_args
+    monkeypatch.setattr(config, "engine_args",
                         lambda p, c, n: [a if a != "mp" else "ray" for a in render(p, c, n)])
     msgs = problems(pair())
     assert [m.split(":")[0] for m in msgs] == ["spark-a", "spark-b"]

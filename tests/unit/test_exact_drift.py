@@ -14,8 +14,8 @@ from roles.guards.exact_drift import (
     recorder_run, stop_message,
 )
 from roles.serving.checks import rendered_files
-from roles.serving.engine import engine_args, env_file_path
-from roles.serving.schema import node_profile
+from sparkfleet.model.engine import engine_args, env_file_path
+from sparkfleet.model.serving import node_profile
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 

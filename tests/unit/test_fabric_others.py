@@ -11,9 +11,9 @@ from roles.fabric.others import (
     FabricConfigs, conflict_failures, networkd_others, netplan_others, other_configs,
     parse_fabric_configs, renderer_in_effect,
 )
-from roles.fabric.schema import NETPLAN_FILE
+from sparkfleet.model.fabric import NETPLAN_FILE
 from sparkfleet.config import build_cluster
-from sparkfleet.doctor import netconfig_row
+from tools.doctor import netconfig_row
 from tests.unit.helpers import pair
 
 NETDEV = "enp1s0f0np0"

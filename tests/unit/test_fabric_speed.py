@@ -10,7 +10,7 @@ from roles.fabric_speed.checks import (
     ib_reports, ib_server_command, ib_write_bw_gbits, iperf3_client_command, iperf3_gbits, proof_key, rdma_failures,
     record_text, speed_links, tcp_failures, why_due,
 )
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import ONE_HALF, pair
 

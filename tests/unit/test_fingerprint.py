@@ -9,7 +9,7 @@ from roles.fingerprint.checks import (
     IMAGE_FIELDS, INSTALLED_BY_THE_DEPLOY, group_verdict, mismatches, must_match, note, problems, summary,
 )
 from roles.fingerprint.facts import Fingerprint, parse_fingerprint, visible_files
-from roles.fingerprint.schema import FINGERPRINT_FIELDS
+from sparkfleet.model.fingerprint import FINGERPRINT_FIELDS
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import pair
 

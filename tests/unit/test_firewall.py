@@ -97,7 +97,7 @@ def listening_units(c) -> dict[str, str]:
     """{unit: text} of every unit that listens, as the roles render them for the pair's head (the
     router on the head as well)."""
     from roles.api_proxy.checks import unit_text as proxy_unit
-    from roles.image.schema import REGISTRY_DROPIN
+    from sparkfleet.model.image import REGISTRY_DROPIN
     from roles.router.node_config import unit_text as router_unit
     from roles.serving.checks import rendered_files, unit_path
     from sparkfleet.render import render

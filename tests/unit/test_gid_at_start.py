@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from roles.serving.checks import rendered_files
-from roles.serving.engine import env_file_path
+from sparkfleet.model.engine import env_file_path
 from roles.serving.facts import ipv4_mapped_gid, pick_gid_index
 from tests.unit.test_serving_config import LINK_LOCAL, gid_table
 from tests.unit.test_serving_render import cluster

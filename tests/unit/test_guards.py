@@ -1,8 +1,8 @@
 """Every guard with a case that passes and a case that fails; the report's numbers replayed."""
 import pytest
 
-from roles.guards.checks import flag_value, license_gate, memory_admission, parse_size, refused_settings, top_consumers
-from roles.serving.schema import load_profile
+from sparkfleet.model.guard_rules import flag_value, license_gate, memory_admission, parse_size, refused_settings, top_consumers
+from sparkfleet.model.serving import load_profile
 
 
 # 1. Memory admission: the report's head, 121.69 GiB total, 101.46 GiB free.

@@ -3,7 +3,7 @@ import configparser
 
 import pytest
 
-from roles.host.schema import LOGIND_DROP_IN
+from sparkfleet.model.host import LOGIND_DROP_IN
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.render import render
 from tests.unit.helpers import pair

@@ -7,7 +7,7 @@ import pytest
 from roles.image import checks
 from roles.image.checks import digest_ref, image_plan, pin_of, pin_text, pushed_digest
 from roles.image.facts import ImagePin, RepoDigests
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 from tests.unit.test_noop_path import Host, fake_state

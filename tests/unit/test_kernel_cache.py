@@ -12,11 +12,11 @@ from roles.kernel_cache.checks import (
     PREWARM_CONTAINER, expired, generation, manifest_differences, missing_entries, pinned_image_source,
     prewarm_command, prewarm_env_file, prewarm_env_path, prewarm_reason, request_command, warmed_caches,
 )
-from roles.kernel_cache.schema import CACHE_VARS, PREWARM_ENV_ADDITIONS, cache_vars
+from sparkfleet.model.kernel_cache import CACHE_VARS, PREWARM_ENV_ADDITIONS, cache_vars
 from roles.kernel_cache.warmup import png_data_url, warmup_requests
 from roles.serving.checks import rendered_files
-from roles.serving.engine import env_file_path, rank_env, served_image
-from roles.serving.schema import load_profile, node_profile
+from sparkfleet.model.engine import env_file_path, rank_env, served_image
+from sparkfleet.model.serving import load_profile, node_profile
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 from tests.unit.test_serving_render import GIDS, PROFILES, env_of

@@ -6,7 +6,7 @@ import re
 import struct
 import sys
 
-from roles.serving.schema import load_profile
+from sparkfleet.model.serving import load_profile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.kernel_cache.schema import CACHE_VARS, cache_vars
+from sparkfleet.model.kernel_cache import CACHE_VARS, cache_vars
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / "lab" / "standin" / "vllm"
@@ -28,7 +28,7 @@ MAKE_REPO = REPO / "lab" / "recipe" / "make-repo.sh"
 COMMITS = REPO / "lab" / "recipe" / "COMMITS"
 MODEL = "org/lab-model"
 # The stand-ins' JIT kernel caches, per engine: the variables the deploy renders for that engine
-# (roles/kernel_cache/schema.py), each stand-in writing one file per variable and request shape.
+# (sparkfleet/model/kernel_cache.py), each stand-in writing one file per variable and request shape.
 # Never inherited from the caller (all engines' variables are stripped); a test sets them when it wants them.
 ENGINE_JIT_CACHES = {engine: tuple(cache_vars(engine)) for engine in CACHE_VARS}
 JIT_CACHES = tuple(sorted({var for names in ENGINE_JIT_CACHES.values() for var in names}))

@@ -1,6 +1,6 @@
-"""The run's plan table (sparkfleet/plan.py): a row per serving group, what crosses the fabric per
+"""The run's plan table (tools/plan.py): a row per serving group, what crosses the fabric per
 node, and why each group restarts."""
-from sparkfleet.plan import GroupPlan, plan_table
+from tools.plan import GroupPlan, plan_table
 
 
 def test_a_row_per_group_with_what_is_fetched_built_shipped_warmed_and_restarted():

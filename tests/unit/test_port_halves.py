@@ -16,10 +16,10 @@ from roles.fabric.others import other_configs
 from roles.preflight.checks import port_failures, requirement_failures
 from roles.preflight.facts import parse_node_facts
 from roles.serving.checks import half_gid_index, rendered_files, resolve_gid_index
-from roles.serving.engine import rank_env
-from roles.serving.env_readers import LIBRARY_ENV, nccl_known
+from sparkfleet.model.engine import rank_env
+from sparkfleet.model.env_readers import LIBRARY_ENV, nccl_known
 from roles.serving.facts import ipv4_mapped_gid, nccl_auto_gid_index, parse_gids, pick_gid_index
-from roles.serving.schema import load_profile, profile_names
+from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import ONE_HALF, pair
 from tests.unit.test_fabric_others import recorded

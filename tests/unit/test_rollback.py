@@ -184,7 +184,7 @@ def health(monkeypatch):
 
 
 def profile_of(nodes):
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
 
     return node_profile(nodes.cluster.head)
 

@@ -29,7 +29,7 @@ def fleet(monkeypatch):
     ({"g1": False, "g2": False}, ["g1+g2"]),  # none serves (a first bring-up): one turn for all
 ])
 def test_one_group_per_turn_while_any_serves(monkeypatch, fleet, healthy, turns):
-    monkeypatch.setattr("sparkfleet.plan.fleet_plan", lambda state: plans(**healthy))
+    monkeypatch.setattr(checks, "fleet_summary", lambda state: plans(**healthy))  # the run's plan, as decided
     assert checks.turn_order(object()) == turns
     assert sorted(g for t in turns for g in checks.turn_groups(t)) == ["g1", "g2"]
 

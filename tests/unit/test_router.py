@@ -24,7 +24,7 @@ import pytest
 
 from roles.router import sfl_router
 from roles.router.node_config import SFL_ROUTER
-from roles.router.schema import ROUTER_VERSIONS
+from sparkfleet.model.router import ROUTER_VERSIONS
 from roles.router.wheels import cache_dir, fetch
 from tests.unit.test_lab_standin import env, free_port, head_args, wait_for, worker_args, VLLM
 

@@ -12,7 +12,7 @@ from roles.router.fleet_key import _targets
 from roles.router.node_config import (
     ROUTER_CONFIG, SFL_ROUTER, backends, config_text, router_config, router_node, unit_text, venv_dir,
 )
-from roles.router.schema import ROUTER_VERSIONS, RouterData
+from sparkfleet.model.router import ROUTER_VERSIONS, RouterData
 from roles.router.wheels import PLATFORMS, WHEELS
 from sparkfleet.config import DATA_FIELDS, ConfigError, build_cluster
 from tests.unit.test_fleet_config import twin_of

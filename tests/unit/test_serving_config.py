@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from roles.serving.facts import ipv4_mapped_gid, parse_gids, pick_gid_index
-from roles.serving.schema import load_profile, profile_names
+from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import group, pair
 from tests.unit.test_serving_render import PP_VARIANT, PROFILES, group_cluster, parallel_variants
@@ -58,8 +58,8 @@ def test_tp_times_pp_must_be_the_groups_node_count():
 def test_the_groups_parallelism_in_data_replaces_the_profiles():
     """Four nodes serve the pair's profile at TP 2 x PP 2 set in data; every rank renders it; a node
     of the group with another size is refused naming the key."""
-    from roles.serving.engine import engine_args
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.engine import engine_args
+    from sparkfleet.model.serving import node_profile
 
     sizes = {"serving_tensor_parallel_size": 2, "serving_pipeline_parallel_size": 2}
     c = build_cluster(group(4, **{n: sizes for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
@@ -76,7 +76,7 @@ def test_the_groups_parallelism_in_data_replaces_the_profiles():
 
 def test_pipeline_parallel_size_is_required_in_a_profile(tmp_path, monkeypatch):
     """Pinned in every profile like tensor_parallel_size: no profile relies on PP 1 unsaid."""
-    import roles.serving.schema as schema
+    import sparkfleet.model.serving as schema
 
     data = yaml.safe_load((schema.PROFILES_DIR / "deepseek-v4-flash.yaml").read_text())
     del data["pipeline_parallel_size"]
@@ -89,7 +89,7 @@ def test_pipeline_parallel_size_is_required_in_a_profile(tmp_path, monkeypatch):
 def test_empty_env_value_is_refused(tmp_path, monkeypatch):
     import yaml
 
-    import roles.serving.schema as schema
+    import sparkfleet.model.serving as schema
 
     data = yaml.safe_load((schema.PROFILES_DIR / "glm-5.3-flash-exl3.yaml").read_text())
     data["env"]["NCCL_IB_GID_INDEX"] = ""

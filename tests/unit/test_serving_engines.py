@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import roles.serving.schema as schema
-from roles.serving.engine import engine_args
-from roles.serving.schema import load_profile, profile_names
+import sparkfleet.model.serving as schema
+from sparkfleet.model.engine import engine_args
+from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 from tests.unit.test_lab_standin import free_port, get

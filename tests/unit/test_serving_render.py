@@ -12,10 +12,10 @@ from unittest import mock
 import pytest
 import yaml
 
-import roles.serving.schema as schema
+import sparkfleet.model.serving as schema
 from roles.serving.checks import rendered_files
-from roles.serving.engine import FORBIDDEN_ARGS, IMAGE_WORD, engine_args, systemd_quote
-from roles.serving.schema import load_profile, profile_names
+from sparkfleet.model.engine import FORBIDDEN_ARGS, IMAGE_WORD, engine_args, systemd_quote
+from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import GROUP_NODES, ONE_HALF, group, pair
 from tests.unit.test_templates import GOLDEN, check_golden
@@ -198,7 +198,7 @@ def test_drop_caches_is_in_the_unit_unless_data_says_no():
 
 def test_forbidden_arguments_are_never_rendered(monkeypatch):
     c = cluster("spark")
-    import roles.serving.engine as engine
+    import sparkfleet.model.engine as engine
 
     for forbidden in FORBIDDEN_ARGS:
         monkeypatch.setitem(engine.ENGINES, "vllm", lambda p, cl, n, f=forbidden: ["vllm", "serve", "m", *f.split()])

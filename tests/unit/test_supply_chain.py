@@ -5,10 +5,10 @@ import subprocess
 import pytest
 import yaml
 
-import roles.serving.schema as schema
+import sparkfleet.model.serving as schema
 from roles.image.checks import base_images, base_record_line, commit_problem, refuse_loose_commit
 from roles.image.facts import ResolvedCommit
-from roles.serving.schema import load_profile, node_profile
+from sparkfleet.model.serving import load_profile, node_profile
 from sparkfleet.config import build_cluster
 from sparkfleet.refusal import Refusal
 from tests.unit.helpers import pair

@@ -16,7 +16,7 @@ import sparkfleet.bounded as bounded_module
 from roles.fanout import sfl_files
 from roles.fanout.commands import rsync_pull_command
 from roles.image.commands import build_command, git_fetch_command, pull_command as image_pull, push_command
-from roles.serving.schema import load_profile
+from sparkfleet.model.serving import load_profile
 from roles.weights.checks import HUB_FETCH_CONTAINER, fetch_command, pull_command
 from sparkfleet.bounded import bounded, timeout_message
 from sparkfleet.config import ConfigError, build_cluster

@@ -6,8 +6,8 @@ import types
 import pytest
 
 from roles.serving import api_key
-from roles.serving.engine import docker_args, engine_args, exec_start
-from roles.serving.schema import load_profile, node_profile
+from sparkfleet.model.engine import docker_args, engine_args, exec_start
+from sparkfleet.model.serving import load_profile, node_profile
 from sparkfleet.config import ConfigError, NodeConfig, build_cluster
 from sparkfleet.values import DIRECTORY_KEYS
 from tests.unit.helpers import pair
@@ -110,7 +110,7 @@ def test_the_data_dir_may_hold_the_weights_and_caches_but_not_sit_inside_them():
 def test_a_profile_env_value_with_a_newline_is_refused_naming_the_profile(tmp_path, monkeypatch):
     import yaml
 
-    import roles.serving.schema as schema
+    import sparkfleet.model.serving as schema
 
     src = schema.PROFILES_DIR / "glm-5.3-flash-exl3.yaml"
     data = yaml.safe_load(src.read_text())
@@ -207,7 +207,7 @@ def test_an_operator_key_file_is_never_created_and_must_be_root_only_and_one_saf
     ("--max-num-seqs", None), ("--tokenizer", None), ("64", None),
 ])
 def test_a_secret_flag_is_found_however_it_is_spelt(word, flag):
-    from roles.serving.schema import secret_flag
+    from sparkfleet.model.serving import secret_flag
 
     assert secret_flag(word) == flag
 
@@ -215,7 +215,7 @@ def test_a_secret_flag_is_found_however_it_is_spelt(word, flag):
 def test_a_profile_whose_extra_args_carry_a_secret_does_not_load(tmp_path, monkeypatch):
     import yaml
 
-    import roles.serving.schema as schema
+    import sparkfleet.model.serving as schema
 
     data = yaml.safe_load((schema.PROFILES_DIR / "qwen3.8-flash-next.yaml").read_text())
     data["extra_args"] = [*data.get("extra_args", []), "--admin-api-key", "admin-secret"]
@@ -229,7 +229,7 @@ def test_a_profile_whose_extra_args_carry_a_secret_does_not_load(tmp_path, monke
 def test_a_profile_env_variable_the_engine_does_not_read_does_not_load(tmp_path, monkeypatch):
     import yaml
 
-    import roles.serving.schema as schema
+    import sparkfleet.model.serving as schema
 
     data = yaml.safe_load((schema.PROFILES_DIR / "qwen3.8-flash-next.yaml").read_text())
     data["env"]["SGLANG_HEALTH_CHECK_TIMEOUTS"] = "20"

@@ -1008,7 +1008,7 @@ def test_bad_configs_are_refused(tmp_path):
 
 def test_the_rsync_daemon_serves_the_watchdog_state_while_the_watchdog_runs():
     """rsyncd.conf gains the module with the watchdog on (the default); off, it is as before the watchdog."""
-    from roles.watchdog.schema import RSYNC_MODULE
+    from sparkfleet.model.watchdog import RSYNC_MODULE
     from sparkfleet.config import build_cluster
     from sparkfleet.render import render
     from tests.unit.helpers import pair
@@ -1024,9 +1024,9 @@ def test_the_rsync_daemon_serves_the_watchdog_state_while_the_watchdog_runs():
 
 
 def test_the_deploy_side_config_is_one_the_program_accepts(tmp_path):
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
     from roles.watchdog.node_config import watch_config
-    from roles.watchdog.schema import WATCH_UNIT, WatchdogData
+    from sparkfleet.model.watchdog import WATCH_UNIT, WatchdogData
     from sparkfleet.config import build_cluster
     from sparkfleet.render import render
     from tests.unit.helpers import pair
@@ -1054,8 +1054,8 @@ def test_the_deploy_side_config_is_one_the_program_accepts(tmp_path):
 def test_backoff_and_window_arithmetic_in_the_schema_defaults():
     """The defaults give up on a pair that never comes back: max_restarts cold starts and their
     backoffs fit in the window."""
-    from roles.serving.schema import ServingData
-    from roles.watchdog.schema import WatchdogData
+    from sparkfleet.model.serving import ServingData
+    from sparkfleet.model.watchdog import WatchdogData
 
     wd, health = WatchdogData(), ServingData.model_fields["serving_health_timeout_s"].default
     worst = sum(health + wd.watchdog_backoff_s * 2 ** (k - 1) for k in range(1, wd.watchdog_max_restarts + 1))

@@ -1,7 +1,7 @@
 """roles/watchdog as the deploy wires it: the data keys and their refusals, the files it writes."""
 import pytest
 
-from roles.watchdog.schema import WatchdogData, give_up_span_s
+from sparkfleet.model.watchdog import WatchdogData, give_up_span_s
 from sparkfleet.config import DATA_FIELDS, ConfigError, build_cluster
 from tests.unit.helpers import pair
 
@@ -97,7 +97,7 @@ def test_booleans_and_numbers_are_not_converted():
 def test_the_config_and_unit_it_writes():
     import json
 
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
     from roles.watchdog.node_config import unit_text, watch_config_text
 
     c = both()
@@ -126,7 +126,7 @@ def test_the_program_accepts_the_config_with_the_watchdog_off(tmp_path):
     import subprocess
     import sys
 
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
     from roles.watchdog.node_config import watch_config
     from tests.unit.test_watchdog import PROGRAM
 
@@ -151,7 +151,7 @@ import runpy  # noqa: E402
 import sys  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from pyinfra import state as pyinfra_state  # noqa: E402
+from sparkfleet import decided  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 from pyinfra.operations import apt, files, python, server, systemd  # noqa: E402
 
@@ -188,9 +188,10 @@ class Deploy:
     def __init__(self, monkeypatch, cluster, plan: WatchdogPlan, changed=()):
         self.cluster, self.changed = cluster, set(changed)
         self.state = SimpleNamespace(_sparkfleet_cluster=cluster, ops={})
-        # once_per_run keeps its registry in the __dict__ of the `state` it is given: pyinfra's context
-        # proxy (from pyinfra import state), for the whole process. The plan is this test's, and only its.
-        monkeypatch.setitem(pyinfra_state.__dict__, "_sparkfleet_once", {"pair:watchdog-plan": ("ok", plan)})  # once_per_run: per serving group
+        # The run's plan as deploy.py's step 1b installs it (sparkfleet/decided.py), on the state the
+        # task files read; only the watchdog's slice is read by the files this test runs.
+        decided.install(self.state, {"pair": decided.Decisions(summary=None, image=None, weights=None, caches=None,
+                                                               speed=None, serving=None, watchdog=plan)})
         self.ops = []  # (include index, line, occurrence, host index, Op)
         for module, names in ((files, ("put", "directory")), (server, ("shell",)), (python, ("call",)),
                               (systemd, ("service", "daemon_reload")), (apt, ("packages",))):
@@ -353,7 +354,7 @@ def program_output(tmp_path, command, cfg_over=None, state=None):
     import json
     import subprocess
 
-    from roles.serving.schema import node_profile
+    from sparkfleet.model.serving import node_profile
     from roles.watchdog.node_config import watch_config
     from tests.unit.test_watchdog import PROGRAM
 
@@ -406,7 +407,7 @@ class DoctorHost:
 
 
 def test_the_doctors_health_is_the_probe_never_health_alone():
-    from sparkfleet.doctor import health_problems
+    from tools.doctor import health_problems
 
     c = both()
     ok = {"rc": "0", "line": "ok: completion in 0.05 s"}
@@ -426,7 +427,7 @@ def test_the_doctors_health_is_the_probe_never_health_alone():
 
 
 def test_a_watchdog_that_gave_up_or_does_not_run_fails_the_doctor():
-    from sparkfleet.doctor import watchdog_problems
+    from tools.doctor import watchdog_problems
 
     c = both()
     head = c.head
@@ -476,8 +477,8 @@ def test_the_rank_container_fact_reads_docker_and_the_nodes_clock(tmp_path):
 
 def test_status_shows_probe_ranks_watchdog_actions_and_the_served_commit():
     from roles.serving.history import parse_history
-    from roles.serving.schema import node_profile
-    from sparkfleet.status import duration, status_lines
+    from sparkfleet.model.serving import node_profile
+    from tools.status import duration, status_lines
 
     assert [duration(s) for s in (42, 425, 10920, 187200, None)] == ["42 s", "7 min 05 s", "3 h 02 min", "2 d 4 h", "?"]
     c = both()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from roles.fanout import sfl_files
-from roles.serving.schema import load_profile
+from sparkfleet.model.serving import load_profile
 from roles.weights.checks import (
     copy_problem, fetch_command, manifest_header, profile_models, pull_command, token_file_problem,
 )

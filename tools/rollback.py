@@ -11,7 +11,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from roles.serving.history import RecipeHistory, deployed_file, history_file, rollback_message, rollback_target
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from sparkfleet.config import build_cluster
 from sparkfleet.once import fleet_hosts, once_per_fleet
 

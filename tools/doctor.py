@@ -17,22 +17,22 @@ from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH, ApiProxyHost, L
 from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import fabric_others, node_status, ping_failures
 from roles.fabric.others import netconfig_problems, renderer_in_effect
-from roles.fabric.schema import NETPLAN_FILE
+from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
 from roles.firewall.checks import LiveMarker, ManagementSubnet, digest, management_problem, table_problems
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message, image_ids
 from roles.kernel_cache.checks import cache_plan
 from roles.preflight.checks import preflight_rows
-from roles.serving.engine import unit_name
+from sparkfleet.model.engine import unit_name
 from roles.serving.facts import HeadHealth, UnitState, is_serving
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
-from roles.watchdog.schema import SFL_WATCH, WATCH_UNIT
+from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
 from roles.weights.checks import weights_plan
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_fleet, per_group
-from sparkfleet.plan import group_plan
+from tools.plan import group_plan
 
 
 def _checks(state, group) -> list[tuple[str, str, list[str]]]:
@@ -79,7 +79,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
                  + [f"{n}: {why}" for n, why in caches.sync.items()]
                  + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
-    # The deploy's plan for this group (sparkfleet/plan.py, the verdicts `sparkfleet plan` prints):
+    # The deploy's plan for this group (tools/plan.py, the verdicts `sparkfleet plan` prints):
     # anything a deploy would do here is a failure, saying what and why.
     try:
         actions = group_plan(state, group).actions()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from roles.kernel_cache.schema import CACHE_VARS
+from sparkfleet.model.kernel_cache import CACHE_VARS
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ LIBRARY_ENV: dict[str, Reader] = {
 
 
 def cache_readers(engine: str) -> dict[str, Reader]:
-    """The readers of `engine`'s kernel-cache variables (roles/kernel_cache/schema.py CACHE_VARS names
+    """The readers of `engine`'s kernel-cache variables (sparkfleet/model/kernel_cache.py CACHE_VARS names
     each with the library that reads it and the upstream file)."""
     return {var: Reader(c.reader, c.source, c.installed, tuple(e for e, table in CACHE_VARS.items() if var in table))
             for var, c in CACHE_VARS[engine].items()}
@@ -77,7 +77,7 @@ ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 # A variable with one of these prefixes is meant for an engine: one the pinned engine does not read is
 # a pin that silently does nothing (the field report's VLLM_ENGINE_ITERATION_TIMEOUT_S), refused.
 ENGINE_PREFIXES = ("VLLM_", "SGLANG_")
-KNOWN_ENV_DIR = Path(__file__).resolve().parent / "known_env"
+KNOWN_ENV_DIR = Path(__file__).resolve().parents[2] / "roles" / "serving" / "known_env"
 
 
 def nccl_known_path() -> Path:

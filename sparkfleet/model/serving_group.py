@@ -3,9 +3,9 @@ one profile for all its nodes, loadable, sized for it, pins the engine reads, an
 command line rendering. Above both the schema and the engine's command line, which it uses."""
 from types import SimpleNamespace
 
-from roles.serving.engine import engine_args
-from roles.serving.env_readers import unread_engine_vars
-from roles.serving.schema import SECRET_VARS, SHARED_SERVING_KEYS, node_profile, parallelism_problems
+from sparkfleet.model.engine import engine_args
+from sparkfleet.model.env_readers import unread_engine_vars
+from sparkfleet.model.serving import SECRET_VARS, SHARED_SERVING_KEYS, node_profile, parallelism_problems
 
 
 def serving_problems(nodes) -> list[str]:

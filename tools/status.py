@@ -16,12 +16,12 @@ from roles.image.checks import history_path
 from roles.kernel_cache.checks import commit_of
 from roles.receipt.receipt import Receipts, receipt_path
 from roles.receipt.receipt import status_lines as receipt_lines
-from roles.serving.engine import unit_name
+from sparkfleet.model.engine import unit_name
 from roles.serving.facts import UnitState
 from roles.serving.history import RecipeHistory, history_file, last_event, same_commit
-from roles.serving.schema import node_profile
+from sparkfleet.model.serving import node_profile
 from roles.watchdog.facts import RankContainer, WatchdogUnit, WatchProbe, WatchStatus
-from roles.watchdog.schema import WATCH_UNIT
+from sparkfleet.model.watchdog import WATCH_UNIT
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, once_per_run
 

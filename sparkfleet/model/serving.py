@@ -6,7 +6,7 @@ speculative decoding, memory settings, parsers, the pinned environment and conta
 Nothing is left to an engine's or a recipe's default: a recipe update that flips a default
 (the field report's CG_ESTIMATE) cannot reach the pair unseen.
 
-Two engines read the same fields (roles/serving/engine.py renders them): vLLM and SGLang. Where
+Two engines read the same fields (sparkfleet/model/engine.py renders them): vLLM and SGLang. Where
 they name a setting differently the profile keeps one field and the engine maps it
 (max_model_len -> SGLang --context-length, gpu_memory_utilization -> --mem-fraction-static,
 max_num_batched_tokens -> --chunked-prefill-size). A field an engine cannot use is refused when
@@ -19,9 +19,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from roles.serving.env_readers import unread_engine_vars
+from sparkfleet.model import profile_file
+from sparkfleet.model.env_readers import unread_engine_vars
 
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+# The profiles are the serving role's data files (roles/serving/profiles/): read here by path.
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "roles" / "serving" / "profiles"
 # A commit that cannot move: recipe commits and, with trust_remote_code, hub revisions.
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Run by an RDMA rank's unit before every start: the RoCE v2 GID index read again (sfl_gid.sh here).
@@ -263,7 +265,7 @@ class Profile(_Strict):
     )
     env: dict[str, str] = Field(
         description="the pinned environment, passed to every rank: each variable is read by the engine or "
-        "by a library it uses (roles/serving/env_readers.py; the parity tier proves it)"
+        "by a library it uses (sparkfleet/model/env_readers.py; the parity tier proves it)"
     )
     launcher_env: dict[str, str] = Field(
         default_factory=dict,
@@ -423,8 +425,6 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
     """The named profile, validated; recipe_overrides (from node data) replace recipe fields,
     extra_args (node data) follow the profile's and parallel (the group's TP and PP, node data)
     replaces the profile's sizes before validation (so every engine rule sees them)."""
-    from roles.serving import profile_file
-
     path = PROFILES_DIR / f"{name}.yaml"
     if name not in profile_names():
         raise ValueError(f"no profile {name!r}; profiles: {', '.join(profile_names())}")

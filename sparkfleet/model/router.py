@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from sparkfleet.model.serving import node_profile
 from sparkfleet.refusal import Problem
 
 # The router's pinned release: smg (the Shepherd Model Gateway), from PyPI. Each version's wheels
@@ -85,8 +86,6 @@ def router_problems(nodes) -> list[Problem]:
             key="serving_api_key_file", fix="set it once for every node (group_data), or not at all"))
     taken = {router.fanout_rsync_port: "fanout_rsync_port"}
     if router.is_head:
-        from roles.serving.schema import node_profile
-
         try:
             profile = node_profile(router)
         except Exception:  # a profile that does not load is refused by the serving checks

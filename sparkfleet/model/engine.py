@@ -9,8 +9,8 @@ import json
 import re
 from typing import Callable
 
-from roles.kernel_cache.schema import CACHE_VARS, CONTAINER_CACHE_ROOT
-from roles.serving.schema import NO_MEDIA_DOMAIN, Profile
+from sparkfleet.model.kernel_cache import CACHE_VARS, CONTAINER_CACHE_ROOT
+from sparkfleet.model.serving import NO_MEDIA_DOMAIN, Profile
 
 # Where every rank's container sees weights_dir (read-only): a model is /models/<model id>.
 CONTAINER_WEIGHTS_ROOT = "/models"

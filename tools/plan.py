@@ -1,0 +1,176 @@
+"""The run's one plan: per serving group, what is fetched, built, shipped, warmed and restarted, and why.
+
+decide() is deploy.py's step 1b: it takes every role's verdict once, from facts read at prepare
+(before any operation), composes what only their sum says (whether the pair restarts, what pauses
+the watchdog), prints the table once and installs the result (sparkfleet/decided.py) for every step
+after it to read. Nothing decides again: each role executes its slice. A group whose row says nothing
+is left alone (groups are independent: a change to one group's profile restarts that group only).
+The composer stands above the roles; no role imports it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+from pyinfra import logger
+
+from roles.fabric.checks import fabric_state
+from roles.fabric_speed.checks import speed_plan
+from roles.image.checks import image_ids, image_plan
+from roles.kernel_cache.checks import cache_plan
+from roles.serving.api_key import key_state
+from roles.serving.checks import serving_state
+from roles.watchdog.checks import watchdog_plan
+from roles.weights.checks import weights_plan
+from sparkfleet import decided
+from sparkfleet.model.serving import node_profile
+from sparkfleet.once import at_once, once_per_fleet, per_group
+from sparkfleet.plan_command import GROUPS_FILE, plan_dir
+from sparkfleet.plan_types import GroupPlan, turn_sequence
+
+
+def restart_reasons(cluster, profile, ids, fabric, key, weights, caches, serving) -> list[str]:
+    """Why the pair restarts: a TP pair is one thing, so a change any role sees moves both ranks
+    (head stopped first, workers started first). Pure: every input is a role's verdict."""
+    reasons = []
+    if ids.get(cluster.head.name) is None or len(set(ids.values())) != 1:
+        reasons.append(f"image {profile.image_ref} is new or differs between nodes")
+    reasons += serving.reasons  # a rank's file changed, or its unit does not serve
+    for name in sorted(fabric.drift):  # step 3 re-applies it: the ranks' connections ride on that link
+        if fabric.drift[name] or not fabric.file_current[name]:
+            reasons.append(f"{name}: the fabric link is reconfigured "
+                           f"({'; '.join(fabric.drift[name]) or 'its netplan file changed'})")
+    if key != "ok":  # the head's engine reads the key only when it starts
+        reasons.append(f"{cluster.head.name}: the API key is new or changed")
+    if weights.fetch:  # the engine loaded the old files; the pair serves what the manifests say
+        reasons.append(f"new weights on the head: {', '.join(weights.fetch)}")
+    if caches.prewarm:
+        reasons.append("the kernel caches are warmed first (the prewarm stops the pair)")
+    return reasons
+
+
+def what_moves_the_pair(caches, serving) -> str | None:
+    """What stops the pair's units in this run, for the watchdog to be paused around (roles/watchdog)."""
+    return "the prewarm" if caches.prewarm else "the pair restart" if serving.restart else None
+
+
+def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan:
+    """The plan table's row of one group. Pure."""
+    plan = GroupPlan(group=group.group or "pair", profile=profile.name, image=profile.image_ref,
+                     nodes=[n.name for n in group.nodes])
+    plan.fetch = sorted(weights.fetch)
+    plan.build = image.build
+    plan.ship = [f"image -> {n}" for n in image.ship]
+    plan.ship += [f"{model} -> {n}" for (model, n) in sorted(weights.pull)]
+    # What roles/kernel_cache's one step does: a prewarm (which also syncs, links and expires), or
+    # only bringing the ranks in line: a rank's files (sync), `current` linked to the image's
+    # generation (link: a rollback), generations past kernel_cache_keep_generations removed (expire).
+    if caches.prewarm:
+        plan.warm = "prewarm"
+    else:
+        plan.warm = "; ".join(f"{what} {', '.join(sorted(nodes))}" for what, nodes in
+                              (("sync", caches.sync), ("link", caches.link), ("expire", caches.expire)) if nodes)
+    plan.speed = speed.why or ""
+    plan.restart, plan.reasons, plan.healthy = serving.restart, list(serving.reasons), serving.healthy
+    return plan
+
+
+def group_decisions(state, group) -> decided.Decisions:
+    """One group's verdicts (run in a greenlet of that group: sparkfleet.once.per_group), each role's
+    facts gathered at once."""
+    profile = node_profile(group.head)
+    fabric, key, ids, weights, caches, own = at_once(
+        lambda: fabric_state(state), lambda: key_state(state), lambda: image_ids(state, profile),
+        lambda: weights_plan(state), lambda: cache_plan(state), lambda: serving_state(state))
+    image = image_plan(state, profile)
+    reasons = restart_reasons(group, profile, ids, fabric, key, weights, caches, own)
+    serving = replace(own, restart=bool(reasons), reasons=tuple(reasons))
+    shown = "; ".join(reasons) if reasons else ("unchanged, healthy" if serving.healthy else "unchanged, /health not 200")
+    logger.info(f"--> sparkfleet serving {profile.name} ({profile.image_ref}): {shown}")
+    speed = speed_plan(state)
+    watchdog = watchdog_plan(state, what_moves_the_pair(caches, serving))
+    return decided.Decisions(summary=summary(group, profile, image, weights, caches, speed, serving), image=image,
+                             weights=weights, caches=caches, speed=speed, serving=serving, watchdog=watchdog)
+
+
+def group_plan(state, group) -> GroupPlan:
+    """One group's plan row (the doctor's plan row: the same verdicts a deploy takes)."""
+    return group_decisions(state, group).summary
+
+
+# The plan table's columns (tests/e2e/plan_conformance.py reads the table back by them).
+TABLE_HEADER = ("group", "profile", "nodes (head first)", "fetch", "build", "ship over the fabric", "warm", "restart")
+
+
+def _cell(items: list[str], empty: str = "-") -> str:
+    return ", ".join(items) if items else empty
+
+
+def _ship_cell(p: GroupPlan) -> str:
+    """What crosses the fabric, per receiving node: 'spark-b: image, 2 models'."""
+    per_node: dict[str, list[str]] = {}
+    for item in p.ship:
+        what, node = item.rsplit(" -> ", 1)
+        per_node.setdefault(node, []).append(what)
+    cells = []
+    for node, things in per_node.items():
+        models = [t for t in things if t != "image"]
+        parts = (["image"] if "image" in things else []) + ([f"{len(models)} model{'s' * (len(models) > 1)}"]
+                                                            if models else [])
+        cells.append(f"{node}: {', '.join(parts)}")
+    return "; ".join(cells) or "-"
+
+
+def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]:
+    """The table's lines: one row per group, then why each restarting group restarts."""
+    header = TABLE_HEADER
+    rows = [header]
+    for name, p in sorted(plans.items()):
+        restart = "yes" if p.restart else f"no, {p.standing}"
+        fetch = f"{len(p.fetch)} model{'s' * (len(p.fetch) > 1)}" if p.fetch else "-"
+        rows.append((name, p.profile, _cell(p.nodes), fetch, "yes" if p.build else "-", _ship_cell(p),
+                     p.warm or "-", restart))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    for name, p in sorted(plans.items()):
+        if p.fetch:
+            lines.append(f"  {name} fetches: {', '.join(p.fetch)}")
+        if p.speed:
+            lines.append(f"  {name} proves the fabric's speed: {p.speed}")
+        shown = p.reasons[:reasons_shown]
+        more = len(p.reasons) - len(shown)
+        if shown:
+            lines.append(f"  {name} restarts: {'; '.join(shown)}" + (f" (and {more} more)" if more else ""))
+    return lines
+
+
+def write_plan(plans: dict[str, GroupPlan], path: str) -> None:
+    """The plan as JSON for `sparkfleet plan` (sparkfleet/plan_command.py), group -> its verdicts."""
+    with open(path, "w") as out:
+        json.dump({name: asdict(p) for name, p in sorted(plans.items())}, out, indent=1, sort_keys=True)
+
+
+def decide(state) -> dict[str, GroupPlan]:
+    """Step 1b: every group's decisions, once per run, printed as a table before any operation runs and
+    installed for every later step (sparkfleet/decided.py); run as a plan, also written for
+    `sparkfleet plan` to read. Returns the table's rows."""
+    def compute():
+        decisions = per_group(state, lambda group: group_decisions(state, group))
+        decided.install(state, decisions)
+        plans = {name: d.summary for name, d in decisions.items()}
+        changed = sum(p.changes for p in plans.values())
+        logger.info(f"--> sparkfleet plan: {len(plans)} serving group(s), {changed} with changes "
+                    f"(decided before any change; the roles execute this plan)")
+        for line in plan_table(plans):
+            logger.info("    " + line)
+        restarting = [name for name in turn_sequence(plans) if plans[name].restart]
+        if len(restarting) > 1 and any(p.healthy for p in plans.values()):
+            logger.info(f"    rolling: {', then '.join(restarting)} (one group at a time: each out of the router, "
+                        f"upgraded, proven to serve and routed again before the next stops)")
+        elif len(restarting) > 1:
+            logger.info(f"    together: {', '.join(restarting)} (no group serves yet: none waits for another)")
+        if (directory := plan_dir()) is not None:
+            write_plan(plans, str(directory / GROUPS_FILE))
+        return plans
+
+    return once_per_fleet(state, "plan", compute)
