@@ -1,6 +1,6 @@
 """Defaults for every node of a sparkfleet cluster: one flat place, one line per setting.
 
-Every key here is validated by the config model (sparkfleet/config.py and roles/*/schema.py);
+Every key here is validated by the config model (sparkfleet/config.py and sparkfleet/model/);
 an unknown key stops the deploy before any host is touched. Per-node values (rank,
 fabric_address, ssh_hostname) live in the inventory. `python -m sparkfleet config inventory.py`
 prints what each node ends up with. docs/data-keys.md lists every key with its default and meaning.

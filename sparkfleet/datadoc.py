@@ -15,15 +15,15 @@ SHIPPED_DEFAULTS = ROOT / "group_data" / "all.py"
 
 HEADER = """\
 <!-- Written by `python -m sparkfleet docs` (make docs) from the config model's field descriptions
-     (sparkfleet/config.py and each role's schema.py); edit those, not this file. -->
+     (sparkfleet/config.py and sparkfleet/model/); edit those, not this file. -->
 # Data keys
 
 Every key is validated by the config model (`sparkfleet/config.py`, composed of each role's
-`schema.py`); an unknown key is refused, naming the closest known one. pyinfra's own keys (`ssh_*`,
+schema in `sparkfleet/model/<role>.py`); an unknown key is refused, naming the closest known one. pyinfra's own keys (`ssh_*`,
 `_sudo`, ...) pass through. The default is the model's; where `group_data/all.py` (the defaults
 shipped for DGX Sparks) sets another value, it is shown beside it, and `lab/group_data/all.py`
 overrides some for the lab. `python -m sparkfleet config inventory.py` prints what each node ends
-up with. The keys are grouped by the role whose `schema.py` declares them.
+up with. The keys are grouped by the role whose schema declares them.
 """
 
 FOOTER = """
@@ -69,7 +69,7 @@ def meaning(key: str) -> str:
 
 
 def owner(key: str) -> str:
-    """The module that declares the key: roles/<role>/schema.py, or sparkfleet/config.py."""
+    """The module that declares the key: sparkfleet/model/<role>.py, or sparkfleet/config.py."""
     for cls in NodeConfig.__mro__:
         if key in cls.__dict__.get("__annotations__", {}):
             return cls.__module__.replace(".", "/") + ".py"

@@ -19,6 +19,8 @@ _KEY = "_sparkfleet_decisions"
 class Decisions:
     """One serving group's verdicts, each taken once from prepare-time facts."""
     summary: GroupPlan  # what the plan table prints and `sparkfleet plan` reads
+    fabric: Any         # roles/fabric/checks.py FabricState: each node's drift, and whether it is applied again
+    key: str            # roles/serving/api_key.py decide_key: "ok", or why the head's key files are written
     image: Any          # roles/image/checks.py ImagePlan: build on the head, ship to which workers
     weights: Any        # roles/weights/checks.py WeightsPlan: fetched on the head, pulled by which nodes
     caches: Any         # roles/kernel_cache/checks.py CachePlan: prewarm, or sync/link/expire

@@ -21,18 +21,16 @@ from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
 from roles.firewall.checks import LiveMarker, ManagementSubnet, digest, management_problem, table_problems
 from roles.guards.run import guard_problems
-from roles.image.checks import ids_differ_message, image_ids
-from roles.kernel_cache.checks import cache_plan
+from roles.image.checks import ids_differ_message
 from roles.preflight.checks import preflight_rows
 from sparkfleet.model.engine import unit_name
 from roles.serving.facts import HeadHealth, UnitState, is_serving
 from sparkfleet.model.serving import node_profile
 from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
-from roles.weights.checks import weights_plan
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, once_per_fleet, per_group
-from tools.plan import group_plan
+from tools.plan import group_decisions
 
 
 def _checks(state, group) -> list[tuple[str, str, list[str]]]:
@@ -43,8 +41,14 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     rows = []
     for node, _facts, failures in preflight_rows(state):
         rows.append(("preflight", node.name, failures))
+    # The deploy's plan for this group (tools/plan.py: the same facts and verdicts a deploy takes,
+    # and `sparkfleet plan` prints); a plan that cannot be taken fails the rows that read it.
     try:
-        rows.append(("guards", "all", guard_problems(state)))
+        planned, no_plan = group_decisions(state, group), None
+    except DeployError as err:
+        planned, no_plan = None, str(err)
+    try:
+        rows.append(("guards", "all", [no_plan] if planned is None else guard_problems(state, planned.serving.files)))
     except DeployError as err:
         rows.append(("guards", "all", [str(err)]))
     links, problems_of = {}, {}
@@ -67,24 +71,18 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         if node.is_head:
             proxy = h.get_fact(ApiProxyHost, unit_path=PROXY_UNIT_PATH)
             rows.append(("listeners", name, listener_problems(node, h.get_fact(Listeners), proxy["active"])))
-    ids = image_ids(state, profile)
-    same = None not in ids.values() and len(set(ids.values())) == 1
-    rows.append(("image", "all", [] if same else [ids_differ_message(ids, profile.image_ref)]))
     rows += fingerprint_rows(state)  # each node's values; a must-match field that differs fails
     # The deploy's own prepare-time verdicts (facts only): what a deploy would move is a failure here.
-    weights = weights_plan(state)
-    rows.append(("weights", "all", [f"{cluster.head.name}: {m}: {why}" for m, why in weights.fetch.items()]
-                 + [f"{n}: {m}: {why}" for (m, n), why in weights.pull.items()]))
-    caches = cache_plan(state)
-    rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
-                 + [f"{n}: {why}" for n, why in caches.sync.items()]
-                 + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
-    # The deploy's plan for this group (tools/plan.py, the verdicts `sparkfleet plan` prints):
-    # anything a deploy would do here is a failure, saying what and why.
-    try:
-        actions = group_plan(state, group).actions()
-    except DeployError as err:
-        actions = [f"no plan: {err}"]
+    if planned is not None:
+        image, weights, caches = planned.image, planned.weights, planned.caches
+        rows.append(("image", "all", [] if image.same_everywhere else [ids_differ_message(image.ids, profile.image_ref)]))
+        rows.append(("weights", "all", [f"{cluster.head.name}: {m}: {why}" for m, why in weights.fetch.items()]
+                     + [f"{n}: {m}: {why}" for (m, n), why in weights.pull.items()]))
+        rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
+                     + [f"{n}: {why}" for n, why in caches.sync.items()]
+                     + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
+    # Anything a deploy would do here is a failure, saying what and why.
+    actions = planned.summary.actions() if planned is not None else [f"no plan: {no_plan}"]
     rows.append(("plan", group.group or "pair", [f"a deploy would {a}" for a in actions]))
     head = hosts.get(cluster.head.name)
     if head is not None:

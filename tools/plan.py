@@ -15,13 +15,15 @@ from dataclasses import asdict, replace
 from pyinfra import logger
 
 from roles.fabric.checks import fabric_state
-from roles.fabric_speed.checks import speed_plan
-from roles.image.checks import image_ids, image_plan
-from roles.kernel_cache.checks import cache_plan
-from roles.serving.api_key import key_state
-from roles.serving.checks import serving_state
-from roles.watchdog.checks import watchdog_plan
-from roles.weights.checks import weights_plan
+from roles.fabric_speed import checks as fabric_speed_checks
+from roles.image import checks as image_checks
+from roles.kernel_cache import checks as kernel_cache_checks
+from roles.preflight.checks import preflight_rows
+from roles.serving import checks as serving_checks
+from roles.router.fleet_key import replaced_on
+from roles.serving.api_key import decide_key, head_key_found
+from roles.watchdog import checks as watchdog_checks
+from roles.weights import checks as weights_checks
 from sparkfleet import decided
 from sparkfleet.model.serving import node_profile
 from sparkfleet.once import at_once, once_per_fleet, per_group
@@ -75,27 +77,61 @@ def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan
     return plan
 
 
-def group_decisions(state, group) -> decided.Decisions:
-    """One group's verdicts (run in a greenlet of that group: sparkfleet.once.per_group), each role's
-    facts gathered at once."""
+def group_facts(state, group) -> dict:
+    """Every fact one group's verdicts read, in one pass: each role's reader at once (run in a
+    greenlet of that group: sparkfleet.once.per_group), each reading its nodes at once."""
     profile = node_profile(group.head)
-    fabric, key, ids, weights, caches, own = at_once(
-        lambda: fabric_state(state), lambda: key_state(state), lambda: image_ids(state, profile),
-        lambda: weights_plan(state), lambda: cache_plan(state), lambda: serving_state(state))
-    image = image_plan(state, profile)
-    reasons = restart_reasons(group, profile, ids, fabric, key, weights, caches, own)
-    serving = replace(own, restart=bool(reasons), reasons=tuple(reasons))
-    shown = "; ".join(reasons) if reasons else ("unchanged, healthy" if serving.healthy else "unchanged, /health not 200")
+    readers = {
+        "fabric": lambda: fabric_state(state),  # the fabric's drift, and its read-only proof
+        "key_found": lambda: head_key_found(state),
+        # The router's verdict (roles/router fleet_key): the fleet's one key replaces this head's.
+        "key_replaced": lambda: replaced_on(state, group.head.name),
+        "image": lambda: image_checks.image_facts(state, profile),
+        "weights": lambda: weights_checks.weights_facts(state),
+        "caches": lambda: kernel_cache_checks.cache_facts(state),
+        "serving": lambda: serving_checks.serving_facts(state),
+        "speed_records": lambda: fabric_speed_checks.speed_records(state),
+        "watchdog_units": lambda: watchdog_checks.watchdog_units(state),
+        # preflight's rows, not its verdict: the doctor reads this plan too, and shows a failed
+        # preflight as a row of its own instead of stopping here.
+        "preflight": lambda: preflight_rows(state),
+    }
+    return dict(zip(readers, at_once(*readers.values())))
+
+
+def decide_group(facts: dict, group) -> decided.Decisions:
+    """One group's decisions, a pure function of its facts and its validated config: each role's
+    verdict, then what only their sum says (whether the pair restarts, what pauses the watchdog)."""
+    profile = node_profile(group.head)
+    key = decide_key(group.head, facts["key_found"], facts["key_replaced"])
+    image_v = image_checks.decide(facts["image"], group, profile)
+    weights_v = weights_checks.decide(facts["weights"], group)
+    caches = kernel_cache_checks.decide(facts["caches"], group)
+    own = serving_checks.decide(facts["serving"], group)
+    reasons = restart_reasons(group, profile, image_v.ids, facts["fabric"], key, weights_v, caches, own)
+    serving_v = replace(own, restart=bool(reasons), reasons=tuple(reasons))
+    available = {node.name: row.get("mem_available_gib", 0.0) for node, row, _ in facts["preflight"]}
+    speed = fabric_speed_checks.decide(group, profile.image_ref, facts["speed_records"], available,
+                                reconfigured=not facts["fabric"].converged)
+    watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
+    return decided.Decisions(summary=summary(group, profile, image_v, weights_v, caches, speed, serving_v),
+                             fabric=facts["fabric"], key=key, image=image_v, weights=weights_v, caches=caches, speed=speed, serving=serving_v,
+                             watchdog=watchdog_v)
+
+
+def group_decisions(state, group) -> decided.Decisions:
+    """One group's decisions from this run's facts, each role's verdict line printed."""
+    facts = group_facts(state, group)
+    d = decide_group(facts, group)
+    profile = node_profile(group.head)
+    logger.info("--> sparkfleet weights: " + weights_checks.summary(d.weights))
+    logger.info(f"--> sparkfleet kernel caches ({profile.image_ref}): "
+                f"{kernel_cache_checks.summary(d.caches, facts['caches'], group.head.name)}")
+    shown = "; ".join(d.serving.reasons) if d.serving.reasons else (
+        "unchanged, healthy" if d.serving.healthy else "unchanged, /health not 200")
     logger.info(f"--> sparkfleet serving {profile.name} ({profile.image_ref}): {shown}")
-    speed = speed_plan(state)
-    watchdog = watchdog_plan(state, what_moves_the_pair(caches, serving))
-    return decided.Decisions(summary=summary(group, profile, image, weights, caches, speed, serving), image=image,
-                             weights=weights, caches=caches, speed=speed, serving=serving, watchdog=watchdog)
-
-
-def group_plan(state, group) -> GroupPlan:
-    """One group's plan row (the doctor's plan row: the same verdicts a deploy takes)."""
-    return group_decisions(state, group).summary
+    logger.info(f"--> sparkfleet watchdog: {watchdog_checks.summary(d.watchdog, group)}")
+    return d
 
 
 # The plan table's columns (tests/e2e/plan_conformance.py reads the table back by them).

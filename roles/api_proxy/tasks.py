@@ -15,7 +15,6 @@ from pyinfra import host, state
 from pyinfra.operations import server, systemd
 
 from roles.api_proxy.checks import HAPROXY, UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
-from roles.serving.api_key import key_state
 from sparkfleet.decided import decisions
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.watchdog import WATCH_UNIT
@@ -34,7 +33,7 @@ if node.is_head:
     systemd.daemon_reload(name=f"Reload systemd ({UNIT} unit changed)", _if=unit.did_change)
     server.shell(name=f"Check {config_path(node)} with HAProxy", commands=[f"{HAPROXY} -c -q -f {config_path(node)}"],
                  _if=config.did_change)
-    key_changed = key_state(state) != "ok"  # the pattern file was rewritten at step 7b
+    key_changed = decisions(state).key != "ok"  # the run's plan: the pattern file was rewritten at step 7b
     # A head deployed before the proxy existed has its engine on the profile's port: when the pair
     # restarts in this run anyway (its unit moves the engine to api_proxy_engine_port), that engine
     # and the watchdog that would start it again stop first (the watchdog is handed the pair back at

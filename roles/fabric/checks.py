@@ -6,14 +6,17 @@ the jumbo-frame proof runs as a read-only fact (a converged deploy changes nothi
 the proof runs as an operation after `netplan apply` has run on every node.
 """
 from dataclasses import dataclass, field
+
+from pyinfra import host, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
-from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
+from roles.firewall.checks import LiveMarker, ManagementSubnet, digest
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.render import render, sha1_text
 
@@ -132,7 +135,6 @@ def ping_failures(node_host, node, cluster, links: dict[str, dict]) -> list[str]
 
 def _firewall_moves(state, cluster, hosts) -> bool:
     """Whether roles/firewall will change the live rules on any node of the group in this run."""
-    from roles.firewall.checks import LiveMarker, ManagementSubnet, digest
 
     def moves(node_host):
         node = cluster.node(node_host.name)
@@ -145,7 +147,9 @@ def _firewall_moves(state, cluster, hosts) -> bool:
 
 
 def fabric_state(state) -> FabricState:
-    return once_per_run(state, "fabric", lambda: _fabric_state(state))
+    """The fabric's verdict from this run's facts (tools/plan.py takes it once, for the run's plan):
+    each node's drift, and, when nothing will change, the read-only proof that jumbo frames pass."""
+    return _fabric_state(state)
 
 
 def _live_mtu(node_host, netdev: str):
@@ -155,7 +159,6 @@ def _live_mtu(node_host, netdev: str):
 
 def prove_jumbo_frames(node, peers) -> None:
     """Operation body: ping every peer unfragmented at full MTU, naming both ends on failure."""
-    from pyinfra import host, state  # the executing host, set by pyinfra while the operation runs
 
     failures = []
     for peer in peers:

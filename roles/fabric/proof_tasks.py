@@ -4,12 +4,13 @@ group is admitted by its new peers' firewalls first), or the deploy stops naming
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from roles.fabric.checks import fabric_state, prove_jumbo_frames
+from roles.fabric.checks import prove_jumbo_frames
+from sparkfleet.decided import decisions
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
-fabric = fabric_state(state)  # prepare-time verdict: the pings passed then and nothing changed since
+fabric = decisions(state).fabric  # the run's plan (step 1b): the pings passed then and nothing changed since
 
 # After every node has applied its netplan file and its firewall.
 if not fabric.converged:

@@ -5,14 +5,15 @@ from io import StringIO
 from pyinfra import host, logger, state
 from pyinfra.operations import python, server
 
-from roles.fabric.checks import fabric_others, fabric_state, netplan_text
+from roles.fabric.checks import fabric_others, netplan_text
+from sparkfleet.decided import decisions
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
-fabric = fabric_state(state)  # prepare-time verdict for all nodes; proves the link if nothing changes
+fabric = decisions(state).fabric  # the run's plan (step 1b): drift per node; the link proven if nothing changes
 
 # 1. Other configurations of the netdev: preflight stopped on them unless fabric_take_over is set
 #    (and each can be taken over); then each is disabled so that neither a re-run nor a reboot

@@ -20,13 +20,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from roles.fabric.checks import fabric_state
 from sparkfleet.model.fabric import FabricHalf
 from roles.fabric_speed.facts import SpeedRecord
-from roles.preflight.checks import preflight_rows
-from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import once_per_run, per_host
+from sparkfleet.once import per_host
 
 RECORD_NAME = "fabric-speed.json"
 RUNNER_SOURCE = str(Path(__file__).with_name("files") / "sfl_gather.py")
@@ -306,16 +303,7 @@ def decide(cluster, image: str | None, records: dict[str, str | None], mem_avail
     return SpeedPlan(why, key, tuple(speed_links(cluster)), mib, buffer_why)
 
 
-def _speed_plan(state) -> SpeedPlan:
+def speed_records(state) -> dict[str, str | None]:
+    """node name -> the speed record it keeps (SpeedRecord), every node of the run at once."""
     cluster = cluster_from_state(state)
-    records = per_host(state, lambda h: h.get_fact(SpeedRecord, path=record_path(cluster.node(h.name))))
-    # preflight's facts, read once; its rows, not its verdict: the doctor reads this plan too, and
-    # shows a failed preflight as a row of its own instead of stopping here.
-    available = {node.name: facts.get("mem_available_gib", 0.0) for node, facts, _ in preflight_rows(state)}
-    reconfigured = not fabric_state(state).converged
-    return decide(cluster, node_profile(cluster.head).image_ref, records, available, reconfigured)
-
-
-def speed_plan(state) -> SpeedPlan:
-    """The group's verdict, taken once at prepare (facts before any operation)."""
-    return once_per_run(state, "fabric-speed", lambda: _speed_plan(state))
+    return per_host(state, lambda h: h.get_fact(SpeedRecord, path=record_path(cluster.node(h.name))))

@@ -15,17 +15,18 @@ from sparkfleet.keyvalue import key_values
 from sparkfleet.once import active_hosts, once_per_run, per_host
 
 
-def _guards(state) -> list[str]:
+def _guards(state, files: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
+    """files: node -> {path: (text, mode)} of what roles/serving writes there, as the plan rendered it
+    (roles/serving/checks.py decide)."""
     cluster = cluster_from_state(state)
     facts = gather_and_check(state)
-    pair = decisions(state).serving  # the ranks' rendered files (tools/plan.py decided them at step 1b)
     problems, rows = [], []
     memory = per_host(state, lambda h: _memory_facts(h, cluster.node(h.name)))
     for node_host in active_hosts(state):
         node = cluster.node(node_host.name)
         profile = node_profile(node)
         f = facts[node.name]
-        env_text = pair.files[node.name][env_file_path(node, node.serving_dir)][0]
+        env_text = files[node.name][env_file_path(node, node.serving_dir)][0]
         problems += refused_settings(
             node.name, engine_args(profile, cluster, node), key_values(env_text.splitlines()),
             node.is_head, profile.engine, node.allow_ray_backend,
@@ -107,11 +108,13 @@ def _kv_budget(cluster, facts, rows, head_facts: dict) -> list[str]:
     return problems
 
 
-def guard_problems(state) -> list[str]:
-    return once_per_run(state, "guards", lambda: _guards(state))
+def guard_problems(state, files: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
+    """Every guard's refusal for the group, once per run; `files`: the ranks' rendered files."""
+    return once_per_run(state, "guards", lambda: _guards(state, files))
 
 
 def run_guards(state) -> None:
-    problems = guard_problems(state)
+    """Step 2: the guards, on the ranks' files as the run's plan (step 1b) rendered them."""
+    problems = guard_problems(state, decisions(state).serving.files)
     if problems:
         raise DeployError("guards refused the deploy, nothing was changed:\n  " + "\n  ".join(problems))

@@ -2,17 +2,38 @@
 import json
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
+from io import StringIO
 
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from roles.docker.checks import registry_address
-from roles.image.facts import DockerImageId, pin_of  # noqa: F401 (pin_of: callers of this module read the pin with it)
-from sparkfleet.decided import decisions
-from sparkfleet.model.serving import FULL_SHA, PROFILES_DIR
+from roles.guards.drift import drift_report, launch_defaults
+from roles.guards.exact_drift import (
+    env_file_values,
+    exact_report,
+    launcher_argv,
+    rank_findings,
+    recorder_files,
+    recorder_run,
+    stop_message,
+)
+from roles.image.commands import pull_command
+from roles.image.facts import (  # noqa: F401 (pin_of: callers of this module read the pin with it)
+    DockerImageId,
+    ImagePin,
+    RepoDigests,
+    pin_of,
+)
 from sparkfleet.bounded import bounded
-from sparkfleet.once import active_hosts, once_per_run, per_host
+from sparkfleet.decided import decisions
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.model.engine import IMAGE_VAR, engine_args, env_file_path, image_pin_path
+from sparkfleet.model.serving import FULL_SHA, PROFILES_DIR, load_profile, node_profile, profile_names
+from sparkfleet.once import active_hosts, per_host
 from sparkfleet.refusal import Problem, Refusal
 
 
@@ -64,9 +85,7 @@ def history_path(node, profile) -> str:
 def check_recipe_drift(src: str, old: str, new: str, launch_files, pinned: dict, acknowledged) -> None:
     """Operation body (head, after the checkout fetched `new`): report every launch default that
     changed between the served commit and the new one; stop on one sparkfleet does not pin."""
-    from pyinfra import host, logger
 
-    from roles.guards.drift import drift_report, launch_defaults
 
     def defaults(commit):
         out = {}
@@ -90,8 +109,6 @@ def check_recipe_drift(src: str, old: str, new: str, launch_files, pinned: dict,
 def exact_drift_ranks(state, cluster) -> list[tuple[str, list[str], str]]:
     """Prepare time, per rank of this run: (node name, the engine argv sparkfleet renders for it,
     its environment file as roles/serving will write it)."""
-    from sparkfleet.model.engine import engine_args, env_file_path
-    from sparkfleet.model.serving import node_profile
 
     pair = decisions(state).serving  # the ranks' files as roles/serving writes them (the run's plan)
     return [
@@ -109,13 +126,8 @@ def check_exact_drift(src: str, new: str, image: str, launcher: str, launcher_ar
     (roles/guards/exact_drift.py), and compare what it would start with what sparkfleet renders.
     `ranks`: [(label, rendered engine argv, rendered environment file text)] from prepare time.
     An unexplained difference stops the deploy before anything leaves the head."""
-    from io import StringIO
 
-    from pyinfra import host, logger
 
-    from roles.guards.exact_drift import (
-        env_file_values, exact_report, launcher_argv, rank_findings, recorder_files, recorder_run, stop_message,
-    )
 
     def sh(command: str):
         ok, out = host.run_shell_command(StringCommand(command))
@@ -160,7 +172,6 @@ def check_exact_drift(src: str, new: str, image: str, launcher: str, launcher_ar
 
 def other_profile_images(local: list[str], profile, registry: str) -> list[str]:
     """Local images (plain and registry-tagged) of every shipped profile but the served one."""
-    from sparkfleet.model.serving import load_profile, profile_names
 
     repos = {load_profile(n).image for n in profile_names()} - {profile.image}
     repos |= {f"{registry}/{r}" for r in repos}
@@ -187,29 +198,28 @@ def pushed_digest(output: str) -> str | None:
 
 def pin_text(ref: str) -> str:
     """The worker's pin file (an EnvironmentFile of its unit): IMAGE_VAR=<registry>/<repo>@sha256:..."""
-    from sparkfleet.model.engine import IMAGE_VAR
 
     return f"{IMAGE_VAR}={ref}\n"
 
 
-def image_pins(state, profile) -> dict[str, object]:
-    """At prepare time: the head's registry digests of the profile's image (RepoDigests, a list), each
-    worker's (pinned reference: its pin file or None, its local copy's registry digests)."""
-    from roles.image.facts import ImagePin, RepoDigests
-    from sparkfleet.model.engine import image_pin_path
-    from sparkfleet.inventory import cluster_from_state
-
+def image_facts(state, profile) -> "ImageFacts":
+    """At prepare time, every node at once: the image's ID on each (DockerImageId), the head's registry
+    digests of it (RepoDigests, a list), each worker's (pinned reference: its pin file or None, its
+    local copy's registry digests)."""
     cluster = cluster_from_state(state)
 
     def read(h):
         node = cluster.node(h.name)
+        image_id = h.get_fact(DockerImageId, ref=profile.image_ref)
         if node.is_head:
-            return h.get_fact(RepoDigests, ref=profile.image_ref)
+            return image_id, h.get_fact(RepoDigests, ref=profile.image_ref)
         # A worker's own registry digests of its local copy too: an image it pulled by digest before
         # (a rollback to a commit every node kept) needs its pin written again, not a pull.
-        return (h.get_fact(ImagePin, path=image_pin_path(node)), h.get_fact(RepoDigests, ref=profile.image_ref))
+        return image_id, (h.get_fact(ImagePin, path=image_pin_path(node)), h.get_fact(RepoDigests, ref=profile.image_ref))
 
-    return once_per_run(state, f"image-pins:{profile.image_ref}", lambda: per_host(state, read))
+    read_by_node = per_host(state, read)
+    return ImageFacts(ids={n: i for n, (i, _) in read_by_node.items()},
+                      pins={n: p for n, (_, p) in read_by_node.items()})
 
 
 def pushed_digests(state) -> dict[str, str]:
@@ -221,7 +231,6 @@ def push_image(local: str, remote: str, push: str) -> None:
     """Operation body (head): tag the local build `local` as `remote` in the fabric registry, push it
     (`push`, bounded), and keep the manifest digest the push printed: what every worker pulls and runs
     (pull_by_digest), so a push under the same tag after this one changes nothing a worker gets."""
-    from pyinfra import host, logger, state
 
     ok, out = host.run_shell_command(StringCommand(f"docker tag {shlex.quote(local)} {shlex.quote(remote)} && {push}"))
     text = f"{out.stdout}\n{out.stderr}"
@@ -238,11 +247,7 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
     """Operation body (a worker, after the head's push_image): pull the manifest the head pushed by its
     digest (<registry>/<repo>@digest; Docker checks the content against it), tag it with the plain
     name `local`, and write the pin file `pin` its unit runs it from."""
-    from pyinfra import host, logger, state
 
-    from roles.image.commands import pull_command
-    from sparkfleet.model.serving import node_profile
-    from sparkfleet.inventory import cluster_from_state
 
     cluster = cluster_from_state(state)
     node = cluster.node(host.name)
@@ -263,29 +268,27 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
 
 def repin_command(node, ref: str) -> str:
     """A worker's pin file written again (the image is there, pulled by `ref` before): nothing pulled."""
-    from sparkfleet.model.engine import image_pin_path
 
     q, pin = shlex.quote, image_pin_path(node)
     tmp = q(f"{pin}.tmp")
     return f"printf '%s' {q(pin_text(ref))} > {tmp} && chmod 0644 {tmp} && mv {tmp} {q(pin)}"
 
 
-def image_ids(state, profile) -> dict[str, str | None]:
-    """Image ID of the profile's image on every node, at prepare time (before any operation)."""
-    return once_per_run(
-        state,
-        f"image-ids:{profile.image_ref}",
-        lambda: per_host(state, lambda h: h.get_fact(DockerImageId, ref=profile.image_ref)),
-    )
+@dataclass(frozen=True)
+class ImageFacts:
+    ids: dict[str, str | None]  # node -> the image's ID there before the run (None: not there)
+    pins: dict[str, object]  # head -> its RepoDigests; worker -> (its pin or None, its RepoDigests)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImagePlan:
     head_id: str | None  # the image's ID on the head before the run; None: the head builds it
-    ship: list[str]  # workers that pull it from the head's registry (missing, another ID, or not pinned
-    #                  to a digest the head pushed, and not holding one)
+    ship: list[str]  # workers that pull it from the head's registry (missing, another ID, or not
+    #                        pinned to a digest the head pushed, and not holding one)
     repin: dict[str, str] = field(default_factory=dict)  # worker -> the head's digest ref its local copy
     #                  already holds (same ID), its pin file naming another: written again, nothing pulled
+    ids: dict[str, str | None] = field(default_factory=dict)  # node -> image ID before the run
+    worker_pins: dict[str, str | None] = field(default_factory=dict)  # worker -> its pin before the run
 
     @property
     def build(self) -> bool:
@@ -295,23 +298,25 @@ class ImagePlan:
     def in_sync(self) -> bool:
         return not self.build and not self.ship
 
+    @property
+    def same_everywhere(self) -> bool:
+        """Every node of the run had one image ID before the run, the head's included."""
+        return None not in self.ids.values() and len(set(self.ids.values())) == 1
 
-def image_plan(state, profile) -> ImagePlan:
-    """Whether the head builds the profile's image and which workers pull it, from the image IDs
-    every node of the group had at prepare time."""
-    from sparkfleet.inventory import cluster_from_state
 
-    cluster = cluster_from_state(state)
-    ids = image_ids(state, profile)
+def decide(facts: ImageFacts, cluster, profile) -> ImagePlan:
+    """Whether the head builds the profile's image and which workers pull it: a pure function of the
+    image IDs and pins every node of the group had at prepare time."""
+    ids, pins = facts.ids, facts.pins
     head_id = ids.get(cluster.head.name)
-    pins = image_pins(state, profile)
     repo = f"{registry_address(cluster)}/{profile.image}@"
     pushed = [d for d in pins.get(cluster.head.name) or [] if d.startswith(repo)]
-    ship, repin = [], {}
+    ship, repin, worker_pins = [], {}, {}
     for n in cluster.workers:
         if n.name not in ids:
             continue
         pin, held = pins.get(n.name) or (None, [])
+        worker_pins[n.name] = pin
         if head_id is None or ids[n.name] != head_id:
             ship.append(n.name)
         elif pin not in pushed:
@@ -320,7 +325,12 @@ def image_plan(state, profile) -> ImagePlan:
                 repin[n.name] = common[0]
             else:
                 ship.append(n.name)
-    return ImagePlan(head_id=head_id, ship=ship, repin=repin)
+    return ImagePlan(head_id=head_id, ship=ship, repin=repin, ids=dict(ids), worker_pins=worker_pins)
+
+
+def image_plan(state, profile) -> ImagePlan:
+    """The verdict from this run's facts (tools/plan.py takes it once, for the run's plan)."""
+    return decide(image_facts(state, profile), cluster_from_state(state), profile)
 
 
 def ids_differ_message(ids: dict[str, str | None], ref: str) -> str:
@@ -330,7 +340,6 @@ def ids_differ_message(ids: dict[str, str | None], ref: str) -> str:
 
 def verify_same_image(ref: str) -> None:
     """Operation body (runs on the head after the pulls): the same image ID on every node, read afresh."""
-    from pyinfra import state
 
     ids = {}
     for node_host in active_hosts(state):
@@ -395,9 +404,7 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
     Dockerfile at `commit` is made local (pulled when absent, so the build uses exactly the image
     recorded: docker build takes a local FROM image unless --pull) and written to `record` with its
     registry digest and image ID."""
-    import time
 
-    from pyinfra import host, logger
 
     def sh(command: str, what: str) -> str:
         ok, out = host.run_shell_command(StringCommand(command))

@@ -19,7 +19,7 @@ from pyinfra.operations.util import any_changed
 
 from roles.docker.checks import registry_address
 from roles.image.checks import (
-    RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path, image_ids,
+    RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path,
     other_profile_images, pull_by_digest, push_image, repin_command, recipe_dir, record_base_images, refuse_loose_commit,
     registry_ref, verify_same_image,
 )
@@ -39,7 +39,6 @@ cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 profile = node_profile(node)
 recipe = profile.recipe
-ids = image_ids(state, profile)  # prepare-time: which nodes have the image, and which ID
 plan = decisions(state).image  # the run's plan (tools/plan.py): build on the head, ship to workers
 head_id = plan.head_id
 in_sync = plan.in_sync

@@ -13,22 +13,28 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
-from pyinfra import logger
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from roles.fanout.commands import rsync_pull_command
-from sparkfleet.model.fanout import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
+from roles.image.checks import repin_command
 from roles.kernel_cache.facts import CacheState, is_generation
-from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm_env
-from sparkfleet.model.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
-from roles.serving.api_key import curl_config
+from roles.kernel_cache.warmup import warmup_requests
+from roles.serving.api_key import curl_config, key_file
+from roles.serving.checks import wait_for_health
 from roles.serving.facts import health_command
-from sparkfleet.model.serving import node_profile
+from roles.serving.history import history_file, record_command
+from roles.watchdog.checks import resume_watchdogs
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.model.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
+from sparkfleet.model.fanout import SFL_FILES
+from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm_env
+from sparkfleet.model.serving import node_profile
+from sparkfleet.once import active_hosts, per_host
 from sparkfleet.render import render
-from sparkfleet.once import active_hosts, once_per_run, per_host
+
 
 PREWARM_CONTAINER = "sparkfleet-prewarm"
 
@@ -112,61 +118,78 @@ def dropped_lines(node_name: str, gen: str, output: str) -> list[str]:
     return lines
 
 
-@dataclass
+@dataclass(frozen=True)
 class CachePlan:
     generation: str | None  # None: the image is built in this run, its ID is not known yet
     prewarm: bool = False
     sync: dict[str, str] = field(default_factory=dict)  # node -> why its cache is brought in line
     link: list[str] = field(default_factory=list)  # nodes whose 'current' points elsewhere
     expire: dict[str, list[str]] = field(default_factory=dict)  # node -> generations removed
+    why_prewarm: str | None = None
 
     @property
     def converge(self) -> bool:
         return self.prewarm or bool(self.sync or self.link or self.expire)
 
 
-def _plan(state) -> CachePlan:
+def cache_facts(state) -> dict[str, dict]:
+    """node name -> its CacheState for the profile's image (every node of the run at once)."""
     cluster = cluster_from_state(state)
+    ref = node_profile(cluster.head).image_ref
+    return per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=ref))
+
+
+def decide(facts: dict[str, dict], cluster) -> CachePlan:
+    """Prewarm, repair or nothing, a pure function of every rank's CacheState: the head's manifest
+    is the reference; a generation it never warmed is warmed (and then every rank merged); else
+    each rank whose files or manifest differ is synced, each whose 'current' links elsewhere is
+    linked, and generations past kernel_cache_keep_generations are expired."""
     head = cluster.head
-    profile = node_profile(head)
-    hosts = active_hosts(state)
-    facts = per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=profile.image_ref), hosts)
     head_facts = facts[head.name]
     gen = generation(head_facts["image"])
-    plan = CachePlan(generation=gen)
     reference = head_facts["manifest"]
-    why_prewarm = prewarm_reason(gen, reference, profile.engine)
-    plan.prewarm = why_prewarm is not None
+    why_prewarm = prewarm_reason(gen, reference, node_profile(head).engine)
+    sync, link, expire = {}, [], {}
     for name, f in facts.items():
         node = cluster.node(name)
         if gen is not None and f["current"] != gen:
-            plan.link.append(name)
-        if plan.prewarm:
+            link.append(name)
+        if why_prewarm is not None:
             continue
         missing = missing_entries(reference, f["files"])
         if f["foreign"]:  # dropped and named by the merge's scrub before anything crosses
-            plan.sync[name] = f"{foreign_summary(f['foreign'])}, never merged"
+            sync[name] = f"{foreign_summary(f['foreign'])}, never merged"
         elif missing:
-            plan.sync[name] = f"{len(missing)} file(s) missing or resized: {', '.join(missing[:3])}"
+            sync[name] = f"{len(missing)} file(s) missing or resized: {', '.join(missing[:3])}"
         elif f["manifest"] != reference:
-            plan.sync[name] = "its manifest differs from the head's"
+            sync[name] = "its manifest differs from the head's"
         old = expired(f["generations"], node.kernel_cache_keep_generations, gen)
         if old:
-            plan.expire[name] = old
+            expire[name] = old
+    return CachePlan(generation=gen, prewarm=why_prewarm is not None, sync=sync, link=link,
+                     expire=expire, why_prewarm=why_prewarm)
+
+
+def summary(plan: CachePlan, facts: dict[str, dict], head_name: str) -> str:
+    """The verdict in one line, as the deploy prints it."""
+    gen = plan.generation
     if plan.prewarm:
-        summary = f"prewarm ({why_prewarm}), then merge on every rank"
-    elif plan.converge:
+        return f"prewarm ({plan.why_prewarm}), then merge on every rank"
+    if plan.converge:
         parts = [f"{n}: {why}" for n, why in plan.sync.items()] + [f"{n}: link to {gen}" for n in plan.link]
         parts += [f"{n}: remove {', '.join(g)}" for n, g in plan.expire.items()]
-        summary = "repair without prewarm: " + "; ".join(parts)
-    else:
-        summary = f"generation {gen} identical on every rank ({len(parse_manifest(reference)[1])} files)"
-    logger.info(f"--> sparkfleet kernel caches ({profile.image_ref}): {summary}")
-    return plan
+        return "repair without prewarm: " + "; ".join(parts)
+    return f"generation {gen} identical on every rank ({len(parse_manifest(facts[head_name]['manifest'])[1])} files)"
 
 
 def cache_plan(state) -> CachePlan:
-    return once_per_run(state, "kernel-cache-plan", lambda: _plan(state))
+    """The verdict from this run's facts (tools/plan.py takes it once, for the run's plan)."""
+    cluster = cluster_from_state(state)
+    facts = cache_facts(state)
+    plan = decide(facts, cluster)
+    logger.info(f"--> sparkfleet kernel caches ({node_profile(cluster.head).image_ref}): "
+                f"{summary(plan, facts, cluster.head.name)}")
+    return plan
 
 
 def prewarm_command(profile, cluster, node) -> str:
@@ -231,7 +254,6 @@ class _Nodes:
 
 
 def _prewarm(nodes: _Nodes, profile) -> None:
-    from roles.kernel_cache.warmup import warmup_requests
 
     cluster = nodes.cluster
     head, workers = cluster.head, cluster.workers
@@ -347,9 +369,6 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
     generation production used, the production units that were active or are enabled restarted
     workers first (each container running), then the head, and /health awaited. Returns (what serves
     again, None) or (None, what failed)."""
-    from roles.serving.api_key import curl_config as key_curl, key_file
-    from roles.serving.checks import wait_for_health
-    from roles.serving.history import record_command
 
     cluster = nodes.cluster
     head = cluster.head
@@ -367,7 +386,6 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
                 continue
             pin = (previous_pins or {}).get(node.name)
             if pin:  # the image production ran: its unit runs the pin, which this run's pull moved on
-                from roles.image.checks import repin_command
 
                 nodes.run(node.name, repin_command(node, pin), f"pinning the worker back to {pin}")
             unit = unit_name(node)
@@ -382,7 +400,7 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
         wait_for_health(
             unit=unit_name(head), port=profile.port, timeout_s=head.serving_health_timeout_s,
             endpoint=f"http://{head.management_address}:{profile.port}/v1", max_model_len=profile.max_model_len,
-            curl_config=key_curl(head), key_file=key_file(head),
+            curl_config=curl_config(head), key_file=key_file(head),
         )
     except DeployError as exc:
         return None, str(exc)
@@ -400,7 +418,6 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
 def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
     """Every rank gets the union of the generation's files; each writes its manifest, which must
     equal the head's. Returns the number of files."""
-    from pyinfra import host
 
     cluster = nodes.cluster
     head = cluster.head
@@ -460,13 +477,14 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
     return files
 
 
-def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tuple[str, ...] = ()) -> None:
+def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tuple[str, ...] = (),
+                    previous_pins: dict[str, str | None] | None = None) -> None:
     """Operation body, on the head: link every node to the image's generation, prewarm when it was
     never warmed, give every rank the union, write and compare the manifests, drop old generations.
     When a prewarm, or the merge after it, fails, the previous production comes back (its cache link,
     its units, /health awaited), the watchdogs this run paused (`watchdogs`, roles/watchdog) watch it
-    again, and a generation directory this run created is removed."""
-    from pyinfra import host, state
+    again, and a generation directory this run created is removed. `previous_pins`: each worker's image
+    pin before this run (the plan's, from prepare-time facts): production ran it."""
 
     nodes = _Nodes(state)
     cluster = nodes.cluster
@@ -479,10 +497,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
     # What production used before, to return to when the prewarm fails: its 'current', whether the
     # new generation's directory existed (removed again if this run made it), its units.
     previous, created = {}, []
-    # Each worker's image pin before this run (prepare-time facts): production ran it.
-    from roles.image.checks import image_pins
-
-    previous_pins = {n.name: (image_pins(state, profile).get(n.name) or (None, []))[0] for n in cluster.workers}
+    previous_pins = {n.name: (previous_pins or {}).get(n.name) for n in cluster.workers}
     if prewarm:
         for node in cluster.nodes:
             root = shlex.quote(node.kernel_cache_dir)
@@ -502,7 +517,6 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
     if not prewarm:
         _merge(nodes, profile, gen, image_id)
     else:
-        from roles.serving.history import history_file, record_command
 
         logger.info(f"    [{host.name}] prewarm of generation {gen} ({profile.image_ref})")
         history, commit = history_file(cluster.head, profile), profile.recipe.commit
@@ -519,7 +533,6 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
             restored, problem = _restore_production(nodes, profile, gen, previous, units_to_restore(units), history,
                                                     previous_pins)
             if restored:
-                from roles.watchdog.checks import resume_watchdogs
 
                 resumed = resume_watchdogs(nodes.run, cluster, watchdogs)
                 restored += f"; {resumed}" if resumed else ""

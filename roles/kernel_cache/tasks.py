@@ -21,7 +21,7 @@ planned = decisions(state)  # the run's plan (tools/plan.py)
 plan = planned.caches  # prepare-time: prewarm, repair or nothing, decided once
 
 # 1. The prewarm environment of this rank: production's, plus only what enters no cache key
-#    (PREWARM_ENV_ADDITIONS in schema.py).
+#    (PREWARM_ENV_ADDITIONS in sparkfleet/model/kernel_cache.py).
 unchanged.put(
     name="Write the prewarm environment (production's + PREWARM_ENV_ADDITIONS)",
     src=StringIO(prewarm_env_file(profile, cluster, node, resolve_gid_index(host, node))),  # the GID fact is cached
@@ -51,5 +51,6 @@ python.call(
     prewarm=plan.prewarm,
     expire=plan.expire,
     watchdogs=planned.watchdog.pause,  # paused by step 7c; started again if a failed prewarm restores production
+    previous_pins=planned.image.worker_pins,  # what production ran, to return to if the prewarm fails
     _if=lambda: node.is_head and plan.converge,
 )

@@ -7,7 +7,7 @@ from pyinfra import host, state
 from pyinfra.operations import python
 
 from roles.receipt.receipt import take_receipt
-from roles.serving.api_key import key_file
+from sparkfleet.model.api_key import key_file
 from sparkfleet.decided import decisions
 from sparkfleet.model.serving import node_profile
 from roles.weights.checks import model_dir

@@ -21,7 +21,11 @@ import json
 import shlex
 import time
 
-from roles.router.node_config import ROUTER_CONFIG, SFL_ROUTER, backend_url
+from pyinfra import host, logger
+from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import DeployError
+
+from roles.router.node_config import ROUTER_CONFIG, SFL_ROUTER, backend_url, routed_groups
 
 
 class RouterError(RuntimeError):
@@ -34,7 +38,6 @@ def backend_of(group) -> str:
 
 
 def _run(host, *args: str) -> list[dict]:
-    from pyinfra.api import StringCommand
 
     command = " ".join(["python3", SFL_ROUTER, *(shlex.quote(a) for a in args)])
     ok, out = host.run_shell_command(StringCommand(command))
@@ -47,7 +50,6 @@ def _run(host, *args: str) -> list[dict]:
 
 def groups_by_url(fleet, router) -> dict[str, str]:
     """backend URL -> the serving group's name, for every group the router routes to."""
-    from roles.router.node_config import routed_groups
 
     return {backend_url(g.head): name for name, g in routed_groups(fleet, router).items()}
 
@@ -71,8 +73,6 @@ def undrain(host, backend: str, timeout_s: float = 120) -> list[dict]:
 def report_routing(port: int, timeout_s: float = 60) -> None:
     """Operation body (the router node, after a (re)start): wait for the router's admin API, then print
     one line per group; fails when it never answers or routes to no group at all."""
-    from pyinfra import host, logger
-    from pyinfra.api.exceptions import DeployError
 
     deadline = time.monotonic() + timeout_s
     table, last_error = None, ""

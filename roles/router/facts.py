@@ -10,7 +10,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from roles.router.node_config import CONTROL_KEY_FILE, ROUTER_CONFIG, ROUTER_UNIT, SFL_ROUTER
-from roles.serving.key_paths import KEY_PATTERN
+from sparkfleet.model.api_key import KEY_PATTERN
 from sparkfleet.keyfiles import state_command, state_end
 
 

@@ -10,7 +10,7 @@ and the deploy writes it, root-only from the first byte, through a shell's stdin
 `--diff` would print it), into the key file of every other routed head and of the router node
 wherever theirs differs (roles/router/key_tasks.py, before roles/serving/api_key_tasks.py). A head
 whose key file is replaced counts as a changed key
-(roles/serving/api_key.py key_state: `replaced_on`): its derived files are rewritten and its group
+(roles/serving/api_key.py decide_key, given `replaced_on` by tools/plan.py): its derived files are rewritten and its group
 restarts once. On the first deploy (no key anywhere) the controller generates it (32 random bytes,
 hex, as the head would) and writes it to the router group's head too. Only a key file with nothing at
 its path counts as absent: one that exists but cannot be read stops the deploy at prepare naming the
@@ -29,7 +29,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.router.node_config import routed_groups, router_node
-from roles.serving.key_paths import KEY_PATTERN, generated, key_file
+from sparkfleet.model.api_key import KEY_PATTERN, generated, key_file
 from sparkfleet.inventory import fleet_from_state
 from sparkfleet.keyfiles import KeyFileError, read, write
 from sparkfleet.once import once_per_fleet

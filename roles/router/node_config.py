@@ -14,7 +14,7 @@ alias only the controller's ssh_config knows).
 import json
 
 from sparkfleet.model.router import RouterData
-from roles.serving.key_paths import key_file
+from sparkfleet.model.api_key import key_file
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render
 

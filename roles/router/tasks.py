@@ -34,7 +34,7 @@ from roles.router.node_config import (
     venv_dir,
 )
 from roles.router.wheels import fetch, wheel
-from roles.serving.key_paths import KEY_TEXT
+from sparkfleet.model.api_key import KEY_TEXT
 from sparkfleet import unchanged
 from sparkfleet.keyfiles import generate_command, problem
 from sparkfleet.inventory import fleet_from_state

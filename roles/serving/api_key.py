@@ -15,10 +15,11 @@ deploy from 32 bytes of /dev/urandom (64 hex digits).
 import shlex
 
 from pyinfra.api import FactBase
+from pyinfra.api.exceptions import DeployError
 
-from roles.router.fleet_key import replaced_on
 from sparkfleet.model.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
-from roles.serving.key_paths import KEY_PATTERN, KEY_TEXT, generated, key_file  # noqa: F401 (this role's API)
+from sparkfleet.model.api_key import KEY_PATTERN, KEY_TEXT, generated, key_file  # noqa: F401 (this role's API)
+from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyfiles import generate_command
 from sparkfleet.keyfiles import problem as key_file_problem
 from sparkfleet.keyfiles import state_command as key_file_state
@@ -92,24 +93,19 @@ def authed_curl(node, extra: str = "") -> str:
     return f"curl -K {shlex.quote(curl_config(node))}{' ' + extra if extra else ''}"
 
 
-def key_state(state) -> str:
-    """The head's key state, read once per run at prepare time; a key file the deploy must not use
-    stops the deploy there (DeployError: a refusal block, nothing changed)."""
-    from pyinfra.api.exceptions import DeployError
+def head_key_found(state) -> str:
+    """The head's key state as its node reads it at prepare (ApiKeyState: "ok", "missing", ...)."""
+    head = cluster_from_state(state).head
+    return state.inventory.get_host(head.name).get_fact(ApiKeyState, command=state_command(head))
 
-    from sparkfleet.inventory import cluster_from_state
-    from sparkfleet.once import once_per_run
 
-    def read():
-        head = cluster_from_state(state).head
-        found = state.inventory.get_host(head.name).get_fact(ApiKeyState, command=state_command(head))
-        # Behind a router the fleet has one key (roles/router), written before api_key_tasks.py: a
-        # changed key, the group restarts.
-        if replaced_on(state, head.name):
-            found = "stale"
-        why = problem(head, found)
-        if why:
-            raise DeployError(why)
-        return found
-
-    return once_per_run(state, "serving-api-key", read)
+def decide_key(head, found: str, replaced: bool) -> str:
+    """The head's key verdict, a pure function of what its node holds and whether the fleet's one key
+    replaces it in this run (roles/router, fleet_key.replaced_on: behind a router, a changed key
+    restarts the group). A key file the deploy must not use stops the deploy there (DeployError: a
+    refusal block, nothing changed)."""
+    found = "stale" if replaced else found
+    why = problem(head, found)
+    if why:
+        raise DeployError(why)
+    return found

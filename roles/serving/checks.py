@@ -8,20 +8,34 @@ head stopped first, workers started first, head last.
 import time
 from dataclasses import dataclass, field
 
-from pyinfra import logger
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
-from sparkfleet.model.engine import (
-    IMAGE_VAR, WORKER_UNIT, env_file_path, exec_start, image_pin_path, mounted_files, rank_env, unit_name,
-)
+from roles.guards.kv_budget import engine_kv_tokens
 from roles.serving.facts import (
-    HeadHealth, RoceGids, UnitState, health_command, is_serving, nccl_auto_gid_index, pick_gid_index,
+    HeadHealth,
+    RoceGids,
+    UnitState,
+    health_command,
+    is_serving,
+    nccl_auto_gid_index,
+    pick_gid_index,
+)
+from sparkfleet.inventory import cluster_from_state
+from sparkfleet.model.engine import (
+    IMAGE_VAR,
+    WORKER_UNIT,
+    env_file_path,
+    exec_start,
+    image_pin_path,
+    mounted_files,
+    rank_env,
+    unit_name,
 )
 from sparkfleet.model.serving import SFL_GID, node_profile
-from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import once_per_run, per_host
+from sparkfleet.once import per_host
 from sparkfleet.render import render, sha1_text
 
 
@@ -94,45 +108,59 @@ class PairState:
     healthy: bool = False
 
 
-def _serving_state(state) -> PairState:
-    """This role's own verdict from its facts: each rank's files as rendered against what the node
-    has, each unit serving or not, the head's /health. Whether the pair restarts is this and every
-    other role's verdict together (tools/plan.py composes it: restart_reasons)."""
+@dataclass(frozen=True)
+class ServingFacts:
+    """What the verdict reads, at prepare: per rank its RoCE GID index (as resolved from sysfs), the
+    sha1 of each file roles/serving writes there, its unit (UnitState); the head's /health."""
+    gid_index: dict[str, int | None]
+    sums: dict[str, dict[str, str | None]]  # node -> path -> sha1 (None: absent)
+    units: dict[str, dict]
+    healthy: bool
+
+
+def serving_facts(state) -> ServingFacts:
+    """Every fact decide() reads, every rank at once."""
     cluster = cluster_from_state(state)
     profile = node_profile(cluster.head)
-    reasons, rendered = [], {}
 
     def read(node_host):
         node = cluster.node(node_host.name)
-        files = rendered_files(cluster, node, resolve_gid_index(node_host, node))
-        return files, {path: node_host.get_fact(Sha1File, path=path) for path in files}, \
+        gid = resolve_gid_index(node_host, node)
+        paths = rendered_files(cluster, node, gid)  # where the files go depends on data only
+        return gid, {path: node_host.get_fact(Sha1File, path=path) for path in paths}, \
             node_host.get_fact(UnitState, unit=unit_name(node))
 
-    for name, (files, sums, unit) in per_host(state, read).items():
-        node = cluster.node(name)
-        rendered[node.name] = files
-        for path, (text, _mode) in files.items():
-            if sums[path] != sha1_text(text):
-                reasons.append(f"{node.name}: {path} changed")
-        if not is_serving(unit):
-            reasons.append(
-                f"{node.name}: {unit_name(node)} is {unit.get('active') or 'unknown'}, "
-                f"container {unit.get('container') or 'unknown'}"
-            )
+    read_by_node = per_host(state, read)
     # Whether the head serves now, restart or not: a group that serves is upgraded in its own turn
     # (roles/rolling), so the others keep answering meanwhile.
     healthy = state.inventory.get_host(cluster.head.name).get_fact(HeadHealth, port=profile.port)
-    return PairState(restart=bool(reasons), reasons=tuple(reasons), files=rendered, healthy=healthy)
+    return ServingFacts(gid_index={n: g for n, (g, _, _) in read_by_node.items()},
+                        sums={n: sums for n, (_, sums, _) in read_by_node.items()},
+                        units={n: unit for n, (_, _, unit) in read_by_node.items()}, healthy=healthy)
 
 
-def serving_state(state) -> PairState:
-    """The serving role's own verdict, once per group (tools/plan.py reads it once, for the plan)."""
-    return once_per_run(state, "serving-pair", lambda: _serving_state(state))
+def decide(facts: ServingFacts, cluster) -> PairState:
+    """This role's own verdict, a pure function of the facts: each rank's files as rendered against
+    what the node has, each unit serving or not, the head's /health. Whether the pair restarts is
+    this and every other role's verdict together (tools/plan.py composes it: restart_reasons)."""
+    reasons, rendered = [], {}
+    for name, sums in facts.sums.items():
+        node = cluster.node(name)
+        files = rendered[name] = rendered_files(cluster, node, facts.gid_index[name])
+        for path, (text, _mode) in files.items():
+            if sums.get(path) != sha1_text(text):
+                reasons.append(f"{name}: {path} changed")
+        unit = facts.units[name]
+        if not is_serving(unit):
+            reasons.append(
+                f"{name}: {unit_name(node)} is {unit.get('active') or 'unknown'}, "
+                f"container {unit.get('container') or 'unknown'}"
+            )
+    return PairState(restart=bool(reasons), reasons=tuple(reasons), files=rendered, healthy=facts.healthy)
 
 
 def wait_for_container(unit: str, timeout_s: int = 120) -> None:
     """Operation body: until the rank's container runs (the worker is up and dialling the head)."""
-    from pyinfra import host
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -155,7 +183,6 @@ def engine_kv_log_command(unit: str) -> str:
 
 def check_engine_kv(host, unit: str, max_model_len: int) -> None:
     """The engine's own KV-cache size (from its start-up log) must hold max_model_len tokens."""
-    from roles.guards.kv_budget import engine_kv_tokens
 
     _, log = host.run_shell_command(StringCommand(engine_kv_log_command(unit)))
     tokens = engine_kv_tokens(log.stdout)
@@ -219,7 +246,6 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
     wait at once, naming it: found by the lab's real vLLM, a head whose worker died while the pair
     started waits for it for over ten minutes, deaf to SIGTERM, so the bound alone would spend all of
     serving_health_timeout_s (20 min by default) before saying anything."""
-    from pyinfra import host, state
 
     peers = {name: state.inventory.get_host(name) for name in workers}
     identity = StringCommand(container_identity_command(WORKER_UNIT))

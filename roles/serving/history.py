@@ -16,8 +16,12 @@ upgrade to v2 (attempted, failed, never served), v1; after v2 served, v1 as well
 import shlex
 from dataclasses import dataclass
 
-from pyinfra.api import FactBase
+from pyinfra import host
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import DeployError
+
+from roles.serving.checks import wait_for_health
+
 
 EVENTS = ("attempted", "served", "failed")
 TIME_FORMAT = "+%Y-%m-%dT%H:%M:%SZ"  # date -u
@@ -78,10 +82,7 @@ def record_command(path: str, event: str, commit: str) -> str:
 def wait_then_record(history: str, commit: str, **wait) -> None:
     """Operation body (head): roles/serving/checks.py wait_for_health; when it fails, a failed event
     is appended before the deploy stops."""
-    from pyinfra import host
-    from pyinfra.api import StringCommand
 
-    from roles.serving.checks import wait_for_health
 
     try:
         wait_for_health(**wait)

@@ -21,13 +21,11 @@ paused itself, before the deploy stops (resume_watchdogs).
 """
 from dataclasses import dataclass
 
-from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from roles.watchdog.facts import WatchdogUnit
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
-from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import once_per_run, per_host
+from sparkfleet.once import per_host
 
 # systemctl is-active values of a unit whose process runs or is about to (auto-restart included).
 RUNNING = ("active", "activating", "reloading")
@@ -88,27 +86,23 @@ def node_steps(node, plan: WatchdogPlan) -> NodeSteps:
                      enable=on and node.serving_start_at_boot)
 
 
-def _plan(state, moves: str | None) -> WatchdogPlan:
-    cluster = cluster_from_state(state)
-    units = per_host(state, lambda h: h.get_fact(WatchdogUnit))
-    plan = plan_for(cluster, moves, units)
+def watchdog_units(state) -> dict[str, dict]:
+    """node name -> its sparkfleet-watchdog unit (WatchdogUnit), every node of the run at once."""
+    return per_host(state, lambda h: h.get_fact(WatchdogUnit))
+
+
+def summary(plan: WatchdogPlan, cluster) -> str:
+    """The verdict in one line, as the deploy prints it."""
     stopped = [n for n, r in plan.running.items() if not r]
     if plan.pause:
-        summary = f"paused on {', '.join(plan.pause)} before {moves}, started again at the end"
-    elif moves:
-        summary = f"not running, nothing to pause before {moves}"
+        text = f"paused on {', '.join(plan.pause)} before {plan.moves}, started again at the end"
+    elif plan.moves:
+        text = f"not running, nothing to pause before {plan.moves}"
     else:
-        summary = "left running (the pair does not move)"
+        text = "left running (the pair does not move)"
     if stopped and cluster.head.watchdog_enabled:
-        summary += f"; started at the end on {', '.join(stopped)} (found stopped)"
-    logger.info(f"--> sparkfleet watchdog: {summary}")
-    return plan
-
-
-def watchdog_plan(state, moves: str | None) -> WatchdogPlan:
-    """This role's verdict, once per group: `moves` is what moves the pair in this run ("the
-    prewarm", "the pair restart" or None), from the other roles' verdicts (tools/plan.py)."""
-    return once_per_run(state, "watchdog-plan", lambda: _plan(state, moves))
+        text += f"; started at the end on {', '.join(stopped)} (found stopped)"
+    return text
 
 
 def resume_watchdogs(run, cluster, paused) -> str | None:

@@ -18,7 +18,7 @@ from sparkfleet.model.serving import node_profile
 from roles.weights.facts import ModelCopy
 from sparkfleet.bounded import bounded
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run
+from sparkfleet.once import active_hosts, per_host
 
 HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 # The hub fetch's container, named so that a fetch stopped at its limit can remove it (a killed
@@ -70,10 +70,19 @@ def copy_problem(copy: dict, header: list[str] | None = None, reference: str | N
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class WeightsPlan:
     fetch: dict[str, str] = field(default_factory=dict)  # model -> why the head fetches it
     pull: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, node) -> why it is sent
+
+
+@dataclass(frozen=True)
+class WeightsFacts:
+    """What the verdict reads, at prepare: each node's copy of each model the profile loads
+    (ModelCopy: node -> model -> {"manifest", "files"}; a node not in the run is absent), and the
+    head's hub token file (File: None when absent, or when the source is not the hub)."""
+    copies: dict[str, dict[str, dict]]
+    token_file: dict | None = None
 
 
 def token_file_problem(name: str, path: str, info: dict | None) -> str | None:
@@ -89,41 +98,62 @@ def token_file_problem(name: str, path: str, info: dict | None) -> str | None:
     return None
 
 
-def _plan(state) -> WeightsPlan:
+def weights_facts(state) -> WeightsFacts:
+    """Every fact decide() reads, every node at once (the head's whether or not it is active)."""
     cluster = cluster_from_state(state)
     head = cluster.head
-    profile = node_profile(head)
+    models = [model for model, _ in profile_models(node_profile(head))]
     head_host = state.inventory.get_host(head.name)
+    hosts = [head_host] + [h for h in active_hosts(state) if h.name != head.name]
+
+    def read(node_host):
+        node = cluster.node(node_host.name)
+        copies = {m: node_host.get_fact(ModelCopy, root=node.weights_dir, model=m) for m in models}
+        hub_token = node.is_head and node.weights_source == "hub"
+        return copies, node_host.get_fact(File, path=node.weights_hf_token_file) if hub_token else None
+
+    read_by_node = per_host(state, read, hosts)
+    return WeightsFacts(copies={name: copies for name, (copies, _) in read_by_node.items()},
+                        token_file=read_by_node[head.name][1])
+
+
+def decide(facts: WeightsFacts, cluster) -> WeightsPlan:
+    """What moves, a pure function of the facts: the head fetches a model whose copy does not match
+    the configured source and revision; a worker is sent one whose copy is not the head's. A hub
+    token file anyone but root can read refuses the run."""
+    head = cluster.head
     if head.weights_source == "hub":
-        token = head.weights_hf_token_file
-        problem = token_file_problem(head.name, token, head_host.get_fact(File, path=token))
+        problem = token_file_problem(head.name, head.weights_hf_token_file, facts.token_file)
         if problem:
             raise DeployError(problem)
-    plan = WeightsPlan()
-    for model, revision in profile_models(profile):
-        head_copy = head_host.get_fact(ModelCopy, root=head.weights_dir, model=model)
+    fetch, pull = {}, {}
+    for model, revision in profile_models(node_profile(head)):
+        head_copy = facts.copies[head.name][model]
         why = copy_problem(head_copy, header=manifest_header(model, revision, head.weights_source))
         if why:
-            plan.fetch[model] = why
-        for node_host in active_hosts(state):
-            node = cluster.node(node_host.name)
-            if node.is_head:
+            fetch[model] = why
+        for node in cluster.workers:
+            if node.name not in facts.copies:  # not in this run
                 continue
-            if why:
-                plan.pull[(model, node.name)] = "the head fetches it"
-                continue
-            copy = node_host.get_fact(ModelCopy, root=node.weights_dir, model=model)
-            problem = copy_problem(copy, reference=head_copy["manifest"])
+            problem = "the head fetches it" if why else copy_problem(facts.copies[node.name][model],
+                                                                     reference=head_copy["manifest"])
             if problem:
-                plan.pull[(model, node.name)] = problem
+                pull[(model, node.name)] = problem
+    return WeightsPlan(fetch=fetch, pull=pull)
+
+
+def summary(plan: WeightsPlan) -> str:
+    """The verdict in one line, as the deploy prints it."""
     lines = [f"{m}: head fetches ({why})" for m, why in plan.fetch.items()]
     lines += [f"{m} -> {n}: sent over the fabric ({why})" for (m, n), why in plan.pull.items()]
-    logger.info("--> sparkfleet weights: " + ("; ".join(lines) if lines else "every node's copy matches the head's manifest"))
-    return plan
+    return "; ".join(lines) if lines else "every node's copy matches the head's manifest"
 
 
 def weights_plan(state) -> WeightsPlan:
-    return once_per_run(state, "weights-plan", lambda: _plan(state))
+    """The verdict from this run's facts (tools/plan.py takes it once, for the run's plan)."""
+    plan = decide(weights_facts(state), cluster_from_state(state))
+    logger.info("--> sparkfleet weights: " + summary(plan))
+    return plan
 
 
 def fetch_step(node, model: str, revision: str) -> str:

@@ -45,7 +45,6 @@ def test_repo_digests_reads_dockers_json_list():
 
 @pytest.fixture
 def plan_of(monkeypatch):
-    monkeypatch.setattr(checks, "once_per_run", lambda _state, _key, compute: compute())
     cluster = build_cluster(pair())
     profile = node_profile(cluster.head)
     pushed = digest_ref(cluster, profile, D1)

@@ -1,6 +1,6 @@
 """Where the head's API key file is and what a key may be: the plain facts about the key that
-roles/serving (which writes its derived files) and roles/router (which spreads the fleet's one key)
-both need. Imports nothing of either, so neither reaches the other through it."""
+roles/serving (which writes its derived files), roles/router (which spreads the fleet's one key) and
+roles/receipt (which sends it) need. On the ground floor: it imports nothing."""
 
 # What a key may be: safe in an env file, a YAML double-quoted scalar, a curl config string and an
 # HTTP header, with no quoting at all.

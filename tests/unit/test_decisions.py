@@ -1,0 +1,320 @@
+"""Each role's decision is a pure function of its facts and the validated config (issue 25), and the
+run's plan is composed from those decisions alone (tools/plan.py decide_group).
+
+The facts are not written by hand: each is what the fact's own command prints (run here by sh, as
+pyinfra runs it on a node) over trees made the way the deploy makes them (sfl_files.py seals the
+manifests), processed by the fact's own parser. The decisions are then taken with no pyinfra state,
+no host and no command: any I/O inside one would fail here.
+"""
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import DeployError
+
+from roles.fabric.checks import FabricState
+from roles.fabric_speed import checks as fabric_speed_checks
+from roles.image import checks as image_checks
+from roles.kernel_cache import checks as kernel_cache_checks
+from roles.kernel_cache.facts import CacheState
+from roles.serving import checks as serving_checks
+from roles.serving.api_key import decide_key
+from roles.weights import checks as weights_checks
+from roles.weights.facts import ModelCopy
+from sparkfleet.config import build_cluster
+from sparkfleet.model.serving import node_profile
+from tests.unit.helpers import pair
+from tools.plan import decide_group
+
+SFL_FILES = Path(__file__).resolve().parents[2] / "roles" / "fanout" / "sfl_files.py"
+IMAGE_ID = "sha256:" + "ab12cd34ef56" + "0" * 52
+SOURCE = "http://10.0.0.1:8089"
+
+
+def fact_output(fact, env=None, **kwargs):
+    """The fact as pyinfra gathers it: its command run by sh, its parser on the lines (no output at
+    all: the fact's default)."""
+    done = subprocess.run(["sh", "-c", fact.command(**kwargs)], capture_output=True, text=True, env=env, check=True)
+    lines = done.stdout.splitlines()
+    return fact.process(lines) if lines else fact.default()
+
+
+def seal(directory: Path, manifest: Path, *header: str) -> None:
+    """A manifest as the deploy writes one (sfl_files.py seal)."""
+    args = [sys.executable, str(SFL_FILES), "seal", str(directory), "--manifest", str(manifest)]
+    for line in header:
+        args += ["--header", line]
+    subprocess.run(args, check=True, capture_output=True)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """The shipped pair; each node's disk is a directory of its own here (on())."""
+    global DISKS
+    DISKS = tmp_path
+    return build_cluster(pair(**{n: {"weights_source": SOURCE} for n in ("spark-a", "spark-b")}))
+
+
+DISKS = Path("/nonexistent")
+
+
+def on(node, path: str) -> Path:
+    """Where `path` of `node` is in this test: the node's own directory stands for its disk."""
+    return DISKS / node.name / path.lstrip("/")
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+def place_model(node, model: str, revision: str, files: dict[str, bytes]) -> None:
+    root = on(node, weights_checks.model_dir(node, model))
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    seal(root, on(node, weights_checks.manifest_path(node, model)),
+         *weights_checks.manifest_header(model, revision, node.weights_source))
+
+
+def weights_facts(cluster) -> weights_checks.WeightsFacts:
+    models = [m for m, _ in weights_checks.profile_models(node_profile(cluster.head))]
+    return weights_checks.WeightsFacts(copies={
+        node.name: {m: fact_output(ModelCopy(), root=str(on(node, node.weights_dir)), model=m) for m in models}
+        for node in cluster.nodes})
+
+
+def copy_everything(cluster, files=None):
+    for model, revision in weights_checks.profile_models(node_profile(cluster.head)):
+        for node in cluster.nodes:
+            place_model(node, model, revision, files or {"config.json": b"{}", "model-00001.safetensors": b"w" * 4096})
+    # A worker's manifest is the head's (sfl_files.py pull keeps it): byte-identical.
+    for model, _ in weights_checks.profile_models(node_profile(cluster.head)):
+        head = on(cluster.head, weights_checks.manifest_path(cluster.head, model)).read_text()
+        on(cluster.node("spark-b"), weights_checks.manifest_path(cluster.node("spark-b"), model)).write_text(head)
+
+
+def test_weights_nothing_moves_when_every_copy_is_the_heads(cluster):
+    copy_everything(cluster)
+    plan = weights_checks.decide(weights_facts(cluster), cluster)
+    assert plan.fetch == {} and plan.pull == {}
+    assert weights_checks.summary(plan) == "every node's copy matches the head's manifest"
+
+
+def test_weights_a_fresh_pair_fetches_once_on_the_head_and_sends_each_model_to_the_worker(cluster):
+    plan = weights_checks.decide(weights_facts(cluster), cluster)
+    models = [m for m, _ in weights_checks.profile_models(node_profile(cluster.head))]
+    assert plan.fetch == {m: "no manifest" for m in models}
+    assert plan.pull == {(m, "spark-b"): "the head fetches it" for m in models}
+
+
+def test_weights_a_worker_missing_a_file_is_sent_it_and_the_head_fetches_nothing(cluster):
+    copy_everything(cluster)
+    model, _ = weights_checks.profile_models(node_profile(cluster.head))[0]
+    worker = cluster.node("spark-b")
+    (on(worker, weights_checks.model_dir(worker, model)) / "model-00001.safetensors").unlink()
+    plan = weights_checks.decide(weights_facts(cluster), cluster)
+    assert plan.fetch == {}
+    assert plan.pull == {(model, "spark-b"): "1 file(s) missing or resized (model-00001.safetensors)"}
+
+
+def test_weights_a_new_revision_in_data_is_fetched_on_the_head_and_sent_on(cluster, tmp_path):
+    copy_everything(cluster)
+    model, revision = weights_checks.profile_models(node_profile(cluster.head))[0]
+    # The copies on disk were sealed for another revision than the data now pins.
+    place_model(cluster.head, model, "0" * 40, {"config.json": b"{}"})
+    plan = weights_checks.decide(weights_facts(cluster), cluster)
+    assert plan.fetch == {model: f"revision {'0' * 40!r} -> {revision!r}"}
+    assert plan.pull[(model, "spark-b")] == "the head fetches it"
+
+
+def test_weights_a_hub_token_file_anyone_can_read_refuses_the_run_before_anything_moves(cluster):
+    hub = build_cluster(pair(**{n: {"weights_source": "hub"} for n in ("spark-a", "spark-b")}))
+    facts = replace(weights_facts(cluster), token_file={"user": "root", "mode": "644"})
+    with pytest.raises(DeployError, match=r"spark-a: weights_hf_token_file .* mode 0644; it must be root-only"):
+        weights_checks.decide(facts, hub)
+    assert weights_checks.decide(replace(facts, token_file={"user": "root", "mode": "600"}), hub).fetch
+
+
+# ------------------------------------------------------------------------------------ kernel caches
+
+@pytest.fixture
+def docker_knows_the_image(tmp_path):
+    """`docker image inspect` as the node's Docker answers it: the image's ID."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!/bin/sh\necho {IMAGE_ID}\n")
+    (bin_dir / "docker").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def warm(node, engine: str, files: dict[str, bytes], gen: str = IMAGE_ID[7:19], current: bool = True) -> None:
+    root = on(node, node.kernel_cache_dir)
+    for rel, data in files.items():
+        (root / gen / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / gen / rel).write_bytes(data)
+    seal(root / gen, root / f"{gen}.manifest", "sparkfleet kernel cache manifest v1", f"image: {IMAGE_ID}",
+         "caches: " + kernel_cache_checks.warmed_caches(engine))
+    if current:
+        link = root / "current"
+        link.unlink(missing_ok=True)
+        link.symlink_to(gen)
+
+
+def cache_facts(cluster, env) -> dict[str, dict]:
+    ref = node_profile(cluster.head).image_ref
+    return {n.name: fact_output(CacheState(), env=env, root=str(on(n, n.kernel_cache_dir)), ref=ref)
+            for n in cluster.nodes}
+
+
+KERNELS = {"triton/a.json": b"a" * 100, "inductor/b.py": b"b" * 50}
+
+
+def test_caches_a_generation_never_warmed_is_prewarmed(cluster, docker_knows_the_image):
+    plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
+    assert plan.prewarm and plan.generation == IMAGE_ID[7:19]
+    assert plan.why_prewarm == f"generation {IMAGE_ID[7:19]} was never warmed"
+    assert plan.link == ["spark-a", "spark-b"]  # 'current' links nowhere yet
+
+
+def test_caches_identical_on_every_rank_change_nothing(cluster, docker_knows_the_image):
+    engine = node_profile(cluster.head).engine
+    for node in cluster.nodes:
+        warm(node, engine, KERNELS)
+    facts = cache_facts(cluster, docker_knows_the_image)
+    plan = kernel_cache_checks.decide(facts, cluster)
+    assert not plan.converge
+    assert kernel_cache_checks.summary(plan, facts, "spark-a") == f"generation {IMAGE_ID[7:19]} identical on every rank (2 files)"
+
+
+def test_caches_a_rank_missing_a_kernel_is_synced_without_a_prewarm(cluster, docker_knows_the_image):
+    engine = node_profile(cluster.head).engine
+    warm(cluster.head, engine, KERNELS)
+    warm(cluster.node("spark-b"), engine, {"triton/a.json": KERNELS["triton/a.json"]})
+    plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
+    assert not plan.prewarm
+    assert plan.sync == {"spark-b": "1 file(s) missing or resized: inductor/b.py"}
+
+
+def test_caches_warmed_for_another_engines_variables_are_warmed_again(cluster, docker_knows_the_image):
+    for node in cluster.nodes:
+        warm(node, "sglang" if node_profile(cluster.head).engine == "vllm" else "vllm", KERNELS)
+    plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
+    assert plan.prewarm and "another set of cache variables" in plan.why_prewarm
+
+
+def test_caches_old_generations_past_the_count_are_expired_and_current_relinked(cluster, docker_knows_the_image):
+    engine = node_profile(cluster.head).engine
+    keep = cluster.head.kernel_cache_keep_generations
+    olds = [hashlib.sha256(str(i).encode()).hexdigest()[:12] for i in range(keep + 1)]
+    for node in cluster.nodes:
+        for i, old in enumerate(olds):
+            warm(node, engine, KERNELS, gen=old, current=False)
+            os.utime(on(node, node.kernel_cache_dir) / old, (1_000_000 + i, 1_000_000 + i))
+        warm(node, engine, KERNELS, current=node.is_head)  # the worker's 'current' still names the last
+    plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
+    assert not plan.prewarm and plan.sync == {}
+    assert plan.link == ["spark-b"]
+    expected = sorted(olds[: len(olds) - (keep - 1)])  # the newest keep-1 beside the current one stay
+    assert plan.expire == {"spark-a": expected, "spark-b": expected}
+
+
+# ------------------------------------------------------------------------------- the group's plan
+
+def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", fabric=None, weights=None,
+                caches=None, sums=None, proven=True):
+    """One group's facts as tools/plan.py group_facts gathers them (each reader's result)."""
+    ids = ids if ids is not None else {n.name: IMAGE_ID for n in cluster.nodes}
+    profile = node_profile(cluster.head)
+    pushed = image_checks.digest_ref(cluster, profile, "sha256:" + "d" * 64)
+    unit = {"active": "active", "container": "running"} if units_active else {"active": "inactive", "container": None}
+    rendered = {n.name: serving_checks.rendered_files(cluster, n, None) for n in cluster.nodes}
+    if sums is None:
+        sums = {n: {p: hashlib.sha1(text.encode()).hexdigest() for p, (text, _m) in files.items()}
+                for n, files in rendered.items()}
+    return {
+        "fabric": fabric or FabricState(converged=True, drift={n.name: [] for n in cluster.nodes},
+                                        file_current={n.name: True for n in cluster.nodes}),
+        "key_found": key,
+        "key_replaced": False,
+        "image": image_checks.ImageFacts(ids=ids, pins={"spark-a": [pushed], "spark-b": (pushed, [pushed])}),
+        "weights": weights,
+        "caches": caches,
+        "serving": serving_checks.ServingFacts(gid_index={n.name: None for n in cluster.nodes}, sums=sums,
+                                               units={n.name: unit for n in cluster.nodes}, healthy=health),
+        # Each node's record of the fabric's speed proof, as the proof writes it once it passed.
+        "speed_records": {n.name: fabric_speed_checks.record_text(
+            fabric_speed_checks.proof_key(cluster, profile.image_ref), []) if proven else None for n in cluster.nodes},
+        "watchdog_units": {n.name: {"active": "active"} for n in cluster.nodes},
+        "preflight": [(n, {"mem_available_gib": 100.0}, []) for n in cluster.nodes],
+    }
+
+
+@pytest.fixture
+def settled(cluster, docker_knows_the_image):
+    """A pair that serves, its weights and caches identical on both ranks: the facts of each role."""
+    copy_everything(cluster)
+    engine = node_profile(cluster.head).engine
+    for node in cluster.nodes:
+        warm(node, engine, KERNELS)
+    return dict(weights=weights_facts(cluster), caches=cache_facts(cluster, docker_knows_the_image))
+
+
+def test_the_plan_of_a_settled_pair_does_nothing_and_leaves_the_watchdog_running(cluster, settled):
+    d = decide_group(group_facts(cluster, **settled), cluster)
+    assert not d.serving.restart and d.serving.reasons == ()
+    assert not d.image.build and d.image.ship == [] and d.image.same_everywhere
+    assert d.summary.actions() == [] and d.watchdog.pause == () and d.speed.why is None
+    # Without a passed proof of the fabric's speed on record, that proof is what this plan does.
+    d = decide_group(group_facts(cluster, **settled, proven=False), cluster)
+    assert d.speed.why == "no passed proof on spark-a, spark-b" and not d.serving.restart
+
+
+def test_the_plan_restarts_the_pair_for_any_roles_reason_and_pauses_the_watchdog_head_first(cluster, settled):
+    facts = group_facts(cluster, **settled, ids={"spark-a": IMAGE_ID, "spark-b": "sha256:" + "9" * 64}, key="stale")
+    d = decide_group(facts, cluster)
+    assert d.image.ship == ["spark-b"] and not d.image.build
+    assert d.serving.restart
+    assert d.serving.reasons[0].startswith(f"image {node_profile(cluster.head).image_ref} is new or differs")
+    assert "spark-a: the API key is new or changed" in d.serving.reasons
+    assert d.watchdog.moves == "the pair restart" and d.watchdog.pause == ("spark-a", "spark-b")
+
+
+def test_the_plan_restarts_for_a_changed_rank_file_a_stopped_unit_and_a_reconfigured_fabric(cluster, settled):
+    facts = group_facts(cluster, **settled, units_active=False, fabric=FabricState(
+        converged=False, drift={"spark-a": ["enp1s0f0np0 mtu 1500 (want 9000)"], "spark-b": []},
+        file_current={"spark-a": True, "spark-b": True}))
+    facts["serving"].sums["spark-b"] = {}  # nothing written there yet
+    d = decide_group(facts, cluster)
+    reasons = d.serving.reasons
+    assert any(r.startswith("spark-b: /etc/sparkfleet/") and r.endswith("changed") for r in reasons)
+    assert "spark-a: sparkfleet-head is inactive, container unknown" in reasons
+    assert "spark-a: the fabric link is reconfigured (enp1s0f0np0 mtu 1500 (want 9000))" in reasons
+    assert d.speed.why == "this run (re)configures the fabric"  # its speed is proven again
+
+
+def test_the_plan_of_a_fresh_pair_builds_ships_fetches_prewarms_and_restarts(cluster, docker_knows_the_image):
+    facts = group_facts(cluster, ids={"spark-a": None, "spark-b": None}, health=False, units_active=False,
+                        weights=weights_facts(cluster), caches=cache_facts(cluster, docker_knows_the_image))
+    d = decide_group(facts, cluster)
+    assert d.image.build and d.image.ship == ["spark-b"]
+    assert d.summary.build and d.summary.warm == "prewarm" and d.summary.restart
+    assert d.summary.fetch == sorted(m for m, _ in weights_checks.profile_models(node_profile(cluster.head)))
+    assert d.watchdog.moves == "the prewarm"
+    assert "the kernel caches are warmed first (the prewarm stops the pair)" in d.serving.reasons
+
+
+def test_the_heads_key_verdict_takes_the_routers_replacement_and_refuses_a_key_file_anyone_can_read(cluster):
+    head = cluster.head
+    assert decide_key(head, "ok", replaced=False) == "ok"
+    assert decide_key(head, "ok", replaced=True) == "stale"  # the fleet's one key is written over it
+    assert decide_key(head, "missing", replaced=False) == "missing"  # sparkfleet generates it
+    with pytest.raises(DeployError, match=r"spark-a: serving_api_key_file /etc/sparkfleet/api-key is "
+                                          r"owned by ubuntu with mode 0644; it must be root-only"):
+        decide_key(head, "owner ubuntu 0644", replaced=False)
+
+
+def test_the_same_facts_give_the_same_plan(cluster, settled):
+    facts = group_facts(cluster, **settled, key="stale")
+    assert decide_group(facts, cluster) == decide_group(facts, cluster)
