@@ -328,11 +328,6 @@ def decide(facts: ImageFacts, cluster, profile) -> ImagePlan:
     return ImagePlan(head_id=head_id, ship=ship, repin=repin, ids=dict(ids), worker_pins=worker_pins)
 
 
-def image_plan(state, profile) -> ImagePlan:
-    """The verdict from this run's facts (tools/plan.py takes it once, for the run's plan)."""
-    return decide(image_facts(state, profile), cluster_from_state(state), profile)
-
-
 def ids_differ_message(ids: dict[str, str | None], ref: str) -> str:
     rows = ", ".join(f"{name}={(image_id or 'missing')[:19]}" for name, image_id in sorted(ids.items()))
     return f"image {ref} differs between nodes: {rows}; every rank must run the same image"

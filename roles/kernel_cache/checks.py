@@ -182,16 +182,6 @@ def summary(plan: CachePlan, facts: dict[str, dict], head_name: str) -> str:
     return f"generation {gen} identical on every rank ({len(parse_manifest(facts[head_name]['manifest'])[1])} files)"
 
 
-def cache_plan(state) -> CachePlan:
-    """The verdict from this run's facts (tools/plan.py takes it once, for the run's plan)."""
-    cluster = cluster_from_state(state)
-    facts = cache_facts(state)
-    plan = decide(facts, cluster)
-    logger.info(f"--> sparkfleet kernel caches ({node_profile(cluster.head).image_ref}): "
-                f"{summary(plan, facts, cluster.head.name)}")
-    return plan
-
-
 def prewarm_command(profile, cluster, node) -> str:
     """The prewarm container of one rank: the production command line (docker_args and
     engine_args, as in the unit's ExecStart), detached, with its own name and the prewarm

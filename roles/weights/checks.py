@@ -8,7 +8,6 @@ its manifest is byte-identical to the head's and its files match too. Anything e
 import shlex
 from dataclasses import dataclass, field
 
-from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File
 
@@ -147,13 +146,6 @@ def summary(plan: WeightsPlan) -> str:
     lines = [f"{m}: head fetches ({why})" for m, why in plan.fetch.items()]
     lines += [f"{m} -> {n}: sent over the fabric ({why})" for (m, n), why in plan.pull.items()]
     return "; ".join(lines) if lines else "every node's copy matches the head's manifest"
-
-
-def weights_plan(state) -> WeightsPlan:
-    """The verdict from this run's facts (tools/plan.py takes it once, for the run's plan)."""
-    plan = decide(weights_facts(state), cluster_from_state(state))
-    logger.info("--> sparkfleet weights: " + summary(plan))
-    return plan
 
 
 def fetch_step(node, model: str, revision: str) -> str:

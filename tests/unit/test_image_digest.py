@@ -4,8 +4,8 @@ the worker's pin file, and the plan's verdict of who pulls. The lab e2e (tests/e
 re-pushes another image under the tag between the head's push and the worker's pull."""
 import pytest
 
-from roles.image import checks
-from roles.image.checks import digest_ref, image_plan, pin_of, pin_text, pushed_digest
+
+from roles.image.checks import decide, digest_ref, image_facts, pin_of, pin_text, pushed_digest
 from roles.image.facts import ImagePin, RepoDigests
 from sparkfleet.model.serving import node_profile
 from sparkfleet.config import build_cluster
@@ -53,7 +53,8 @@ def plan_of(monkeypatch):
         hosts = [Host("spark-a", {"DockerImageId": head_id, "RepoDigests": list(head_digests)}),
                  Host("spark-b", {"DockerImageId": worker_id, "ImagePin": worker_pin,
                                   "RepoDigests": list(worker_digests)})]
-        return image_plan(fake_state(cluster, hosts), profile)
+        state = fake_state(cluster, hosts)
+        return decide(image_facts(state, profile), cluster, profile)  # the facts as read, then the verdict
 
     return plan, cluster, profile
 
