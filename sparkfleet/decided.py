@@ -1,32 +1,34 @@
 """The run's one plan, as tools/plan.py decided it (deploy.py step 1b), before any operation: each
 role reads its group's slice here and decides nothing again. What a deploy does is what this says.
 
-Each verdict's type is its role's own (roles/<role>/checks.py); this module only holds them, so it
-imports no role: the ground floor (sparkfleet/) stands under every role, and the composer above them.
+Each verdict's type is on the ground floor (sparkfleet/verdicts.py), as each role's decide() returns
+it; this module holds them and imports no role: the ground floor (sparkfleet/) stands under every
+role, and the composer (tools/) above them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sparkfleet.inventory import current_group
 from sparkfleet.plan_types import GroupPlan
+from sparkfleet.verdicts import CachePlan, FabricState, ImagePlan, PairState, SpeedPlan, WatchdogPlan, WeightsPlan
 
 _KEY = "_sparkfleet_decisions"
 
 
 @dataclass(frozen=True)
 class Decisions:
-    """One serving group's verdicts, each taken once from prepare-time facts."""
+    """One serving group's verdicts, each taken once from prepare-time facts (each type frozen:
+    sparkfleet/verdicts.py)."""
     summary: GroupPlan  # what the plan table prints and `sparkfleet plan` reads
-    fabric: Any         # roles/fabric/checks.py FabricState: each node's drift, and whether it is applied again
-    key: str            # roles/serving/api_key.py decide_key: "ok", or why the head's key files are written
-    image: Any          # roles/image/checks.py ImagePlan: build on the head, ship to which workers
-    weights: Any        # roles/weights/checks.py WeightsPlan: fetched on the head, pulled by which nodes
-    caches: Any         # roles/kernel_cache/checks.py CachePlan: prewarm, or sync/link/expire
-    speed: Any          # roles/fabric_speed/checks.py SpeedPlan: whether and why the fabric proves its speed
-    serving: Any        # roles/serving/checks.py PairState, its restart the composition of every verdict
-    watchdog: Any       # roles/watchdog/checks.py WatchdogPlan: paused around what moves the pair
+    fabric: FabricState  # roles/fabric: each node's drift, and whether the link is applied again
+    key: str  # roles/serving decide_key: "ok", or why the head's key files are written ("missing", "stale")
+    image: ImagePlan  # roles/image: build on the head, ship to which workers
+    weights: WeightsPlan  # roles/weights: fetched on the head, pulled by which nodes
+    caches: CachePlan  # roles/kernel_cache: prewarm, or sync/link/expire
+    speed: SpeedPlan  # roles/fabric_speed: whether and why the fabric proves its speed
+    serving: PairState  # roles/serving, its restart the composition of every verdict (tools/plan.py)
+    watchdog: WatchdogPlan  # roles/watchdog: paused around what moves the pair
 
 
 class NotDecided(RuntimeError):

@@ -58,23 +58,19 @@ def what_moves_the_pair(caches, serving) -> str | None:
 
 def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan:
     """The plan table's row of one group. Pure."""
-    plan = GroupPlan(group=group.group or "pair", profile=profile.name, image=profile.image_ref,
-                     nodes=[n.name for n in group.nodes])
-    plan.fetch = sorted(weights.fetch)
-    plan.build = image.build
-    plan.ship = [f"image -> {n}" for n in image.ship]
-    plan.ship += [f"{model} -> {n}" for (model, n) in sorted(weights.pull)]
+    ship = [f"image -> {n}" for n in image.ship] + [f"{model} -> {n}" for (model, n) in sorted(weights.pull)]
     # What roles/kernel_cache's one step does: a prewarm (which also syncs, links and expires), or
     # only bringing the ranks in line: a rank's files (sync), `current` linked to the image's
     # generation (link: a rollback), generations past kernel_cache_keep_generations removed (expire).
     if caches.prewarm:
-        plan.warm = "prewarm"
+        warm = "prewarm"
     else:
-        plan.warm = "; ".join(f"{what} {', '.join(sorted(nodes))}" for what, nodes in
-                              (("sync", caches.sync), ("link", caches.link), ("expire", caches.expire)) if nodes)
-    plan.speed = speed.why or ""
-    plan.restart, plan.reasons, plan.healthy = serving.restart, list(serving.reasons), serving.healthy
-    return plan
+        warm = "; ".join(f"{what} {', '.join(sorted(nodes))}" for what, nodes in
+                         (("sync", caches.sync), ("link", caches.link), ("expire", caches.expire)) if nodes)
+    return GroupPlan(group=group.group or "pair", profile=profile.name, image=profile.image_ref,
+                     nodes=[n.name for n in group.nodes], fetch=sorted(weights.fetch), build=image.build, ship=ship,
+                     warm=warm, speed=speed.why or "", restart=serving.restart, reasons=list(serving.reasons),
+                     healthy=serving.healthy)
 
 
 def group_facts(state, group) -> dict:

@@ -5,7 +5,6 @@ all nodes at once: when every node already has its netplan file and its live lin
 the jumbo-frame proof runs as a read-only fact (a converged deploy changes nothing); otherwise
 the proof runs as an operation after `netplan apply` has run on every node.
 """
-from dataclasses import dataclass, field
 
 from pyinfra import host, state
 from pyinfra.api import StringCommand
@@ -19,6 +18,7 @@ from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.render import render, sha1_text
+from sparkfleet.verdicts import FabricState  # noqa: F401 (this role's verdict, on the ground floor)
 
 
 def netplan_text(node) -> str:
@@ -82,13 +82,6 @@ def fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
     return once_per_run(state, "fabric-others", lambda: _fabric_others(state))
 
 
-@dataclass
-class FabricState:
-    converged: bool
-    drift: dict[str, list[str]] = field(default_factory=dict)  # node name -> differences
-    file_current: dict[str, bool] = field(default_factory=dict)
-
-
 def node_status(node_host, node) -> tuple[dict[str, dict | None], list[str], bool]:
     """({netdev: live link} of each half, their drift from the data, whether the netplan file is as
     rendered), from facts."""
@@ -105,14 +98,12 @@ def live_mtu(links: dict[str, dict | None], netdev: str):
 def _fabric_state(state) -> FabricState:
     cluster = cluster_from_state(state)
     hosts = {h.name: h for h in active_hosts(state)}
-    result = FabricState(converged=True)
-    links = {}
     statuses = per_host(state, lambda h: node_status(h, cluster.node(h.name)), hosts.values())
-    for name in hosts:
-        links[name], result.drift[name], result.file_current[name] = statuses[name]
-        if result.drift[name] or not result.file_current[name] or fabric_others(state)[name][1]:
-            result.converged = False
-    if result.converged:
+    links = {name: statuses[name][0] for name in hosts}
+    drift = {name: statuses[name][1] for name in hosts}
+    file_current = {name: statuses[name][2] for name in hosts}
+    converged = not any(drift[name] or not file_current[name] or fabric_others(state)[name][1] for name in hosts)
+    if converged:
         # Nothing will change: prove the link now, read-only, before any operation runs.
         answers = per_host(state, lambda h: ping_failures(h, cluster.node(h.name), cluster, links), hosts.values())
         failures = [f for name in hosts for f in answers[name]]
@@ -120,8 +111,8 @@ def _fabric_state(state) -> FabricState:
             raise DeployError("\n".join(failures))
         # A firewall about to change (a node joined the group, an address moved) may be what stops the
         # pings: the proof runs after roles/firewall applied it (roles/fabric/proof_tasks.py).
-        result.converged = not failures
-    return result
+        converged = not failures
+    return FabricState(converged=converged, drift=drift, file_current=file_current)
 
 
 def ping_failures(node_host, node, cluster, links: dict[str, dict]) -> list[str]:

@@ -17,13 +17,13 @@ import hashlib
 import json
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.model.fabric import FabricHalf
 from roles.fabric_speed.facts import SpeedRecord
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import per_host
+from sparkfleet.verdicts import SpeedLink, SpeedPlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 RECORD_NAME = "fabric-speed.json"
 RUNNER_SOURCE = str(Path(__file__).with_name("files") / "sfl_gather.py")
@@ -40,19 +40,6 @@ USUAL_CAUSES = ("an MTU below 9000 on either end", "one HCA of the port's two le
 
 def record_path(node) -> str:
     return f"{node.preflight_data_dir}/{RECORD_NAME}"
-
-
-@dataclass(frozen=True)
-class SpeedLink:
-    """Two nodes of one serving group, and the halves of the port both configure (server: the lower rank)."""
-
-    server: object  # NodeConfig
-    client: object
-    halves: tuple[tuple[FabricHalf, FabricHalf], ...]  # (server's half, client's half), first half first
-
-    @property
-    def name(self) -> str:
-        return f"{self.client.name} -> {self.server.name}"
 
 
 def speed_links(cluster) -> list[SpeedLink]:
@@ -277,17 +264,6 @@ def gather_failures(cluster, figure: dict) -> list[str]:
     return [f"fabric speed: all_gather ({figure['backend']}, {figure['bytes'] // MIB} MiB) across {ranks}: busbw "
             f"{figure['busbw_gbytes']:.3f} GB/s, below the bar of {bar:g} GB/s (fabric_speed_min_busbw_gbytes); "
             f"usual causes: {'; '.join(USUAL_CAUSES)}; or the image's NCCL build"]
-
-
-@dataclass(frozen=True)
-class SpeedPlan:
-    """The group's verdict: why the proof runs (None: it does not), and what it runs."""
-
-    why: str | None
-    key: str
-    links: tuple[SpeedLink, ...]
-    buffer_mib: int | None  # the collective's, when it runs
-    buffer_why: str
 
 
 def decide(cluster, image: str | None, records: dict[str, str | None], mem_available_gib: dict[str, float],

@@ -3,7 +3,7 @@ import json
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger, state
@@ -35,6 +35,7 @@ from sparkfleet.model.engine import IMAGE_VAR, engine_args, env_file_path, image
 from sparkfleet.model.serving import FULL_SHA, PROFILES_DIR, load_profile, node_profile, profile_names
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.refusal import Problem, Refusal
+from sparkfleet.verdicts import ImagePlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 
 def recipe_dir(node, profile) -> str:
@@ -278,30 +279,6 @@ def repin_command(node, ref: str) -> str:
 class ImageFacts:
     ids: dict[str, str | None]  # node -> the image's ID there before the run (None: not there)
     pins: dict[str, object]  # head -> its RepoDigests; worker -> (its pin or None, its RepoDigests)
-
-
-@dataclass(frozen=True)
-class ImagePlan:
-    head_id: str | None  # the image's ID on the head before the run; None: the head builds it
-    ship: list[str]  # workers that pull it from the head's registry (missing, another ID, or not
-    #                        pinned to a digest the head pushed, and not holding one)
-    repin: dict[str, str] = field(default_factory=dict)  # worker -> the head's digest ref its local copy
-    #                  already holds (same ID), its pin file naming another: written again, nothing pulled
-    ids: dict[str, str | None] = field(default_factory=dict)  # node -> image ID before the run
-    worker_pins: dict[str, str | None] = field(default_factory=dict)  # worker -> its pin before the run
-
-    @property
-    def build(self) -> bool:
-        return self.head_id is None
-
-    @property
-    def in_sync(self) -> bool:
-        return not self.build and not self.ship
-
-    @property
-    def same_everywhere(self) -> bool:
-        """Every node of the run had one image ID before the run, the head's included."""
-        return None not in self.ids.values() and len(set(self.ids.values())) == 1
 
 
 def decide(facts: ImageFacts, cluster, profile) -> ImagePlan:

@@ -11,7 +11,6 @@ each rank writes its own manifest, which must equal the head's before production
 import json
 import shlex
 import time
-from dataclasses import dataclass, field
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
@@ -34,6 +33,7 @@ from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm
 from sparkfleet.model.serving import node_profile
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.render import render
+from sparkfleet.verdicts import CachePlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 
 PREWARM_CONTAINER = "sparkfleet-prewarm"
@@ -116,20 +116,6 @@ def dropped_lines(node_name: str, gen: str, output: str) -> list[str]:
         if sep:
             lines.append(f"{node_name}: dropped {gen}/{rel} ({kind}): refused, never merged")
     return lines
-
-
-@dataclass(frozen=True)
-class CachePlan:
-    generation: str | None  # None: the image is built in this run, its ID is not known yet
-    prewarm: bool = False
-    sync: dict[str, str] = field(default_factory=dict)  # node -> why its cache is brought in line
-    link: list[str] = field(default_factory=list)  # nodes whose 'current' points elsewhere
-    expire: dict[str, list[str]] = field(default_factory=dict)  # node -> generations removed
-    why_prewarm: str | None = None
-
-    @property
-    def converge(self) -> bool:
-        return self.prewarm or bool(self.sync or self.link or self.expire)
 
 
 def cache_facts(state) -> dict[str, dict]:

@@ -6,7 +6,7 @@ environment or image changes, or any rank's unit or container is not running, th
 head stopped first, workers started first, head last.
 """
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
@@ -37,6 +37,7 @@ from sparkfleet.model.engine import (
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.once import per_host
 from sparkfleet.render import render, sha1_text
+from sparkfleet.verdicts import PairState  # noqa: F401 (this role's verdict, on the ground floor)
 
 
 def unit_path(node) -> str:
@@ -98,14 +99,6 @@ def half_gid_index(node_host, node, half) -> int:
                 f"(sysfs shows {seen}); remove the other IPv4 address from {half.netdev}"
             )
     return index
-
-
-@dataclass(frozen=True)
-class PairState:
-    restart: bool
-    reasons: tuple[str, ...] = ()
-    files: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)  # node -> rendered files
-    healthy: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pyinfra.api.exceptions import DeployError
 from roles.watchdog.facts import WatchdogUnit
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.once import per_host
+from sparkfleet.verdicts import WatchdogPlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 # systemctl is-active values of a unit whose process runs or is about to (auto-restart included).
 RUNNING = ("active", "activating", "reloading")
@@ -51,13 +52,6 @@ def hand_over_command() -> str:
 def check_config_command() -> str:
     """The node's program accepts the config it was given (status exits 2 on a config error only)."""
     return f"python3 {SFL_WATCH} status {WATCH_CONFIG} >/dev/null; test $? -lt 2"
-
-
-@dataclass(frozen=True)
-class WatchdogPlan:
-    moves: str | None  # what moves the pair in this run ("the prewarm", "the pair restart"), or None
-    running: dict[str, bool]  # node -> its watchdog ran at prepare time
-    pause: tuple[str, ...]  # nodes whose watchdog this run stops before the pair moves, head first
 
 
 @dataclass(frozen=True)

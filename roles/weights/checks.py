@@ -6,7 +6,7 @@ its manifest is byte-identical to the head's and its files match too. Anything e
 (head) or pulled over the fabric (workers); nothing else moves.
 """
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File
@@ -18,6 +18,7 @@ from roles.weights.facts import ModelCopy
 from sparkfleet.bounded import bounded
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, per_host
+from sparkfleet.verdicts import WeightsPlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 # The hub fetch's container, named so that a fetch stopped at its limit can remove it (a killed
@@ -67,12 +68,6 @@ def copy_problem(copy: dict, header: list[str] | None = None, reference: str | N
     if bad:
         return f"{len(bad)} file(s) missing or resized ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
     return None
-
-
-@dataclass(frozen=True)
-class WeightsPlan:
-    fetch: dict[str, str] = field(default_factory=dict)  # model -> why the head fetches it
-    pull: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, node) -> why it is sent
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""Each role's verdict, as its decide() returns it and the run's plan holds it (sparkfleet/decided.py).
+
+On the ground floor: the roles import these, and so do the tools above them; this module imports no
+role. Each type is frozen: a step reads its slice of the plan and changes nothing in it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkfleet.model.fabric import FabricHalf
+
+
+@dataclass(frozen=True)
+class FabricState:
+    converged: bool
+    drift: dict[str, list[str]] = field(default_factory=dict)  # node name -> differences
+    file_current: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpeedLink:
+    """Two nodes of one serving group, and the halves of the port both configure (server: the lower rank)."""
+
+    server: object  # NodeConfig
+    client: object
+    halves: tuple[tuple[FabricHalf, FabricHalf], ...]  # (server's half, client's half), first half first
+
+    @property
+    def name(self) -> str:
+        return f"{self.client.name} -> {self.server.name}"
+
+
+@dataclass(frozen=True)
+class SpeedPlan:
+    """The group's verdict: why the proof runs (None: it does not), and what it runs."""
+
+    why: str | None
+    key: str
+    links: tuple[SpeedLink, ...]
+    buffer_mib: int | None  # the collective's, when it runs
+    buffer_why: str
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    head_id: str | None  # the image's ID on the head before the run; None: the head builds it
+    ship: list[str]  # workers that pull it from the head's registry (missing, another ID, or not
+    #                        pinned to a digest the head pushed, and not holding one)
+    repin: dict[str, str] = field(default_factory=dict)  # worker -> the head's digest ref its local copy
+    #                  already holds (same ID), its pin file naming another: written again, nothing pulled
+    ids: dict[str, str | None] = field(default_factory=dict)  # node -> image ID before the run
+    worker_pins: dict[str, str | None] = field(default_factory=dict)  # worker -> its pin before the run
+
+    @property
+    def build(self) -> bool:
+        return self.head_id is None
+
+    @property
+    def in_sync(self) -> bool:
+        return not self.build and not self.ship
+
+    @property
+    def same_everywhere(self) -> bool:
+        """Every node of the run had one image ID before the run, the head's included."""
+        return None not in self.ids.values() and len(set(self.ids.values())) == 1
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    fetch: dict[str, str] = field(default_factory=dict)  # model -> why the head fetches it
+    pull: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, node) -> why it is sent
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    generation: str | None  # None: the image is built in this run, its ID is not known yet
+    prewarm: bool = False
+    sync: dict[str, str] = field(default_factory=dict)  # node -> why its cache is brought in line
+    link: list[str] = field(default_factory=list)  # nodes whose 'current' points elsewhere
+    expire: dict[str, list[str]] = field(default_factory=dict)  # node -> generations removed
+    why_prewarm: str | None = None
+
+    @property
+    def converge(self) -> bool:
+        return self.prewarm or bool(self.sync or self.link or self.expire)
+
+
+@dataclass(frozen=True)
+class PairState:
+    restart: bool
+    reasons: tuple[str, ...] = ()
+    files: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)  # node -> rendered files
+    healthy: bool = False
+
+
+@dataclass(frozen=True)
+class WatchdogPlan:
+    moves: str | None  # what moves the pair in this run ("the prewarm", "the pair restart"), or None
+    running: dict[str, bool]  # node -> its watchdog ran at prepare time
+    pause: tuple[str, ...]  # nodes whose watchdog this run stops before the pair moves, head first
