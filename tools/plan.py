@@ -19,8 +19,8 @@ from roles.fabric_speed import checks as fabric_speed_checks
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
 from roles.preflight.checks import preflight_rows
-from roles.serving import checks as serving_checks
 from roles.router.fleet_key import replaced_on
+from roles.serving import checks as serving_checks
 from roles.serving.api_key import decide_key, head_key_found
 from roles.watchdog import checks as watchdog_checks
 from roles.weights import checks as weights_checks
@@ -108,11 +108,11 @@ def decide_group(facts: dict, group) -> decided.Decisions:
     serving_v = replace(own, restart=bool(reasons), reasons=tuple(reasons))
     available = {node.name: row.get("mem_available_gib", 0.0) for node, row, _ in facts["preflight"]}
     speed = fabric_speed_checks.decide(group, profile.image_ref, facts["speed_records"], available,
-                                reconfigured=not facts["fabric"].converged)
+                                       reconfigured=not facts["fabric"].converged)
     watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
     return decided.Decisions(summary=summary(group, profile, image_v, weights_v, caches, speed, serving_v),
-                             fabric=facts["fabric"], key=key, image=image_v, weights=weights_v, caches=caches, speed=speed, serving=serving_v,
-                             watchdog=watchdog_v)
+                             fabric=facts["fabric"], key=key, image=image_v, weights=weights_v, caches=caches,
+                             speed=speed, serving=serving_v, watchdog=watchdog_v)
 
 
 def group_decisions(state, group) -> decided.Decisions:

@@ -52,10 +52,9 @@ def seal(directory: Path, manifest: Path, *header: str) -> None:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    """The shipped pair; each node's disk is a directory of its own here (on())."""
-    global DISKS
-    DISKS = tmp_path
+def cluster(tmp_path, monkeypatch):
+    """The shipped pair; each node's disk is a directory of its own under this test's (on())."""
+    monkeypatch.setattr(sys.modules[__name__], "DISKS", tmp_path)
     return build_cluster(pair(**{n: {"weights_source": SOURCE} for n in ("spark-a", "spark-b")}))
 
 
