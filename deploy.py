@@ -6,7 +6,7 @@ below reads the same validated model. A refusal at prepare prints one block and 
 """
 from pyinfra import host, local, state
 
-from roles.rolling.checks import turn_order
+from roles.rolling.checks import takes_turn, turn_order
 from sparkfleet.run import refusals_stop_the_run
 from tools.plan import decide
 
@@ -81,7 +81,23 @@ with refusals_stop_the_run():
     #     and a turn that would drain the last routed group of a model is refused (roles/rolling).
     local.include("roles/rolling/routing_tasks.py")
     for turn in host.loop(turn_order(state)):
-        local.include("roles/rolling/turn.py", data={"sparkfleet_turn": turn})
+        in_turn = {"sparkfleet_turn": turn}  # 'g1', or 'g1+g2' when none serves yet
+        # The turn starts after the groups before it came back (every host defines this barrier);
+        # the group out of the router when it restarts.
+        local.include("roles/rolling/turn_start.py", data=in_turn)
+        if takes_turn(state, turn):  # the hosts of the turn's group define its steps
+            # 7c. The watchdog paused (head first) when the prewarm or the group's restart will stop units.
+            local.include("roles/watchdog/pause_tasks.py")
+            # 8. Kernel caches per image: warmed before production, the union on every rank, manifests equal.
+            local.include("roles/kernel_cache/tasks.py")
+            # 9. The units: --headless workers first, then the head; /health awaited, endpoint printed.
+            local.include("roles/serving/tasks.py")
+            # 10. The watchdog: installed, configured, started again where paused or stopped (workers first).
+            local.include("roles/watchdog/tasks.py")
+            # 11. The benchmark receipt, when the group (re)started: a short fixed load through the API.
+            local.include("roles/receipt/tasks.py")
+            # A real request proves the group serves; it is routed again before the next turn starts.
+            local.include("roles/rolling/turn_end.py")
     local.include("roles/rolling/done.py")
 
     # 12. The router (router_node): one endpoint for every group serving the same model, behind the

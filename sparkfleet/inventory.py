@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sparkfleet.config import ClusterConfig, ConfigError, build_cluster
+from sparkfleet.run import DataSources, hosts_problems, install, validate_inventory
+
 
 HostEntry = tuple[str, Mapping[str, Any]]
 
@@ -23,7 +25,6 @@ def sparks(inventory_file: str, *hosts: HostEntry) -> list[HostEntry]:
     Inside a pyinfra run the merged data is validated before any connection (sparkfleet.run); a
     name declared twice, which pyinfra would silently merge into one host, is refused there too.
     """
-    from sparkfleet.run import hosts_problems, install
 
     problems = hosts_problems(hosts, inventory_file)
     run = install()
@@ -56,7 +57,6 @@ def load_cluster(
 
     overrides apply to every host, last, as pyinfra's `--data KEY=VALUE` does. Raises Refusal.
     """
-    from sparkfleet.run import DataSources, validate_inventory
 
     cwd = str(cwd or os.getcwd())
     inventory = load_inventory(inventory_file, cwd, overrides, group_data_dirs)

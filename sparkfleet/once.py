@@ -9,11 +9,12 @@ from typing import Any, Callable
 
 from gevent.lock import Semaphore
 
+from sparkfleet.inventory import current_group, fleet_from_state, group_hosts
+
 
 def once_per_run(state, key: str, compute: Callable[[], Any]) -> Any:
     """compute() once per serving group (its hosts' greenlets share the result): every decision a
     role takes is its group's, so a change to one group's profile restarts that group only."""
-    from sparkfleet.inventory import current_group
 
     return once_per_fleet(state, f"{current_group(state)}:{key}", compute)
 
@@ -36,7 +37,6 @@ def once_per_fleet(state, key: str, compute: Callable[[], Any]) -> Any:
 
 def active_hosts(state):
     """The active hosts of the current host's serving group (every active host outside a host)."""
-    from sparkfleet.inventory import group_hosts
 
     return group_hosts(state, state.inventory.get_active_hosts())
 
@@ -87,7 +87,6 @@ def per_group(state, compute: Callable[[Any], Any]) -> dict[str, Any]:
     import gevent
     from pyinfra.context import ctx_host, ctx_state
 
-    from sparkfleet.inventory import fleet_from_state
 
     fleet = fleet_from_state(state)
     active = {h.name: h for h in fleet_hosts(state)}

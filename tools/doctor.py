@@ -13,23 +13,27 @@ It defines no operation and changes nothing; it exits non-zero when any check fa
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH, ApiProxyHost, Listeners, listener_problems
+from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH
+from roles.api_proxy.checks import ApiProxyHost, Listeners, listener_problems
 from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import fabric_others, node_status, ping_failures
 from roles.fabric.others import netconfig_problems, renderer_in_effect
-from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
 from roles.firewall.checks import LiveMarker, ManagementSubnet, digest, management_problem, table_problems
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message
 from roles.preflight.checks import preflight_rows
-from sparkfleet.model.engine import unit_name
+from roles.router.control import doctor_rows
+from roles.router.facts import RouterRouting
+from roles.router.node_config import router_node
 from roles.serving.facts import HeadHealth, UnitState, is_serving
-from sparkfleet.model.serving import node_profile
 from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.model.engine import unit_name
+from sparkfleet.model.fabric import NETPLAN_FILE
+from sparkfleet.model.serving import node_profile
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
-from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_fleet, per_group
+from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, per_group
 from tools.plan import group_decisions
 
 
@@ -186,11 +190,6 @@ def _doctor(state) -> None:
 def _router_rows(state):
     """(router node, its rows): a row per group the router routes to (routed, or what it is instead);
     None when the fleet has no router or the router node is not in this run."""
-    from roles.router.control import doctor_rows
-    from roles.router.facts import RouterRouting
-    from roles.router.node_config import router_node
-    from sparkfleet.inventory import fleet_from_state
-    from sparkfleet.once import fleet_hosts
 
     fleet = fleet_from_state(state)
     router = router_node(fleet)

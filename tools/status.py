@@ -16,14 +16,17 @@ from roles.image.checks import history_path
 from roles.kernel_cache.checks import commit_of
 from roles.receipt.receipt import Receipts, receipt_path
 from roles.receipt.receipt import status_lines as receipt_lines
-from sparkfleet.model.engine import unit_name
+from roles.router import control
+from roles.router.node_config import router_node
 from roles.serving.facts import UnitState
 from roles.serving.history import RecipeHistory, history_file, last_event, same_commit
-from sparkfleet.model.serving import node_profile
 from roles.watchdog.facts import RankContainer, WatchdogUnit, WatchProbe, WatchStatus
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.model.engine import unit_name
+from sparkfleet.model.serving import node_profile
 from sparkfleet.model.watchdog import WATCH_UNIT
-from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, once_per_run
+
 
 ACTIONS_SHOWN = 5
 
@@ -147,9 +150,6 @@ def _status(state) -> None:
 def _router_status(state) -> None:
     """The router's verdict on every group it routes to (router_node set and in this run): a row per
     group, routed, unhealthy, draining or drained."""
-    from roles.router import control
-    from roles.router.node_config import router_node
-    from sparkfleet.inventory import fleet_from_state
 
     router = router_node(fleet_from_state(state))
     if router is None or router.name not in {h.name for h in fleet_hosts(state)}:

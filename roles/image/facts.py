@@ -5,6 +5,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from sparkfleet.keyvalue import key_values
+from sparkfleet.model.engine import IMAGE_VAR
 
 
 class RecipeCheckout(FactBase):
@@ -103,7 +104,6 @@ DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 def pin_of(text: str) -> str | None:
     """The digest reference a pin file names, or None (no file, or not a reference by digest)."""
-    from sparkfleet.model.engine import IMAGE_VAR
 
     for line in text.splitlines():
         key, sep, ref = line.strip().partition("=")

@@ -33,6 +33,9 @@ from pyinfra import logger
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import DeployError
 
+from sparkfleet.keyfiles import KeyFileError, read
+
+
 REPO = Path(__file__).resolve().parents[2]
 # When the deploy (re)started each pair's units, in the controller's clock: set by the serving role's
 # "Note when the pair's units start" step, read by the receipt (cold start = first token - this).
@@ -227,7 +230,6 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
     """Operation body (head): the load through the API, then the receipt written on the head."""
     from pyinfra import host
 
-    from sparkfleet.keyfiles import KeyFileError, read
 
     try:
         key = read(host, key_path)

@@ -2,7 +2,7 @@
 
 deploy.py runs steps 7c-11 (watchdog pause, kernel caches, units, watchdog, receipt) once per
 serving group, in turn order (turn_order). A host's operations are a chain that pyinfra keeps in
-order, and every host defines the barrier operation of every turn (roles/rolling/turn.py), so all
+order, and every host defines the barrier operation of every turn (roles/rolling/turn_start.py), so all
 of one group's operations run before the next group's first: with a router in front, a group
 being upgraded is out of routing while the others serve. A turn ends by proving the group serves
 (a real chat completion through both ranks) and putting it back; a group that does not come back
@@ -21,7 +21,7 @@ from roles.router.control import groups_by_url
 from roles.router.facts import RouterRouting
 from roles.router.node_config import ROUTER_UNIT, backend_url, routed_groups, router_node, served_name
 from sparkfleet.decided import fleet_summary
-from sparkfleet.inventory import fleet_from_state
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.once import once_per_fleet
 from sparkfleet.plan_types import turn_sequence
 from sparkfleet.refusal import Problem, Refusal
@@ -42,6 +42,12 @@ def turn_order(state) -> list[str]:
 
 def turn_groups(turn: str) -> list[str]:
     return turn.split("+")
+
+
+def takes_turn(state, turn: str) -> bool:
+    """Whether the host pyinfra is working on is of a group that takes `turn` (deploy.py: only those
+    hosts define the turn's steps)."""
+    return cluster_from_state(state).node(host.name).serving_group in turn_groups(turn)
 
 
 def router_for(state, group: str):

@@ -3,7 +3,7 @@ prepare (roles/router/facts.py RouterRouting), and each group's plan (tools/plan
 
 - Route again: a group the router has drained (out of its registry) whose plan says it serves,
   healthy, and does not restart in this run is put back before any turn. Draining and routing
-  again are the two ends of a turn (roles/rolling/turn.py); a run that stopped between them (a
+  again are the two ends of a turn (roles/rolling/turn_start.py, turn_end.py); a run that stopped between them (a
   receipt, the KV check, a prewarm that failed and brought the previous production back) left
   the group drained, and the next run, finding it unchanged, would never have routed it again.
 - The last routed group: a turn never takes the last routed group of a model out of the router.

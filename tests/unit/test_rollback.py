@@ -6,7 +6,6 @@ import subprocess
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-import roles.serving.checks
 from roles.kernel_cache import checks as kc
 from roles.serving.history import (
     Event, NothingToRollBackTo, RecipeHistory, describe, last_served, parse_history, record_command,
@@ -178,7 +177,7 @@ class FakeNodes:
 @pytest.fixture
 def health(monkeypatch):
     calls = []
-    monkeypatch.setattr(roles.serving.checks, "wait_for_health", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(kc, "wait_for_health", lambda **kw: calls.append(kw))  # the name the prewarm calls
     monkeypatch.setattr(kc.time, "sleep", lambda s: None)
     return calls
 

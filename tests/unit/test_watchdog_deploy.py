@@ -259,9 +259,8 @@ def test_the_pause_comes_before_the_prewarm_and_the_start_after_the_pair_serves(
 
     repo = Path(__file__).resolve().parents[2]
 
-    def includes(path):  # deploy.py's includes, with each serving group's turn (roles/rolling/turn.py) inlined
-        found = [line.split('"')[1] for line in (repo / path).read_text().splitlines() if "local.include(" in line]
-        return [i for f in found for i in (includes(f) if f == "roles/rolling/turn.py" else [f])]
+    def includes(path):  # deploy.py's includes, each serving group's turn's steps among them
+        return [line.split('"')[1] for line in (repo / path).read_text().splitlines() if "local.include(" in line]
 
     order = [f for f in includes("deploy.py") if not f.startswith("roles/rolling/")]  # the turns' barrier
     at = order.index
