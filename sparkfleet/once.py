@@ -46,12 +46,17 @@ def fleet_hosts(state):
     return list(state.inventory.get_active_hosts())
 
 
-def at_once(*computes: Callable[[], Any]) -> list[Any]:
+def at_once(*computes: Callable[[], Any], limit: int | None = None) -> list[Any]:
     """compute() of each, all at once (a greenlet each, as pyinfra gathers facts); the results in
     order. A cluster-wide step runs in one host's greenlet: calling get_fact host after host from
     there pays every node's round trips one after the other. The first failure is raised here, as a
-    loop would raise it (raised in its greenlet, gevent would print it with a traceback)."""
+    loop would raise it (raised in its greenlet, gevent would print it with a traceback).
+
+    limit: at most that many at once. Each compute that reads facts holds an SSH channel on every
+    node it reads, and sshd refuses channels past MaxSessions on one connection (OpenSSH's default
+    is 10, sshd_config(5); paramiko reports it as ChannelException(2, 'Connect failed'))."""
     import gevent
+    from gevent.pool import Pool
     from pyinfra.context import ctx_host, ctx_state
 
     state, host = ctx_state.get(), ctx_host.get()
@@ -63,7 +68,8 @@ def at_once(*computes: Callable[[], Any]) -> list[Any]:
         except Exception as exc:
             return "error", exc
 
-    greenlets = [gevent.spawn(one, compute) for compute in computes]
+    spawn = Pool(limit).spawn if limit else gevent.spawn
+    greenlets = [spawn(one, compute) for compute in computes]
     gevent.joinall(greenlets)
     out = []
     for greenlet in greenlets:

@@ -73,6 +73,12 @@ def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan
                      healthy=serving.healthy)
 
 
+# How many roles' readers run at once: each holds a channel on every node it reads, beside the run's
+# own (the deploy lock's session among them), and sshd refuses a connection's channels past
+# MaxSessions (10 by default). Six is what the composer ran at once before the pass was one.
+FACT_READERS_AT_ONCE = 6
+
+
 def group_facts(state, group) -> dict:
     """Every fact one group's verdicts read, in one pass: each role's reader at once (run in a
     greenlet of that group: sparkfleet.once.per_group), each reading its nodes at once."""
@@ -92,7 +98,7 @@ def group_facts(state, group) -> dict:
         # preflight as a row of its own instead of stopping here.
         "preflight": lambda: preflight_rows(state),
     }
-    return dict(zip(readers, at_once(*readers.values())))
+    return dict(zip(readers, at_once(*readers.values(), limit=FACT_READERS_AT_ONCE)))
 
 
 def decide_group(facts: dict, group) -> decided.Decisions:

@@ -317,3 +317,28 @@ def test_the_heads_key_verdict_takes_the_routers_replacement_and_refuses_a_key_f
 def test_the_same_facts_give_the_same_plan(cluster, settled):
     facts = group_facts(cluster, **settled, key="stale")
     assert decide_group(facts, cluster) == decide_group(facts, cluster)
+
+
+def test_the_facts_pass_holds_at_most_its_limit_of_readers_at_once_and_keeps_their_order():
+    """Each reader holds an SSH channel per node; sshd refuses channels past MaxSessions (10 by
+    default): the pass never runs more than FACT_READERS_AT_ONCE readers together."""
+    import gevent
+    from pyinfra.context import ctx_host, ctx_state
+
+    from sparkfleet.once import at_once
+    from tools.plan import FACT_READERS_AT_ONCE
+
+    running, peak = [0], [0]
+
+    def reader(i):
+        def read():
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            gevent.sleep(0.01)
+            running[0] -= 1
+            return i
+        return read
+
+    with ctx_state.use(object()), ctx_host.use(None):
+        assert at_once(*[reader(i) for i in range(11)], limit=FACT_READERS_AT_ONCE) == list(range(11))
+    assert 1 < peak[0] <= FACT_READERS_AT_ONCE < 10
