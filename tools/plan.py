@@ -31,11 +31,11 @@ from sparkfleet.plan_command import GROUPS_FILE, plan_dir
 from sparkfleet.plan_types import GroupPlan, turn_sequence
 
 
-def restart_reasons(cluster, profile, ids, fabric, key, weights, caches, serving) -> list[str]:
+def restart_reasons(cluster, profile, image, fabric, key, weights, caches, serving) -> list[str]:
     """Why the pair restarts: a TP pair is one thing, so a change any role sees moves both ranks
     (head stopped first, workers started first). Pure: every input is a role's verdict."""
     reasons = []
-    if ids.get(cluster.head.name) is None or len(set(ids.values())) != 1:
+    if image.head_id is None or not image.same_everywhere:
         reasons.append(f"image {profile.image_ref} is new or differs between nodes")
     reasons += serving.reasons  # a rank's file changed, or its unit does not serve
     for name in sorted(fabric.drift):  # step 3 re-applies it: the ranks' connections ride on that link
@@ -110,7 +110,7 @@ def decide_group(facts: dict, group) -> decided.Decisions:
     weights_v = weights_checks.decide(facts["weights"], group)
     caches = kernel_cache_checks.decide(facts["caches"], group)
     own = serving_checks.decide(facts["serving"], group)
-    reasons = restart_reasons(group, profile, image_v.ids, facts["fabric"], key, weights_v, caches, own)
+    reasons = restart_reasons(group, profile, image_v, facts["fabric"], key, weights_v, caches, own)
     serving_v = replace(own, restart=bool(reasons), reasons=tuple(reasons))
     available = {node.name: row.get("mem_available_gib", 0.0) for node, row, _ in facts["preflight"]}
     speed = fabric_speed_checks.decide(group, profile.image_ref, facts["speed_records"], available,
