@@ -65,3 +65,18 @@ drafter_license_acknowledged = "CC-BY-NC-ND-4.0"
 serving_api_key_file = None
 # Vision profiles: hostnames the engine may fetch image/video URLs from; []: none (data: URLs only).
 serving_media_domains = []
+
+# --- roles/monitoring: node exporter everywhere, Prometheus with sparkfleet's alerts on one node ---
+# Prometheus runs on monitoring_node (None: the router node, else the first group's head), on its
+# 127.0.0.1 only; the exporters answer that node alone (the firewall). docs/monitoring.md.
+monitoring_enabled = True
+# Upstream versions of the OS's packages (DGX OS 7 = Ubuntu 24.04's archive); another on offer stops
+# the deploy before it installs anything, naming what is offered.
+monitoring_node_exporter_version = "1.7.0"
+monitoring_prometheus_version = "2.45.3"
+monitoring_scrape_interval_s = 15
+monitoring_retention = "30d"
+# Below this much MemAvailable a Spark is close to the freeze that no OOM kill precedes.
+monitoring_alert_memory_headroom_gib = 8.0
+# Time to first token p95 over this many times the last benchmark receipt's, for 10 minutes.
+monitoring_alert_ttft_factor = 2.0

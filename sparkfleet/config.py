@@ -29,6 +29,7 @@ from sparkfleet.model.guards import GuardsData
 from sparkfleet.model.host import HostData
 from sparkfleet.model.image import ImageData
 from sparkfleet.model.kernel_cache import KernelCacheData
+from sparkfleet.model.monitoring import MonitoringData, monitoring_problems
 from sparkfleet.model.preflight import PreflightData
 from sparkfleet.model.receipt import ReceiptData
 from sparkfleet.model.router import RouterData, router_problems
@@ -70,7 +71,7 @@ class GroupData(BaseModel):
     )
 
 
-class NodeConfig(GroupData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+class NodeConfig(GroupData, MonitoringData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 
@@ -251,6 +252,7 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
     problems += _fabric_problems(nodes, groups, several)
     problems += _management_problems(nodes, ssh_ports or {})
     problems += router_problems(nodes)  # one router for the fleet, on a node of the inventory (roles/router)
+    problems += monitoring_problems(nodes)  # one monitoring stack for the fleet (roles/monitoring)
     for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
         problems.extend(node_value_problems(n))
     for group, members in sorted(groups.items()):

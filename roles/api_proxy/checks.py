@@ -38,7 +38,8 @@ def key_pattern_file(node) -> str:
 def config_text(node) -> str:
     return render("api_proxy", "/etc/sparkfleet/api-proxy.cfg", bind=BIND, port=node_profile(node).port,
                   engine_port=node.api_proxy_engine_port, timeout_s=node.api_proxy_timeout_s,
-                  key_file=key_pattern_file(node), open_paths=OPEN_PATHS, user=PROXY_USER)
+                  key_file=key_pattern_file(node), open_paths=OPEN_PATHS, user=PROXY_USER,
+                  metrics_port=node.monitoring_engine_metrics_port if node.monitoring_enabled else None)
 
 
 def unit_text(node) -> str:

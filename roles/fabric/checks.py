@@ -13,8 +13,8 @@ from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
-from roles.firewall.checks import LiveMarker, ManagementSubnet, digest
-from sparkfleet.inventory import cluster_from_state
+from roles.firewall.checks import LiveMarker, ManagementSubnet, wanted_marker
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.once import active_hosts, once_per_run, per_host
 from sparkfleet.render import render, sha1_text
@@ -126,13 +126,14 @@ def ping_failures(node_host, node, cluster, links: dict[str, dict]) -> list[str]
 
 def _firewall_moves(state, cluster, hosts) -> bool:
     """Whether roles/firewall will change the live rules on any node of the group in this run."""
+    fleet = fleet_from_state(state)
 
     def moves(node_host):
         node = cluster.node(node_host.name)
         if not node.firewall_enabled:
             return False
         subnet = node_host.get_fact(ManagementSubnet, address=node.management_address)
-        return node_host.get_fact(LiveMarker) != f"sparkfleet {digest(cluster, node, subnet)}"
+        return node_host.get_fact(LiveMarker) != wanted_marker(fleet, cluster, node, node_host, subnet)
 
     return any(per_host(state, moves, hosts.values()).values())
 

@@ -11,15 +11,18 @@ names and accepts nothing another table would drop (an accept in one table does 
   - on the head, the API port from the allowed networks only; on the router node (roles/router), the
     router's port likewise;
   - on the head, the engine's own port (loopback only, behind the API proxy) from root's and the
-    proxy's sockets only (an output chain: a local user cannot go around the proxy).
+    proxy's sockets only (an output chain: a local user cannot go around the proxy);
+  - the exporters (roles/monitoring: the node exporter, the engine's /metrics on a head) from the
+    monitoring node's address only.
 SSH is never matched. Loopback is always accepted.
 """
 import shlex
-from ipaddress import IPv4Network, ip_interface
+from ipaddress import IPv4Network, ip_address, ip_interface
 
 from pyinfra.api import FactBase
 
 from roles.api_proxy.checks import PROXY_USER
+from sparkfleet.model.monitoring import monitoring_node_name
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render, sha1_text
 
@@ -59,7 +62,14 @@ def api_ports(node, profile) -> list[int]:
     return ([profile.port] if node.is_head else []) + ([node.router_port] if node.router_node == node.name else [])
 
 
-def _body(cluster, node, management_subnet: str | None, marker: str) -> str:
+def monitor_ports(node) -> list[int]:
+    """The exporters' ports on this node (roles/monitoring), reached from the monitoring node only."""
+    if not node.monitoring_enabled:
+        return []
+    return [node.monitoring_node_exporter_port] + ([node.monitoring_engine_metrics_port] if node.is_head else [])
+
+
+def _body(cluster, node, management_subnet: str | None, marker: str, monitor: str | None = None) -> str:
     profile = node_profile(cluster.head)
     # Each half of the port admits the peers' addresses on that half only.
     halves = [{"netdev": half.netdev, "ip": half.ip, "quoted": f'"{half.netdev}"',
@@ -70,17 +80,20 @@ def _body(cluster, node, management_subnet: str | None, marker: str) -> str:
         fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
         api_allowed=api_networks(node, management_subnet),
         engine_port=node.api_proxy_engine_port if node.is_head else None, engine_users=ENGINE_PORT_USERS,
+        monitor_ports=monitor_ports(node) if monitor else [], monitor=monitor,
     )
 
 
-def rules_text(cluster, node, management_subnet: str | None) -> str:
+def rules_text(cluster, node, management_subnet: str | None, monitor: str | None = None) -> str:
     """The node's ruleset file. Its first rule carries `sparkfleet <sha1 of the rules>` as a comment,
-    so the live table is compared with what data renders (a hand-flushed table is re-applied)."""
-    return _body(cluster, node, management_subnet, f"sparkfleet {digest(cluster, node, management_subnet)}")
+    so the live table is compared with what data renders (a hand-flushed table is re-applied).
+    `monitor`: the monitoring node's IPv4 address as this node resolves it (None: no monitoring)."""
+    return _body(cluster, node, management_subnet, f"sparkfleet {digest(cluster, node, management_subnet, monitor)}",
+                 monitor)
 
 
-def digest(cluster, node, management_subnet: str | None) -> str:
-    return sha1_text(_body(cluster, node, management_subnet, "sparkfleet"))
+def digest(cluster, node, management_subnet: str | None, monitor: str | None = None) -> str:
+    return sha1_text(_body(cluster, node, management_subnet, "sparkfleet", monitor))
 
 
 def unit_text(node) -> str:
@@ -120,6 +133,49 @@ class ManagementSubnet(FactBase):
         if not text:
             return ""
         return str(ip_interface(text).network)
+
+
+class Ipv4Of(FactBase):
+    """The first IPv4 address `hostname` resolves to on the node (getent ahostsv4), or ''."""
+
+    def command(self, hostname: str) -> str:
+        return f"getent ahostsv4 {shlex.quote(hostname)} | awk 'NR == 1 {{print $1}}' || true"
+
+    def process(self, output):
+        return "".join(output).strip()
+
+
+def monitor_address(node_host, fleet) -> str | None:
+    """The monitoring node's IPv4 address as `node_host` resolves its management address (an address
+    is itself), '' when it does not resolve; None when monitoring is off."""
+    name = monitoring_node_name(list(fleet.nodes))
+    if name is None:
+        return None
+    address = fleet.node(name).management_address
+    return address if is_ipv4(address) else node_host.get_fact(Ipv4Of, hostname=address)
+
+
+def is_ipv4(text: str) -> bool:
+    try:
+        return ip_address(text).version == 4
+    except ValueError:
+        return False
+
+
+def wanted_marker(fleet, cluster, node, node_host, subnet: str | None) -> str:
+    """`sparkfleet <digest>`: the marker of the table data renders for this node (LiveMarker's value
+    when the live table is that one)."""
+    return f"sparkfleet {digest(cluster, node, subnet, monitor_address(node_host, fleet))}"
+
+
+def monitor_problem(node, fleet, monitor: str | None) -> str | None:
+    if monitor == "":
+        name = monitoring_node_name(list(fleet.nodes))
+        return (f"{node.name}: the monitoring node {name}'s management address "
+                f"{fleet.node(name).management_address!r} does not resolve to an IPv4 address on {node.name}: the "
+                "exporters' rule admits that address only (key 'monitoring_node'; set its ssh_hostname to its "
+                "address, or monitoring_enabled = False)")
+    return None
 
 
 class LiveMarker(FactBase):

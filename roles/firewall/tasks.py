@@ -11,21 +11,22 @@ from pyinfra.operations.util import any_changed
 
 from roles.firewall.checks import (
     NFT, NFTABLES_DROPIN, TABLE, UNIT, UNIT_PATH, LiveMarker, ManagementSubnet, api_networks, digest,
-    management_problem, nftables_dropin_text, rules_path, rules_text, unit_text,
+    management_problem, monitor_address, monitor_problem, nftables_dropin_text, rules_path, rules_text, unit_text,
 )
 from sparkfleet import unchanged
-from sparkfleet.inventory import cluster_from_state
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 
 if node.firewall_enabled:
     subnet = host.get_fact(ManagementSubnet, address=node.management_address)
-    problem = management_problem(node, subnet)
+    monitor = monitor_address(host, fleet_from_state(state))  # roles/monitoring's Prometheus, or None
+    problem = management_problem(node, subnet) or monitor_problem(node, fleet_from_state(state), monitor)
     if problem:
         raise DeployError(problem)
     live = host.get_fact(LiveMarker)
-    want = f"sparkfleet {digest(cluster, node, subnet)}"
+    want = f"sparkfleet {digest(cluster, node, subnet, monitor)}"
     if node.is_head:
         logger.info(f"--> sparkfleet firewall: the API on {node.name} from {', '.join(api_networks(node, subnet))}; "
                     f"the fabric's services from the fabric only; SSH not filtered")
@@ -33,7 +34,7 @@ if node.firewall_enabled:
         apt.packages(name="Install nftables", packages=["nftables"], update=True, cache_time=3600)
     unchanged.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root",
                     mode="0700")
-    rules = unchanged.put(name=f"Write {rules_path(node)}", src=StringIO(rules_text(cluster, node, subnet)),
+    rules = unchanged.put(name=f"Write {rules_path(node)}", src=StringIO(rules_text(cluster, node, subnet, monitor)),
                       dest=rules_path(node), user="root", group="root", mode="0600")
     unit = unchanged.put(name=f"Write {UNIT_PATH}", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
                      group="root", mode="0644")

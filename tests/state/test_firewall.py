@@ -8,9 +8,10 @@ import pytest
 
 from sparkfleet.model.serving import node_profile
 from roles.firewall.checks import (
-    NFTABLES_DROPIN, LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, nftables_dropin_text, rules_path,
-    rules_text,
+    NFTABLES_DROPIN, Ipv4Of, LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, nftables_dropin_text,
+    rules_path, rules_text,
 )
+from sparkfleet.model.monitoring import monitoring_node_name
 
 
 def subnet_of(host, node) -> str:
@@ -18,15 +19,28 @@ def subnet_of(host, node) -> str:
     return fact.process(host.check_output(fact.command(node.management_address)).splitlines())
 
 
+def monitor_of(host, cluster) -> str | None:
+    """The monitoring node's IPv4 address as this node resolves it (roles/monitoring), or None."""
+    name = monitoring_node_name(list(cluster.nodes))
+    if name is None:
+        return None
+    address = cluster.node(name).management_address
+    try:
+        return str(ip_address(address))
+    except ValueError:
+        return Ipv4Of().process(host.check_output(Ipv4Of().command(address)).splitlines())
+
+
 def test_the_live_table_is_the_one_data_renders(host, node, cluster):
     if not node.firewall_enabled:
         pytest.skip("firewall_enabled is false")
-    subnet = subnet_of(host, node)
+    subnet, monitor = subnet_of(host, node), monitor_of(host, cluster)
+    group = cluster.group_of(node.name)
     on_disk = host.file(rules_path(node))
     assert on_disk.user == "root" and on_disk.mode == 0o600
-    assert on_disk.content_string == rules_text(cluster, node, subnet), f"{node.name}: {rules_path(node)} differs"
+    assert on_disk.content_string == rules_text(group, node, subnet, monitor), f"{node.name}: {rules_path(node)} differs"
     live = LiveMarker().process(host.check_output(LiveMarker().command()).splitlines())
-    assert live == f"sparkfleet {digest(cluster, node, subnet)}", f"{node.name}: live table marker {live!r}"
+    assert live == f"sparkfleet {digest(group, node, subnet, monitor)}", f"{node.name}: live table marker {live!r}"
     assert host.service("sparkfleet-firewall").is_enabled
     # Active (every listening unit requires it), and loaded again after nftables.service flushes.
     assert host.service("sparkfleet-firewall").is_running, f"{node.name}: sparkfleet-firewall is not active"

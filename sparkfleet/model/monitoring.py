@@ -1,0 +1,166 @@
+"""Data of roles/monitoring: what is scraped, by whom, and what fires.
+
+Part of sparkfleet/config.py's NodeConfig. Every node runs the OS's node exporter; each serving
+group's head exposes its engine's own `/metrics` through the API proxy on a port of its own; one
+node of the fleet (`monitoring_node`) runs the OS's Prometheus with scrape targets rendered from the
+inventory and sparkfleet's alert rules. The exporters answer the monitoring node only (the firewall);
+Prometheus listens on the monitoring node's loopback.
+
+The package versions are upstream versions: the deploy installs the OS's build of exactly that
+version, and on a node whose package sources offer another it stops before installing, naming the
+versions offered (roles/monitoring/checks.py). The defaults are DGX OS 7's (Ubuntu 24.04's archive).
+"""
+from pydantic import BaseModel, Field
+
+from sparkfleet.refusal import Problem
+
+# The monitoring stack is the fleet's: one Prometheus, one set of rules, one scrape interval.
+MONITORING_KEYS = (
+    "monitoring_enabled", "monitoring_node", "monitoring_node_exporter_version", "monitoring_node_exporter_port",
+    "monitoring_node_exporter_collectors", "monitoring_engine_metrics_port", "monitoring_prometheus_version",
+    "monitoring_prometheus_port", "monitoring_scrape_interval_s", "monitoring_retention",
+    "monitoring_remote_write_url", "monitoring_alert_rank_down_for_s", "monitoring_alert_fabric_for_s", "monitoring_alert_memory_headroom_gib",
+    "monitoring_alert_kv_cache_usage", "monitoring_alert_kv_cache_for_s", "monitoring_alert_ttft_factor",
+    "monitoring_alert_ttft_for_s",
+    "monitoring_alert_stall_for_s",
+)
+
+# node_exporter's collectors this job reads (each is `--collector.<name>`; every other is off):
+# meminfo (unified memory: NVML reports none on GB10), pressure (PSI: memory stalls before the freeze),
+# netdev and netclass (fabric throughput, MTU, link speed and carrier), hwmon and thermal_zone
+# (temperatures), systemd (sparkfleet's units only), textfile (sparkfleet's own facts), cpu, loadavg,
+# filesystem (the data directory's disk). Names as node_exporter 1.5-1.7 spell them.
+DEFAULT_COLLECTORS = ("meminfo", "pressure", "netdev", "netclass", "hwmon", "thermal_zone", "systemd", "textfile",
+                      "cpu", "loadavg", "filesystem")
+KNOWN_COLLECTORS = DEFAULT_COLLECTORS + ("diskstats", "vmstat", "time", "uname", "stat", "processes", "nvme")
+# The node exporter's textfile directory (Debian's and Ubuntu's default, named in its arguments):
+# roles/monitoring writes sparkfleet.prom there, roles/receipt sparkfleet-receipt.prom on a head.
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+RECEIPT_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-receipt.prom"
+RETENTION = r"^[0-9]+(d|h|w|y)$"
+UPSTREAM_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+$"
+
+
+class MonitoringData(BaseModel):
+    monitoring_enabled: bool = Field(
+        True, description="the node exporter on every node, the engine's `/metrics` on each head (through the API "
+        "proxy, for the monitoring node only) and Prometheus with sparkfleet's alerts on `monitoring_node`; false: "
+        "none of it is installed or opened (what an earlier deploy installed stays, its ports closed)"
+    )
+    monitoring_node: str | None = Field(
+        None, description="the inventory name of the node that runs Prometheus; none: `router_node` when there is "
+        "one, else the first serving group's head. The exporters admit its management address (`ssh_hostname`, "
+        "resolved on each node when it is a name) only"
+    )
+    monitoring_node_exporter_version: str = Field(
+        "1.7.0", pattern=UPSTREAM_VERSION,
+        description="upstream version of the OS's `prometheus-node-exporter` package (Ubuntu 24.04: 1.7.0; "
+        "Debian 12: 1.5.0); the OS's build of exactly this version is installed; when the node's package sources offer another, the "
+        "deploy stops before installing, naming the versions offered"
+    )
+    monitoring_node_exporter_port: int = Field(
+        9100, ge=1024, le=65535, description="the node exporter's port on every node (every address; the firewall "
+        "admits the monitoring node only)"
+    )
+    monitoring_node_exporter_collectors: list[str] = Field(
+        list(DEFAULT_COLLECTORS), min_length=1,
+        description="the node exporter's collectors (every other is off): " + ", ".join(DEFAULT_COLLECTORS)
+        + "; also allowed: " + ", ".join(KNOWN_COLLECTORS[len(DEFAULT_COLLECTORS):])
+    )
+    monitoring_engine_metrics_port: int = Field(
+        9400, ge=1024, le=65535, description="on each head, the engine's own `/metrics` and nothing else (the API "
+        "proxy, without the key; the firewall admits the monitoring node only)"
+    )
+    monitoring_prometheus_version: str = Field(
+        "2.45.3", pattern=UPSTREAM_VERSION,
+        description="upstream version of the OS's `prometheus` package (Ubuntu 24.04: 2.45.3; Debian 12: 2.42.0); "
+        "the deploy stops before installing when the OS offers another"
+    )
+    monitoring_prometheus_port: int = Field(
+        9090, ge=1024, le=65535, description="Prometheus' port, on the monitoring node's 127.0.0.1 only (query it "
+        "there, or through an SSH tunnel; `make status` does)"
+    )
+    monitoring_scrape_interval_s: int = Field(15, ge=5, le=300, description="seconds between two scrapes of a target")
+    monitoring_retention: str = Field(
+        "30d", pattern=RETENTION, description="how long Prometheus keeps samples (`--storage.tsdb.retention.time`)"
+    )
+    monitoring_remote_write_url: str | None = Field(
+        None, pattern=r"^https?://", description="also send every sample to this Prometheus (`remote_write`), e.g. "
+        "the team's own; none: kept on the monitoring node only"
+    )
+    monitoring_alert_rank_down_for_s: int = Field(
+        60, ge=0, description="a rank's exporter or engine target down this long fires `SparkfleetRankDown`"
+    )
+    monitoring_alert_fabric_for_s: int = Field(
+        60, ge=0, description="a fabric netdev with the wrong MTU, or down, this long fires `SparkfleetFabricMtu` or "
+        "`SparkfleetFabricDown`"
+    )
+    monitoring_alert_memory_headroom_gib: float = Field(
+        8.0, ge=0, description="`SparkfleetMemoryLow` fires when a node's MemAvailable falls below this: a Spark "
+        "whose unified memory runs out freezes without an OOM kill"
+    )
+    monitoring_alert_kv_cache_usage: float = Field(
+        0.95, gt=0, le=1, description="`SparkfleetKvCacheFull` fires when the engine's KV cache usage stays above "
+        "this fraction for `monitoring_alert_kv_cache_for_s`"
+    )
+    monitoring_alert_kv_cache_for_s: int = Field(300, ge=0, description="see `monitoring_alert_kv_cache_usage`")
+    monitoring_alert_ttft_factor: float = Field(
+        2.0, gt=1, description="`SparkfleetTtftRegression` fires when the engine's time to first token p95 over 10 "
+        "minutes exceeds the last benchmark receipt's by this factor"
+    )
+    monitoring_alert_ttft_for_s: int = Field(
+        600, ge=0, description="see `monitoring_alert_ttft_factor`: how long the p95 stays above before it fires"
+    )
+    monitoring_alert_stall_for_s: int = Field(
+        300, ge=60, description="`SparkfleetGroupStalled` fires when requests have waited this long and no token "
+        "was generated (the hang `/health` does not see)"
+    )
+
+
+def monitoring_node_name(nodes) -> str | None:
+    """The node that runs Prometheus: data's, else the router node, else the first group's head."""
+    if not nodes or not nodes[0].monitoring_enabled:
+        return None
+    first = nodes[0]
+    if first.monitoring_node:
+        return first.monitoring_node
+    if first.router_node:
+        return first.router_node
+    heads = sorted((n for n in nodes if n.rank == 0), key=lambda n: (n.serving_group, n.name))
+    return heads[0].name if heads else None
+
+
+def monitoring_problems(nodes) -> list[Problem]:
+    """One monitoring stack per fleet: the same monitoring_* settings on every node, a monitoring node
+    of the inventory, known collectors, ports that differ."""
+    problems: list[Problem] = []
+    names = [n.name for n in nodes]
+    for key in MONITORING_KEYS:
+        if len({repr(getattr(n, key)) for n in nodes}) > 1:
+            found = ", ".join(f"{n.name}={getattr(n, key)!r}" for n in nodes)
+            problems.append(Problem(f"key '{key}' differs between nodes ({found}); the fleet has one monitoring stack",
+                                    names, key=key, fix="set it once for every node (group_data)"))
+    if problems or not nodes or not nodes[0].monitoring_enabled:
+        return problems
+    first = nodes[0]
+    unknown = [c for c in first.monitoring_node_exporter_collectors if c not in KNOWN_COLLECTORS]
+    if unknown:
+        problems.append(Problem(
+            f"key 'monitoring_node_exporter_collectors' names {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(KNOWN_COLLECTORS)}", names, key="monitoring_node_exporter_collectors",
+            fix="remove it, or name one of the allowed collectors"))
+    ports = {"monitoring_node_exporter_port": first.monitoring_node_exporter_port,
+             "monitoring_engine_metrics_port": first.monitoring_engine_metrics_port,
+             "monitoring_prometheus_port": first.monitoring_prometheus_port}
+    if len(set(ports.values())) < len(ports):
+        problems.append(Problem(
+            f"the monitoring ports must differ ({', '.join(f'{k}={v}' for k, v in ports.items())})", names,
+            key="monitoring_engine_metrics_port", fix="give each its own port"))
+    wanted = monitoring_node_name(nodes)
+    monitor = next((n for n in nodes if n.name == wanted), None)
+    if monitor is None and wanted != first.router_node:  # a router_node not in the inventory: router_problems
+        problems.append(Problem(
+            f"key 'monitoring_node' = {wanted!r} is not a node of the inventory; allowed: {', '.join(sorted(names))} "
+            "(or none: the router node, else the first head)", names, key="monitoring_node",
+            fix="name one of the inventory's nodes"))
+    return problems
