@@ -104,6 +104,10 @@ with refusals_stop_the_run():
     #     API key; groups whose health check fails are taken out of routing until they pass again.
     local.include("roles/router/tasks.py")
 
+    # 12b. Monitoring (monitoring_enabled): the OS's node exporter on every node, the engine's /metrics
+    #     through each head's proxy, the OS's Prometheus with sparkfleet's alerts on monitoring_node.
+    local.include("roles/monitoring/tasks.py")
+
     # 13. Run as a plan (`sparkfleet plan`: prepare only, nothing runs), what each operation above
     #     would do on this host, for the plan to print; in a deploy, nothing.
     local.include("roles/plan/operations_tasks.py")

@@ -17,7 +17,8 @@ from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
-from roles.firewall.checks import LiveMarker, ManagementSubnet
+from roles.firewall.checks import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
+from roles.monitoring.checks import EXPORTER_PACKAGE, PROMETHEUS_PACKAGE, InstalledVersions, monitoring_node
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import base_record_path, history_path, recipe_dir
 from roles.image.facts import (
@@ -37,7 +38,7 @@ from sparkfleet.model.serving import FULL_SHA, node_profile
 from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import model_dir, profile_models
 from roles.weights.facts import ModelCopy
-from sparkfleet.inventory import cluster_from_state
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
@@ -57,6 +58,9 @@ for peer in cluster.peers(node):
 host.get_fact(SpeedRecord, path=record_path(node))
 if node.firewall_enabled:
     host.get_fact(ManagementSubnet, address=node.management_address)
+    monitor = monitoring_node(fleet_from_state(state))
+    if monitor is not None and not is_ipv4(monitor.management_address):  # as roles/firewall resolves it
+        host.get_fact(Ipv4Of, hostname=monitor.management_address)
     host.get_fact(Which, command="nft")
 host.get_fact(LiveMarker)
 host.get_fact(Which, command="dockerd")
@@ -101,3 +105,5 @@ if node.is_head:
     host.get_fact(RecipeHistory, path=history_file(node, profile), deployed=history_path(node, profile))
     host.get_fact(ApiKeyState, command=state_command(node))
     host.get_fact(HeadHealth, port=profile.port)
+if node.monitoring_enabled:
+    host.get_fact(InstalledVersions, packages=(EXPORTER_PACKAGE, PROMETHEUS_PACKAGE))

@@ -8,6 +8,7 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   and the default `auto` refuses two workers on one NUMA node. On real machines each node has its own;
 - the deploy's and the watchdog's bounds fit a real start (a cold torch.compile on two cores takes
   about two minutes; a warm one under one);
+- monitoring is on (roles/monitoring; the stand-ins serve no /metrics), scraping every 5 s;
 - the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
   inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
   lab's one run of it. Its bar is a floor (0.05 GB/s, about 400 Mbit/s) a working link clears on any
@@ -33,6 +34,16 @@ _real = {
     "fabric_speed_collective": True,
     "fabric_speed_min_busbw_gbytes": 0.05,
     "fabric_speed_max_buffer_mib": 64,
+    # roles/monitoring against the real engine's /metrics (the stand-ins serve none): Prometheus on the
+    # head, scraping every 5 s so that tests/real sees a stopped worker's alert within a minute.
+    "monitoring_enabled": True,
+    "monitoring_scrape_interval_s": 5,
+    "monitoring_alert_rank_down_for_s": 15,
+    "monitoring_alert_fabric_for_s": 15,
+    # the TTFT drill plants a receipt 10x faster than the one the deploy took; 4x, not 2x: this
+    # machine's two cores, shared by both hosts, make any one figure noisy
+    "monitoring_alert_ttft_factor": 4.0,
+    "monitoring_alert_ttft_for_s": 10,
 }
 _hosts = {name: data for name, data in _lab["spark_hosts"]}
 

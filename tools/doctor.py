@@ -19,9 +19,10 @@ from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import fabric_others, node_status, ping_failures
 from roles.fabric.others import netconfig_problems, renderer_in_effect
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
-from roles.firewall.checks import LiveMarker, ManagementSubnet, digest, management_problem, table_problems
+from roles.firewall.checks import LiveMarker, ManagementSubnet, management_problem, table_problems, wanted_marker
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message
+from roles.monitoring.checks import listener_problems as monitoring_listeners
 from roles.preflight.checks import preflight_rows
 from roles.router.control import doctor_rows
 from roles.router.facts import RouterRouting
@@ -31,6 +32,7 @@ from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.fabric import NETPLAN_FILE
+from sparkfleet.model.monitoring import monitoring_node_name
 from sparkfleet.model.serving import node_profile
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
 from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, per_group
@@ -67,14 +69,19 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         problems += ping_failures(h, node, cluster, links)  # each peer, over each half of the port
         rows.append(("fabric", name, problems))
         rows.append(("netconfig", name, *netconfig_row(node, *fabric_others(state)[name])))
-        rows.append(("firewall", name, firewall_problems(cluster, node, h)))
+        rows.append(("firewall", name, firewall_problems(fleet_from_state(state), cluster, node, h)))
         rows.append(("docker", name, docker_info_problems(node, cluster, h.get_fact(DockerInfo))))
         unit = h.get_fact(UnitState, unit=unit_name(node))
         rows.append(("serving", name, [] if is_serving(unit) else [
             f"{name}: {unit_name(node)} {unit.get('active')}, container {unit.get('container')}"]))
+        listening = []
         if node.is_head:
             proxy = h.get_fact(ApiProxyHost, unit_path=PROXY_UNIT_PATH)
-            rows.append(("listeners", name, listener_problems(node, h.get_fact(Listeners), proxy["active"])))
+            listening += listener_problems(node, h.get_fact(Listeners), proxy["active"])
+        listening += monitoring_listeners(node, monitoring_node_name(list(fleet_from_state(state).nodes)),
+                                          h.get_fact(Listeners))
+        if node.is_head or node.monitoring_enabled:
+            rows.append(("listeners", name, listening))
     rows += fingerprint_rows(state)  # each node's values; a must-match field that differs fails
     # The deploy's own prepare-time verdicts (facts only): what a deploy would move is a failure here.
     if planned is not None:
@@ -98,7 +105,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def firewall_problems(cluster, node, h) -> list[str]:
+def firewall_problems(fleet, cluster, node, h) -> list[str]:
     """The live table inet sparkfleet against the one data renders (the marker the deploy compares)."""
     if not node.firewall_enabled:
         return []
@@ -106,7 +113,7 @@ def firewall_problems(cluster, node, h) -> list[str]:
     problem = management_problem(node, subnet)
     if problem:
         return [problem]
-    return table_problems(node, h.get_fact(LiveMarker), f"sparkfleet {digest(cluster, node, subnet)}")
+    return table_problems(node, h.get_fact(LiveMarker), wanted_marker(fleet, cluster, node, h, subnet))
 
 
 def netconfig_row(node, facts: dict, others) -> tuple[list[str], str]:

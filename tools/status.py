@@ -5,7 +5,9 @@ completion through the API) and its latency; each rank's unit (active, enabled),
 uptime, and the image it runs; each node's watchdog (unit, verdict, generation, restarts in the
 window, its last actions); the recipe commit the pair serves (the running image's tag) and what the
 head's history (<preflight_data_dir>/recipes/<profile>.history) says of it; the latest benchmark receipt against
-the previous one, each figure that dropped by more than receipt_drop_threshold_pct flagged DROP. It judges nothing and
+the previous one, each figure that dropped by more than receipt_drop_threshold_pct flagged DROP; with
+monitoring on, the live figures from the monitoring node's Prometheus (tokens/s, queue, KV cache,
+TTFT p50/p95 over 5 minutes, firing alerts). It judges nothing and
 changes nothing: `make doctor` is the verdict.
 """
 import re
@@ -14,6 +16,7 @@ from pyinfra import logger
 
 from roles.image.checks import history_path
 from roles.kernel_cache.checks import commit_of
+from roles.monitoring.checks import LiveFigures, live_line, monitoring_node
 from roles.receipt.receipt import Receipts, receipt_path
 from roles.receipt.receipt import status_lines as receipt_lines
 from roles.router import control
@@ -103,7 +106,7 @@ def recipe_line(profile, events, container: dict) -> str:
 
 
 def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, watch_units: dict,
-                 statuses: dict, events, receipts: list | None = None) -> list[str]:
+                 statuses: dict, events, receipts: list | None = None, live: dict | None = None) -> list[str]:
     """The report, from facts (node name -> fact value); pure, for the tests."""
     head = cluster.head
     names = " + ".join(n.name for n in cluster.nodes)
@@ -124,6 +127,8 @@ def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, w
     first, *rest = receipt_lines(receipts or [], head.receipt_drop_threshold_pct)
     lines.append(f"  {'receipt':<9} {head.name:<10} {first}")
     lines += [f"  {'':<9} {'':<10} {r}" for r in rest]
+    if head.monitoring_enabled:
+        lines.append(f"  {'live':<9} {head.name:<10} {live_line(live, head.serving_group)}")
     return lines
 
 
@@ -143,7 +148,11 @@ def _status(state) -> None:
     events = head.get_fact(RecipeHistory, path=history_file(cluster.head, profile),
                            deployed=history_path(cluster.head, profile)) if head else []
     receipts = head.get_fact(Receipts, directory=receipt_path(cluster.head, profile)) if head else []
-    lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events, receipts)
+    monitor = monitoring_node(fleet_from_state(state))
+    prom = state.inventory.get_host(monitor.name) if monitor else None
+    live = (prom.get_fact(LiveFigures, group=cluster.head.serving_group, port=monitor.monitoring_prometheus_port)
+            if prom is not None and prom.name in {h.name for h in fleet_hosts(state)} else None)
+    lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events, receipts, live)
     logger.info("--> sparkfleet status (read-only):\n" + "\n".join(lines) + "\n")
 
 

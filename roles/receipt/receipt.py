@@ -34,6 +34,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from sparkfleet.keyfiles import KeyFileError, read
+from sparkfleet.model.monitoring import RECEIPT_TEXTFILE, TEXTFILE_DIR
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,6 +223,42 @@ def drops(latest: dict, previous: dict, threshold_pct: float) -> list[str]:
     return out
 
 
+def receipt_metrics_text(receipt: dict) -> str:
+    """The receipt's figures for the node exporter's textfile collector (sparkfleet-receipt.prom on the
+    head): what roles/monitoring's SparkfleetTtftRegression holds the live p95 against."""
+    lines = ["# HELP sparkfleet_receipt_ttft_seconds Time to first token of the last benchmark receipt (mean, "
+             "llama-benchy's e2e_ttft), per concurrency.",
+             "# TYPE sparkfleet_receipt_ttft_seconds gauge"]
+    lines += [f'sparkfleet_receipt_ttft_seconds{{concurrency="{f["concurrency"]}"}} {f["ttft_ms"] / 1000:.6f}'
+              for f in receipt.get("figures") or [] if f.get("ttft_ms")]
+    lines += ["# HELP sparkfleet_receipt_decode_tokens_per_second Decode tokens/s per request of the last receipt.",
+              "# TYPE sparkfleet_receipt_decode_tokens_per_second gauge"]
+    lines += [f'sparkfleet_receipt_decode_tokens_per_second{{concurrency="{f["concurrency"]}"}} '
+              f'{f["decode_tps_per_request"]}' for f in receipt.get("figures") or [] if f.get("decode_tps_per_request")]
+    lines += ["# HELP sparkfleet_receipt_timestamp_seconds When the last receipt was taken.",
+              "# TYPE sparkfleet_receipt_timestamp_seconds gauge",
+              f"sparkfleet_receipt_timestamp_seconds {_epoch(receipt.get('taken_at'))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _epoch(taken_at: str | None) -> int:
+    try:
+        return int(datetime.strptime(taken_at or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp())
+    except ValueError:
+        return 0
+
+
+def write_receipt_metrics(host, receipt: dict) -> None:
+    """The receipt's figures into the textfile collector's directory (monitoring on): written beside and
+    moved in, so the exporter never reads half a file."""
+    text = receipt_metrics_text(receipt)
+    tmp = f"{RECEIPT_TEXTFILE}.tmp"
+    host.run_shell_command(StringCommand(f"mkdir -p -m 0755 {TEXTFILE_DIR}"))
+    if not host.put_file(io.BytesIO(text.encode()), tmp):
+        raise DeployError(f"{host.name}: receipt: could not write {tmp}")
+    host.run_shell_command(StringCommand(f"chmod 0644 {tmp} && mv -f {tmp} {RECEIPT_TEXTFILE}"))
+
+
 def receipt_path(node, profile) -> str:
     return f"{node.receipt_dir}/{profile.name}"
 
@@ -288,6 +325,8 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
     host.run_shell_command(StringCommand(
         f"chmod 0644 {shlex.quote(name)}; cd {shlex.quote(directory)} && "
         f"ls -1 *.json | sort | head -n -{node.receipt_keep} | xargs -r rm -f"))
+    if node.monitoring_enabled:
+        write_receipt_metrics(host, receipt)
     logger.info(f"    [{host.name}] {table(receipt)}\n    [{host.name}] kept in {name}")
 
 

@@ -1,0 +1,238 @@
+"""roles/monitoring: every file the monitoring stack runs from, rendered from data and the fleet, and
+the one fact the role reads (which versions are installed).
+
+- Every node: the OS's node exporter on its management address (sparkfleet/model/monitoring.py
+  says which collectors and why), and a textfile of sparkfleet's own facts beside it.
+- Each serving group's head: the API proxy serves the engine's own `/metrics` on
+  `monitoring_engine_metrics_port` (roles/api_proxy renders that frontend; this module says the port).
+- The monitoring node: the OS's Prometheus on 127.0.0.1, its targets from the fleet, sparkfleet's
+  alert rules (templates/etc/prometheus/sparkfleet.rules.yml.j2; their tests: tests/unit/alerts).
+The metric names the rules read are the engine's own at the pinned version (vLLM 0.33.0,
+vllm/v1/metrics/loggers.py: vllm:num_requests_running, vllm:num_requests_waiting,
+vllm:kv_cache_usage_perc, vllm:generation_tokens (a counter: _total), vllm:time_to_first_token_seconds)
+and node_exporter's (1.5-1.7: node_memory_MemAvailable_bytes, node_network_mtu_bytes,
+node_systemd_unit_state, node_systemd_unit_start_time_seconds).
+"""
+import shlex
+
+from pyinfra.api import FactBase
+
+from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT
+from sparkfleet.model.monitoring import TEXTFILE_DIR, monitoring_node_name
+from sparkfleet.model.serving import node_profile
+from sparkfleet.render import render
+
+EXPORTER_PACKAGE, PROMETHEUS_PACKAGE = "prometheus-node-exporter", "prometheus"
+EXPORTER_UNIT, PROMETHEUS_UNIT = "prometheus-node-exporter", "prometheus"
+EXPORTER_DEFAULTS, PROMETHEUS_DEFAULTS = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
+PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
+RULES = "/etc/prometheus/sparkfleet.rules.yml"
+PROMETHEUS_DATA = "/var/lib/prometheus/metrics2"
+TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet.prom"
+# The units whose state and start time the systemd collector reports: the engine's and the watchdog's.
+UNITS_PATTERN = "sparkfleet-.+[.]service"
+ENGINE_UNITS = f"{HEAD_UNIT}|{WORKER_UNIT}"
+
+
+def monitoring_node(fleet):
+    """The NodeConfig of the node that runs Prometheus, or None (monitoring off)."""
+    name = monitoring_node_name(list(fleet.nodes))
+    return fleet.node(name) if name else None
+
+
+def exporter_defaults_text(node) -> str:
+    return render("monitoring", EXPORTER_DEFAULTS, node=node, textfile_dir=TEXTFILE_DIR, units=UNITS_PATTERN)
+
+
+def prometheus_defaults_text(node) -> str:
+    return render("monitoring", PROMETHEUS_DEFAULTS, node=node, config=PROMETHEUS_CONFIG, data=PROMETHEUS_DATA)
+
+
+def targets(fleet) -> dict[str, list[dict]]:
+    """Scrape jobs -> their targets, each with the labels the rules and the dashboard group by:
+    `node` every node's exporter, `engine` every group's head (the engine's own /metrics)."""
+    jobs: dict[str, list[dict]] = {"node": [], "engine": []}
+    for n in sorted(fleet.nodes, key=lambda n: (n.serving_group, n.rank)):
+        labels = {"node": n.name, "group": n.serving_group, "rank": str(n.rank)}
+        jobs["node"].append({"address": f"{n.management_address}:{n.monitoring_node_exporter_port}", **labels})
+        if n.is_head:
+            jobs["engine"].append({"address": f"{n.management_address}:{n.monitoring_engine_metrics_port}", **labels})
+    return jobs
+
+
+def prometheus_config_text(fleet) -> str:
+    first = fleet.nodes[0]
+    return render("monitoring", PROMETHEUS_CONFIG, node=first, jobs=targets(fleet), rules=RULES)
+
+
+def fabric_netdevs(fleet) -> list[str]:
+    return sorted({h.netdev for n in fleet.nodes for h in n.fabric_halves})
+
+
+def rules_text(fleet) -> str:
+    first = fleet.nodes[0]
+    return render("monitoring", RULES, node=first, fabric_devices="|".join(fabric_netdevs(fleet)),
+                  fabric_mtu=first.fabric_mtu, engine_units=ENGINE_UNITS,
+                  headroom_bytes=int(first.monitoring_alert_memory_headroom_gib * 2**30))
+
+
+def _label(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def textfile_text(fleet, node) -> str:
+    """sparkfleet's facts of this node, for the node exporter's textfile collector."""
+    try:
+        profile = node_profile(fleet.group_of(node.name).head)
+        served = {"profile": profile.name, "engine": profile.engine, "model": profile.model}
+    except Exception:  # a profile that does not load is refused by the serving checks first
+        served = {"profile": "", "engine": "", "model": ""}
+    info = {"group": node.serving_group, "rank": str(node.rank), "recipe_commit": node.serving_recipe_commit or "", **served}
+    labels = ",".join(f'{k}="{_label(v)}"' for k, v in info.items())
+    lines = [
+        "# HELP sparkfleet_node_info What sparkfleet deployed on this node (its serving group, rank, profile, commit).",
+        "# TYPE sparkfleet_node_info gauge",
+        f"sparkfleet_node_info{{{labels}}} 1",
+        "# HELP sparkfleet_fabric_mtu_wanted_bytes The MTU data sets on each half of the fabric port.",
+        "# TYPE sparkfleet_fabric_mtu_wanted_bytes gauge",
+    ]
+    lines += [f'sparkfleet_fabric_mtu_wanted_bytes{{device="{_label(h.netdev)}"}} {node.fabric_mtu}'
+              for h in node.fabric_halves]
+    return "\n".join(lines) + "\n"
+
+
+def upstream_version(debian_version: str) -> str:
+    """'1:2.42.0+ds-5+deb12u1' -> '2.42.0': no epoch, nothing from the first '+', '-' or '~'."""
+    text = debian_version.split(":", 1)[-1]
+    for sep in "+-~":
+        text = text.split(sep, 1)[0]
+    return text
+
+
+def install_command(package: str, version: str) -> str:
+    """Installs the OS's build of upstream `version` of `package` (no recommends; files already written
+    by the deploy kept), or fails naming the versions the node's package sources offer."""
+    p, v = shlex.quote(package), shlex.quote(version)
+    return (
+        "export DEBIAN_FRONTEND=noninteractive; apt-get update -qq >/dev/null && "
+        f"offered=$(apt-cache madison {p} | awk -F'|' '{{gsub(/ /, \"\", $2); print $2}}'); full=''; "
+        f"for o in $offered; do u=${{o#*:}}; u=${{u%%[-+~]*}}; [ \"$u\" = {v} ] && {{ full=$o; break; }}; done; "
+        f"if [ -z \"$full\" ]; then echo \"{package} {version} is not offered by this node's package sources "
+        f"(offered: $(echo $offered)); set its monitoring_*_version to one of them\" >&2; exit 1; fi; "
+        "apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confdef "
+        f"-o Dpkg::Options::=--force-confold {p}=\"$full\""
+    )
+
+
+class InstalledVersions(FactBase):
+    """Package name -> its installed Debian version ('' when not installed), for the given packages."""
+
+    def command(self, packages: tuple[str, ...]) -> str:
+        return " ; ".join(f"printf '%s %s\\n' {shlex.quote(p)} \"$(dpkg-query -W -f '${{Status}}|${{Version}}' "
+                          f"{shlex.quote(p)} 2>/dev/null | sed -n 's/^install ok installed|//p')\"" for p in packages)
+
+    def process(self, output):
+        found = {}
+        for line in output:
+            name, _, version = line.strip().partition(" ")
+            if name:
+                found[name] = version.strip()
+        return found
+
+
+# The process names `ss -p` shows (the kernel's comm: 15 characters at most).
+EXPORTER_PROGRAM, PROMETHEUS_PROGRAM, PROXY_PROGRAM = "prometheus-node", "prometheus", "haproxy"
+
+
+def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
+    """The doctor's monitoring listeners: the exporter's port held by the node exporter (its firewall
+    rule admits the monitoring node only), a head's metrics port by the API proxy, Prometheus on the
+    monitoring node's loopback alone. `sockets`: roles/api_proxy's Listeners fact."""
+    if monitor_name is None:
+        return []
+    wanted = {node.monitoring_node_exporter_port: EXPORTER_PROGRAM}
+    if node.is_head:
+        wanted[node.monitoring_engine_metrics_port] = PROXY_PROGRAM
+    problems = []
+    for port, program in sorted(wanted.items()):
+        held = {p for a, pt, p in sockets if pt == port}
+        if held != {program}:
+            problems.append(f"{node.name}: port {port} is held by {', '.join(sorted(held)) or 'nothing'}; want only "
+                            f"{program} (roles/monitoring: deploy)")
+    if node.name == monitor_name:
+        prom = sorted((a, p) for a, pt, p in sockets if pt == node.monitoring_prometheus_port)
+        if prom != [("127.0.0.1", PROMETHEUS_PROGRAM)]:
+            found = ", ".join(f"{p} on {a}" for a, p in prom) or "nothing"
+            problems.append(f"{node.name}: port {node.monitoring_prometheus_port} (Prometheus) is held by {found}; want "
+                            f"only {PROMETHEUS_PROGRAM} on 127.0.0.1")
+    return problems
+
+
+def live_queries(group: str) -> dict[str, str]:
+    """`make status`'s live figures of one serving group, as PromQL over the last 5 minutes."""
+    g = f'group="{group}"'
+    ttft = f"sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{g}}}[5m]))"
+    return {
+        "tokens_s": f"sum(rate(vllm:generation_tokens_total{{{g}}}[5m]))",
+        "running": f"sum(vllm:num_requests_running{{{g}}})",
+        "waiting": f"sum(vllm:num_requests_waiting{{{g}}})",
+        "kv": f"max(vllm:kv_cache_usage_perc{{{g}}})",
+        "ttft_p50": f"histogram_quantile(0.5, {ttft})",
+        "ttft_p95": f"histogram_quantile(0.95, {ttft})",
+    }
+
+
+class LiveFigures(FactBase):
+    """The monitoring node's Prometheus, asked for a group's live figures and every firing alert:
+    {"figures": {name: float or None}, "alerts": [(alertname, group, node), ...], "error": text or None}."""
+
+    def command(self, group: str, port: int) -> str:
+        base = f"http://127.0.0.1:{int(port)}/api/v1"
+        asks = [f"printf '%s\\t' {shlex.quote(name)}; curl -fsS -m 5 {base}/query --data-urlencode "
+                f"{shlex.quote('query=' + expr)} || printf '{{}}'; echo" for name, expr in live_queries(group).items()]
+        return "; ".join(asks + [f"printf 'alerts\\t'; curl -fsS -m 5 {base}/alerts || printf '{{}}'; echo"])
+
+    def process(self, output):
+        import json
+
+        figures, alerts, error = {}, [], None
+        for line in output:
+            name, _, body = line.partition("\t")
+            try:
+                answer = json.loads(body or "{}")
+            except ValueError:
+                answer = {}
+            if answer.get("status") != "success":
+                error = "Prometheus did not answer"
+                continue
+            if name == "alerts":
+                alerts = sorted({(a["labels"].get("alertname", "?"), a["labels"].get("group", ""),
+                                  a["labels"].get("node", "")) for a in answer["data"]["alerts"]
+                                 if a.get("state") == "firing"})
+            else:
+                result = answer["data"]["result"]
+                try:
+                    value = float(result[0]["value"][1]) if result else None
+                except (KeyError, IndexError, ValueError):
+                    value = None
+                figures[name] = None if value is None or value != value else value  # NaN: no requests
+        return {"figures": figures, "alerts": alerts, "error": error}
+
+
+def live_line(live: dict | None, group: str) -> str:
+    """One status line: tokens/s, queue, KV %, TTFT p50/p95 over 5 minutes, the group's firing alerts
+    (and those of no group)."""
+    if live is None:
+        return "monitoring off, or its node not in this run"
+    if live.get("error") and not live.get("figures"):
+        return f"no figures: {live['error']}"
+    f = live.get("figures") or {}
+
+    def num(key, fmt):
+        return "-" if f.get(key) is None else fmt.format(f[key])
+
+    text = (f"{num('tokens_s', '{:.1f}')} tokens/s, {num('running', '{:.0f}')} running, {num('waiting', '{:.0f}')} "
+            f"waiting, KV {num('kv', '{:.0%}')}, TTFT p50 {num('ttft_p50', '{:.3f}')} s p95 {num('ttft_p95', '{:.3f}')} s "
+            "(5 min)")
+    alerts = [name + (f" ({node})" if node else "") for name, g, node in live.get("alerts") or [] if g in ("", group)]
+    return text + ("; firing: " + ", ".join(alerts) if alerts else "; no alert firing")

@@ -1,0 +1,106 @@
+"""roles/monitoring: the OS's node exporter on every node, the OS's Prometheus on the monitoring node
+(roles/monitoring/checks.py renders every file; sparkfleet/model/monitoring.py holds the data).
+
+On every node:
+1. the exporter's arguments, its unit's drop-in (after the firewall) and sparkfleet's textfile, written
+   first, so the package's first start already runs with them (dpkg keeps files it finds: confold);
+2. `prometheus-node-exporter` at the pinned upstream version, when another or none is installed;
+3. the exporter restarted when its arguments or drop-in changed, running and enabled.
+On the monitoring node, the same for `prometheus`: its arguments, the scrape config and the alert
+rules, checked by promtool before Prometheus reads them; reloaded (SIGHUP) when only the config or
+the rules changed, restarted when its arguments did.
+With monitoring_enabled false, nothing is installed; what an earlier deploy installed stays, and the
+firewall closes its ports. An unchanged re-deploy changes nothing.
+"""
+from io import StringIO
+
+from pyinfra import host, logger, state
+from pyinfra.operations import server, systemd
+from pyinfra.operations.util import any_changed
+
+from roles.monitoring.checks import (
+    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
+    PROMETHEUS_PACKAGE, PROMETHEUS_UNIT, RULES, TEXTFILE, TEXTFILE_DIR, InstalledVersions, exporter_defaults_text,
+    install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
+    textfile_text, upstream_version,
+)
+from sparkfleet import unchanged
+from sparkfleet.inventory import fleet_from_state
+from sparkfleet.render import render
+
+fleet = fleet_from_state(state)
+node = fleet.node(host.name)
+monitor = monitoring_node(fleet)
+
+
+def _dropin(unit: str) -> str:
+    return f"/etc/systemd/system/{unit}.service.d/50-sparkfleet.conf"
+
+
+def _ordered_after_the_firewall(unit: str):
+    """The OS's unit's drop-in (after the firewall), systemd reloaded when it changed."""
+    dropin = unchanged.put(name=f"Write {_dropin(unit)} (after the firewall)",
+                           src=StringIO(render("monitoring", _dropin(unit), firewall_enabled=node.firewall_enabled)),
+                           dest=_dropin(unit), user="root", group="root", mode="0644", create_remote_dir=True)
+    systemd.daemon_reload(name=f"Reload systemd ({unit}'s drop-in changed)", _if=dropin.did_change)
+    return dropin
+
+
+def _install(package: str, version: str, installed: str):
+    """The OS's build of upstream `version`, when another or none is installed."""
+    return server.shell(
+        name=f"Install {package} {version} (the OS's build)",
+        commands=[install_command(package, version)],
+        _if=lambda: upstream_version(installed) != version,
+    )
+
+
+if monitor is not None:
+    installed = host.get_fact(InstalledVersions, packages=(EXPORTER_PACKAGE, PROMETHEUS_PACKAGE))
+    if node.name == monitor.name:
+        jobs = targets(fleet)
+        logger.info(f"--> sparkfleet monitoring: Prometheus on {node.name} (127.0.0.1:{node.monitoring_prometheus_port}) "
+                    f"scrapes {len(jobs['node'])} node exporters and {len(jobs['engine'])} engines")
+
+    # 1. Every node: the exporter, its arguments and sparkfleet's facts.
+    unchanged.directory(name=f"Create {TEXTFILE_DIR}", path=TEXTFILE_DIR, user="root", group="root", mode="0755")
+    facts = unchanged.put(name=f"Write {TEXTFILE} (sparkfleet's facts, for the textfile collector)",
+                          src=StringIO(textfile_text(fleet, node)), dest=TEXTFILE, user="root", group="root",
+                          mode="0644")
+    args = unchanged.put(name=f"Write {EXPORTER_DEFAULTS}", src=StringIO(exporter_defaults_text(node)),
+                         dest=EXPORTER_DEFAULTS, user="root", group="root", mode="0644")
+    dropin = _ordered_after_the_firewall(EXPORTER_UNIT)
+    package = _install(EXPORTER_PACKAGE, node.monitoring_node_exporter_version, installed.get(EXPORTER_PACKAGE, ""))
+    server.shell(name=f"Restart {EXPORTER_UNIT} (its arguments changed)",
+                 commands=[f"systemctl restart {EXPORTER_UNIT}.service"],
+                 _if=lambda: (args.did_change() or dropin.did_change()) and not package.did_change())
+    unchanged.service(name=f"Run {EXPORTER_UNIT}, at boot too", service=f"{EXPORTER_UNIT}.service", running=True,
+                      enabled=True)
+
+    # 2. The monitoring node: Prometheus, its targets from the fleet and sparkfleet's rules.
+    if node.name == monitor.name:
+        prom_args = unchanged.put(name=f"Write {PROMETHEUS_DEFAULTS}", src=StringIO(prometheus_defaults_text(node)),
+                                  dest=PROMETHEUS_DEFAULTS, user="root", group="root", mode="0644")
+        unchanged.directory(name="Create /etc/prometheus", path="/etc/prometheus", user="root", group="root",
+                            mode="0755")
+        config = unchanged.put(name=f"Write {PROMETHEUS_CONFIG} (targets from the inventory)",
+                               src=StringIO(prometheus_config_text(fleet)), dest=PROMETHEUS_CONFIG, user="root",
+                               group="root", mode="0644")
+        rules = unchanged.put(name=f"Write {RULES} (sparkfleet's alerts)", src=StringIO(rules_text(fleet)), dest=RULES,
+                              user="root", group="root", mode="0644")
+        prom_dropin = _ordered_after_the_firewall(PROMETHEUS_UNIT)
+        prom = _install(PROMETHEUS_PACKAGE, node.monitoring_prometheus_version, installed.get(PROMETHEUS_PACKAGE, ""))
+        # promtool checks the config and the rules it names: a file Prometheus would refuse stops here.
+        server.shell(name=f"Check {PROMETHEUS_CONFIG} and {RULES} with promtool",
+                     commands=[f"promtool check config {PROMETHEUS_CONFIG}"],
+                     _if=any_changed(config, rules, prom))
+        restart = any_changed(prom_args, prom_dropin)
+        server.shell(name=f"Restart {PROMETHEUS_UNIT} (its arguments changed)",
+                     commands=[f"install -d -o prometheus -g prometheus {PROMETHEUS_DATA}",
+                               f"systemctl restart {PROMETHEUS_UNIT}.service"],
+                     _if=lambda: restart() and not prom.did_change())
+        server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets or rules changed)",
+                     commands=[f"systemctl reload {PROMETHEUS_UNIT}.service"],
+                     _if=lambda: (config.did_change() or rules.did_change()) and not restart() and not prom.did_change())
+        unchanged.service(name=f"Run {PROMETHEUS_UNIT}, at boot too", service=f"{PROMETHEUS_UNIT}.service",
+                          running=True, enabled=True)
