@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan
+.PHONY: help install demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -113,7 +113,14 @@ demo: install lab-up deploy-lab verify-lab show-lab
 router-wheels: install
 	@$(BIN)/python -m roles.router.wheels >/dev/null
 
-unit: install router-wheels
+# promtool from the OS's prometheus package (tests/unit/promtool.sh), cached outside the checkout:
+# the alert rules' unit tests run it.
+SFL_PROMTOOL_CACHE ?= /var/cache/sparkfleet/promtool
+export SFL_PROMTOOL_CACHE
+promtool:
+	@bash tests/unit/promtool.sh >/dev/null
+
+unit: install router-wheels promtool
 	$(BIN)/pytest tests/unit -q
 
 # The real engines, each in its own virtualenv from tests/parity/<engine>.txt, cached by the lock's
@@ -135,7 +142,7 @@ parity: install parity-venvs
 # The engines' parity virtualenvs are built beside the lab's wheelhouse and reset, not before them (on
 # a machine without the cache, two minutes less before the lab tier starts); the router's wheels come
 # first, as deploys ship them.
-test: install router-wheels
+test: install router-wheels promtool
 	@log=$$(mktemp); \
 	{ $(MAKE) -s parity-venvs && \
 	  $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; } >"$$log" 2>&1 & other=$$!; \

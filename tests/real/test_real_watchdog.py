@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
     wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
-from tests.e2e.lab import Run, deploy, on
+from tests.e2e.lab import Run, deploy, on, pause_watchdogs
 from tests.real.conftest import REAL_INVENTORY, SERVED
 
 pytestmark = pytest.mark.lab
@@ -49,6 +49,54 @@ def test_a_dead_or_frozen_real_rank_is_restarted_as_a_pair(real_deploy, fault, c
     head = wait_journal(HEAD, since, "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
     assert [line for line in head.splitlines() if "probe failed" in line and saw in line], head
     assert "restarting the pair" in head, head
+
+
+def firing(alertname: str, **labels) -> list[dict]:
+    """The live Prometheus' (the head's, roles/monitoring) alerts of that name and labels, firing or pending."""
+    alerts = json.loads(on(HEAD, "curl -fsS -m 10 http://127.0.0.1:9090/api/v1/alerts"))["data"]["alerts"]
+    return [a for a in alerts if a["labels"]["alertname"] == alertname
+            and all(a["labels"].get(k) == v for k, v in labels.items())]
+
+
+def test_a_stopped_worker_fires_rank_down_in_the_live_prometheus_and_the_restart_is_seen(real_deploy, capsys):
+    """The worker's unit stopped by hand, the watchdogs paused: SparkfleetRankDown fires for spark-b once
+    its `for:` has passed (15 s in lab/inventory_vllm_cpu.py) after Prometheus saw the unit inactive.
+    With the watchdogs back, the pair is restarted, the alert resolves, and SparkfleetEngineRestarted
+    says the engine units started again."""
+    wait_watchdog_settled()
+    started = unit_start_times()
+    pause_watchdogs()
+    since = time.monotonic()
+    on(WORKER, "systemctl stop sparkfleet-worker")
+    labels = {"node": WORKER, "name": "sparkfleet-worker.service"}
+    while not [a for a in firing("SparkfleetRankDown", **labels) if a["state"] == "firing"]:
+        assert time.monotonic() - since < 180, f"SparkfleetRankDown did not fire: {firing('SparkfleetRankDown')}"
+        time.sleep(1)
+    took = time.monotonic() - since
+    alert = [a for a in firing("SparkfleetRankDown", **labels) if a["state"] == "firing"][0]
+    assert alert["labels"]["group"] == "pair" and alert["labels"]["rank"] == "1", alert
+    report(capsys, f"worker stopped: SparkfleetRankDown firing after {took:.1f} s (for: 15 s, scrape every 5 s)")
+    for host in (WORKER, HEAD):  # the watchdogs back: the head's restarts the pair
+        on(host, "systemctl start sparkfleet-watchdog")
+    wait_serving(since, REAL_RECOVERY_BOUND_S + 180, SERVED)
+    wait_watchdog_settled()
+    deadline = time.monotonic() + 120
+    while [a for a in firing("SparkfleetRankDown") if a["state"] == "firing"]:
+        assert time.monotonic() < deadline, f"SparkfleetRankDown still firing: {firing('SparkfleetRankDown')}"
+        time.sleep(2)
+    deadline = time.monotonic() + 60
+    while not all(unit_start_times().get(node, 0) > t for node, t in started.items()):
+        assert time.monotonic() < deadline, f"Prometheus saw no new start of the engine units: {started}"
+        time.sleep(2)
+    restarted = {a["labels"]["node"] for a in firing("SparkfleetEngineRestarted") if a["state"] == "firing"}
+    assert restarted == {HEAD, WORKER}, firing("SparkfleetEngineRestarted")
+
+
+def unit_start_times() -> dict[str, float]:
+    """node -> the engine unit's start time, as the live Prometheus last scraped it (systemd collector)."""
+    expr = 'node_systemd_unit_start_time_seconds{name=~"sparkfleet-(head|worker)[.]service"}'
+    out = on(HEAD, f"curl -fsS -m 10 http://127.0.0.1:9090/api/v1/query --data-urlencode 'query={expr}'")
+    return {r["metric"]["node"]: float(r["value"][1]) for r in json.loads(out)["data"]["result"]}
 
 
 def flood(key: str, stop: threading.Event, results: list, prompt_tokens: int = 7000) -> None:

@@ -265,10 +265,12 @@ def test_the_pause_comes_before_the_prewarm_and_the_start_after_the_pair_serves(
     order = [f for f in includes("deploy.py") if not f.startswith("roles/rolling/")]  # the turns' barrier
     at = order.index
     assert at("roles/fanout/tasks.py") < at("roles/watchdog/pause_tasks.py") < at("roles/kernel_cache/tasks.py") \
-        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 4
-    # after it only the receipt, which measures and changes nothing, the router, which moves no unit of a
-    # group, and step 13, which declares no operation (it writes a plan's verdicts, in a plan only)
-    assert order[-3:] == ["roles/receipt/tasks.py", "roles/router/tasks.py", "roles/plan/operations_tasks.py"]
+        < at("roles/serving/tasks.py") < at("roles/watchdog/tasks.py") == len(order) - 5
+    # after it only the receipt, which measures and changes nothing, the router and the monitoring, which
+    # move no unit of a group, and step 13, which declares no operation (it writes a plan's verdicts, in a
+    # plan only)
+    assert order[-4:] == ["roles/receipt/tasks.py", "roles/router/tasks.py", "roles/monitoring/tasks.py",
+                          "roles/plan/operations_tasks.py"]
 
 
 def test_a_watchdog_found_stopped_is_handed_over_and_started_even_when_nothing_moves(monkeypatch):

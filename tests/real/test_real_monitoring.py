@@ -1,0 +1,253 @@
+"""roles/monitoring on the real vLLM pair (the tier's one deploy, tests/real/conftest.py): Debian's node
+exporter on both hosts and Debian's Prometheus on the head (the monitoring node: no router), scraping
+the real engine's /metrics through the API proxy's metrics port. Every target is up, every metric
+the alert rules read has data in the live Prometheus, and the exporters answer the monitoring node
+only. Read-only: the rank-down drill that stops the worker is tests/real/test_real_watchdog.py.
+"""
+import json
+from pathlib import Path
+import re
+import shlex
+import time
+
+import pytest
+import yaml
+
+from tests.e2e.lab import REPO, on
+from tests.real.test_real_pair import API, KEY, chat_body, post
+
+pytestmark = pytest.mark.lab
+
+HEAD, WORKER = "spark-a", "spark-b"
+MGMT = {HEAD: "198.18.0.11", WORKER: "198.18.0.12"}
+PROMETHEUS = "http://127.0.0.1:9090"  # on the monitoring node's loopback only
+
+
+def query(expr: str) -> list[dict]:
+    """The live Prometheus' answer to an instant query (its HTTP API, from the monitoring node)."""
+    out = on(HEAD, f"curl -fsS -m 10 {PROMETHEUS}/api/v1/query --data-urlencode {shlex.quote('query=' + expr)}")
+    answer = json.loads(out)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def wait_for(expr: str, timeout: float = 60) -> list[dict]:
+    """The first non-empty answer to `expr` within `timeout` seconds (a scrape interval is 5 s here)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = query(expr)
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(2)
+
+
+def test_prometheus_scrapes_every_target_and_all_are_up(real_deploy):
+    result = wait_for('count(up == 1) == 3')
+    up = {(r["metric"]["job"], r["metric"]["node"]): r["value"][1] for r in query("up")}
+    assert up == {("node", HEAD): "1", ("node", WORKER): "1", ("engine", HEAD): "1"}, (up, result)
+    # Prometheus listens on the head's loopback alone
+    assert on(HEAD, "ss -Hltn 'sport = :9090' | awk '{print $4}'").split() == ["127.0.0.1:9090"]
+
+
+# What each alert reads, as live series: a rule whose metric never has data could never fire.
+READS = {
+    "SparkfleetTargetDown": ['up{job="engine"}', 'up{job="node"}'],
+    "SparkfleetRankDown": ['node_systemd_unit_state{name="sparkfleet-head.service", state="active"}',
+                           'node_systemd_unit_state{name="sparkfleet-worker.service", state="active"}'],
+    "SparkfleetGroupStalled": ["vllm:num_requests_waiting", "vllm:generation_tokens_total"],
+    "SparkfleetMemoryLow": ["node_memory_MemAvailable_bytes"],
+    "SparkfleetKvCacheFull": ["vllm:kv_cache_usage_perc"],
+    "SparkfleetFabricMtu": ['node_network_mtu_bytes{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],
+    "SparkfleetFabricDown": ['node_network_up{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],
+    "SparkfleetTtftRegression": ["vllm:time_to_first_token_seconds_bucket", "sparkfleet_receipt_ttft_seconds"],
+    "SparkfleetEngineRestarted": ['node_systemd_unit_start_time_seconds{name="sparkfleet-head.service"}'],
+}
+
+
+def test_every_metric_the_alert_rules_read_has_data_in_the_live_prometheus(real_deploy):
+    rules = yaml.safe_load(on(HEAD, "cat /etc/prometheus/sparkfleet.rules.yml"))
+    alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    assert set(alerts) == set(READS), "every alert's metrics are listed here"
+    # a completion, so that the engine's token counter has moved
+    code, text = post(f"{API}/v1/chat/completions", chat_body(8))
+    assert code == "200", text
+    empty = [f"{alert}: {selector}" for alert, selectors in READS.items() for selector in selectors
+             if not wait_for(selector, timeout=30)]
+    assert not empty, f"no live data for: {empty}"
+    for alert, selectors in READS.items():  # each selector's metric is one the rule names
+        for selector in selectors:
+            assert selector.split("{")[0] in alerts[alert], (alert, selector)
+    # and the rules evaluate: none of them fires on the healthy pair
+    firing = [a["labels"]["alertname"] for a in json.loads(on(HEAD, f"curl -fsS {PROMETHEUS}/api/v1/alerts"))["data"]
+              ["alerts"] if a["state"] == "firing" and a["labels"]["alertname"] != "SparkfleetEngineRestarted"]
+    assert firing == [], firing
+    # both ranks' facts, from sparkfleet's textfile
+    info = {r["metric"]["node"]: r["metric"] for r in query("sparkfleet_node_info")}
+    assert {n: (m["group"], m["rank"], m["engine"]) for n, m in info.items()} == {
+        HEAD: ("pair", "0", "vllm"), WORKER: ("pair", "1", "vllm")}, info
+
+
+def test_the_engine_s_metrics_port_serves_metrics_alone_and_the_exporters_answer_the_monitoring_node_only(real_deploy):
+    metrics = on(HEAD, f"curl -sS -m 10 http://{MGMT[HEAD]}:9400/metrics")
+    assert re.search(r"^vllm:num_requests_running\{", metrics, re.M), metrics[:2000]
+    # nothing else of the engine through that port, with or without the key
+    for path in ("/v1/models", "/invocations", "/health"):
+        code = on(HEAD, f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 {KEY} http://{MGMT[HEAD]}:9400{path}")
+        assert code == "404", (path, code)
+    # the worker (not the monitoring node) reaches neither the head's exporter nor its engine's metrics;
+    # the monitoring node reaches the worker's exporter
+    for port in (9100, 9400):
+        code = on(WORKER, f"curl -s -o /dev/null -w '%{{http_code}}' -m 3 http://{MGMT[HEAD]}:{port}/metrics",
+                  check=False)
+        assert code == "000", f"spark-b reached spark-a:{port} ({code})"
+    assert "node_memory_MemAvailable_bytes" in on(HEAD, f"curl -fsS -m 10 http://{MGMT[WORKER]}:9100/metrics")
+    # the lab machine itself (on the management bridge, 198.18.0.1) is no monitoring node either
+    code = urllib_code(f"http://{MGMT[WORKER]}:9100/metrics")
+    assert code is None, f"the lab machine reached spark-b's exporter ({code})"
+
+
+def urllib_code(url: str):
+    """The HTTP status `url` answers from this machine, or None when it is not reached."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:  # refused, dropped or timed out: not reached
+        return None
+
+
+def test_make_status_shows_the_live_figures_from_prometheus(real_deploy):
+    """status.py's `live` row: the group's tokens/s, queue, KV cache and TTFT over 5 minutes from the
+    monitoring node's Prometheus (the completions above and the receipt's load are in its window)."""
+    from tests.e2e.lab import BIN, run
+    from tests.real.conftest import REAL_INVENTORY
+
+    load_like_the_receipt(rounds=1)
+    status = run([str(BIN / "pyinfra"), "-y", REAL_INVENTORY, "status.py"])
+    assert status.returncode == 0, status.output[-4000:]
+    live = [line for line in status.output.splitlines() if " live " in line]
+    assert len(live) == 1, status.output[-4000:]
+    m = re.search(r"([0-9.]+) tokens/s, (\d+) running, (\d+) waiting, KV (\d+)%, TTFT p50 ([0-9.]+) s p95 ([0-9.]+) s",
+                  live[0])
+    assert m, live[0]
+    assert float(m[1]) > 0 and float(m[6]) >= float(m[5]) > 0, live[0]
+
+
+def load_like_the_receipt(rounds: int = 2, concurrency: int = 4, prompt_tokens: int = 512) -> None:
+    """The receipt's load shape through the API on the head: `concurrency` requests at once of
+    `prompt_tokens` random token ids each (the tiny model's vocabulary; vLLM's prefix cache would
+    serve a repeated prompt without computing it), `rounds` times."""
+    import random
+
+    for _ in range(rounds):
+        calls = []
+        for _ in range(concurrency):
+            body = json.dumps({"model": "tiny-llama", "prompt": [random.randrange(300, 2000) for _ in range(prompt_tokens)],
+                               "max_tokens": 4})
+            calls.append(f"(printf '%s' {shlex.quote(body)} | curl -fsS -o /dev/null -m 120 {KEY} "
+                         f"-H 'Content-Type: application/json' --data-binary @- {API}/v1/completions) &")
+        on(HEAD, " ".join(calls) + " wait")
+
+
+def wait_firing(alertname: str, timeout: float, **labels) -> float:
+    """Seconds until `alertname` (with those labels) fires in the live Prometheus; AssertionError after `timeout`."""
+    since = time.monotonic()
+    while True:
+        alerts = json.loads(on(HEAD, f"curl -fsS -m 10 {PROMETHEUS}/api/v1/alerts"))["data"]["alerts"]
+        if [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"
+                and all(a["labels"].get(k) == v for k, v in labels.items())]:
+            return time.monotonic() - since
+        assert time.monotonic() - since < timeout, f"{alertname} {labels} did not fire within {timeout} s: {alerts}"
+        time.sleep(2)
+
+
+def test_the_fabric_and_ttft_drills_fire_their_alerts_in_the_live_prometheus(real_deploy, capsys):
+    """Two faults at once, each with its own alert: the twin half of spark-b's fabric port set to MTU
+    1500 by hand -> SparkfleetFabricMtu for that netdev; a receipt 10x faster than the one the deploy
+    took planted on the head, then the receipt's own load shape -> SparkfleetTtftRegression. Both put
+    back after: the MTU to 9000, the textfile to the deploy's receipt (tests/real/test_real_pair.py's
+    second deploy then changes nothing)."""
+    from roles.receipt.receipt import receipt_metrics_text
+    from sparkfleet.model.monitoring import RECEIPT_TEXTFILE
+
+    twin = "enP2p1s0f0np0"  # the half the engine's gloo does not use: the pair serves on
+    newest = on(HEAD, "ls -1 /var/lib/sparkfleet/receipts/lab-vllm-cpu/*.json | sort | tail -n 1").strip()
+    receipt = json.loads(on(HEAD, f"cat {shlex.quote(newest)}"))
+    assert [f["ttft_ms"] for f in receipt["figures"] if f["ttft_ms"]], receipt["figures"]
+    planted = {**receipt, "figures": [{**f, "ttft_ms": f["ttft_ms"] / 10 if f["ttft_ms"] else None}
+                                      for f in receipt["figures"]]}
+    real = receipt_metrics_text(receipt)
+    assert on(HEAD, f"cat {RECEIPT_TEXTFILE}") == real  # the deploy's receipt step wrote it
+    try:
+        on(WORKER, f"ip link set dev {twin} mtu 1500")
+        on(HEAD, f"printf '%s' {shlex.quote(receipt_metrics_text(planted))} > {RECEIPT_TEXTFILE}.tmp && "
+                 f"mv {RECEIPT_TEXTFILE}.tmp {RECEIPT_TEXTFILE}")
+        load_like_the_receipt()
+        ttft = wait_firing("SparkfleetTtftRegression", 120, group="pair")
+        mtu = wait_firing("SparkfleetFabricMtu", 120, node=WORKER, device=twin)
+    finally:
+        on(WORKER, f"ip link set dev {twin} mtu 9000")
+        on(HEAD, f"printf '%s' {shlex.quote(real)} > {RECEIPT_TEXTFILE}.tmp && mv {RECEIPT_TEXTFILE}.tmp {RECEIPT_TEXTFILE}")
+    with capsys.disabled():
+        print(f"\n  monitoring drills: SparkfleetTtftRegression firing {ttft:.0f} s after the planted receipt and its "
+              f"load; SparkfleetFabricMtu firing by {mtu:.0f} s later (for: 15 s, scrape every 5 s)")
+
+
+DASHBOARD = REPO / "roles/monitoring/files/grafana/sparkfleet-dashboard.json"
+
+
+def test_every_panel_of_the_dashboard_shows_data_from_the_live_prometheus(real_deploy):
+    """Each PromQL expression of the dashboard, its variables as Grafana's `All` sets them, returns
+    series from the lab's Prometheus (a panel that draws nothing on a serving pair is a broken panel)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "group", "fabric"}
+    values = {"$group": ".*", "$fabric": "enp1s0f0np0|enP2p1s0f0np0"}
+    load_like_the_receipt(rounds=1)  # the latency histograms have requests in their window
+    # A machine without hardware sensors (this one's VM has no /sys/class/hwmon) gives its lab hosts
+    # none: the temperature panel can only draw on one that has them.
+    sensors = on(HEAD, "ls /sys/class/hwmon 2>/dev/null | wc -l").strip() != "0"
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if "node_hwmon_" in expr and not sensors:
+                continue
+            for name, value in values.items():
+                expr = expr.replace(name, value)
+            if not wait_for(expr, timeout=20):
+                empty.append(f"{panel['title']}: {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def query_range(expr: str, start: float, end: float, step: float) -> list[dict]:
+    out = on(HEAD, f"curl -fsS -m 20 {PROMETHEUS}/api/v1/query_range --data-urlencode {shlex.quote('query=' + expr)} "
+                   f"--data-urlencode start={start:.0f} --data-urlencode end={end:.0f} --data-urlencode step={step:.0f}")
+    answer = json.loads(out)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def test_the_dashboard_is_drawn_from_the_live_prometheus(real_deploy, tmp_path):
+    """tools/dashboard_plot.py draws every panel from the tier's Prometheus over the tier so far; each
+    panel has a line (but the temperature panel on a machine without sensors). SFL_DASHBOARD_PICTURE=PATH
+    keeps the picture there (docs/images/dashboard.svg, the README's, was drawn so)."""
+    import os
+
+    from tools.dashboard_plot import fetch, svg
+
+    load_like_the_receipt(rounds=1)  # requests in the window, whatever ran before this test
+    time.sleep(11)  # two scrapes (every 5 s) after them: a rate needs both
+    end = float(on(HEAD, "date +%s"))
+    start = max(real_deploy[1] - 300, end - 3600)
+    panels = fetch(query_range, {"$group": ".*", "$fabric": "enp1s0f0np0|enP2p1s0f0np0"}, start, end, 15)
+    sensors = on(HEAD, "ls /sys/class/hwmon 2>/dev/null | wc -l").strip() != "0"
+    blank = [p["title"] for p in panels if not p["series"] and (sensors or p["title"] != "Temperatures, per rank")]
+    assert not blank, f"panels drawn without a line: {blank}"
+    picture = svg(panels, "sparkfleet: the lab's real vLLM pair, from its Prometheus")
+    assert picture.count("<polyline") >= len(panels) - 1
+    path = Path(os.environ.get("SFL_DASHBOARD_PICTURE") or tmp_path / "dashboard.svg")
+    path.write_text(picture)

@@ -1,0 +1,41 @@
+"""roles/monitoring, checked on the machines: the OS's node exporter at the pinned version running with
+the arguments data renders, sparkfleet's textfile; on the monitoring node, Prometheus at its pinned
+version with the rendered targets and rules, on loopback. With monitoring off (the stand-in lab),
+there is nothing of it to check."""
+import pytest
+
+from roles.monitoring.checks import (
+    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
+    exporter_defaults_text, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
+)
+
+
+@pytest.fixture
+def monitored(node, cluster):
+    if not node.monitoring_enabled:
+        pytest.skip(f"{node.name}: monitoring_enabled is false")
+    return node
+
+
+def test_the_node_exporter_runs_the_pinned_version_with_the_rendered_arguments(host, monitored, cluster):
+    package = host.package(EXPORTER_PACKAGE)
+    assert package.is_installed, f"{monitored.name}: {EXPORTER_PACKAGE} not installed"
+    assert upstream_version(package.version) == monitored.monitoring_node_exporter_version, package.version
+    assert host.file(EXPORTER_DEFAULTS).content_string == exporter_defaults_text(monitored)
+    assert host.service("prometheus-node-exporter").is_running and host.service("prometheus-node-exporter").is_enabled
+    # the running process has the arguments the file gives (a file never re-read would prove nothing)
+    cmdline = host.check_output("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value prometheus-node-exporter)/cmdline")
+    assert "--collector.disable-defaults" in cmdline and f":{monitored.monitoring_node_exporter_port}" in cmdline
+    assert host.file(TEXTFILE).content_string == textfile_text(cluster, monitored)
+
+
+def test_the_monitoring_node_runs_prometheus_with_the_rendered_targets_and_rules(host, monitored, cluster):
+    if monitoring_node(cluster).name != monitored.name:
+        pytest.skip(f"{monitored.name} is not the monitoring node")
+    package = host.package(PROMETHEUS_PACKAGE)
+    assert upstream_version(package.version) == monitored.monitoring_prometheus_version, package.version
+    assert host.file(PROMETHEUS_CONFIG).content_string == prometheus_config_text(cluster)
+    assert host.file(RULES).content_string == rules_text(cluster)
+    assert host.service("prometheus").is_running and host.service("prometheus").is_enabled
+    assert host.socket(f"tcp://127.0.0.1:{monitored.monitoring_prometheus_port}").is_listening
+    assert not host.socket(f"tcp://0.0.0.0:{monitored.monitoring_prometheus_port}").is_listening

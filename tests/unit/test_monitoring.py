@@ -1,0 +1,250 @@
+"""roles/monitoring as the deploy renders it: the alert rules under `promtool test rules` (promtool from
+the OS's prometheus package, tests/unit/promtool.sh), the scrape targets from the fleet, the
+exporters' arguments and textfile, the firewall's exporter rule, the version picker run against a
+package source, and the data's refusals."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from roles.firewall.checks import rules_text as firewall_rules
+from roles.monitoring.checks import (
+    exporter_defaults_text, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text,
+    rules_text, targets, textfile_text, upstream_version,
+)
+from sparkfleet.config import build_cluster
+from tests.unit.test_router_render import MGMT, fleet_hosts, refused
+
+REPO = Path(__file__).resolve().parents[2]
+ALERT_TESTS = Path(__file__).with_name("alerts") / "sparkfleet.test.yml"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    """promtool's path (`make promtool` puts it in the cache; the unit tier's make targets run it first)."""
+    run = subprocess.run(["bash", str(REPO / "tests/unit/promtool.sh")], capture_output=True, text=True)
+    assert run.returncode == 0, f"no promtool ({run.stderr.strip()}): run `make promtool`"
+    return run.stdout.strip()
+
+
+def fleet(router="spark-b", **changes):
+    return build_cluster(fleet_hosts(router=router, **changes))
+
+
+def test_the_alert_rules_pass_their_promtool_unit_tests(promtool, tmp_path):
+    """Each alert fires on the series of the failure it stands for and stays quiet on its look-alike
+    (tests/unit/alerts/sparkfleet.test.yml), with the thresholds group_data sets."""
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(fleet()))
+    shutil.copy(ALERT_TESTS, tmp_path)
+    check = subprocess.run([promtool, "check", "rules", "sparkfleet.rules.yml"], cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    run = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_threshold_from_data_moves_the_alert(promtool, tmp_path):
+    """The rules follow data: with 2 GiB of headroom, the case the tests expect to fire at 4 GiB does not."""
+    low = fleet(**{n: {"monitoring_alert_memory_headroom_gib": 2.0} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    assert "node_memory_MemAvailable_bytes < 2147483648" in rules_text(low)
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(low))
+    shutil.copy(ALERT_TESTS, tmp_path)
+    run = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 1 and "SparkfleetMemoryLow" in run.stdout + run.stderr, run.stdout
+
+
+def test_the_prometheus_config_scrapes_every_node_and_every_head_from_the_inventory(promtool, tmp_path):
+    f = fleet()
+    jobs = targets(f)
+    assert [t["address"] for t in jobs["node"]] == ["10.0.0.11:9100", "10.0.0.12:9100", "10.0.0.13:9100",
+                                                     "10.0.0.14:9100"]
+    assert [(t["address"], t["group"], t["rank"]) for t in jobs["engine"]] == [("10.0.0.11:9400", "g1", "0"),
+                                                                              ("10.0.0.13:9400", "g2", "0")]
+    text = prometheus_config_text(f)
+    # promtool reads the config as Prometheus would, the rules file beside it
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(f))
+    (tmp_path / "prometheus.yml").write_text(text.replace("/etc/prometheus/sparkfleet.rules.yml", "sparkfleet.rules.yml"))
+    run = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "remote_write" not in text
+    url = "https://prom.example:9090/api/v1/write"
+    remote = fleet(**{n: {"monitoring_remote_write_url": url} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    assert f'url: "{url}"' in prometheus_config_text(remote)
+
+
+def test_the_monitoring_node_is_data_s_else_the_router_s_else_the_first_head():
+    assert monitoring_node(fleet(router="spark-d")).name == "spark-d"
+    assert monitoring_node(fleet(router=None)).name == "spark-a"
+    named = fleet(**{n: {"monitoring_node": "spark-c"} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    assert monitoring_node(named).name == "spark-c"
+    off = fleet(**{n: {"monitoring_enabled": False} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    assert monitoring_node(off) is None
+
+
+def test_prometheus_listens_on_loopback_and_keeps_what_data_says():
+    args = prometheus_defaults_text(fleet().node("spark-b"))
+    assert "--web.listen-address=127.0.0.1:9090" in args and "--storage.tsdb.retention.time=30d" in args
+
+
+def test_the_exporter_runs_only_the_collectors_data_names(promtool, tmp_path):
+    node = fleet().node("spark-a")
+    args = re.search(r'^ARGS="(.*)"$', exporter_defaults_text(node), re.M).group(1).split()
+    assert "--collector.disable-defaults" in args
+    assert sorted(a.split(".", 1)[1] for a in args if re.fullmatch(r"--collector\.[a-z_]+", a)) == sorted(
+        node.monitoring_node_exporter_collectors)
+    assert "--collector.systemd.unit-include=sparkfleet-.+[.]service" in args
+    # sparkfleet's textfile is valid exposition text (promtool lints it as the collector would read it)
+    text = textfile_text(fleet(), node)
+    run = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert 'sparkfleet_fabric_mtu_wanted_bytes{device="enp1s0f0np0"} 9000' in text
+    assert 'group="g1",rank="0"' in text
+
+
+def test_the_firewall_admits_the_monitoring_node_alone_to_the_exporters():
+    f = fleet()
+    g1 = f.groups["g1"]
+    head = firewall_rules(g1, f.node("spark-a"), MGMT, "10.0.0.12")
+    assert "tcp dport { 9100, 9400 } ip saddr != 10.0.0.12 drop" in head
+    assert "tcp dport { 9100, 9400 } meta nfproto ipv6 drop" in head
+    worker = firewall_rules(g1, f.node("spark-b"), MGMT, "10.0.0.12")
+    assert "tcp dport { 9100 } ip saddr != 10.0.0.12 drop" in worker
+    assert "9100" not in firewall_rules(g1, f.node("spark-b"), MGMT, None)
+
+
+@pytest.mark.parametrize("debian, upstream", [
+    ("1.7.0-1ubuntu0.3", "1.7.0"), ("2.42.0+ds-5+deb12u1", "2.42.0"), ("1:2.45.3+ds-2build1", "2.45.3"),
+    ("1.5.0~rc1-1", "1.5.0"), ("", ""),
+])
+def test_the_upstream_version_of_a_debian_version(debian, upstream):
+    assert upstream_version(debian) == upstream
+
+
+def _fake_apt(tmp_path, offered: list[str]) -> dict:
+    """apt-get and apt-cache on PATH, answering as a package source that offers `offered`; apt-get
+    install records what it was asked for."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    madison = "".join(f" prometheus | {v} | http://deb.example bookworm/main amd64 Packages\\n" for v in offered)
+    (bin_dir / "apt-cache").write_text(f"#!/bin/sh\nprintf '{madison}'\n")
+    (bin_dir / "apt-get").write_text(f"#!/bin/sh\n[ \"$1\" = update ] && exit 0\necho \"$@\" > {tmp_path}/installed\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_the_installer_takes_the_os_build_of_the_pinned_version(tmp_path):
+    env = _fake_apt(tmp_path, ["2.45.3+ds-2build1", "2.42.0+ds-5+deb12u1"])
+    run = subprocess.run(["sh", "-c", install_command("prometheus", "2.42.0")], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    asked = (tmp_path / "installed").read_text()
+    assert "prometheus=2.42.0+ds-5+deb12u1" in asked and "--no-install-recommends" in asked
+    assert "--force-confold" in asked
+
+
+def test_the_installer_stops_naming_the_versions_offered(tmp_path):
+    env = _fake_apt(tmp_path, ["2.45.3+ds-2build1"])
+    run = subprocess.run(["sh", "-c", install_command("prometheus", "2.42.0")], env=env, capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "prometheus 2.42.0 is not offered" in run.stderr and "2.45.3+ds-2build1" in run.stderr
+    assert not (tmp_path / "installed").exists()
+
+
+def test_monitoring_data_is_the_fleet_s_and_refused_naming_host_key_and_allowed_values():
+    err = refused(fleet_hosts(**{"spark-c": {"monitoring_scrape_interval_s": 30}}))
+    assert any("key 'monitoring_scrape_interval_s' differs between nodes" in p for p in err.problems)
+    every = ("spark-a", "spark-b", "spark-c", "spark-d")
+    err = refused(fleet_hosts(**{n: {"monitoring_node_exporter_collectors": ["meminfo", "gpu"]} for n in every}))
+    assert any("'gpu'" in p and "allowed: meminfo" in p for p in err.problems)
+    err = refused(fleet_hosts(**{n: {"monitoring_node": "spark-z"} for n in every}))
+    assert any("key 'monitoring_node' = 'spark-z' is not a node of the inventory; allowed: spark-a" in p
+               for p in err.problems)
+    err = refused(fleet_hosts(**{n: {"monitoring_engine_metrics_port": 9100} for n in every}))
+    assert any("the monitoring ports must differ" in p for p in err.problems)
+
+
+def test_the_lab_pins_the_promtool_it_tests_with():
+    """promtool.sh's version is the lab's Prometheus (the rules tested are the ones the lab runs)."""
+    script = (REPO / "tests/unit/promtool.sh").read_text()
+    lab = (REPO / "lab/group_data/all.py").read_text()
+    assert re.search(r"^VERSION=(\S+)$", script, re.M).group(1) == re.search(
+        r'^monitoring_prometheus_version = "(\S+)"$', lab, re.M).group(1)
+
+
+def test_the_doctor_names_a_monitoring_port_held_by_the_wrong_program_or_open_beyond_loopback():
+    from roles.monitoring.checks import listener_problems
+    f = fleet(router=None)
+    head = f.node("spark-a")
+    good = [("0.0.0.0", 9100, "prometheus-node"), ("0.0.0.0", 9400, "haproxy"), ("127.0.0.1", 9090, "prometheus")]
+    assert listener_problems(head, "spark-a", good) == []
+    assert listener_problems(f.node("spark-b"), "spark-a", good[:1]) == []
+    wide = good[:2] + [("0.0.0.0", 9090, "prometheus")]
+    assert listener_problems(head, "spark-a", wide) == [
+        "spark-a: port 9090 (Prometheus) is held by prometheus on 0.0.0.0; want only prometheus on 127.0.0.1"]
+    assert listener_problems(head, "spark-a", good[1:]) == [
+        "spark-a: port 9100 is held by nothing; want only prometheus-node (roles/monitoring: deploy)"]
+    assert listener_problems(head, None, []) == []
+
+
+def test_the_receipt_s_figures_become_valid_textfile_metrics(promtool):
+    from roles.receipt.receipt import receipt_metrics_text
+
+    receipt = {"taken_at": "2026-12-03T10:00:00Z", "figures": [
+        {"concurrency": 1, "ttft_ms": 120.5, "decode_tps_per_request": 30.1},
+        {"concurrency": 4, "ttft_ms": None, "decode_tps_per_request": 21.0}]}
+    text = receipt_metrics_text(receipt)
+    run = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert 'sparkfleet_receipt_ttft_seconds{concurrency="1"} 0.120500' in text
+    assert 'concurrency="4"} 21.0' in text and 'sparkfleet_receipt_ttft_seconds{concurrency="4"}' not in text
+    assert "sparkfleet_receipt_timestamp_seconds 1796292000" in text
+
+
+def test_status_s_live_line_reads_prometheus_answers_and_shows_the_group_s_alerts():
+    from roles.monitoring.checks import LiveFigures, live_line
+
+    def answer(value):
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [] if value is None else
+                                                           [{"metric": {}, "value": [1796292000, value]}]}})
+
+    alerts = json.dumps({"status": "success", "data": {"alerts": [
+        {"labels": {"alertname": "SparkfleetRankDown", "group": "g1", "node": "spark-b"}, "state": "firing"},
+        {"labels": {"alertname": "SparkfleetKvCacheFull", "group": "g2"}, "state": "firing"},
+        {"labels": {"alertname": "SparkfleetMemoryLow", "group": "g1", "node": "spark-a"}, "state": "pending"}]}})
+    output = [f"tokens_s\t{answer('12.34')}", f"running\t{answer('2')}", f"waiting\t{answer('0')}",
+              f"kv\t{answer('0.25')}", f"ttft_p50\t{answer('NaN')}", f"ttft_p95\t{answer(None)}", f"alerts\t{alerts}"]
+    live = LiveFigures().process(output)
+    assert live["figures"] == {"tokens_s": 12.34, "running": 2.0, "waiting": 0.0, "kv": 0.25, "ttft_p50": None,
+                               "ttft_p95": None}
+    assert live_line(live, "g1") == ("12.3 tokens/s, 2 running, 0 waiting, KV 25%, TTFT p50 - s p95 - s (5 min); "
+                                     "firing: SparkfleetRankDown (spark-b)")
+    assert live_line(live, "g2").endswith("firing: SparkfleetKvCacheFull")
+    down = LiveFigures().process(["tokens_s\t{}", "alerts\t{}"])
+    assert live_line(down, "g1") == "no figures: Prometheus did not answer"
+    assert live_line(None, "g1") == "monitoring off, or its node not in this run"
+
+
+def test_the_dashboard_s_every_panel_is_drawn_and_an_empty_one_says_so():
+    from tools.dashboard_plot import DASHBOARD, fetch, svg
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    asked = []
+
+    def query_range(expr, start, end, step):
+        asked.append(expr)
+        if "hwmon" in expr:
+            return []
+        return [{"metric": {"group": "pair", "node": "spark-a", "rank": "0", "device": "enp1s0f0np0"},
+                 "values": [[start, "1"], [start + step, "NaN"], [end, "3"]]}]
+
+    panels = fetch(query_range, {"$group": ".*", "$fabric": "enp1s0f0np0"}, 1000.0, 1600.0, 60, dashboard)
+    assert len(panels) == len(dashboard["panels"]) and all("$" not in e for e in asked)
+    assert sum(len(p["targets"]) for p in dashboard["panels"]) == len(asked)
+    drawn = svg(panels, "t")
+    assert drawn.count("<polyline") == sum(len(p["series"]) for p in panels) and drawn.count(">no data<") == 1
+    first = panels[0]["series"][0]
+    assert first[0] == "pair running" and first[1] == [(1000.0, 1.0), (1600.0, 3.0)]  # NaN dropped
