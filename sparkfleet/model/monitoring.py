@@ -12,7 +12,7 @@ versions offered (roles/monitoring/checks.py). The defaults are DGX OS 7's (Ubun
 """
 from pydantic import BaseModel, Field
 
-from sparkfleet.refusal import Problem
+from sparkfleet.refusal import Problem, shared_key_problems
 
 # The monitoring stack is the fleet's: one Prometheus, one set of rules, one scrape interval.
 MONITORING_KEYS = (
@@ -133,13 +133,8 @@ def monitoring_node_name(nodes) -> str | None:
 def monitoring_problems(nodes) -> list[Problem]:
     """One monitoring stack per fleet: the same monitoring_* settings on every node, a monitoring node
     of the inventory, known collectors, ports that differ."""
-    problems: list[Problem] = []
+    problems = shared_key_problems(nodes, MONITORING_KEYS, "the fleet has one monitoring stack")
     names = [n.name for n in nodes]
-    for key in MONITORING_KEYS:
-        if len({repr(getattr(n, key)) for n in nodes}) > 1:
-            found = ", ".join(f"{n.name}={getattr(n, key)!r}" for n in nodes)
-            problems.append(Problem(f"key '{key}' differs between nodes ({found}); the fleet has one monitoring stack",
-                                    names, key=key, fix="set it once for every node (group_data)"))
     if problems or not nodes or not nodes[0].monitoring_enabled:
         return problems
     first = nodes[0]
