@@ -40,10 +40,20 @@ with open(os.path.join(W, "calls.log"), "a") as f:
 verb, unit = argv[0], argv[-1].removesuffix(".service")
 ufile, cfile = os.path.join(W, "units", unit), os.path.join(W, "containers", unit)
 
+def ours(pid):
+    # A pid is reused once its process is gone (CI wraps at 32768): a stale one may lead a lab host's
+    # process group by now. Only a process carrying this world's mark is signalled.
+    try:
+        with open(f"/proc/{{pid}}/environ", "rb") as f:
+            return f"SFL_FAKE_WORLD={{W}}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
 def kill(remove=True):
     try:
         pid = json.load(open(cfile))["Pid"]
-        os.killpg(pid, signal.SIGKILL)
+        if ours(pid):
+            os.killpg(pid, signal.SIGKILL)
     except (OSError, ValueError, KeyError):
         pass
     if remove and os.path.exists(cfile):
@@ -72,9 +82,8 @@ elif verb in ("start", "restart"):
     # only by delay_starts.
     kill(remove=os.path.exists(delay))
     p = subprocess.Popen(["sh", "-c", "sleep 120 & wait"], start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(W, "pids"), "a") as f:
-        f.write(f"{{p.pid}}\n")
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={{**os.environ, "SFL_FAKE_WORLD": W}})
     started = time.strftime("%Y-%m-%dT%H:%M:%S") + f".{{time.time_ns() % 10**9:09d}}Z"
     container = {{"Status": "running", "Running": True, "Paused": False, "Pid": p.pid, "StartedAt": started}}
     if os.path.exists(delay):  # `docker run` creates the container a moment after systemctl returns
@@ -104,10 +113,23 @@ W = {world!r}
 argv = sys.argv[1:]
 with open(os.path.join(W, "calls.log"), "a") as f:
     f.write(f"{{time.time():.3f}} docker {{' '.join(argv)}}\n")
+
+def ours(pid):
+    # A pid is reused once its process is gone (CI wraps at 32768): a stale one may lead a lab host's
+    # process group by now. Only a process carrying this world's mark is signalled.
+    try:
+        with open(f"/proc/{{pid}}/environ", "rb") as f:
+            return f"SFL_FAKE_WORLD={{W}}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
 if argv[0] == "kill":  # SIGKILL to the container's main process group: the container is gone (--rm)
     cfile = os.path.join(W, "containers", argv[1])
     try:
-        os.killpg(json.load(open(cfile))["Pid"], 9)
+        pid = json.load(open(cfile))["Pid"]
+        if not ours(pid):
+            raise OSError(pid)
+        os.killpg(pid, 9)
         os.remove(cfile)
     except (OSError, ValueError, KeyError):
         sys.exit(f"Error response from daemon: cannot kill container: {{argv[1]}}")
@@ -119,7 +141,7 @@ if not os.path.exists(cfile):
 st = json.load(open(cfile))
 try:  # the container ends when its main process does
     with open(f"/proc/{{st['Pid']}}/stat") as f:
-        alive = f.read().rpartition(")")[2].split()[0] != "Z"
+        alive = f.read().rpartition(")")[2].split()[0] != "Z" and ours(st["Pid"])
 except OSError:
     alive = False
 if not alive:
@@ -285,6 +307,26 @@ class World:
         path = self.dir / "containers" / unit
         return json.loads(path.read_text()) if path.exists() else None
 
+    def fake_container_pids(self):
+        """Every process of this world's fake containers: each carries the world's mark in its
+        environment (a recorded pid alone may be anyone's by now: pids are reused)."""
+        mark = f"SFL_FAKE_WORLD={self.dir}".encode()
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    if mark in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
+                        found.append(int(name))
+                except OSError:
+                    pass
+        return found
+
+    def kill_container(self, unit):
+        """SIGKILL to the container's process group, as `docker kill` sends it."""
+        pid = self.container(unit)["Pid"]
+        assert pid in self.fake_container_pids(), f"{unit}'s container (pid {pid}) is not running"
+        os.killpg(pid, signal.SIGKILL)
+
     def engine_pid(self, unit):
         """The container's engine: the child of its main process."""
         main = self.container(unit)["Pid"]
@@ -370,10 +412,9 @@ class World:
         for p in self.daemons:
             p.kill()
             p.wait(timeout=5)
-        pids = (self.dir / "pids").read_text().split() if (self.dir / "pids").exists() else []
-        for pid in pids:  # the container process trees the fake systemctl started
+        for pid in self.fake_container_pids():  # the process trees the fake systemctl started, alone
             try:
-                os.killpg(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         self.server.shutdown()
@@ -506,7 +547,7 @@ def test_a_failed_worker_rank_restarts_the_pair(world, fault):
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     t0 = time.time()
     if fault == "container gone":
-        os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
+        world.kill_container(WORKER)
         (world.dir / "containers" / WORKER).unlink()  # --rm
         why = "spark-b: container sparkfleet-worker does not exist"
     else:
@@ -574,7 +615,7 @@ def test_a_worker_that_cannot_start_fails_the_restart_at_once_and_the_watchdog_g
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     world.fail_starts(WORKER)
     t0 = time.monotonic()
-    os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
+    world.kill_container(WORKER)
     wait_for(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
     assert time.monotonic() - t0 < 20  # never worker_wait_s (60 s) per restart
     why = f"{WORKER} exited with status 125 at its start (journalctl -u {WORKER})"
@@ -594,7 +635,7 @@ def test_a_restart_whose_head_never_comes_up_fails_without_waiting_the_cold_star
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     world.fail_starts(HEAD)
     t0 = time.monotonic()
-    os.killpg(world.container(HEAD)["Pid"], signal.SIGKILL)
+    world.kill_container(HEAD)
     wait_for(lambda: lines(world.log("head"), "restart 1 failed after"), 20, "the restart failing")
     assert time.monotonic() - t0 < 20  # never ready_timeout_s (60 s)
     failed = lines(world.log("head"), "restart 1 failed after")[0]
@@ -611,7 +652,7 @@ def test_a_head_container_created_a_moment_after_its_start_is_waited_for_not_jud
     world.start_pair(head={"failures_before_restart": 1, "ready_timeout_s": 10})
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
     world.delay_starts(HEAD, 1.5)  # 7 probe intervals of 0.2 s
-    os.killpg(world.container(WORKER)["Pid"], signal.SIGKILL)
+    world.kill_container(WORKER)
     (world.dir / "containers" / WORKER).unlink()  # --rm
     wait_for(lambda: lines(world.log("head"), "the pair serves again") or lines(world.log("head"), "failed after"),
              20, "the restart's end")
