@@ -51,3 +51,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="the real engine in the lab needs --lab (make test runs it)"))
         if parts[:2] == ("tests", "fleet") and not config.getoption("lab"):
             item.add_marker(pytest.mark.skip(reason="the four-host lab end-to-end needs --lab (make test runs it)"))
+
+
+# Where a lab tier's time goes, per module (setup, call and teardown summed; a module fixture's
+# deploy counts where it ran): CI's hour is spent by modules, and --durations shows only tests.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not config.getoption("lab") or not _MODULE_SECONDS:
+        return
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("=", f"time per module ({sum(_MODULE_SECONDS.values()):.0f} s in all)")
+    for module, seconds in ranked:
+        if seconds >= 1:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
