@@ -142,8 +142,8 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
     """Clients keep the real head's queue full of 7000-token prompts, about 30 s of prefill on this
     machine (vLLM schedules the running requests' prefill, max_num_batched_tokens a step, before any
     new request), so the watchdog's one-token probe waits behind them past watchdog_probe_timeout_s
-    (5 s, six times less) at every probe, while the engine's own counters rise. The watchdog must call that busy, never a failure: no
-    restart, and the probe passes again once the load stops. The start-up grace (300 s here) would
+    (5 s, six times less) at every probe, while the engine's own counters rise. The watchdog must
+    call that busy, never a failure: no restart, and the probe passes again once the load stops. The start-up grace (300 s here) would
     hide the verdict, so for this test the head's watchdog runs with its grace at 0 (its config
     restored after, byte for byte: the deploy that follows changes nothing)."""
     wait_watchdog_settled(REAL_RECOVERY_BOUND_S)  # the drill before may still be ending its restart
@@ -151,12 +151,12 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
     original = on(HEAD, f"cat {config}")
     settings = json.loads(original)
     assert settings["progress_metrics"]["path"] == "/metrics", settings
+    key = on(HEAD, "cat /etc/sparkfleet/api-key").strip()
+    count, alone = clients_for_backlog(key, 30.0)
     on(HEAD, f"python3 -c \"import json; p='{config}'; c=json.load(open(p)); c['startup_grace_s']=0; "
              f"json.dump(c, open(p, 'w'))\" && systemctl restart sparkfleet-watchdog")
     started = container_started(HEAD)
-    key = on(HEAD, "cat /etc/sparkfleet/api-key").strip()
     stop, results = threading.Event(), []
-    count, alone = clients_for_backlog(key, 30.0)
     clients = [threading.Thread(target=flood, args=(key, stop, results), daemon=True) for _ in range(count)]
     since = time.time()
     try:
@@ -172,7 +172,8 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
         stop.set()
         on(HEAD, f"cat > {config} <<'EOF'\n{original.rstrip(chr(10))}\nEOF\nchmod 600 {config}")
         for c in clients:
-            c.join(timeout=600)
+            if c.ident is not None:  # started
+                c.join(timeout=600)
         on(HEAD, "systemctl restart sparkfleet-watchdog")
     assert on(HEAD, f"cat {config}") == original
     busy = [line for line in journal.splitlines() if "busy, not judged" in line]
