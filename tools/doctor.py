@@ -92,6 +92,8 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
                      + [f"{n}: {why}" for n, why in caches.sync.items()]
                      + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
+    else:  # the rows are kept, failing: a check that could not run is not a check that passed
+        rows += [(row, "all", [f"not checked: no plan: {no_plan}"]) for row in ("image", "weights", "caches")]
     # Anything a deploy would do here is a failure, saying what and why.
     actions = planned.summary.actions() if planned is not None else [f"no plan: {no_plan}"]
     rows.append(("plan", group.group or "pair", [f"a deploy would {a}" for a in actions]))
