@@ -69,6 +69,13 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
     return {env_file: (env_text, "0600"), unit_path(node): (unit_text, "0644"), **mounted_files(profile, node)}
 
 
+def rendered_paths(node) -> list[str]:
+    """Where rendered_files() writes on `node`, in its order, from data alone: the facts read at
+    prepare (each file's sha1) need no render."""
+    env_file = env_file_path(node, node.serving_dir)
+    return [env_file, unit_path(node), *mounted_files(node_profile(node), node)]
+
+
 def resolve_gid_index(node_host, node) -> int | None:
     """This rank's RoCE v2 GID index, read from sysfs on every deploy; None without RDMA, and None
     with both halves of the port (NCCL then chooses per HCA: sparkfleet/model/engine.py), once each
@@ -119,8 +126,7 @@ def serving_facts(state) -> ServingFacts:
     def read(node_host):
         node = cluster.node(node_host.name)
         gid = resolve_gid_index(node_host, node)
-        paths = rendered_files(cluster, node, gid)  # where the files go depends on data only
-        return gid, {path: node_host.get_fact(Sha1File, path=path) for path in paths}, \
+        return gid, {path: node_host.get_fact(Sha1File, path=path) for path in rendered_paths(node)}, \
             node_host.get_fact(UnitState, unit=unit_name(node))
 
     read_by_node = per_host(state, read)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import sparkfleet.model.serving as schema
-from roles.serving.checks import rendered_files
+from roles.serving.checks import rendered_files, rendered_paths
 from sparkfleet.model.engine import FORBIDDEN_ARGS, IMAGE_WORD, engine_args, systemd_quote
 from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import build_cluster
@@ -74,6 +74,15 @@ def files_of(kind, name, profile=DEFAULT_PROFILE):
     c = cluster(kind, profile)
     node = c.node(name)
     return rendered_files(c, node, GIDS[name] if node.rdma_hca else None)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("kind", ["spark", "lab"])
+def test_the_paths_the_facts_read_are_the_paths_rendered(kind, profile):
+    """serving_facts reads each file's sha1 at the paths rendered_paths() names, without rendering."""
+    c = cluster(kind, profile)
+    for name in ("spark-a", "spark-b"):
+        assert rendered_paths(c.node(name)) == list(files_of(kind, name, profile)), (kind, name, profile)
 
 
 def golden_name(kind, name, profile, path):
