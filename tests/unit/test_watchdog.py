@@ -29,6 +29,18 @@ HEAD, WORKER = "sparkfleet-head", "sparkfleet-worker"
 BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # the fake nodes' boot: this machine's
 MUTATING = ("start", "stop", "restart")
 
+# Both fakes' test before a signal (W: the world's directory, each fake's global).
+FAKE_OURS = r'''
+def ours(pid):
+    # A pid is reused once its process is gone (CI wraps at 32768): a stale one may lead a lab host's
+    # process group by now. Only a process carrying this world's mark is signalled.
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"SFL_FAKE_WORLD={W}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+'''
+
 # The fakes: one Python program each, the world's directory baked in. A unit's start spawns a process
 # tree standing for the container (sh, and sleep under it: the engine under the container's init).
 FAKE_SYSTEMCTL = r'''
@@ -40,15 +52,7 @@ with open(os.path.join(W, "calls.log"), "a") as f:
 verb, unit = argv[0], argv[-1].removesuffix(".service")
 ufile, cfile = os.path.join(W, "units", unit), os.path.join(W, "containers", unit)
 
-def ours(pid):
-    # A pid is reused once its process is gone (CI wraps at 32768): a stale one may lead a lab host's
-    # process group by now. Only a process carrying this world's mark is signalled.
-    try:
-        with open(f"/proc/{{pid}}/environ", "rb") as f:
-            return f"SFL_FAKE_WORLD={{W}}".encode() in f.read().split(b"\0")
-    except OSError:
-        return False
-
+{ours}
 def kill(remove=True):
     try:
         pid = json.load(open(cfile))["Pid"]
@@ -114,15 +118,7 @@ argv = sys.argv[1:]
 with open(os.path.join(W, "calls.log"), "a") as f:
     f.write(f"{{time.time():.3f}} docker {{' '.join(argv)}}\n")
 
-def ours(pid):
-    # A pid is reused once its process is gone (CI wraps at 32768): a stale one may lead a lab host's
-    # process group by now. Only a process carrying this world's mark is signalled.
-    try:
-        with open(f"/proc/{{pid}}/environ", "rb") as f:
-            return f"SFL_FAKE_WORLD={{W}}".encode() in f.read().split(b"\0")
-    except OSError:
-        return False
-
+{ours}
 if argv[0] == "kill":  # SIGKILL to the container's main process group: the container is gone (--rm)
     cfile = os.path.join(W, "containers", argv[1])
     try:
@@ -237,7 +233,7 @@ class World:
         self.key_file.chmod(0o600)
         for name, text in (("systemctl", FAKE_SYSTEMCTL), ("docker", FAKE_DOCKER)):
             path = tmp / "bin" / name
-            path.write_text(f"#!{sys.executable} -S\n" + text.format(world=str(tmp)))
+            path.write_text(f"#!{sys.executable} -S\n" + text.format(world=str(tmp), ours=FAKE_OURS))
             path.chmod(path.stat().st_mode | stat.S_IXUSR)
         handler = type("Handler", (Api,), {"world": self})
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
