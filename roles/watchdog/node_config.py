@@ -12,6 +12,7 @@ import json
 
 from roles.serving.api_key import key_file
 from sparkfleet.model.engine import unit_name
+from sparkfleet.model.monitoring import WATCHDOG_TEXTFILE
 from sparkfleet.model.watchdog import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.render import render
 
@@ -59,6 +60,8 @@ def watch_config(cluster, node, profile, wd) -> dict:
         "stop_timeout_s": profile.container.stop_timeout_s + 60,
         # rsync's own --timeout/--contimeout for a peer's state (a few hundred bytes).
         "rsync_timeout_s": 10,
+        # its restarts and give-ups for Prometheus, where roles/monitoring runs the node exporter
+        "metrics_file": WATCHDOG_TEXTFILE if node.monitoring_enabled else None,
     }
     if node.is_head:
         config.update(

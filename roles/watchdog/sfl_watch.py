@@ -161,6 +161,10 @@ DEFAULTS = {
     # [counter, ...] (a rise of any is progress), "work": [gauge, ...] (their sum is the work in hand:
     # requests running and waiting)}; None: the engine exposes none, the probe alone is judged.
     "progress_metrics": None,
+    # The node exporter's textfile collector file (a path ending .prom) this watchdog rewrites with
+    # each state it saves: its restarts and give-ups, for Prometheus (roles/monitoring's rules
+    # SparkfleetWatchdogRestarted and SparkfleetWatchdogGaveUp); None: monitoring is off, none.
+    "metrics_file": None,
 }
 REQUIRED = ("role", "unit", "container", "state_dir")
 COMMANDS = {"systemctl": ["systemctl"], "docker": ["docker"], "rsync": ["rsync"]}
@@ -220,6 +224,9 @@ class Config:
             self.stale_after_s = stale_after(self)
         self.stale_after_s = float(self.stale_after_s)
         self.state_path = os.path.join(self.state_dir, STATE_FILE)
+        mf = self.metrics_file
+        if mf is not None and not (isinstance(mf, str) and mf.startswith("/") and mf.endswith(".prom")):
+            raise ConfigError(f"{path}: metrics_file must be null or an absolute path ending .prom, not {mf!r}")
 
     @classmethod
     def load(cls, path):
@@ -538,6 +545,40 @@ def write_state(path, data):
             os.fsync(dfd)
         finally:
             os.close(dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def metrics_text(role, state):
+    """What this node's watchdog did, in the node exporter's text format (its textfile collector).
+    The head's generation counts the pair restarts it ordered (a counter: Prometheus's increase()
+    reads a reset, a state removed by hand, as one); gave_up is 1 while it has stopped the pair."""
+    lines = ["# HELP sparkfleet_watchdog_state_saved_timestamp_seconds When this node's watchdog last saved its state.",
+             "# TYPE sparkfleet_watchdog_state_saved_timestamp_seconds gauge",
+             f"sparkfleet_watchdog_state_saved_timestamp_seconds {float(state.get('updated_epoch') or 0):.3f}"]
+    if role == "head":
+        lines += ["# HELP sparkfleet_watchdog_restarts_total Restarts of the pair the head's watchdog ordered.",
+                  "# TYPE sparkfleet_watchdog_restarts_total counter",
+                  f"sparkfleet_watchdog_restarts_total {int(state.get('generation') or 0)}",
+                  "# HELP sparkfleet_watchdog_gave_up 1 while the head's watchdog has given up on the pair and stopped it.",
+                  "# TYPE sparkfleet_watchdog_gave_up gauge",
+                  f"sparkfleet_watchdog_gave_up {1 if state.get('gave_up') else 0}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_metrics(path, text):
+    """Whole or not at all: a temporary file the collector ignores (it reads *.prom only), renamed."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".sfl-watch-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -872,6 +913,7 @@ class Node:
         self.state.update(fields)
         self.state.update(role=self.cfg.role, node=self.cfg.node, unit=self.cfg.unit, container_name=self.cfg.container,
                           seq=self.seq, updated=iso(), updated_epoch=round(time.time(), 3), pid_watchdog=os.getpid())
+        self.save_metrics()
         path = self.cfg.state_path
         try:
             write_state(path, self.state)
@@ -888,6 +930,17 @@ class Node:
             say(f"its state is saved again to {path}")
             self.save_failed = None
         return True
+
+    def save_metrics(self):
+        """The textfile for Prometheus, beside the state; a failure is said once an hour and changes
+        nothing else (the directory is the monitoring role's, and may not exist yet)."""
+        if not self.cfg.metrics_file:
+            return
+        try:
+            write_metrics(self.cfg.metrics_file, metrics_text(self.cfg.role, self.state))
+            self.forget("metrics")
+        except OSError as e:
+            self.say_limited("metrics", f"cannot write its metrics to {self.cfg.metrics_file}: {e.strerror or e}", 3600)
 
     def sleep(self, seconds):
         time.sleep(max(0.0, seconds))

@@ -37,6 +37,8 @@ KNOWN_COLLECTORS = DEFAULT_COLLECTORS + ("diskstats", "vmstat", "time", "uname",
 # roles/monitoring writes sparkfleet.prom there, roles/receipt sparkfleet-receipt.prom on a head.
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 RECEIPT_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-receipt.prom"
+# Each node's watchdog rewrites it with every state it saves (roles/watchdog/sfl_watch.py metrics_text).
+WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
 RETENTION = r"^[0-9]+(d|h|w|y)$"
 UPSTREAM_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 

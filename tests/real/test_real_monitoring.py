@@ -61,6 +61,9 @@ READS = {
     "SparkfleetFabricDown": ['node_network_up{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],
     "SparkfleetTtftRegression": ["vllm:time_to_first_token_seconds_bucket", "sparkfleet_receipt_ttft_seconds"],
     "SparkfleetEngineRestarted": ['node_systemd_unit_start_time_seconds{name="sparkfleet-head.service"}'],
+    # the head's watchdog's textfile (its state, rewritten at every save)
+    "SparkfleetWatchdogRestarted": ["sparkfleet_watchdog_restarts_total"],
+    "SparkfleetWatchdogGaveUp": ["sparkfleet_watchdog_gave_up"],
 }
 
 

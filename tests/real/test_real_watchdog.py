@@ -91,6 +91,11 @@ def test_a_stopped_worker_fires_rank_down_in_the_live_prometheus_and_the_restart
         time.sleep(2)
     restarted = {a["labels"]["node"] for a in firing("SparkfleetEngineRestarted") if a["state"] == "firing"}
     assert restarted == {HEAD, WORKER}, firing("SparkfleetEngineRestarted")
+    # ... and the head's watchdog says it was the one (its restarts counter, from its textfile)
+    deadline = time.monotonic() + 60
+    while not [a for a in firing("SparkfleetWatchdogRestarted", node=HEAD) if a["state"] == "firing"]:
+        assert time.monotonic() < deadline, f"SparkfleetWatchdogRestarted did not fire: {firing('SparkfleetWatchdogRestarted')}"
+        time.sleep(2)
 
 
 def unit_start_times() -> dict[str, float]:

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from roles.firewall.checks import rules_text as firewall_rules
 from roles.monitoring.checks import (
@@ -45,6 +46,13 @@ def test_the_alert_rules_pass_their_promtool_unit_tests(promtool, tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
     run = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_alert_has_a_unit_test_that_fires_it():
+    alerts = [r["alert"] for g in yaml.safe_load(rules_text(fleet()))["groups"] for r in g["rules"]]
+    cases = [case for t in yaml.safe_load(ALERT_TESTS.read_text())["tests"] for case in t.get("alert_rule_test", [])]
+    fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
+    assert [a for a in alerts if a not in fires] == [], "alerts no case of tests/unit/alerts sees firing"
 
 
 def test_a_threshold_from_data_moves_the_alert(promtool, tmp_path):

@@ -563,11 +563,29 @@ def test_a_failed_worker_rank_restarts_the_pair(world, fault):
     assert world.state("worker")["process"] == "running"
 
 
+def textfile(path) -> dict[str, float]:
+    """A node exporter textfile's samples, name -> value (no labels are written)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    return {n: float(v) for n, v in (line.split() for line in text.splitlines() if line and not line.startswith("#"))}
+
+
 def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
+    """... and says so to Prometheus: the head's textfile counts its restarts and says it gave up."""
     world.deploy()
     (world.dir / "head_start_mode").write_text("hang")  # from now on, a restart does not cure it
-    world.start_pair(head={"max_restarts": 2, "ready_timeout_s": 0.3, "probe_timeout_s": 0.3})
+    (world.dir / "textfile").mkdir()
+    metrics = {role: world.dir / "textfile" / f"{role}.prom" for role in ("head", "worker")}
+    world.start_pair(head={"max_restarts": 2, "ready_timeout_s": 0.3, "probe_timeout_s": 0.3,
+                           "metrics_file": str(metrics["head"])},
+                     worker={"metrics_file": str(metrics["worker"])})
     wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    wait_for(lambda: textfile(metrics["head"]), 5, "the head's textfile")
+    head = textfile(metrics["head"])
+    assert (head["sparkfleet_watchdog_restarts_total"], head["sparkfleet_watchdog_gave_up"]) == (0, 0), head
+    assert set(textfile(metrics["worker"])) == {"sparkfleet_watchdog_state_saved_timestamp_seconds"}
     t0 = time.time()
     world.set_api("hang")
     wait_for(lambda: lines(world.log("head"), "GAVE UP"), 30, "the give-up")
@@ -587,6 +605,9 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     probe = world.command("probe", "head")
     assert probe.returncode == 1 and probe.stdout.startswith("failed: container sparkfleet-head does not exist"), probe.stdout
     assert world.command("status", "worker").returncode == 1
+    head = textfile(metrics["head"])
+    assert (head["sparkfleet_watchdog_restarts_total"], head["sparkfleet_watchdog_gave_up"]) == (2, 1), head
+    assert sorted(p.name for p in metrics["head"].parent.glob("*.prom")) == ["head.prom", "worker.prom"]
 
     (world.dir / "head_start_mode").write_text("ok")  # someone deployed a fix
     t1 = time.time()
@@ -599,6 +620,8 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     time.sleep(0.5)
     assert world.calls(since=t1) == [f"stop {HEAD}.service", f"restart {WORKER}.service", f"start {HEAD}.service"]
     assert world.command("status", "head").returncode == 0
+    wait_for(lambda: textfile(metrics["head"]).get("sparkfleet_watchdog_gave_up") == 0, 5, "the textfile cleared")
+    assert textfile(metrics["head"])["sparkfleet_watchdog_restarts_total"] >= 2  # a counter: never back
 
 
 
