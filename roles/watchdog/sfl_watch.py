@@ -526,31 +526,38 @@ def peer_state_problem(state, role):
     return None
 
 
-def write_state(path, data):
-    """Durably: a temporary file, fsynced, renamed over the state, then the directory fsynced, so that
-    after a power cut the state is the old one or the new one, whole (a give-up is not forgotten)."""
+def replace_file(path, text, prefix, durable):
+    """`path` holds `text` whole or keeps what it held: a temporary file (named `prefix`..., which
+    no reader of the directory takes for the file) renamed over it; durable: fsynced, and the
+    directory too, so that after a power cut it is the old one or the new one."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state-")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        if durable:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def write_state(path, data):
+    """Durably (a give-up is not forgotten by a power cut)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    replace_file(path, json.dumps(data, indent=1, sort_keys=True) + "\n", ".state-", durable=True)
 
 
 def metrics_text(role, state):
@@ -571,20 +578,8 @@ def metrics_text(role, state):
 
 
 def write_metrics(path, text):
-    """Whole or not at all: a temporary file the collector ignores (it reads *.prom only), renamed."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".sfl-watch-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Whole or not at all; the collector reads *.prom only, never the temporary file."""
+    replace_file(path, text, ".sfl-watch-", durable=False)
 
 
 def fetch_state(runner, cfg, source, role=None):
