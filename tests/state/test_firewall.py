@@ -51,11 +51,17 @@ def test_the_live_table_is_the_one_data_renders(host, node, cluster):
     assert "dport 22 " not in listing and f"dport {cluster.head.management_address}" not in listing
 
 
-def tcp_open(host, address: str, port: int, as_nobody: bool = False) -> bool:
-    probe = f"timeout 4 bash -c {shlex.quote(f'exec 3<>/dev/tcp/{address}/{port}')}"
-    if as_nobody:
-        probe = f"setpriv --reuid=65534 --regid=65534 --clear-groups {probe}"
-    return host.run(probe).rc == 0
+def tcp_open(host, address: str, ports: list[int], as_nobody: bool = False) -> list[int]:
+    """The ports of `ports` at `address` that accept a TCP connection from `host`. Every port is tried
+    at once, in one command: a dropped port costs its 4 s timeout once, not once per port."""
+    probes = []
+    for port in ports:
+        probe = f"timeout 4 bash -c {shlex.quote(f'exec 3<>/dev/tcp/{address}/{int(port)}')}"
+        if as_nobody:
+            probe = f"setpriv --reuid=65534 --regid=65534 --clear-groups {probe}"
+        probes.append(f"{{ {probe} && echo {int(port)}; }} 2>/dev/null &")
+    out = host.run(" ".join(probes) + " wait").stdout
+    return sorted(int(line) for line in out.split())
 
 
 # A routing table and rule on the peer for the probe's own sockets only (uid 65534): the pair's
@@ -81,15 +87,15 @@ def test_the_fabric_services_are_not_reached_through_a_management_address(node, 
     listening = [p for p in ports if node_hosts[node.name].socket(f"tcp://{p}").is_listening
                  or node_hosts[node.name].socket(f"tcp://{node.fabric_ip}:{p}").is_listening]
     assert listening, f"{node.name}: none of {ports} listens; nothing to prove"
-    for port in listening:
-        assert tcp_open(peer, node.fabric_ip, port), f"{peer_name} -> {node.fabric_ip}:{port} over the fabric refused"
+    refused = sorted(set(listening) - set(tcp_open(peer, node.fabric_ip, listening)))
+    assert not refused, f"{peer_name} -> {node.fabric_ip} ports {refused} over the fabric refused"
     route = f"{node.fabric_ip}/32 via {node.management_address} table {PROBE_TABLE}"
     rule = f"uidrange {PROBE_UID}-{PROBE_UID} lookup {PROBE_TABLE} priority {PROBE_TABLE}"
     peer.run(f"ip route replace {route} && ip rule add {rule}")
     try:
         via = peer.check_output(f"ip route get {node.fabric_ip} uid {PROBE_UID}")
         assert f" via {node.management_address} " in via, via
-        reached = [p for p in listening if tcp_open(peer, node.fabric_ip, p, as_nobody=True)]
+        reached = tcp_open(peer, node.fabric_ip, listening, as_nobody=True)
     finally:
         peer.run(f"ip rule del {rule}; ip route del {route}")
     assert not reached, f"{node.name}: {node.fabric_ip} ports {reached} answer through {node.management_address}"
