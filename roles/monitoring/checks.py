@@ -19,7 +19,7 @@ from pyinfra.api import FactBase
 
 from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT
 from sparkfleet.model.monitoring import TEXTFILE_DIR, monitoring_node_name
-from sparkfleet.model.serving import node_profile
+from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.render import render
 
 EXPORTER_PACKAGE, PROMETHEUS_PACKAGE = "prometheus-node-exporter", "prometheus"
@@ -99,6 +99,25 @@ def textfile_text(fleet, node) -> str:
     lines += [f'sparkfleet_fabric_mtu_wanted_bytes{{device="{_label(h.netdev)}"}} {node.fabric_mtu}'
               for h in node.fabric_halves]
     return "\n".join(lines) + "\n"
+
+
+# On an RDMA node: a timer reads each half's RoCE v2 GID index again every scrape interval, for the
+# textfile collector (sfl_gid.sh --now); each rank's start wrote the index it started with
+# (templates/serving_unit.j2). SparkfleetGidMoved compares them.
+GID_METRICS_UNIT = "sparkfleet-gid-metrics"
+
+
+def gid_metrics_files(node) -> dict[str, str]:
+    """{path: text} of the GID-index timer and its service on `node`; none without an RDMA device."""
+    halves = [h for h in node.fabric_halves if h.hca]
+    if not halves:
+        return {}
+    base = f"/etc/systemd/system/{GID_METRICS_UNIT}"
+    return {
+        f"{base}.service": render("monitoring", f"{base}.service", textfile_dir=TEXTFILE_DIR, halves=halves,
+                                  gid_script=SFL_GID),
+        f"{base}.timer": render("monitoring", f"{base}.timer", interval_s=node.monitoring_scrape_interval_s),
+    }
 
 
 def upstream_version(debian_version: str) -> str:

@@ -5,7 +5,8 @@ On every node:
 1. the exporter's arguments, its unit's drop-in (after the firewall) and sparkfleet's textfile, written
    first, so the package's first start already runs with them (dpkg keeps files it finds: confold);
 2. `prometheus-node-exporter` at the pinned upstream version, when another or none is installed;
-3. the exporter restarted when its arguments or drop-in changed, running and enabled.
+3. the exporter restarted when its arguments or drop-in changed, running and enabled;
+4. on an RDMA node, the timer that writes its GID index now (sparkfleet-gid-metrics, sfl_gid.sh --now).
 On the monitoring node, the same for `prometheus`: its arguments, the scrape config and the alert
 rules, checked by promtool before Prometheus reads them; reloaded (SIGHUP) when only the config or
 the rules changed, restarted when its arguments did.
@@ -19,9 +20,9 @@ from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.monitoring.checks import (
-    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
+    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, GID_METRICS_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
     PROMETHEUS_PACKAGE, PROMETHEUS_UNIT, RULES, TEXTFILE, TEXTFILE_DIR, InstalledVersions, exporter_defaults_text,
-    install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
+    gid_metrics_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
     textfile_text, upstream_version,
 )
 from sparkfleet import unchanged
@@ -76,6 +77,14 @@ if monitor is not None:
                  _if=lambda: (args.did_change() or dropin.did_change()) and not package.did_change())
     unchanged.service(name=f"Run {EXPORTER_UNIT}, at boot too", service=f"{EXPORTER_UNIT}.service", running=True,
                       enabled=True)
+    # An RDMA node: its GID index, now, every scrape interval (SparkfleetGidMoved).
+    gid_files = gid_metrics_files(node)
+    if gid_files:
+        gid_units = [unchanged.put(name=f"Write {path}", src=StringIO(text), dest=path, user="root", group="root",
+                                   mode="0644") for path, text in gid_files.items()]
+        systemd.daemon_reload(name=f"Reload systemd ({GID_METRICS_UNIT} changed)", _if=any_changed(*gid_units))
+        unchanged.service(name=f"Run {GID_METRICS_UNIT}.timer, at boot too", service=f"{GID_METRICS_UNIT}.timer",
+                          running=True, enabled=True)
 
     # 2. The monitoring node: Prometheus, its targets from the fleet and sparkfleet's rules.
     if node.name == monitor.name:

@@ -34,6 +34,7 @@ from sparkfleet.model.engine import (
     rank_env,
     unit_name,
 )
+from sparkfleet.model.monitoring import TEXTFILE_DIR
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.once import per_host
 from sparkfleet.render import render, sha1_text
@@ -59,6 +60,7 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
         firewall_enabled=node.firewall_enabled,
         env_file=env_file,
         gid_script=SFL_GID,
+        gid_textfile_dir=TEXTFILE_DIR if node.monitoring_enabled else None,
         drop_caches=node.serving_drop_caches,
         exec_start=exec_start(profile, cluster, node, env_file),
         image_file=None if node.is_head else image_pin_path(node),

@@ -4,6 +4,13 @@
 #
 #   sfl_gid.sh HCA IPV4 NETDEV ENV_FILE     one HCA: fix NCCL_IB_GID_INDEX in ENV_FILE
 #   sfl_gid.sh --check HCA IPV4 NETDEV      each of two HCAs (both halves of the port)
+#   sfl_gid.sh --now HCA IPV4 NETDEV        only the metric below, now (-1: no such GID); always exit 0
+#
+# With SFL_GID_TEXTFILE_DIR set (the node exporter's textfile directory; roles/monitoring), a start
+# that found the index writes it there as sparkfleet_rdma_gid_index_at_start{hca,device}, and --now
+# (sparkfleet-gid-metrics.timer) as sparkfleet_rdma_gid_index: the alert SparkfleetGidMoved fires when
+# they differ, i.e. the index moved under a running engine. A metric that cannot be written is said
+# on stderr and never fails the start.
 #
 # The RoCE v2 GID index of this rank's fabric address moves: it was 3 and then 4 on one Spark within
 # half an hour, and a pinned NCCL_IB_GID_INDEX then hangs the TP handshake (ibv_modify_qp err 61). The
@@ -20,11 +27,12 @@
 # that choice is the GID of IPV4 on NETDEV (no address yet, or another IPv4 address comes first).
 # SFL_SYSFS (tests only) replaces /sys.
 set -eu
-check=
-if [ "${1:-}" = --check ]; then
-  check=1
+check= now=
+if [ "${1:-}" = --check ] || [ "${1:-}" = --now ]; then
+  if [ "$1" = --check ]; then check=1; else now=1 check=1; fi
+  usage="usage: sfl_gid.sh $1 HCA IPV4 NETDEV"
   shift
-  [ $# -eq 3 ] || { echo "usage: sfl_gid.sh --check HCA IPV4 NETDEV" >&2; exit 2; }
+  [ $# -eq 3 ] || { echo "$usage" >&2; exit 2; }
 else
   [ $# -eq 4 ] || { echo "usage: sfl_gid.sh HCA IPV4 NETDEV ENV_FILE" >&2; exit 2; }
 fi
@@ -39,6 +47,19 @@ set -- $ip
 IFS=$old_ifs
 [ $# -eq 4 ] || { echo "sfl_gid.sh: $ip is not an IPv4 address" >&2; exit 2; }
 want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$1" "$2" "$3" "$4")
+
+# write_metric NAME INDEX FILE: one gauge of this HCA, replaced whole (the collector never reads half).
+write_metric() {
+  [ -n "${SFL_GID_TEXTFILE_DIR:-}" ] || return 0
+  if ! { mkdir -p "$SFL_GID_TEXTFILE_DIR" &&
+    printf '# HELP %s The RoCE v2 GID index of the fabric address on this HCA (%s).\n# TYPE %s gauge\n%s{hca="%s",device="%s"} %s\n' \
+      "$1" "$4" "$1" "$1" "$hca" "$netdev" "$2" >"$SFL_GID_TEXTFILE_DIR/.$3.$$" &&
+    mv -f "$SFL_GID_TEXTFILE_DIR/.$3.$$" "$SFL_GID_TEXTFILE_DIR/$3"; }; then
+    rm -f "$SFL_GID_TEXTFILE_DIR/.$3.$$"
+    echo "sparkfleet: could not write $SFL_GID_TEXTFILE_DIR/$3 (the metric only; the start goes on)" >&2
+  fi
+  return 0
+}
 
 index= seen= first=
 for f in $(ls "$base"/gids 2>/dev/null | sort -n | sed "s|^|$base/gids/|"); do
@@ -59,6 +80,10 @@ for f in $(ls "$base"/gids 2>/dev/null | sort -n | sed "s|^|$base/gids/|"); do
     [ -n "$check" ] || break
   fi
 done
+if [ -n "$now" ]; then
+  write_metric sparkfleet_rdma_gid_index "${index:--1}" "sparkfleet-gid-$hca.prom" "now; -1: none"
+  exit 0
+fi
 if [ -z "$index" ]; then
   echo "sparkfleet: no RoCE v2 GID for $ip on $hca/$netdev yet (sysfs shows${seen:- no GIDs}); is the fabric address up? systemd tries again" >&2
   exit 1
@@ -68,11 +93,13 @@ if [ -n "$check" ]; then
     echo "sparkfleet: NCCL would choose GID index $first on $hca, not $index ($ip on $netdev): it takes the first IPv4 RoCE v2 GID (sysfs shows$seen); remove the other IPv4 address from $netdev" >&2
     exit 1
   fi
+  write_metric sparkfleet_rdma_gid_index_at_start "$index" "sparkfleet-gid-start-$hca.prom" "when the engine last started"
   echo "sparkfleet: RoCE v2 GID index $index for $ip on $hca/$netdev, the one NCCL chooses"
   exit 0
 fi
 
 current=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' "$env_file" | tail -n 1)
+write_metric sparkfleet_rdma_gid_index_at_start "$index" "sparkfleet-gid-start-$hca.prom" "when the engine last started"
 if [ "$current" = "$index" ]; then
   echo "sparkfleet: RoCE v2 GID index $index for $ip on $hca/$netdev, as $env_file has it"
   exit 0

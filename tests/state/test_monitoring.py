@@ -5,8 +5,8 @@ there is nothing of it to check."""
 import pytest
 
 from roles.monitoring.checks import (
-    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
-    exporter_defaults_text, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
+    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, GID_METRICS_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
+    exporter_defaults_text, gid_metrics_files, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
 )
 
 
@@ -27,6 +27,21 @@ def test_the_node_exporter_runs_the_pinned_version_with_the_rendered_arguments(h
     cmdline = host.check_output("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value prometheus-node-exporter)/cmdline")
     assert "--collector.disable-defaults" in cmdline and f":{monitored.monitoring_node_exporter_port}" in cmdline
     assert host.file(TEXTFILE).content_string == textfile_text(cluster, monitored)
+
+
+def test_an_rdma_node_s_gid_index_is_a_metric_now_and_as_its_engine_started(host, monitored):
+    """The timer that reads each RDMA half's GID index (SparkfleetGidMoved), as rendered and running,
+    and both metrics of each half on the node: now, and as the rank's last start found it."""
+    files = gid_metrics_files(monitored)
+    if not files:
+        pytest.skip(f"{monitored.name}: no RDMA device (the lab)")
+    for path, text in files.items():
+        assert host.file(path).content_string == text, f"{monitored.name}: {path} is not the rendered one"
+    timer = host.service(f"{GID_METRICS_UNIT}.timer")
+    assert timer.is_running and timer.is_enabled, f"{monitored.name}: {GID_METRICS_UNIT}.timer not running and enabled"
+    for half in (h for h in monitored.fabric_halves if h.hca):
+        for name in (f"sparkfleet-gid-{half.hca}.prom", f"sparkfleet-gid-start-{half.hca}.prom"):
+            assert host.file(f"{TEXTFILE.rsplit('/', 1)[0]}/{name}").exists, f"{monitored.name}: no {name}"
 
 
 def test_the_monitoring_node_runs_prometheus_with_the_rendered_targets_and_rules(host, monitored, cluster):

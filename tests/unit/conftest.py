@@ -1,5 +1,6 @@
 """Fixtures shared by the unit tests."""
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,12 @@ def listener():
     thread.join()
     for sock in socks:
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    """promtool's path (`make promtool` puts it in the cache; the unit tier's make targets run it first)."""
+    script = Path(__file__).with_name("promtool.sh")
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert run.returncode == 0, f"no promtool ({run.stderr.strip()}): run `make promtool`"
+    return run.stdout.strip()

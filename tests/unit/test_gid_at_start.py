@@ -9,11 +9,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from roles.serving.checks import rendered_files
+from roles.monitoring.checks import gid_metrics_files, rules_text
+from roles.serving.checks import rendered_files, unit_path
 from sparkfleet.model.engine import env_file_path
 from roles.serving.facts import ipv4_mapped_gid, pick_gid_index
 from tests.unit.test_serving_config import LINK_LOCAL, gid_table
+from sparkfleet.model.monitoring import TEXTFILE_DIR
+from sparkfleet.model.serving import SFL_GID
+from tests.unit.test_monitoring import fleet as monitoring_fleet
 from tests.unit.test_serving_render import cluster
 
 SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "serving" / "sfl_gid.sh"
@@ -104,3 +109,95 @@ def test_a_roce_v1_gid_of_the_address_is_not_taken(tmp_path):
     rows = [(0, "IB/RoCE v1", NETDEV, LINK_LOCAL), (2, "IB/RoCE v1", NETDEV, ipv4_mapped_gid(IP))]
     assert run(sysfs(tmp_path / "sys", rows), env).returncode == 1
     assert pick_gid_index(gid_table(rows), IP, NETDEV) is None
+
+
+# --- the GID index as metrics: what the start wrote against what the timer reads now (SparkfleetGidMoved)
+
+def metrics_run(root, *args, textfile_dir):
+    return subprocess.run(["sh", str(SCRIPT), *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "SFL_SYSFS": str(root), "SFL_GID_TEXTFILE_DIR": str(textfile_dir)})
+
+
+def sample(path: Path) -> tuple[str, str]:
+    """(series, value) of the one sample a textfile sfl_gid.sh wrote holds."""
+    [line] = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    series, value = line.rsplit(" ", 1)
+    return series, value
+
+
+def test_the_index_a_start_found_and_the_index_now_are_textfile_metrics_the_gid_alert_reads(tmp_path, promtool):
+    """The start writes the index it found (3); the GID moves to 4 under the running engine and the
+    timer's --now writes 4; then the address loses its GID and --now writes -1, exiting 0. The files
+    are valid textfile metrics, and their series, fed to the rendered rules, fire SparkfleetGidMoved
+    for the moved index and again for the lost one."""
+    metrics, env = tmp_path / "textfile", tmp_path / "rank.env"
+    env.write_text(env_text(3))
+    started = metrics_run(sysfs(tmp_path / "sys3", table(3)), HCA, IP, NETDEV, str(env), textfile_dir=metrics)
+    assert started.returncode == 0, started.stderr
+    moved = metrics_run(sysfs(tmp_path / "sys4", table(4)), "--now", HCA, IP, NETDEV, textfile_dir=metrics)
+    assert moved.returncode == 0, moved.stderr
+    at_start, now = sample(metrics / f"sparkfleet-gid-start-{HCA}.prom"), sample(metrics / f"sparkfleet-gid-{HCA}.prom")
+    assert at_start == (f'sparkfleet_rdma_gid_index_at_start{{hca="{HCA}",device="{NETDEV}"}}', "3")
+    assert now == (f'sparkfleet_rdma_gid_index{{hca="{HCA}",device="{NETDEV}"}}', "4")
+    for path in metrics.iterdir():
+        check = subprocess.run([promtool, "check", "metrics"], input=path.read_text(), capture_output=True, text=True)
+        assert check.returncode == 0, f"{path.name}: {check.stdout}{check.stderr}"
+    rows = [(0, "IB/RoCE v1", NETDEV, LINK_LOCAL), (1, "RoCE v2", NETDEV, LINK_LOCAL)]
+    lost = metrics_run(sysfs(tmp_path / "sys-none", rows), "--now", HCA, IP, NETDEV, textfile_dir=metrics)
+    assert lost.returncode == 0, lost.stderr
+    gone = sample(metrics / f"sparkfleet-gid-{HCA}.prom")
+    assert gone == (now[0], "-1")
+    assert sorted(p.name for p in metrics.iterdir()) == sorted([f"sparkfleet-gid-start-{HCA}.prom", f"sparkfleet-gid-{HCA}.prom"])  # no temporaries left
+
+    # The scraped series as Prometheus keeps them (the scrape config adds these labels), into the rules.
+    scrape = {"node": "spark-b", "group": "pair", "rank": "1", "job": "node", "instance": "10.0.0.12:9100"}
+
+    def scraped(series: str) -> str:
+        return series[:-1] + "".join(f', {k}="{v}"' for k, v in scrape.items()) + "}"
+
+    def fired(value: str) -> list[dict]:
+        return [{"exp_labels": {"severity": "warning", "hca": HCA, "device": NETDEV, **scrape},
+                 "exp_annotations": {"summary": f"spark-b: the RoCE v2 GID index of {HCA} ({NETDEV}) is {value} now, "
+                                                "not the one its engine started with; restart the pair"}}]
+    case = {"rule_files": ["sparkfleet.rules.yml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": scraped(at_start[0]), "values": f"{at_start[1]}x40"},
+                         {"series": scraped(now[0]), "values": f"{at_start[1]}x3 {now[1]}x15 {gone[1]}x20"}],
+        "alert_rule_test": [
+            {"eval_time": "30s", "alertname": "SparkfleetGidMoved", "exp_alerts": []},
+            {"eval_time": "3m", "alertname": "SparkfleetGidMoved", "exp_alerts": fired(now[1])},
+            {"eval_time": "8m", "alertname": "SparkfleetGidMoved", "exp_alerts": fired(gone[1])},
+        ]}]}
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(monitoring_fleet()))
+    (tmp_path / "gid.test.yml").write_text(yaml.safe_dump(case))
+    run = subprocess.run([promtool, "test", "rules", "gid.test.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_metric_that_cannot_be_written_never_fails_the_start(tmp_path):
+    env = tmp_path / "rank.env"
+    env.write_text(env_text(3))
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    r = metrics_run(sysfs(tmp_path / "sys", table(3)), HCA, IP, NETDEV, str(env), textfile_dir=blocked)
+    assert r.returncode == 0, r.stderr
+    assert f"could not write {blocked}/sparkfleet-gid-start-{HCA}.prom (the metric only; the start goes on)" in r.stderr
+    assert env.read_text() == env_text(3)
+
+
+def test_an_rdma_node_gets_the_gid_timer_at_the_scrape_interval_and_the_lab_none():
+    """Each RDMA half's --now line in the timer's service, its interval from data; the unit's start
+    lines write the index they found; a node without RDMA (the lab) gets neither."""
+    node = cluster("spark1").node("spark-b")
+    files = gid_metrics_files(node)
+    service = files["/etc/systemd/system/sparkfleet-gid-metrics.service"]
+    timer = files["/etc/systemd/system/sparkfleet-gid-metrics.timer"]
+    halves = [h for h in node.fabric_halves if h.hca]
+    assert halves and [line for line in service.splitlines() if line.startswith("ExecStart=")] == [
+        f"ExecStart={SFL_GID} --now {h.hca} {h.ip} {h.netdev}" for h in halves]
+    assert f"Environment=SFL_GID_TEXTFILE_DIR={TEXTFILE_DIR}" in service
+    assert f"OnUnitActiveSec={node.monitoring_scrape_interval_s}s" in timer
+    unit = rendered_files(cluster("spark1"), node, 3)[unit_path(node)][0]
+    assert f"ExecStartPre=/usr/bin/env SFL_GID_TEXTFILE_DIR={TEXTFILE_DIR} {SFL_GID} " in unit
+    lab = cluster("lab").node("spark-b")
+    assert not lab.rdma_hca and gid_metrics_files(lab) == {}

@@ -24,14 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 ALERT_TESTS = Path(__file__).with_name("alerts") / "sparkfleet.test.yml"
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    """promtool's path (`make promtool` puts it in the cache; the unit tier's make targets run it first)."""
-    run = subprocess.run(["bash", str(REPO / "tests/unit/promtool.sh")], capture_output=True, text=True)
-    assert run.returncode == 0, f"no promtool ({run.stderr.strip()}): run `make promtool`"
-    return run.stdout.strip()
-
-
 def fleet(router="spark-b", **changes):
     return build_cluster(fleet_hosts(router=router, **changes))
 
