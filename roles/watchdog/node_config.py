@@ -28,12 +28,18 @@ def state_source(node, wd) -> str:
 # vllm:generation_tokens, vllm:request_success, exposed by prometheus_client with _total; gauges
 # vllm:num_requests_running, vllm:num_requests_waiting), on the API server's /metrics
 # (vllm/entrypoints/serve/instrumentator/metrics.py), which vLLM's --api-key check leaves open
-# (vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere). SGLang exposes its metrics only with
-# --enable-metrics (srt/server_args.py), which sparkfleet does not render: judged on its probe.
+# (vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere). SGLang
+# 0.5.23 with --enable-metrics (always rendered: sparkfleet/model/engine.py sglang_args):
+# sglang/srt/observability/metrics_collector.py (counters sglang:prompt_tokens_total,
+# sglang:generation_tokens_total, sglang:num_requests_total; gauges sglang:num_running_reqs,
+# sglang:num_queue_reqs), on /metrics, which its --api-key check leaves open (sglang/srt/utils/auth.py).
 PROGRESS_METRICS = {
     "vllm": {"path": "/metrics",
              "progress": ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"],
              "work": ["vllm:num_requests_running", "vllm:num_requests_waiting"]},
+    "sglang": {"path": "/metrics",
+               "progress": ["sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total"],
+               "work": ["sglang:num_running_reqs", "sglang:num_queue_reqs"]},
 }
 
 

@@ -61,7 +61,7 @@ counter rose since the last probe, the engine is producing tokens and completing
 probe only waited behind its queue: alive, not a failure, whatever its latency (journal: "busy, not
 judged"). A failure is judged when nothing moved while requests are in hand (stuck), when nothing is
 in hand (the queue is empty and the probe still fails), or without two comparable samples (no
-counters: SGLang, whose metrics need --enable-metrics, is judged on its probe alone).
+counters, or the metrics unreadable).
 Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
 window_s that did not end the failure: that did not bring the pair back, or after which it failed
 again within recovered_after_s (the probe keeps running meanwhile; a pass cancels it).

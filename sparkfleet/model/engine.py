@@ -160,6 +160,12 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
         # torch.distributed's timeout, and SGLang's own watchdog on a scheduler step that never ends.
         "--dist-timeout", str(profile.distributed_timeout_s),
         "--watchdog-timeout", str(profile.watchdog_timeout_s),
+        # Its Prometheus metrics (off by default: sglang/srt/arg_groups/fields/observability.py
+        # enable_metrics), on the head's HTTP server at /metrics (sglang/srt/entrypoints/http_server.py,
+        # sglang/srt/utils/common.py add_prometheus_middleware), which its --api-key check leaves open
+        # (sglang/srt/utils/auth.py): roles/monitoring scrapes them and the watchdog weighs a failed
+        # probe against their counters (roles/watchdog/node_config.py PROGRESS_METRICS).
+        "--enable-metrics",
     ]
     if profile.quantization:
         args += ["--quantization", profile.quantization]

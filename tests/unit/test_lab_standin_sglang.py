@@ -287,3 +287,39 @@ def test_refusals_exit_2_saying_why(args, extra_env, message):
     p = subprocess.run(command(*BASE, *args), env=env(**extra_env), capture_output=True, text=True, timeout=10)
     assert p.returncode == 2, p.stdout + p.stderr
     assert message in p.stderr
+
+
+def metrics(port) -> tuple[int, dict[str, float]]:
+    """GET /metrics: (status, {name: value}) of the Prometheus text format, labels dropped."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            values[series.split("{", 1)[0]] = float(value)
+    return 200, values
+
+
+def test_with_enable_metrics_the_head_serves_sglang_s_counters_and_without_it_no_metrics_route(run, ports):
+    """--enable-metrics (sparkfleet renders it on every SGLang rank): /metrics carries the counters and
+    gauges the pair's watchdog weighs (roles/watchdog/node_config.py PROGRESS_METRICS), and a
+    completion moves them. Without the flag SGLang mounts no /metrics."""
+    from roles.watchdog.node_config import PROGRESS_METRICS
+    head, worker = start_pair(run, ports, extra=("--enable-metrics",))
+    status, before = metrics(ports["http"])
+    wanted = PROGRESS_METRICS["sglang"]["progress"] + PROGRESS_METRICS["sglang"]["work"]
+    assert status == 200 and sorted(before) == sorted(wanted), before
+    assert post_completion(ports["http"])[0] == 200
+    status, after = metrics(ports["http"])
+    assert all(after[m] > before[m] for m in PROGRESS_METRICS["sglang"]["progress"]), (before, after)
+    for p in (head, worker):
+        p.kill()
+    ports = {"http": free_port(), "dist": free_port()}
+    start_pair(run, ports)
+    assert metrics(ports["http"])[0] == 404

@@ -16,6 +16,10 @@ each rank writes its own files (named by rank), a shape seen before is a cache h
 nothing, and the head answers only once every rank is done. Images are refused (400) under
 --language-model-only.
 
+With --enable-metrics, GET /metrics (open without the key, as SGLang's) gives the counters and gauges
+SGLang's metrics collector keeps under their names (sglang:prompt_tokens_total, ...
+sglang:num_queue_reqs); without it there is no such route (404).
+
 Like SGLang, the ranks run in lockstep: every iteration of rank 0's scheduler loop, idle or not,
 broadcasts its new requests to every rank over the Gloo group and waits for them, then runs the
 batch (a forward) on every rank. So (the upstream code is named next to each behaviour below):
@@ -472,6 +476,7 @@ def parse(argv):
     p.add_argument("--api-key")
     p.add_argument("--allowed-media-domains", nargs="+")
     p.add_argument("--config")
+    p.add_argument("--enable-metrics", action="store_true")  # srt/arg_groups/fields/observability.py
     a = p.parse_args(with_config(p, argv))
     if a.nnodes < 1:
         p.error(f"--nnodes must be >= 1, got {a.nnodes}")
@@ -598,6 +603,11 @@ class Head:
         self.last_receive = time.time()
         self.progress = Progress()
         self.name = args.served_model_name or args.model_path
+        # --enable-metrics: what SGLang's metrics collector counts (srt/observability/metrics_collector.py),
+        # under its names; the running gauge counts requests between arrival and answer.
+        self.counts = {"sglang:prompt_tokens_total": 0, "sglang:generation_tokens_total": 0,
+                       "sglang:num_requests_total": 0}
+        self.running = 0
 
     def missing(self):
         with self.lock:
@@ -772,8 +782,7 @@ class Head:
             return 400, openai_error(400, "image input is disabled: the server runs with --language-model-only")
         shape = jit_shape(words, images, tools)
         item = Item(shape)
-        self.submit(item)
-        item.done.wait()  # no timeout of its own, as in SGLang: a stalled loop holds the request
+        self.served(item, words + IMAGE_TOKENS * images, max_tokens)  # no timeout of its own, as in SGLang
         if stream:  # each further token goes through the loop again, batched with whatever else runs
             return 200, stream_events(self.name, words + IMAGE_TOKENS * images, stream, lambda: self.decode(shape))
         return 200, chat_reply(self.name, words + IMAGE_TOKENS * images, tools, max_tokens)
@@ -790,10 +799,33 @@ class Head:
             return 400, openai_error(400, str(e))
         if model != self.name:
             return 404, openai_error(404, f"The model `{model}` does not exist.", "model")
-        item = Item(jit_shape(words, 0, []))
-        self.submit(item)
-        item.done.wait()
+        self.served(Item(jit_shape(words, 0, [])), words, max_tokens)
         return 200, completion_reply(self.name, words, max_tokens)
+
+    def served(self, item, prompt_tokens, max_tokens):
+        """Submit a request's item and wait until its batch ran, counted as SGLang's metrics count it."""
+        with self.cond:
+            self.running += 1
+        try:
+            self.submit(item)
+            item.done.wait()
+        finally:
+            with self.cond:
+                self.running -= 1
+                self.counts["sglang:num_requests_total"] += 1
+                self.counts["sglang:prompt_tokens_total"] += prompt_tokens
+                self.counts["sglang:generation_tokens_total"] += max(1, max_tokens or 1)
+
+    def metrics(self) -> str:
+        """GET /metrics with --enable-metrics (sglang/srt/utils/common.py add_prometheus_middleware), in
+        the Prometheus text format; without it SGLang has no such route."""
+        labels = f'{{model_name="{self.name}"}}'
+        with self.cond:
+            queued = sum(1 for i in self.pending if i.shape is not None)
+            rows = [(name, "counter", value) for name, value in self.counts.items()]
+            rows += [("sglang:num_running_reqs", "gauge", max(0, self.running - queued)),
+                     ("sglang:num_queue_reqs", "gauge", queued)]
+        return "".join(f"# TYPE {name} {kind}\n{name}{labels} {float(value)}\n" for name, kind, value in rows)
 
     def route(self, path):
         missing, n = self.missing(), self.args.nnodes
@@ -845,8 +877,17 @@ class Head:
                 return False
 
             def do_GET(self):
-                if self.authorized():
-                    self.reply(*head.route(self.path.split("?", 1)[0]))
+                if not self.authorized():
+                    return
+                if self.path.split("?", 1)[0] == "/metrics" and head.args.enable_metrics:
+                    data = head.metrics().encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                self.reply(*head.route(self.path.split("?", 1)[0]))
 
             def do_POST(self):
                 path = self.path.split("?", 1)[0]
