@@ -12,7 +12,7 @@ preflight_min_free_disk_gib = 5.0
 # (lab/recipe/COMMITS); the stand-in engine answers within seconds; nspawn keeps /proc/sys
 # read-only, so the page cache cannot be dropped from inside a lab host.
 serving_recipe_repository = "git://198.18.0.1/recipe.git"
-serving_recipe_commit = "fd5f46589b0234d947aecb7280eb25db00b90a32"
+serving_recipe_commit = "55cfca41c80ac586177f26b2502b6c49a0c8d6d6"
 serving_health_timeout_s = 120
 serving_drop_caches = False
 # The lab machine's hard RLIMIT_MEMLOCK (8 MiB here) cannot be raised from inside it.
