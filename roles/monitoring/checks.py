@@ -190,12 +190,15 @@ def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
 def live_queries(group: str) -> dict[str, str]:
     """`make status`'s live figures of one serving group, as PromQL over the last 5 minutes."""
     g = f'group="{group}"'
-    ttft = f"sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{g}}}[5m]))"
+    # A group runs one engine: each figure by vLLM's name or SGLang's (SGLang 0.5.23's
+    # sglang/srt/observability/metrics_collector.py; --enable-metrics, sparkfleet/model/engine.py).
+    ttft = (f"sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{g}}}[5m]) "
+            f"or rate(sglang:time_to_first_token_seconds_bucket{{{g}}}[5m]))")
     return {
-        "tokens_s": f"sum(rate(vllm:generation_tokens_total{{{g}}}[5m]))",
-        "running": f"sum(vllm:num_requests_running{{{g}}})",
-        "waiting": f"sum(vllm:num_requests_waiting{{{g}}})",
-        "kv": f"max(vllm:kv_cache_usage_perc{{{g}}})",
+        "tokens_s": f"sum(rate(vllm:generation_tokens_total{{{g}}}[5m]) or rate(sglang:generation_tokens_total{{{g}}}[5m]))",
+        "running": f"sum(vllm:num_requests_running{{{g}}} or sglang:num_running_reqs{{{g}}})",
+        "waiting": f"sum(vllm:num_requests_waiting{{{g}}} or sglang:num_queue_reqs{{{g}}})",
+        "kv": f"max(vllm:kv_cache_usage_perc{{{g}}} or sglang:token_usage{{{g}}})",
         "ttft_p50": f"histogram_quantile(0.5, {ttft})",
         "ttft_p95": f"histogram_quantile(0.95, {ttft})",
     }

@@ -14,7 +14,7 @@ import yaml
 
 from roles.firewall.checks import rules_text as firewall_rules
 from roles.monitoring.checks import (
-    exporter_defaults_text, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text,
+    exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
     rules_text, targets, textfile_text, upstream_version,
 )
 from sparkfleet.config import build_cluster
@@ -248,3 +248,48 @@ def test_the_dashboard_s_every_panel_is_drawn_and_an_empty_one_says_so():
     assert drawn.count("<polyline") == sum(len(p["series"]) for p in panels) and drawn.count(">no data<") == 1
     first = panels[0]["series"][0]
     assert first[0] == "pair running" and first[1] == [(1000.0, 1.0), (1600.0, 3.0)]  # NaN dropped
+
+
+# A group's engine figures as each engine names them (vLLM's; SGLang 0.5.23's metrics_collector.py).
+ENGINE_SERIES = {
+    "vllm": {"vllm:num_requests_running": "2x40", "vllm:num_requests_waiting": "3x40",
+             "vllm:generation_tokens_total": "0+10x40", "vllm:kv_cache_usage_perc": "0.5x40",
+             'vllm:time_to_first_token_seconds_bucket{le="1.0"}': "0+4x40",
+             'vllm:time_to_first_token_seconds_bucket{le="+Inf"}': "0+4x40",
+             'vllm:inter_token_latency_seconds_bucket{le="0.1"}': "0+40x40",
+             'vllm:inter_token_latency_seconds_bucket{le="+Inf"}': "0+40x40"},
+    "sglang": {"sglang:num_running_reqs": "2x40", "sglang:num_queue_reqs": "3x40",
+               "sglang:generation_tokens_total": "0+10x40", "sglang:token_usage": "0.5x40",
+               'sglang:time_to_first_token_seconds_bucket{le="1.0"}': "0+4x40",
+               'sglang:time_to_first_token_seconds_bucket{le="+Inf"}': "0+4x40",
+               'sglang:inter_token_latency_seconds_bucket{le="0.1"}': "0+40x40",
+               'sglang:inter_token_latency_seconds_bucket{le="+Inf"}': "0+40x40"},
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINE_SERIES))
+def test_every_engine_panel_and_status_figure_has_data_for_a_group_of_either_engine(promtool, tmp_path, engine):
+    """Each dashboard expression and each `make status` figure that reads an engine's metrics gives
+    the group one series whether the group runs vLLM or SGLang (given only that engine's series, as
+    Prometheus scrapes them), under promtool."""
+    from tools.dashboard_plot import DASHBOARD
+
+    group = "q1"
+    exprs = [t["expr"].replace("$group", group) for p in json.loads(DASHBOARD.read_text())["panels"]
+             for t in p["targets"] if "vllm:" in t["expr"]]
+    exprs += [e for e in live_queries(group).values()]
+    assert exprs and all("sglang:" in e for e in exprs), [e for e in exprs if "sglang:" not in e]
+
+    def series(name_labels: str) -> str:
+        name, _, labels = name_labels.partition("{")
+        extra = f'group="{group}", node="spark-a", job="engine"'
+        return f"{name}{{{labels[:-1] + ', ' if labels else ''}{extra}}}"
+    case = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": series(s), "values": v} for s, v in ENGINE_SERIES[engine].items()],
+        "promql_expr_test": [{"expr": f"count({e})", "eval_time": "9m", "exp_samples": [{"labels": "{}", "value": 1}]}
+                             for e in exprs],
+    }]}
+    (tmp_path / "engine.test.yml").write_text(yaml.safe_dump(case))
+    run = subprocess.run([promtool, "test", "rules", "engine.test.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
