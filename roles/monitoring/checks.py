@@ -187,18 +187,32 @@ def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
     return problems
 
 
+# Each engine figure by vLLM's name -> SGLang's (SGLang 0.5.23, sglang/srt/observability/metrics_collector.py;
+# rendered with --enable-metrics, sparkfleet/model/engine.py). A group runs one engine: the rules, the
+# dashboard and `make status` read one name `or` the other.
+SGLANG_NAMES = {
+    "vllm:num_requests_running": "sglang:num_running_reqs",
+    "vllm:num_requests_waiting": "sglang:num_queue_reqs",
+    "vllm:generation_tokens_total": "sglang:generation_tokens_total",
+    "vllm:kv_cache_usage_perc": "sglang:token_usage",
+    "vllm:time_to_first_token_seconds_bucket": "sglang:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket": "sglang:inter_token_latency_seconds_bucket",
+}
+
+
 def live_queries(group: str) -> dict[str, str]:
     """`make status`'s live figures of one serving group, as PromQL over the last 5 minutes."""
     g = f'group="{group}"'
-    # A group runs one engine: each figure by vLLM's name or SGLang's (SGLang 0.5.23's
-    # sglang/srt/observability/metrics_collector.py; --enable-metrics, sparkfleet/model/engine.py).
-    ttft = (f"sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{g}}}[5m]) "
-            f"or rate(sglang:time_to_first_token_seconds_bucket{{{g}}}[5m]))")
+
+    def either(name: str, rate: bool = False) -> str:
+        one = [f"{n}{{{g}}}" for n in (name, SGLANG_NAMES[name])]
+        return " or ".join(f"rate({s}[5m])" if rate else s for s in one)
+    ttft = f"sum by (le) ({either('vllm:time_to_first_token_seconds_bucket', rate=True)})"
     return {
-        "tokens_s": f"sum(rate(vllm:generation_tokens_total{{{g}}}[5m]) or rate(sglang:generation_tokens_total{{{g}}}[5m]))",
-        "running": f"sum(vllm:num_requests_running{{{g}}} or sglang:num_running_reqs{{{g}}})",
-        "waiting": f"sum(vllm:num_requests_waiting{{{g}}} or sglang:num_queue_reqs{{{g}}})",
-        "kv": f"max(vllm:kv_cache_usage_perc{{{g}}} or sglang:token_usage{{{g}}})",
+        "tokens_s": f"sum({either('vllm:generation_tokens_total', rate=True)})",
+        "running": f"sum({either('vllm:num_requests_running')})",
+        "waiting": f"sum({either('vllm:num_requests_waiting')})",
+        "kv": f"max({either('vllm:kv_cache_usage_perc')})",
         "ttft_p50": f"histogram_quantile(0.5, {ttft})",
         "ttft_p95": f"histogram_quantile(0.95, {ttft})",
     }
