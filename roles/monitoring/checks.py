@@ -17,7 +17,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT
+from sparkfleet.model.engine import HEAD_UNIT, SGLANG_METRICS, WORKER_UNIT
 from sparkfleet.model.monitoring import TEXTFILE_DIR, monitoring_node_name
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.render import render
@@ -187,25 +187,13 @@ def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
     return problems
 
 
-# Each engine figure by vLLM's name -> SGLang's (SGLang 0.5.23, sglang/srt/observability/metrics_collector.py;
-# rendered with --enable-metrics, sparkfleet/model/engine.py). A group runs one engine: the rules, the
-# dashboard and `make status` read one name `or` the other.
-SGLANG_NAMES = {
-    "vllm:num_requests_running": "sglang:num_running_reqs",
-    "vllm:num_requests_waiting": "sglang:num_queue_reqs",
-    "vllm:generation_tokens_total": "sglang:generation_tokens_total",
-    "vllm:kv_cache_usage_perc": "sglang:token_usage",
-    "vllm:time_to_first_token_seconds_bucket": "sglang:time_to_first_token_seconds_bucket",
-    "vllm:inter_token_latency_seconds_bucket": "sglang:inter_token_latency_seconds_bucket",
-}
-
-
 def live_queries(group: str) -> dict[str, str]:
-    """`make status`'s live figures of one serving group, as PromQL over the last 5 minutes."""
+    """`make status`'s live figures of one serving group, as PromQL over the last 5 minutes. A group
+    runs one engine: each figure reads vLLM's name `or` SGLang's (SGLANG_METRICS)."""
     g = f'group="{group}"'
 
     def either(name: str, rate: bool = False) -> str:
-        one = [f"{n}{{{g}}}" for n in (name, SGLANG_NAMES[name])]
+        one = [f"{n}{{{g}}}" for n in (name, SGLANG_METRICS[name])]
         return " or ".join(f"rate({s}[5m])" if rate else s for s in one)
     ttft = f"sum by (le) ({either('vllm:time_to_first_token_seconds_bucket', rate=True)})"
     return {

@@ -11,7 +11,7 @@ and the doctor probes each worker's rank on the worker.
 import json
 
 from roles.serving.api_key import key_file
-from sparkfleet.model.engine import unit_name
+from sparkfleet.model.engine import SGLANG_METRICS, unit_name
 from sparkfleet.model.monitoring import WATCHDOG_TEXTFILE
 from sparkfleet.model.watchdog import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.render import render
@@ -29,18 +29,16 @@ def state_source(node, wd) -> str:
 # vllm:num_requests_running, vllm:num_requests_waiting), on the API server's /metrics
 # (vllm/entrypoints/serve/instrumentator/metrics.py), which vLLM's --api-key check leaves open
 # (vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere). SGLang
-# 0.5.23 with --enable-metrics (always rendered: sparkfleet/model/engine.py sglang_args):
-# sglang/srt/observability/metrics_collector.py (counters sglang:prompt_tokens_total,
-# sglang:generation_tokens_total, sglang:num_requests_total; gauges sglang:num_running_reqs,
+# 0.5.23 with --enable-metrics (always rendered: sparkfleet/model/engine.py sglang_args): the same
+# counters and gauges by SGLang's names (SGLANG_METRICS: sglang:prompt_tokens_total, ...
 # sglang:num_queue_reqs), on /metrics, which its --api-key check leaves open (sglang/srt/utils/auth.py).
 PROGRESS_METRICS = {
     "vllm": {"path": "/metrics",
              "progress": ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"],
              "work": ["vllm:num_requests_running", "vllm:num_requests_waiting"]},
-    "sglang": {"path": "/metrics",
-               "progress": ["sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total"],
-               "work": ["sglang:num_running_reqs", "sglang:num_queue_reqs"]},
 }
+PROGRESS_METRICS["sglang"] = {"path": "/metrics", **{kind: [SGLANG_METRICS[name] for name in PROGRESS_METRICS["vllm"][kind]]
+                                                    for kind in ("progress", "work")}}
 
 
 def watch_config(cluster, node, profile, wd) -> dict:

@@ -200,6 +200,21 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
 
 ENGINES: dict[str, Callable] = {"vllm": vllm_args, "sglang": sglang_args}
 
+# Each engine metric sparkfleet reads, by vLLM's name -> SGLang's (SGLang 0.5.23,
+# sglang/srt/observability/metrics_collector.py; served with --enable-metrics, above). One place for
+# the watchdog's progress counters (roles/watchdog/node_config.py) and roles/monitoring's live figures;
+# vLLM's completed requests are SGLang's processed ones.
+SGLANG_METRICS = {
+    "vllm:prompt_tokens_total": "sglang:prompt_tokens_total",
+    "vllm:generation_tokens_total": "sglang:generation_tokens_total",
+    "vllm:request_success_total": "sglang:num_requests_total",
+    "vllm:num_requests_running": "sglang:num_running_reqs",
+    "vllm:num_requests_waiting": "sglang:num_queue_reqs",
+    "vllm:kv_cache_usage_perc": "sglang:token_usage",
+    "vllm:time_to_first_token_seconds_bucket": "sglang:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket": "sglang:inter_token_latency_seconds_bucket",
+}
+
 
 def flag_names(words) -> set[str]:
     """The flags among `words` (`--x=v` is `--x`; `--a_b` is `--a-b`, as vLLM reads both)."""

@@ -14,10 +14,11 @@ import yaml
 
 from roles.firewall.checks import rules_text as firewall_rules
 from roles.monitoring.checks import (
-    SGLANG_NAMES, exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
+    exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
     rules_text, targets, textfile_text, upstream_version,
 )
 from sparkfleet.config import build_cluster
+from sparkfleet.model.engine import SGLANG_METRICS
 from tests.unit.test_router_render import MGMT, fleet_hosts, refused
 
 REPO = Path(__file__).resolve().parents[2]
@@ -250,7 +251,7 @@ def test_the_dashboard_s_every_panel_is_drawn_and_an_empty_one_says_so():
     assert first[0] == "pair running" and first[1] == [(1000.0, 1.0), (1600.0, 3.0)]  # NaN dropped
 
 
-# A group's engine figures as vLLM names them, and the same as SGLang does (SGLANG_NAMES).
+# A group's engine figures as vLLM names them, and the same as SGLang does (SGLANG_METRICS).
 VLLM_SERIES = {"vllm:num_requests_running": "2x40", "vllm:num_requests_waiting": "3x40",
                "vllm:generation_tokens_total": "0+10x40", "vllm:kv_cache_usage_perc": "0.5x40",
                'vllm:time_to_first_token_seconds_bucket{le="1.0"}': "0+4x40",
@@ -259,7 +260,7 @@ VLLM_SERIES = {"vllm:num_requests_running": "2x40", "vllm:num_requests_waiting":
                'vllm:inter_token_latency_seconds_bucket{le="+Inf"}': "0+40x40"}
 ENGINE_SERIES = {
     "vllm": VLLM_SERIES,
-    "sglang": {SGLANG_NAMES[s.split("{")[0]] + s[len(s.split("{")[0]):]: v for s, v in VLLM_SERIES.items()},
+    "sglang": {SGLANG_METRICS[s.split("{")[0]] + s[len(s.split("{")[0]):]: v for s, v in VLLM_SERIES.items()},
 }
 
 
