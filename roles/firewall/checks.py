@@ -66,7 +66,8 @@ def monitor_ports(node) -> list[int]:
     """The exporters' ports on this node (roles/monitoring), reached from the monitoring node only."""
     if not node.monitoring_enabled:
         return []
-    return [node.monitoring_node_exporter_port] + ([node.monitoring_engine_metrics_port] if node.is_head else [])
+    return ([node.monitoring_node_exporter_port] + ([node.monitoring_engine_metrics_port] if node.is_head else [])
+            + ([node.monitoring_gpu_exporter_port] if node.gpu_expected else []))
 
 
 def _body(cluster, node, management_subnet: str | None, marker: str, monitor: str | None = None) -> str:

@@ -18,7 +18,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from sparkfleet.model.engine import HEAD_UNIT, SGLANG_METRICS, WORKER_UNIT
-from sparkfleet.model.monitoring import TEXTFILE_DIR, monitoring_node_name
+from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS, TEXTFILE_DIR, monitoring_node_name
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.render import render
 
@@ -50,14 +50,17 @@ def prometheus_defaults_text(node) -> str:
 
 def targets(fleet) -> dict[str, list[dict]]:
     """Scrape jobs -> their targets, each with the labels the rules and the dashboard group by:
-    `node` every node's exporter, `engine` every group's head (the engine's own /metrics)."""
-    jobs: dict[str, list[dict]] = {"node": [], "engine": []}
+    `node` every node's exporter, `engine` every group's head (the engine's own /metrics), `gpu` every
+    GPU node's dcgm-exporter (a job only when the fleet has a GPU node)."""
+    jobs: dict[str, list[dict]] = {"node": [], "engine": [], "gpu": []}
     for n in sorted(fleet.nodes, key=lambda n: (n.serving_group, n.rank)):
         labels = {"node": n.name, "group": n.serving_group, "rank": str(n.rank)}
         jobs["node"].append({"address": f"{n.management_address}:{n.monitoring_node_exporter_port}", **labels})
         if n.is_head:
             jobs["engine"].append({"address": f"{n.management_address}:{n.monitoring_engine_metrics_port}", **labels})
-    return jobs
+        if n.gpu_expected:
+            jobs["gpu"].append({"address": f"{n.management_address}:{n.monitoring_gpu_exporter_port}", **labels})
+    return {job: t for job, t in jobs.items() if t or job != "gpu"}
 
 
 def prometheus_config_text(fleet) -> str:
@@ -120,6 +123,24 @@ def gid_metrics_files(node) -> dict[str, str]:
     }
 
 
+# On a GPU node: NVIDIA's dcgm-exporter in a container under systemd, reading the fields GB10 reports.
+GPU_EXPORTER_UNIT = "sparkfleet-gpu-exporter"
+GPU_EXPORTER_COUNTERS = "/etc/sparkfleet/dcgm-counters.csv"
+GPU_EXPORTER_PROGRAM = "dcgm-exporter"  # the process name `ss -p` shows
+
+
+def gpu_exporter_files(node) -> dict[str, str]:
+    """{path: text} of the GPU exporter's counters file and unit on `node`; none on a node without a GPU."""
+    if not node.gpu_expected:
+        return {}
+    unit = f"/etc/systemd/system/{GPU_EXPORTER_UNIT}.service"
+    return {
+        GPU_EXPORTER_COUNTERS: render("monitoring", GPU_EXPORTER_COUNTERS, fields=GPU_EXPORTER_FIELDS),
+        unit: render("monitoring", unit, node=node, container=GPU_EXPORTER_UNIT, counters=GPU_EXPORTER_COUNTERS,
+                     address=node.management_address, firewall_enabled=node.firewall_enabled),
+    }
+
+
 def upstream_version(debian_version: str) -> str:
     """'1:2.42.0+ds-5+deb12u1' -> '2.42.0': no epoch, nothing from the first '+', '-' or '~'."""
     text = debian_version.split(":", 1)[-1]
@@ -172,6 +193,8 @@ def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
     wanted = {node.monitoring_node_exporter_port: EXPORTER_PROGRAM}
     if node.is_head:
         wanted[node.monitoring_engine_metrics_port] = PROXY_PROGRAM
+    if node.gpu_expected:
+        wanted[node.monitoring_gpu_exporter_port] = GPU_EXPORTER_PROGRAM
     problems = []
     for port, program in sorted(wanted.items()):
         held = {p for a, pt, p in sockets if pt == port}

@@ -6,7 +6,9 @@ On every node:
    first, so the package's first start already runs with them (dpkg keeps files it finds: confold);
 2. `prometheus-node-exporter` at the pinned upstream version, when another or none is installed;
 3. the exporter restarted when its arguments or drop-in changed, running and enabled;
-4. on an RDMA node, the timer that writes its GID index now (sparkfleet-gid-metrics, sfl_gid.sh --now).
+4. on an RDMA node, the timer that writes its GID index now (sparkfleet-gid-metrics, sfl_gid.sh --now);
+5. on a GPU node, NVIDIA's dcgm-exporter (sparkfleet-gpu-exporter), its fields GB10's, restarted when its
+   unit or its fields changed.
 On the monitoring node, the same for `prometheus`: its arguments, the scrape config and the alert
 rules, checked by promtool before Prometheus reads them; reloaded (SIGHUP) when only the config or
 the rules changed, restarted when its arguments did.
@@ -20,9 +22,9 @@ from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.monitoring.checks import (
-    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, GID_METRICS_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
+    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
     PROMETHEUS_PACKAGE, PROMETHEUS_UNIT, RULES, TEXTFILE, TEXTFILE_DIR, InstalledVersions, exporter_defaults_text,
-    gid_metrics_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
+    gid_metrics_files, gpu_exporter_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
     textfile_text, upstream_version,
 )
 from sparkfleet import unchanged
@@ -84,6 +86,16 @@ if monitor is not None:
                                    mode="0644") for path, text in gid_files.items()]
         systemd.daemon_reload(name=f"Reload systemd ({GID_METRICS_UNIT} changed)", _if=any_changed(*gid_units))
         unchanged.service(name=f"Run {GID_METRICS_UNIT}.timer, at boot too", service=f"{GID_METRICS_UNIT}.timer",
+                          running=True, enabled=True)
+    # A GPU node: GPU utilization, SM clock, temperature and power (SparkfleetGpuThrottled).
+    gpu_files = gpu_exporter_files(node)
+    if gpu_files:
+        gpu = [unchanged.put(name=f"Write {path}", src=StringIO(text), dest=path, user="root", group="root",
+                             mode="0644", create_remote_dir=True) for path, text in gpu_files.items()]
+        systemd.daemon_reload(name=f"Reload systemd ({GPU_EXPORTER_UNIT} changed)", _if=any_changed(*gpu))
+        server.shell(name=f"Restart {GPU_EXPORTER_UNIT} (its unit or its fields changed)",
+                     commands=[f"systemctl restart {GPU_EXPORTER_UNIT}.service"], _if=any_changed(*gpu))
+        unchanged.service(name=f"Run {GPU_EXPORTER_UNIT}, at boot too", service=f"{GPU_EXPORTER_UNIT}.service",
                           running=True, enabled=True)
 
     # 2. The monitoring node: Prometheus, its targets from the fleet and sparkfleet's rules.

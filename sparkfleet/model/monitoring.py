@@ -22,7 +22,8 @@ MONITORING_KEYS = (
     "monitoring_remote_write_url", "monitoring_alert_rank_down_for_s", "monitoring_alert_fabric_for_s", "monitoring_alert_memory_headroom_gib",
     "monitoring_alert_kv_cache_usage", "monitoring_alert_kv_cache_for_s", "monitoring_alert_ttft_factor",
     "monitoring_alert_ttft_for_s",
-    "monitoring_alert_stall_for_s",
+    "monitoring_alert_stall_for_s", "monitoring_gpu_exporter_image", "monitoring_gpu_exporter_port",
+    "monitoring_alert_gpu_clock_mhz", "monitoring_alert_gpu_busy_percent", "monitoring_alert_gpu_throttle_for_s",
 )
 
 # node_exporter's collectors this job reads (each is `--collector.<name>`; every other is off):
@@ -39,6 +40,26 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 RECEIPT_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-receipt.prom"
 # Each node's watchdog rewrites it with every state it saves (roles/watchdog/sfl_watch.py metrics_text).
 WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
+# The GPU exporter's fields on a GPU node (gpu_expected): NVIDIA's dcgm-exporter, the exporter NVIDIA
+# keeps, with the DCGM fields that report live values on GB10 and nothing else. Recorded on DGX Sparks:
+# dcgm-exporter 3.3.5-3.4.1 on driver 580.178.04 (2026-09-16) emitted GPU_UTIL (88-90 % under load),
+# GPU_TEMP (46-58 C), POWER_USAGE (10-39 W), TOTAL_ENERGY_CONSUMPTION, SM_CLOCK (2411-2509 MHz), XID_ERRORS
+# and PCIE_REPLAY_COUNTER; MEMORY_TEMP read a bogus 0, MEM_COPY_UTIL, ENC/DEC_UTIL, NVLINK_BANDWIDTH_TOTAL
+# and VGPU_LICENSE_STATUS stay 0, and FB_*, MEM_CLOCK and every DCGM_FI_PROF_* field are not emitted at
+# all (unified memory: no framebuffer; DCGM's profiling module does not load on Spark). A second report
+# (rwlove/home-ops PR #13238, driver 580.142) agrees on the working and the dead ones. Unified memory
+# comes from the node exporter's meminfo instead. (field, Prometheus type, help) as dcgm-exporter's
+# counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
+GPU_EXPORTER_FIELDS = (
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version"),
+)
 RETENTION = r"^[0-9]+(d|h|w|y)$"
 UPSTREAM_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 
@@ -113,6 +134,28 @@ class MonitoringData(BaseModel):
     monitoring_alert_ttft_for_s: int = Field(
         600, ge=0, description="see `monitoring_alert_ttft_factor`: how long the p95 stays above before it fires"
     )
+    monitoring_gpu_exporter_image: str = Field(
+        "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04", pattern=r"^[^\s:@]+(:[0-9]+)?/[^\s@]+:[^\s:@/]+$",
+        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a tag; the release run "
+        "on DGX Sparks), under systemd as `sparkfleet-gpu-exporter`, with the DCGM fields that report on GB10 only "
+        "(docs/monitoring.md)"
+    )
+    monitoring_gpu_exporter_port: int = Field(
+        9401, ge=1024, le=65535, description="the GPU exporter's port on a GPU node's management address (the "
+        "firewall admits the monitoring node only)"
+    )
+    monitoring_alert_gpu_clock_mhz: int = Field(
+        1400, ge=100, description="`SparkfleetGpuThrottled` fires when a busy GPU's SM clock stays below this: a "
+        "GB10 under load runs at 2400-2500 MHz, one capped by its power supply (USB-PD) or by heat at 500-850 MHz "
+        "(spark-gpu-throttle-check's threshold)"
+    )
+    monitoring_alert_gpu_busy_percent: int = Field(
+        80, ge=1, le=100, description="see `monitoring_alert_gpu_clock_mhz`: the GPU counts as busy at this "
+        "utilization or more (an idle GPU's low clock is no throttling)"
+    )
+    monitoring_alert_gpu_throttle_for_s: int = Field(
+        120, ge=0, description="see `monitoring_alert_gpu_clock_mhz`: how long the clock stays low while busy"
+    )
     monitoring_alert_stall_for_s: int = Field(
         300, ge=60, description="`SparkfleetGroupStalled` fires when requests have waited this long and no token "
         "was generated (the hang `/health` does not see)"
@@ -148,7 +191,8 @@ def monitoring_problems(nodes) -> list[Problem]:
             fix="remove it, or name one of the allowed collectors"))
     ports = {"monitoring_node_exporter_port": first.monitoring_node_exporter_port,
              "monitoring_engine_metrics_port": first.monitoring_engine_metrics_port,
-             "monitoring_prometheus_port": first.monitoring_prometheus_port}
+             "monitoring_prometheus_port": first.monitoring_prometheus_port,
+             "monitoring_gpu_exporter_port": first.monitoring_gpu_exporter_port}
     if len(set(ports.values())) < len(ports):
         problems.append(Problem(
             f"the monitoring ports must differ ({', '.join(f'{k}={v}' for k, v in ports.items())})", names,

@@ -69,6 +69,8 @@ READS = {
 NOT_IN_THE_LAB = {
     # RDMA nodes only (sparkfleet-gid-metrics.timer, sfl_gid.sh at each start): the lab has no RDMA.
     "SparkfleetGidMoved": "tests/unit/test_gid_at_start.py feeds sfl_gid.sh's own textfiles to the rendered rule",
+    # GPU nodes only (dcgm-exporter, job gpu): the lab has no GPU.
+    "SparkfleetGpuThrottled": "tests/unit/alerts/sparkfleet.test.yml, on series as dcgm-exporter reported them on GB10",
 }
 
 
@@ -225,6 +227,9 @@ def test_every_panel_of_the_dashboard_shows_data_from_the_live_prometheus(real_d
             expr = target["expr"]
             if "node_hwmon_" in expr and not sensors:
                 continue
+            if "DCGM_FI_" in expr:  # GPU nodes only (dcgm-exporter): the lab has none
+                assert not query(expr.replace("$group", ".*")), f"the lab has no GPU, yet {expr} has data"
+                continue
             for name, value in values.items():
                 expr = expr.replace(name, value)
             if not wait_for(expr, timeout=20):
@@ -242,7 +247,8 @@ def query_range(expr: str, start: float, end: float, step: float) -> list[dict]:
 
 def test_the_dashboard_is_drawn_from_the_live_prometheus(real_deploy, tmp_path):
     """tools/dashboard_plot.py draws every panel from the tier's Prometheus over the tier so far; each
-    panel has a line (but the temperature panel on a machine without sensors). SFL_DASHBOARD_PICTURE=PATH
+    panel has a line (but the temperature panel on a machine without sensors, and the GPU panels: the
+    lab has no GPU). SFL_DASHBOARD_PICTURE=PATH
     keeps the picture there (docs/images/dashboard.svg, the README's, was drawn so)."""
     import os
 
@@ -254,9 +260,12 @@ def test_the_dashboard_is_drawn_from_the_live_prometheus(real_deploy, tmp_path):
     start = max(real_deploy[1] - 300, end - 3600)
     panels = fetch(query_range, {"$group": ".*", "$fabric": "enp1s0f0np0|enP2p1s0f0np0"}, start, end, 15)
     sensors = on(HEAD, "ls /sys/class/hwmon 2>/dev/null | wc -l").strip() != "0"
-    blank = [p["title"] for p in panels if not p["series"] and (sensors or p["title"] != "Temperatures, per rank")]
+    gpu = {"GPU power, per rank", "GPU SM clock and utilization, per rank"}
+    blank = [p["title"] for p in panels if not p["series"] and p["title"] not in gpu
+             and (sensors or p["title"] != "Temperatures, per rank")]
     assert not blank, f"panels drawn without a line: {blank}"
+    assert not [p["title"] for p in panels if p["title"] in gpu and p["series"]], "the lab has no GPU, yet a GPU panel drew"
     picture = svg(panels, "sparkfleet: the lab's real vLLM pair, from its Prometheus")
-    assert picture.count("<polyline") >= len(panels) - 1
+    assert picture.count("<polyline") >= len(panels) - 1 - len(gpu)
     path = Path(os.environ.get("SFL_DASHBOARD_PICTURE") or tmp_path / "dashboard.svg")
     path.write_text(picture)

@@ -5,8 +5,8 @@ there is nothing of it to check."""
 import pytest
 
 from roles.monitoring.checks import (
-    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, GID_METRICS_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
-    exporter_defaults_text, gid_metrics_files, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
+    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
+    exporter_defaults_text, gid_metrics_files, gpu_exporter_files, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
 )
 
 
@@ -42,6 +42,22 @@ def test_an_rdma_node_s_gid_index_is_a_metric_now_and_as_its_engine_started(host
     for half in (h for h in monitored.fabric_halves if h.hca):
         for name in (f"sparkfleet-gid-{half.hca}.prom", f"sparkfleet-gid-start-{half.hca}.prom"):
             assert host.file(f"{TEXTFILE.rsplit('/', 1)[0]}/{name}").exists, f"{monitored.name}: no {name}"
+
+
+def test_a_gpu_node_s_gpu_exporter_runs_as_rendered_and_reports_the_gpu(host, monitored):
+    """dcgm-exporter (SparkfleetGpuThrottled, the GPU panels) as rendered, running, and answering with
+    the GPU's SM clock and utilization: a real scrape from the node, on its management address."""
+    files = gpu_exporter_files(monitored)
+    if not files:
+        pytest.skip(f"{monitored.name}: no GPU (the lab)")
+    for path, text in files.items():
+        assert host.file(path).content_string == text, f"{monitored.name}: {path} is not the rendered one"
+    unit = host.service(f"{GPU_EXPORTER_UNIT}.service")
+    assert unit.is_running and unit.is_enabled, f"{monitored.name}: {GPU_EXPORTER_UNIT} not running and enabled"
+    scrape = host.check_output(f"curl -fsS -m 10 http://{monitored.management_address}:"
+                               f"{monitored.monitoring_gpu_exporter_port}/metrics")
+    for name in ("DCGM_FI_DEV_SM_CLOCK{", "DCGM_FI_DEV_GPU_UTIL{", "DCGM_FI_DEV_POWER_USAGE{"):
+        assert name in scrape, f"{monitored.name}: the GPU exporter reports no {name[:-1]}"
 
 
 def test_the_monitoring_node_runs_prometheus_with_the_rendered_targets_and_rules(host, monitored, cluster):

@@ -110,11 +110,16 @@ def test_the_firewall_admits_the_monitoring_node_alone_to_the_exporters():
     f = fleet()
     g1 = f.groups["g1"]
     head = firewall_rules(g1, f.node("spark-a"), MGMT, "10.0.0.12")
-    assert "tcp dport { 9100, 9400 } ip saddr != 10.0.0.12 drop" in head
-    assert "tcp dport { 9100, 9400 } meta nfproto ipv6 drop" in head
+    # a GPU node's GPU exporter (9401) too
+    assert "tcp dport { 9100, 9400, 9401 } ip saddr != 10.0.0.12 drop" in head
+    assert "tcp dport { 9100, 9400, 9401 } meta nfproto ipv6 drop" in head
     worker = firewall_rules(g1, f.node("spark-b"), MGMT, "10.0.0.12")
-    assert "tcp dport { 9100 } ip saddr != 10.0.0.12 drop" in worker
+    assert "tcp dport { 9100, 9401 } ip saddr != 10.0.0.12 drop" in worker
     assert "9100" not in firewall_rules(g1, f.node("spark-b"), MGMT, None)
+    # without a GPU, no GPU exporter port
+    cpu = fleet(**{n: {"gpu_expected": False} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    assert "tcp dport { 9100 } ip saddr != 10.0.0.12 drop" in firewall_rules(
+        cpu.groups["g1"], cpu.node("spark-b"), MGMT, "10.0.0.12")
 
 
 @pytest.mark.parametrize("debian, upstream", [
@@ -180,10 +185,14 @@ def test_the_doctor_names_a_monitoring_port_held_by_the_wrong_program_or_open_be
     from roles.monitoring.checks import listener_problems
     f = fleet(router=None)
     head = f.node("spark-a")
-    good = [("0.0.0.0", 9100, "prometheus-node"), ("0.0.0.0", 9400, "haproxy"), ("127.0.0.1", 9090, "prometheus")]
+    good = [("0.0.0.0", 9100, "prometheus-node"), ("0.0.0.0", 9400, "haproxy"), ("127.0.0.1", 9090, "prometheus"),
+            ("10.0.0.11", 9401, "dcgm-exporter")]
     assert listener_problems(head, "spark-a", good) == []
-    assert listener_problems(f.node("spark-b"), "spark-a", good[:1]) == []
-    wide = good[:2] + [("0.0.0.0", 9090, "prometheus")]
+    assert listener_problems(f.node("spark-b"), "spark-a", good[:1] + [("10.0.0.12", 9401, "dcgm-exporter")]) == []
+    # a GPU node whose GPU exporter does not run
+    assert listener_problems(f.node("spark-b"), "spark-a", good[:1]) == [
+        "spark-b: port 9401 is held by nothing; want only dcgm-exporter (roles/monitoring: deploy)"]
+    wide = good[:2] + good[3:] + [("0.0.0.0", 9090, "prometheus")]
     assert listener_problems(head, "spark-a", wide) == [
         "spark-a: port 9090 (Prometheus) is held by prometheus on 0.0.0.0; want only prometheus on 127.0.0.1"]
     assert listener_problems(head, "spark-a", good[1:]) == [
@@ -237,7 +246,7 @@ def test_the_dashboard_s_every_panel_is_drawn_and_an_empty_one_says_so():
 
     def query_range(expr, start, end, step):
         asked.append(expr)
-        if "hwmon" in expr:
+        if "hwmon" in expr or "DCGM_FI_" in expr:  # a machine without sensors, a node without a GPU
             return []
         return [{"metric": {"group": "pair", "node": "spark-a", "rank": "0", "device": "enp1s0f0np0"},
                  "values": [[start, "1"], [start + step, "NaN"], [end, "3"]]}]
@@ -246,7 +255,7 @@ def test_the_dashboard_s_every_panel_is_drawn_and_an_empty_one_says_so():
     assert len(panels) == len(dashboard["panels"]) and all("$" not in e for e in asked)
     assert sum(len(p["targets"]) for p in dashboard["panels"]) == len(asked)
     drawn = svg(panels, "t")
-    assert drawn.count("<polyline") == sum(len(p["series"]) for p in panels) and drawn.count(">no data<") == 1
+    assert drawn.count("<polyline") == sum(len(p["series"]) for p in panels) and drawn.count(">no data<") == 3
     first = panels[0]["series"][0]
     assert first[0] == "pair running" and first[1] == [(1000.0, 1.0), (1600.0, 3.0)]  # NaN dropped
 
@@ -290,3 +299,33 @@ def test_every_engine_panel_and_status_figure_has_data_for_a_group_of_either_eng
     (tmp_path / "engine.test.yml").write_text(yaml.safe_dump(case))
     run = subprocess.run([promtool, "test", "rules", "engine.test.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monitoring_node_only():
+    """roles/monitoring step 5: on a GPU node, dcgm-exporter at the pinned image on the host's network
+    (the firewall's input rules apply to it) on the management address, reading exactly the fields
+    recorded as live on GB10; Prometheus scrapes it as job gpu. No GPU: no unit, no job."""
+    from roles.monitoring.checks import GPU_EXPORTER_COUNTERS, gpu_exporter_files
+    from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS
+    f = fleet(router=None)
+    files = gpu_exporter_files(f.node("spark-b"))
+    unit = files["/etc/systemd/system/sparkfleet-gpu-exporter.service"]
+    run = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit.replace("\\\n", " "), re.M).group(1).split()
+    assert run[:3] == ["/usr/bin/docker", "run", "--rm"]
+    assert "--network" in run and run[run.index("--network") + 1] == "host"
+    assert "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04" in run
+    image = run.index("nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04")
+    assert run[image + 1:] == ["--collectors", GPU_EXPORTER_COUNTERS, "--address", "10.0.0.12:9401",
+                               "--collect-interval", "15000"]
+    assert "SYS_ADMIN" not in " ".join(run) and "-p" not in run and "--privileged" not in run
+    assert "After=sparkfleet-firewall.service" in unit
+    fields = [line.split(",")[0] for line in files[GPU_EXPORTER_COUNTERS].splitlines()
+              if line and not line.startswith("#")]
+    assert fields == [name for name, _, _ in GPU_EXPORTER_FIELDS]
+    assert not any(n.startswith(("DCGM_FI_DEV_FB_", "DCGM_FI_PROF_")) or n == "DCGM_FI_DEV_MEMORY_TEMP" for n in fields)
+    jobs = targets(f)
+    assert [t["address"] for t in jobs["gpu"]] == ["10.0.0.11:9401", "10.0.0.12:9401", "10.0.0.13:9401", "10.0.0.14:9401"]
+    cpu = fleet(router=None, **{n: {"gpu_expected": False} for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    assert gpu_exporter_files(cpu.node("spark-b")) == {}
+    assert "gpu" not in targets(cpu) and "job_name: gpu" not in prometheus_config_text(cpu)
+    assert "job_name: gpu" in prometheus_config_text(f)
