@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 
 from pyinfra import logger
 
-from roles.fabric.checks import fabric_state
+from roles.fabric import checks as fabric_checks
 from roles.fabric_speed import checks as fabric_speed_checks
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
@@ -84,8 +84,8 @@ def group_facts(state, group) -> dict:
     greenlet of that group: sparkfleet.once.per_group), each reading its nodes at once."""
     profile = node_profile(group.head)
     readers = {
-        "fabric": lambda: fabric_state(state),  # the fabric's drift, and its read-only proof
-        "key_found": lambda: head_key_found(state),
+        "fabric": lambda: fabric_checks.fabric_facts(state),  # links, files, and the read-only proof
+        "key_found": lambda: head_key_found(state, group.head),
         # The router's verdict (roles/router fleet_key): the fleet's one key replaces this head's.
         "key_replaced": lambda: replaced_on(state, group.head.name),
         "image": lambda: image_checks.image_facts(state, profile),
@@ -105,19 +105,20 @@ def decide_group(facts: dict, group) -> decided.Decisions:
     """One group's decisions, a pure function of its facts and its validated config: each role's
     verdict, then what only their sum says (whether the pair restarts, what pauses the watchdog)."""
     profile = node_profile(group.head)
+    fabric = fabric_checks.decide(facts["fabric"], group)
     key = decide_key(group.head, facts["key_found"], facts["key_replaced"])
     image_v = image_checks.decide(facts["image"], group, profile)
     weights_v = weights_checks.decide(facts["weights"], group)
     caches = kernel_cache_checks.decide(facts["caches"], group)
     own = serving_checks.decide(facts["serving"], group)
-    reasons = restart_reasons(group, profile, image_v, facts["fabric"], key, weights_v, caches, own)
+    reasons = restart_reasons(group, profile, image_v, fabric, key, weights_v, caches, own)
     serving_v = replace(own, restart=bool(reasons), reasons=tuple(reasons))
     available = {node.name: row.get("mem_available_gib", 0.0) for node, row, _ in facts["preflight"]}
     speed = fabric_speed_checks.decide(group, profile.image_ref, facts["speed_records"], available,
-                                       reconfigured=not facts["fabric"].converged)
+                                       reconfigured=not fabric.converged)
     watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
     return decided.Decisions(summary=summary(group, profile, image_v, weights_v, caches, speed, serving_v),
-                             fabric=facts["fabric"], key=key, image=image_v, weights=weights_v, caches=caches,
+                             fabric=fabric, key=key, image=image_v, weights=weights_v, caches=caches,
                              speed=speed, serving=serving_v, watchdog=watchdog_v)
 
 

@@ -6,6 +6,8 @@ the jumbo-frame proof runs as a read-only fact (a converged deploy changes nothi
 the proof runs as an operation after `netplan apply` has run on every node.
 """
 
+from dataclasses import dataclass
+
 from pyinfra import host, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
@@ -13,10 +15,11 @@ from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
-from roles.firewall.checks import LiveMarker, ManagementSubnet, wanted_marker
+from roles.firewall.checks import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4, wanted_marker_of
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
-from sparkfleet.once import active_hosts, once_per_run, per_host
+from sparkfleet.model.monitoring import monitoring_node_name
+from sparkfleet.once import once_per_run, per_host
 from sparkfleet.render import render, sha1_text
 from sparkfleet.verdicts import FabricState  # noqa: F401 (this role's verdict, on the ground floor)
 
@@ -95,53 +98,92 @@ def live_mtu(links: dict[str, dict | None], netdev: str):
     return link["mtu"] if link else "unknown"
 
 
-def _fabric_state(state) -> FabricState:
+@dataclass(frozen=True)
+class FabricFacts:
+    """What the fabric's verdict reads, per node name, in one pass: each half's live link ({netdev:
+    link}), the netplan file's sha1, the other configurations of its netdevs, whether each peer
+    answers jumbo frames over each half ({(peer, half): answered}: read-only pings, which the verdict
+    weighs only when nothing else changes), and the firewall's live marker with the facts its wanted
+    one is made of (a firewall about to change may be what stops the pings; None: firewall off)."""
+
+    links: dict[str, dict[str, dict | None]]
+    netplan_sha1: dict[str, str | None]
+    others: dict[str, list[OtherConfig]]
+    pings: dict[str, dict[tuple[str, int], bool]]
+    firewall: dict[str, tuple[str, str | None, str | None] | None]  # (live marker, subnet, monitor address)
+
+
+def settled(facts: FabricFacts, cluster) -> bool:
+    """Whether no node's fabric changes in this run: every half's live link and every netplan file as
+    data says, and no other configuration of the netdevs (pure)."""
+    return not any(port_drift(node, facts.links[name]) or facts.netplan_sha1[name] != sha1_text(netplan_text(node))
+                   or facts.others[name] for name, node in ((n, cluster.node(n)) for n in facts.links))
+
+
+def _ping_failures(facts: FabricFacts, cluster) -> list[str]:
+    return [link_failure(node, live_mtu(facts.links[name], mine.netdev), peer,
+                         live_mtu(facts.links.get(peer.name), theirs.netdev), i)
+            for name, node in ((n, cluster.node(n)) for n in facts.pings)
+            for peer in cluster.peers(node) for i, mine, theirs in half_pairs(node, peer)
+            if not facts.pings[name].get((peer.name, i), False)]
+
+
+def fabric_facts(state) -> FabricFacts:
+    """At prepare time, every node of the group at once, one read each: its links, netplan file and
+    other configurations, its jumbo-frame pings to each peer over each half (read-only: a ping that
+    cannot leave fails at once), and its firewall's facts (the ones roles/firewall reads too)."""
     cluster = cluster_from_state(state)
-    hosts = {h.name: h for h in active_hosts(state)}
-    statuses = per_host(state, lambda h: node_status(h, cluster.node(h.name)), hosts.values())
-    links = {name: statuses[name][0] for name in hosts}
-    drift = {name: statuses[name][1] for name in hosts}
-    file_current = {name: statuses[name][2] for name in hosts}
-    converged = not any(drift[name] or not file_current[name] or fabric_others(state)[name][1] for name in hosts)
-    if converged:
-        # Nothing will change: prove the link now, read-only, before any operation runs.
-        answers = per_host(state, lambda h: ping_failures(h, cluster.node(h.name), cluster, links), hosts.values())
-        failures = [f for name in hosts for f in answers[name]]
-        if failures and not _firewall_moves(state, cluster, hosts):
-            raise DeployError("\n".join(failures))
-        # A firewall about to change (a node joined the group, an address moved) may be what stops the
-        # pings: the proof runs after roles/firewall applied it (roles/fabric/proof_tasks.py).
-        converged = not failures
-    return FabricState(converged=converged, drift=drift, file_current=file_current)
+    fleet = fleet_from_state(state)
+    monitor_name = monitoring_node_name(list(fleet.nodes))
+    monitor = fleet.node(monitor_name).management_address if monitor_name else None
+
+    def read(h):
+        node = cluster.node(h.name)
+        links = {half.netdev: h.get_fact(FabricLink, netdev=half.netdev) for half in node.fabric_halves}
+        configs = h.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_netdev)
+        others = other_configs(configs, tuple(half.netdev for half in node.fabric_halves))
+        pings = {(peer.name, i): h.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload)
+                 for peer in cluster.peers(node)
+                 for i, (_, theirs) in enumerate(zip(node.fabric_halves, peer.fabric_halves))}  # half_pairs
+        firewall = None
+        if node.firewall_enabled:
+            resolved = monitor if monitor is None or is_ipv4(monitor) else h.get_fact(Ipv4Of, hostname=monitor)
+            firewall = (h.get_fact(LiveMarker), h.get_fact(ManagementSubnet, address=node.management_address), resolved)
+        return links, h.get_fact(Sha1File, path=NETPLAN_FILE), others, pings, firewall
+
+    read_by_node = per_host(state, read)
+    return FabricFacts(*({n: r[i] for n, r in read_by_node.items()} for i in range(5)))
+
+
+def decide(facts: FabricFacts, cluster) -> FabricState:
+    """The fabric's verdict, a pure function of its facts: each node's drift and whether its netplan
+    file is current; converged when nothing changes and the read-only pings passed. Pings that fail
+    stop the deploy here, naming both ends, unless the firewall changes in this run (then the proof
+    runs after roles/firewall applied it: roles/fabric/proof_tasks.py)."""
+    drift = {name: port_drift(cluster.node(name), links) for name, links in facts.links.items()}
+    file_current = {name: facts.netplan_sha1[name] == sha1_text(netplan_text(cluster.node(name))) for name in facts.links}
+    if not settled(facts, cluster):  # the proof runs after the link is applied again (proof_tasks.py)
+        return FabricState(converged=False, drift=drift, file_current=file_current)
+    failures = _ping_failures(facts, cluster)
+    if failures and not any(read[0] != wanted_marker_of(cluster, cluster.node(name), *read[1:])
+                            for name, read in facts.firewall.items() if read is not None):
+        raise DeployError("\n".join(failures))
+    return FabricState(converged=not failures, drift=drift, file_current=file_current)
+
+
+def fabric_state(state) -> FabricState:
+    """The fabric's verdict from this run's facts (the doctor's; tools/plan.py reads fabric_facts and
+    decides with the group's other verdicts)."""
+    return decide(fabric_facts(state), cluster_from_state(state))
 
 
 def ping_failures(node_host, node, cluster, links: dict[str, dict]) -> list[str]:
-    """The jumbo-frame proof as read-only facts, from `node` to every peer over each half: a failure
-    per half that does not answer, both ends named (links: node name -> {netdev: live link})."""
+    """The doctor's jumbo-frame proof as read-only facts, from `node` to every peer over each half: a
+    failure per half that does not answer, both ends named (links: node name -> {netdev: live link})."""
     return [link_failure(node, live_mtu(links.get(node.name), mine.netdev), peer,
                          live_mtu(links.get(peer.name), theirs.netdev), i)
             for peer in cluster.peers(node) for i, mine, theirs in half_pairs(node, peer)
             if not node_host.get_fact(FabricPing, peer_ip=theirs.ip, payload=node.ping_payload)]
-
-
-def _firewall_moves(state, cluster, hosts) -> bool:
-    """Whether roles/firewall will change the live rules on any node of the group in this run."""
-    fleet = fleet_from_state(state)
-
-    def moves(node_host):
-        node = cluster.node(node_host.name)
-        if not node.firewall_enabled:
-            return False
-        subnet = node_host.get_fact(ManagementSubnet, address=node.management_address)
-        return node_host.get_fact(LiveMarker) != wanted_marker(fleet, cluster, node, node_host, subnet)
-
-    return any(per_host(state, moves, hosts.values()).values())
-
-
-def fabric_state(state) -> FabricState:
-    """The fabric's verdict from this run's facts (tools/plan.py takes it once, for the run's plan):
-    each node's drift, and, when nothing will change, the read-only proof that jumbo frames pass."""
-    return _fabric_state(state)
 
 
 def _live_mtu(node_host, netdev: str):

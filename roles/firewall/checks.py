@@ -166,7 +166,13 @@ def is_ipv4(text: str) -> bool:
 def wanted_marker(fleet, cluster, node, node_host, subnet: str | None) -> str:
     """`sparkfleet <digest>`: the marker of the table data renders for this node (LiveMarker's value
     when the live table is that one)."""
-    return f"sparkfleet {digest(cluster, node, subnet, monitor_address(node_host, fleet))}"
+    return wanted_marker_of(cluster, node, subnet, monitor_address(node_host, fleet))
+
+
+def wanted_marker_of(cluster, node, subnet: str | None, monitor: str | None) -> str:
+    """wanted_marker from its facts: the management subnet and the monitoring node's address as the
+    node resolves it (monitor_address)."""
+    return f"sparkfleet {digest(cluster, node, subnet, monitor)}"
 
 
 def monitor_problem(node, fleet, monitor: str | None) -> str | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
-from roles.router.node_config import routed_groups, router_node
+from roles.router.node_config import key_holders
 from sparkfleet.model.api_key import KEY_PATTERN, generated, key_file
 from sparkfleet.inventory import fleet_from_state
 from sparkfleet.keyfiles import KeyFileError, read, write
@@ -42,23 +42,14 @@ class KeyPlan:
     writes: dict = field(default_factory=dict)  # node name -> key file path to (re)write with `key`
 
 
-def _targets(fleet, router):
-    source = fleet.group_of(router.name).head
-    nodes = [g.head for g in routed_groups(fleet, router).values() if g.head.name != source.name]
-    if router.name not in {source.name, *(n.name for n in nodes)}:
-        nodes.append(router)
-    return source, nodes
-
-
 def plan(state) -> KeyPlan | None:
     """Once per run, at prepare: the fleet's key and where it must be written (None: no router, or a
     source key file roles/serving refuses anyway: absent though named in data, or not one valid line)."""
     def compute():
-        fleet = fleet_from_state(state)
-        router = router_node(fleet)
-        if router is None:
+        holders = key_holders(fleet_from_state(state))
+        if holders is None:
             return None
-        source, targets = _targets(fleet, router)
+        source, targets = holders
         try:
             raw = read(state.inventory.get_host(source.name), key_file(source))
         except KeyFileError as e:

@@ -55,6 +55,19 @@ def routed_groups(fleet, router) -> dict:
     return {name: g for name, g in fleet.groups.items() if served_name(g) == model}
 
 
+def key_holders(fleet):
+    """(the fleet key's source: the router group's head, [every other node that holds it: each routed
+    group's head, and the router node]), or None without a router (roles/router/fleet_key.py)."""
+    router = router_node(fleet)
+    if router is None:
+        return None
+    source = fleet.group_of(router.name).head
+    nodes = [g.head for g in routed_groups(fleet, router).values() if g.head.name != source.name]
+    if router.name not in {source.name, *(n.name for n in nodes)}:
+        nodes.append(router)
+    return source, nodes
+
+
 def backend_url(head) -> str:
     """How the router names a group's head: its API on the management address."""
     address = head.management_address

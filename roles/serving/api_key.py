@@ -19,7 +19,6 @@ from pyinfra.api.exceptions import DeployError
 
 from sparkfleet.model.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
 from sparkfleet.model.api_key import KEY_PATTERN, KEY_TEXT, generated, key_file  # noqa: F401 (this role's API)
-from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyfiles import generate_command
 from sparkfleet.keyfiles import problem as key_file_problem
 from sparkfleet.keyfiles import state_command as key_file_state
@@ -93,9 +92,8 @@ def authed_curl(node, extra: str = "") -> str:
     return f"curl -K {shlex.quote(curl_config(node))}{' ' + extra if extra else ''}"
 
 
-def head_key_found(state) -> str:
+def head_key_found(state, head) -> str:
     """The head's key state as its node reads it at prepare (ApiKeyState: "ok", "missing", ...)."""
-    head = cluster_from_state(state).head
     return state.inventory.get_host(head.name).get_fact(ApiKeyState, command=state_command(head))
 
 

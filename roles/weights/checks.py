@@ -13,7 +13,7 @@ from pyinfra.facts.files import File
 
 from sparkfleet.model.fanout import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
-from sparkfleet.model.serving import node_profile
+from sparkfleet.model.serving import node_profile, profile_models  # noqa: F401 (profile_models: this role's API)
 from roles.weights.facts import ModelCopy
 from sparkfleet.bounded import bounded
 from sparkfleet.inventory import cluster_from_state
@@ -24,15 +24,6 @@ HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 # The hub fetch's container, named so that a fetch stopped at its limit can remove it (a killed
 # docker client leaves its container running).
 HUB_FETCH_CONTAINER = "sparkfleet-weights-fetch"
-
-
-def profile_models(profile) -> list[tuple[str, str]]:
-    """(model id, revision) of everything the profile loads: the model, then its drafter."""
-    models = [(profile.model, profile.model_revision)]
-    spec = profile.speculative
-    if spec and spec.draft_model:
-        models.append((spec.draft_model, spec.draft_model_revision))
-    return models
 
 
 def model_dir(node, model: str) -> str:

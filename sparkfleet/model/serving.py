@@ -509,6 +509,16 @@ class ServingData(BaseModel):
     _media_domains = field_validator("serving_media_domains")(classmethod(lambda cls, v: check_media_domains(v)))
 
 
+def profile_models(profile) -> list[tuple[str, str]]:
+    """(model id, revision) of everything the profile loads: the model, then its drafter (roles/weights
+    fetches and fans out each)."""
+    models = [(profile.model, profile.model_revision)]
+    spec = profile.speculative
+    if spec and spec.draft_model:
+        models.append((spec.draft_model, spec.draft_model_revision))
+    return models
+
+
 def node_profile(node) -> Profile:
     """The profile a node serves, with the node data's recipe overrides and extra args applied."""
     overrides = {}

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from roles.fabric.checks import FabricState
+from roles.fabric import checks as fabric_checks
+from roles.fabric.checks import FabricFacts
 from roles.fabric_speed import checks as fabric_speed_checks
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
@@ -27,6 +28,7 @@ from roles.weights import checks as weights_checks
 from roles.weights.facts import ModelCopy
 from sparkfleet.config import build_cluster
 from sparkfleet.model.serving import node_profile
+from sparkfleet.render import sha1_text
 from tests.unit.helpers import pair
 from tools.plan import decide_group
 
@@ -221,6 +223,24 @@ def test_caches_old_generations_past_the_count_are_expired_and_current_relinked(
 
 # ------------------------------------------------------------------------------- the group's plan
 
+def fabric_facts(cluster, mtu=None, sha1=None, others=None, pings=None, firewall=None):
+    """roles/fabric's facts of a group: every half's live link as data says (`mtu`: node -> another
+    MTU on its first half), each netplan file as rendered, every ping answered (`pings`: node ->
+    {(peer, half): answered} changes some), the firewall off (`firewall`: node -> its facts)."""
+    mtu, sha1, others, pings = mtu or {}, sha1 or {}, others or {}, pings or {}
+    links = {n.name: {h.netdev: {"mtu": mtu.get(n.name, n.fabric_mtu) if i == 0 else n.fabric_mtu, "up": True,
+                                 "ipv4": [str(h.address)]} for i, h in enumerate(n.fabric_halves)}
+             for n in cluster.nodes}
+    answered = {n.name: {(p.name, i): True for p in cluster.peers(n) for i, _, _ in fabric_checks.half_pairs(n, p)}
+                for n in cluster.nodes}
+    for name, answers in pings.items():
+        answered[name].update(answers)
+    return FabricFacts(links=links,
+                       netplan_sha1={n.name: sha1.get(n.name, sha1_text(fabric_checks.netplan_text(n))) for n in cluster.nodes},
+                       others={n.name: others.get(n.name, []) for n in cluster.nodes}, pings=answered,
+                       firewall=firewall or {n.name: None for n in cluster.nodes})
+
+
 def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", fabric=None, weights=None,
                 caches=None, sums=None, proven=True):
     """One group's facts as tools/plan.py group_facts gathers them (each reader's result)."""
@@ -233,8 +253,7 @@ def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", 
         sums = {n: {p: hashlib.sha1(text.encode()).hexdigest() for p, (text, _m) in files.items()}
                 for n, files in rendered.items()}
     return {
-        "fabric": fabric or FabricState(converged=True, drift={n.name: [] for n in cluster.nodes},
-                                        file_current={n.name: True for n in cluster.nodes}),
+        "fabric": fabric or fabric_facts(cluster),
         "key_found": key,
         "key_replaced": False,
         "image": image_checks.ImageFacts(ids=ids, pins={"spark-a": [pushed], "spark-b": (pushed, [pushed])}),
@@ -281,15 +300,13 @@ def test_the_plan_restarts_the_pair_for_any_roles_reason_and_pauses_the_watchdog
 
 
 def test_the_plan_restarts_for_a_changed_rank_file_a_stopped_unit_and_a_reconfigured_fabric(cluster, settled):
-    facts = group_facts(cluster, **settled, units_active=False, fabric=FabricState(
-        converged=False, drift={"spark-a": ["enp1s0f0np0 mtu 1500 (want 9000)"], "spark-b": []},
-        file_current={"spark-a": True, "spark-b": True}))
+    facts = group_facts(cluster, **settled, units_active=False, fabric=fabric_facts(cluster, mtu={"spark-a": 1500}))
     facts["serving"].sums["spark-b"] = {}  # nothing written there yet
     d = decide_group(facts, cluster)
     reasons = d.serving.reasons
     assert any(r.startswith("spark-b: /etc/sparkfleet/") and r.endswith("changed") for r in reasons)
     assert "spark-a: sparkfleet-head is inactive, container unknown" in reasons
-    assert "spark-a: the fabric link is reconfigured (enp1s0f0np0 mtu 1500 (want 9000))" in reasons
+    assert "spark-a: the fabric link is reconfigured (mtu 1500 (want 9000))" in reasons
     assert d.speed.why == "this run (re)configures the fabric"  # its speed is proven again
 
 
@@ -342,3 +359,35 @@ def test_the_facts_pass_holds_at_most_its_limit_of_readers_at_once_and_keeps_the
     with ctx_state.use(object()), ctx_host.use(None):
         assert at_once(*[reader(i) for i in range(11)], limit=FACT_READERS_AT_ONCE) == list(range(11))
     assert 1 < peak[0] <= FACT_READERS_AT_ONCE < 10
+
+
+# ------------------------------------------------------------------------------- roles/fabric
+
+def test_the_fabric_of_a_settled_pair_is_converged_when_its_read_only_pings_pass(cluster):
+    v = fabric_checks.decide(fabric_facts(cluster), cluster)
+    assert v.converged and v.drift == {"spark-a": [], "spark-b": []} and all(v.file_current.values())
+
+
+def test_a_fabric_that_changes_is_not_converged_and_its_pings_do_not_count(cluster):
+    # a link not yet as data says drops jumbo frames: the proof runs after it is applied (proof_tasks.py)
+    mtu = fabric_facts(cluster, mtu={"spark-b": 1500}, pings={"spark-a": {("spark-b", 0): False}})
+    v = fabric_checks.decide(mtu, cluster)
+    assert not v.converged and v.drift == {"spark-a": [], "spark-b": ["mtu 1500 (want 9000)"]}
+    stale = fabric_checks.decide(fabric_facts(cluster, sha1={"spark-a": "0" * 40}), cluster)
+    assert not stale.converged and stale.file_current == {"spark-a": False, "spark-b": True}
+    other = object()  # another configuration of a fabric netdev (roles/fabric/others.py) unsettles it too
+    assert not fabric_checks.decide(fabric_facts(cluster, others={"spark-b": [other]}), cluster).converged
+
+
+def test_settled_links_that_drop_jumbo_frames_stop_the_deploy_naming_both_ends_unless_the_firewall_moves(cluster):
+    dropped = {"spark-a": {("spark-b", 1): False}}  # the twin half, from spark-a
+    with pytest.raises(DeployError) as err:
+        fabric_checks.decide(fabric_facts(cluster, pings=dropped, firewall={
+            n.name: (fabric_checks.wanted_marker_of(cluster, n, "10.0.0.0/24", None), "10.0.0.0/24", None)
+            for n in cluster.nodes}), cluster)
+    assert "fabric: spark-a (enP2p1s0f0np0 mtu 9000) cannot reach spark-b" in str(err.value)
+    assert "about half of what the cable carries" in str(err.value)
+    # a firewall that changes in this run may be what stops them: the proof runs after it instead
+    moving = {n.name: ("", "10.0.0.0/24", None) for n in cluster.nodes}
+    v = fabric_checks.decide(fabric_facts(cluster, pings=dropped, firewall=moving), cluster)
+    assert not v.converged and v.drift == {"spark-a": [], "spark-b": []}

@@ -8,9 +8,8 @@ import pytest
 
 from roles.firewall.checks import rules_text
 from roles.router.facts import RouterHost
-from roles.router.fleet_key import _targets
 from roles.router.node_config import (
-    ROUTER_CONFIG, SFL_ROUTER, backends, config_text, router_config, router_node, unit_text, venv_dir,
+    ROUTER_CONFIG, SFL_ROUTER, backends, config_text, key_holders, router_config, router_node, unit_text, venv_dir,
 )
 from sparkfleet.model.router import ROUTER_VERSIONS, RouterData
 from roles.router.wheels import PLATFORMS, WHEELS
@@ -53,7 +52,7 @@ def test_the_router_routes_to_the_head_of_every_group_serving_its_model_by_manag
     assert router.name == "spark-b"
     assert backends(fleet, router) == ["http://10.0.0.11:8000", "http://10.0.0.13:8000"]
     # one key for the fleet: the router group's head's, written to the other head and the router node
-    source, targets = _targets(fleet, router)
+    source, targets = key_holders(fleet)
     assert source.name == "spark-a" and [n.name for n in targets] == ["spark-c", "spark-b"]
 
 
