@@ -19,7 +19,7 @@ from roles.firewall.checks import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4,
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.model.monitoring import monitoring_node_name
-from sparkfleet.once import at_once, once_per_run, per_host
+from sparkfleet.once import once_per_run, per_host
 from sparkfleet.render import render, sha1_text
 from sparkfleet.verdicts import FabricState  # noqa: F401 (this role's verdict, on the ground floor)
 
@@ -153,9 +153,12 @@ def fabric_facts(state) -> FabricFacts:
         resolved = monitor if monitor is None or is_ipv4(monitor) else h.get_fact(Ipv4Of, hostname=monitor)
         return h.get_fact(LiveMarker), h.get_fact(ManagementSubnet, address=node.management_address), resolved
 
-    # The other configurations beside them, as step 3 reads them (fabric_others: once per run). In the
-    # same chain of reads they would cost the no-op deploy a second (bench/noop.py: 5.8 s against 4.8 s).
-    read_by_node, configs = at_once(lambda: per_host(state, read), lambda: fabric_others(state))
+    # The other configurations as preflight and step 3 read them (fabric_others: once per run; preflight,
+    # another reader of the plan's facts pass, reads them beside this one). Not in each node's chain of
+    # reads above: there they cost the no-op deploy a second (bench/noop.py: 5.8 s against 4.8 s). Not
+    # at_once with it either: the readers already hold several SSH channels per node at once.
+    read_by_node = per_host(state, read)
+    configs = fabric_others(state)
     links, sha1s, pings = ({n: r[i] for n, r in read_by_node.items()} for i in range(3))
     others = {n: configs[n][1] for n in read_by_node}
     # The firewall's facts only matter when a ping failed (a converged run reads none of them here).

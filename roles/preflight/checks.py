@@ -1,14 +1,13 @@
 """Hard requirements a node must meet before sparkfleet changes anything, and the facts table."""
-from functools import partial
-
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.fabric.others import FabricConfigs, conflict_failures, other_configs, renderer_state
+from roles.fabric.checks import fabric_others
+from roles.fabric.others import conflict_failures, renderer_state
 from sparkfleet.model.fabric import RENDERER_UNITS
 from roles.preflight.facts import NodeFacts
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, once_per_run, per_host
+from sparkfleet.once import active_hosts, at_once, once_per_run, per_host
 
 
 def requirement_failures(node, facts: dict) -> list[str]:
@@ -139,27 +138,25 @@ def _rows(state) -> list[tuple]:
     cluster = cluster_from_state(state)
 
     def node_facts(node_host):
-        """The node's facts and its fabric netdevs' other configurations (the same fact roles/fabric reads)."""
         node = cluster.node(node_host.name)
-        raw = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_netdev)
-        return (node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
-                                   twin=node.fabric_twin_netdev or "", hcas=" ".join(node.rdma_hcas)),
-                raw, other_configs(raw, tuple(h.netdev for h in node.fabric_halves)))
+        return node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
+                                  twin=node.fabric_twin_netdev or "", hcas=" ".join(node.rdma_hcas))
 
-    read_by_node = per_host(state, node_facts)
+    # Every node's facts and the fabric's other configurations, all at once.
+    facts, others = at_once(lambda: per_host(state, node_facts), lambda: fabric_others(state))
     rows = []
     for node_host in active_hosts(state):
         node = cluster.node(node_host.name)
-        facts, raw_others, configs = read_by_node[node_host.name]
+        raw_others, configs = others[node_host.name]
         # The renderer's unit state comes with the other configurations (one systemctl, not two).
-        f = {**facts, "renderer_state": renderer_state(node, raw_others)}
+        f = {**facts[node_host.name], "renderer_state": renderer_state(node, raw_others)}
         rows.append((node, f, requirement_failures(node, f) + conflict_failures(node, configs)))
     return rows
 
 
 def preflight_rows(state) -> list[tuple]:
     """(node, facts, failures) for every active node; read-only, never raises on a failure."""
-    return once_per_run(state, "preflight-rows", partial(_rows, state))
+    return once_per_run(state, "preflight-rows", lambda: _rows(state))
 
 
 def _gather_and_check(state) -> dict[str, dict]:

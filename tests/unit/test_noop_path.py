@@ -118,13 +118,12 @@ def test_preflight_judges_the_renderer_from_the_fabric_configs_fact(monkeypatch,
     hosts = [Host(n.name, {"NodeFacts": node_facts, "FabricConfigs": configs}) for n in cluster.nodes]
     state = fake_state(cluster, hosts)
     monkeypatch.setattr(preflight, "once_per_run", lambda _state, _key, compute: compute())
+    monkeypatch.setattr(preflight, "fabric_others", lambda _state: {h.name: (configs, []) for h in hosts})
     rows = preflight._rows(state)
     for node, facts, failures in rows:
         assert facts["renderer_state"] == renderer_active
         assert any("NetworkManager is inactive" in f for f in failures) == failed
-    # the renderer's state comes with the fabric's other configurations (roles/fabric reads the same fact)
-    assert all(asked == [("FabricConfigs", {"netdev": "enp1s0f0np0", "twin": "enP2p1s0f0np0"}),
-                         ("NodeFacts", {"data_dir": "/var/lib/sparkfleet", "netdev": "enp1s0f0np0",
+    assert all(asked == [("NodeFacts", {"data_dir": "/var/lib/sparkfleet", "netdev": "enp1s0f0np0",
                                         "twin": "enP2p1s0f0np0", "hcas": "rocep1s0f0 roceP2p1s0f0"})]
                for asked in (h.asked for h in hosts))
     assert FabricConfigs  # the fact the units come from (roles/fabric/others.py)
