@@ -80,7 +80,7 @@ monitoring_retention = "30d"
 monitoring_alert_memory_headroom_gib = 8.0
 # Time to first token p95 over this many times the last benchmark receipt's, for 10 minutes.
 monitoring_alert_ttft_factor = 2.0
-# GPU nodes (gpu_expected): NVIDIA's dcgm-exporter, the release run on DGX Sparks, with only the DCGM
+# GPU nodes (gpu_expected): NVIDIA's dcgm-exporter, the release reported live on a Spark, with only the DCGM
 # fields that report on GB10 (utilization, SM clock, temperature, power, energy, XID, PCIe replays).
 monitoring_gpu_exporter_image = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"
 # A busy GB10 runs at 2400-2500 MHz; capped by its power supply (USB-PD) or by heat, at 500-850 MHz.

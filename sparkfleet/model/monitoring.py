@@ -41,15 +41,20 @@ RECEIPT_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-receipt.prom"
 # Each node's watchdog rewrites it with every state it saves (roles/watchdog/sfl_watch.py metrics_text).
 WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
 # The GPU exporter's fields on a GPU node (gpu_expected): NVIDIA's dcgm-exporter, the exporter NVIDIA
-# keeps, with the DCGM fields that report live values on GB10 and nothing else. Recorded on DGX Sparks:
-# dcgm-exporter 3.3.5-3.4.1 on driver 580.178.04 (2026-09-16) emitted GPU_UTIL (88-90 % under load),
-# GPU_TEMP (46-58 C), POWER_USAGE (10-39 W), TOTAL_ENERGY_CONSUMPTION, SM_CLOCK (2411-2509 MHz), XID_ERRORS
-# and PCIE_REPLAY_COUNTER; MEMORY_TEMP read a bogus 0, MEM_COPY_UTIL, ENC/DEC_UTIL, NVLINK_BANDWIDTH_TOTAL
-# and VGPU_LICENSE_STATUS stay 0, and FB_*, MEM_CLOCK and every DCGM_FI_PROF_* field are not emitted at
-# all (unified memory: no framebuffer; DCGM's profiling module does not load on Spark). A second report
-# (rwlove/home-ops PR #13238, driver 580.142) agrees on the working and the dead ones. Unified memory
-# comes from the node exporter's meminfo instead. (field, Prometheus type, help) as dcgm-exporter's
-# counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
+# keeps, with the DCGM fields that report live values on GB10 and nothing else. Not recorded by this
+# project (it has no Spark); as reported from Sparks by others:
+# - domenkogler/homelab docs/observability.md (HD-379, measured 2026-09-16): dcgm-exporter
+#   3.3.5-3.4.1-ubuntu22.04 (arm64) run live on a Spark, driver 580.178.04, emits 13 series: GPU_UTIL
+#   (88-90 % under load), GPU_TEMP (46-58 C), POWER_USAGE (10.25-38.9 W), TOTAL_ENERGY_CONSUMPTION, SM_CLOCK
+#   (2411-2509 MHz), XID_ERRORS and PCIE_REPLAY_COUNTER live; MEMORY_TEMP a bogus 0; MEM_COPY_UTIL,
+#   ENC/DEC_UTIL, NVLINK_BANDWIDTH_TOTAL and VGPU_LICENSE_STATUS always 0; FB_*, MEM_CLOCK and every
+#   DCGM_FI_PROF_* not emitted (the exporter logs "Not collecting DCP metrics: This request is serviced by
+#   a module of DCGM that is not currently loaded").
+# - rwlove/home-ops PR #13238 (2026-07-24, driver 580.142, a 4.x exporter) agrees on the working and the
+#   dead ones; KhoiMinh47/Chatbot-AI-Local (dcgm-exporter 4.4.2-4.7.0, driver 580.142) logged the same
+#   DCP line and the label set tests/unit/alerts/sparkfleet.test.yml uses.
+# Unified memory comes from the node exporter's meminfo instead. (field, Prometheus type, help) as
+# dcgm-exporter's counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
 GPU_EXPORTER_FIELDS = (
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
@@ -136,8 +141,8 @@ class MonitoringData(BaseModel):
     )
     monitoring_gpu_exporter_image: str = Field(
         "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04", pattern=r"^[^\s:@]+(:[0-9]+)?/[^\s@]+:[^\s:@/]+$",
-        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a tag; the release run "
-        "on DGX Sparks), under systemd as `sparkfleet-gpu-exporter`, with the DCGM fields that report on GB10 only "
+        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a tag; the release reported live "
+        "on a Spark, docs/monitoring.md), under systemd as `sparkfleet-gpu-exporter`, with the DCGM fields that report on GB10 only "
         "(docs/monitoring.md)"
     )
     monitoring_gpu_exporter_port: int = Field(
@@ -146,8 +151,8 @@ class MonitoringData(BaseModel):
     )
     monitoring_alert_gpu_clock_mhz: int = Field(
         1400, ge=100, description="`SparkfleetGpuThrottled` fires when a busy GPU's SM clock stays below this: a "
-        "GB10 under load runs at 2400-2500 MHz, one capped by its power supply (USB-PD) or by heat at 500-850 MHz "
-        "(spark-gpu-throttle-check's threshold)"
+        "GB10 under load runs at 2400-2500 MHz, one capped by its power supply (USB-PD) or by heat at 500-850 MHz; "
+        "1400 is spark-gpu-throttle-check's threshold"
     )
     monitoring_alert_gpu_busy_percent: int = Field(
         80, ge=1, le=100, description="see `monitoring_alert_gpu_clock_mhz`: the GPU counts as busy at this "

@@ -70,7 +70,7 @@ NOT_IN_THE_LAB = {
     # RDMA nodes only (sparkfleet-gid-metrics.timer, sfl_gid.sh at each start): the lab has no RDMA.
     "SparkfleetGidMoved": "tests/unit/test_gid_at_start.py feeds sfl_gid.sh's own textfiles to the rendered rule",
     # GPU nodes only (dcgm-exporter, job gpu): the lab has no GPU.
-    "SparkfleetGpuThrottled": "tests/unit/alerts/sparkfleet.test.yml, on series as dcgm-exporter reported them on GB10",
+    "SparkfleetGpuThrottled": "tests/unit/alerts/sparkfleet.test.yml, on series labelled as dcgm-exporter labels them",
 }
 
 
