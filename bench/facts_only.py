@@ -12,7 +12,7 @@ from pyinfra.facts.server import Which
 
 from roles.docker.checks import DockerInfo
 from roles.fabric.facts import FabricLink, FabricPing
-from roles.fabric.others import FabricConfigs
+from sparkfleet.fabric_others import FabricConfigs
 from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord

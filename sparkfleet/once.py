@@ -5,7 +5,8 @@ every node's facts (the preflight table, the fabric proof) run in the first gree
 the others wait on the lock and get the same result, so the table prints once and every host
 sees the same verdict.
 """
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from gevent.lock import Semaphore
 
@@ -33,6 +34,43 @@ def once_per_fleet(state, key: str, compute: Callable[[], Any]) -> Any:
     if kind == "error":
         raise value
     return value
+
+
+class Slot:
+    """One group's shared result, filled by the first greenlet that finds it empty (group_slot)."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self):
+        self.done, self.value, self.error = False, None, None
+
+    def fill(self, value: Any) -> Any:
+        self.done, self.value = True, value
+        return value
+
+
+@contextmanager
+def group_slot(state, key: str) -> Iterator[Slot]:
+    """once_per_run without a callback: the reader computes in its own body, under the group's lock,
+    when the slot is empty; every other greenlet of the group gets the value, or the same failure.
+
+        with group_slot(state, "fabric-others") as slot:
+            return slot.value if slot.done else slot.fill(read(...))
+
+    A role's reader that hands a callback to once_per_run is entered twice from its caller's chain
+    (down into this file, back up into the role); a slot keeps the whole read in the role's body."""
+    full = f"slot:{current_group(state)}:{key}"
+    registry = state.__dict__.setdefault("_sparkfleet_once", {})
+    lock = registry.setdefault(("lock", full), Semaphore())
+    with lock:
+        slot = registry.setdefault(full, Slot())
+        if slot.error is not None:  # every host re-raises the same failure
+            raise slot.error
+        try:
+            yield slot
+        except Exception as exc:
+            slot.error = exc
+            raise
 
 
 def active_hosts(state):

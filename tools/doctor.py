@@ -16,8 +16,8 @@ from pyinfra.api.exceptions import DeployError
 from roles.api_proxy.checks import UNIT_PATH as PROXY_UNIT_PATH
 from roles.api_proxy.checks import ApiProxyHost, Listeners, listener_problems
 from roles.docker.checks import DockerInfo, docker_info_problems
-from roles.fabric.checks import fabric_others, node_status, ping_failures
-from roles.fabric.others import netconfig_problems, renderer_in_effect
+from roles.fabric.checks import node_status, ping_failures
+from sparkfleet.fabric_others import fabric_others, netconfig_problems, renderer_in_effect
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
 from roles.firewall.checks import LiveMarker, ManagementSubnet, management_problem, table_problems, wanted_marker
 from roles.guards.run import guard_problems

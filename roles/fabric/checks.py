@@ -14,12 +14,12 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
-from roles.fabric.others import FabricConfigs, OtherConfig, other_configs
 from roles.firewall.checks import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4, wanted_marker_of
+from sparkfleet.fabric_others import OtherConfig, fabric_others
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.model.monitoring import monitoring_node_name
-from sparkfleet.once import once_per_run, per_host
+from sparkfleet.once import per_host
 from sparkfleet.render import render, sha1_text
 from sparkfleet.verdicts import FabricState  # noqa: F401 (this role's verdict, on the ground floor)
 
@@ -67,22 +67,6 @@ def link_failure(node, node_mtu, peer, peer_mtu, half: int = 0) -> str:
 def half_pairs(node, peer):
     """(index, this node's half, the peer's half) for each half both ends configure."""
     return [(i, mine, theirs) for i, (mine, theirs) in enumerate(zip(node.fabric_halves, peer.fabric_halves))]
-
-
-def _fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
-    cluster = cluster_from_state(state)
-
-    def one(node_host):
-        node = cluster.node(node_host.name)
-        facts = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_netdev)
-        return facts, other_configs(facts, tuple(h.netdev for h in node.fabric_halves))
-
-    return per_host(state, one)
-
-
-def fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
-    """node name -> (raw facts, every other configuration of its fabric netdevs), read at prepare."""
-    return once_per_run(state, "fabric-others", lambda: _fabric_others(state))
 
 
 def node_status(node_host, node) -> tuple[dict[str, dict | None], list[str], bool]:
@@ -133,6 +117,11 @@ def fabric_facts(state) -> FabricFacts:
     """At prepare time, every node of the group at once: its links, netplan file and jumbo-frame pings
     to each peer over each half (read-only: a ping that cannot leave fails at once), beside the other
     configurations of its netdevs; when a ping failed, every node's firewall facts."""
+    # The other configurations first, as preflight and step 3 read them (fabric_others: once per run;
+    # preflight, another reader of the plan's facts pass, may have read them already). Not in each
+    # node's chain of reads below: there they cost the no-op deploy a second (bench/noop.py: 5.8 s
+    # against 4.8 s). Not at once with those either: the readers already hold several SSH channels per node.
+    configs = fabric_others(state)
     cluster = cluster_from_state(state)
     fleet = fleet_from_state(state)
     monitor_name = monitoring_node_name(list(fleet.nodes))
@@ -153,12 +142,7 @@ def fabric_facts(state) -> FabricFacts:
         resolved = monitor if monitor is None or is_ipv4(monitor) else h.get_fact(Ipv4Of, hostname=monitor)
         return h.get_fact(LiveMarker), h.get_fact(ManagementSubnet, address=node.management_address), resolved
 
-    # The other configurations as preflight and step 3 read them (fabric_others: once per run; preflight,
-    # another reader of the plan's facts pass, reads them beside this one). Not in each node's chain of
-    # reads above: there they cost the no-op deploy a second (bench/noop.py: 5.8 s against 4.8 s). Not
-    # at_once with it either: the readers already hold several SSH channels per node at once.
     read_by_node = per_host(state, read)
-    configs = fabric_others(state)
     links, sha1s, pings = ({n: r[i] for n, r in read_by_node.items()} for i in range(3))
     others = {n: configs[n][1] for n in read_by_node}
     # The firewall's facts only matter when a ping failed (a converged run reads none of them here).

@@ -5,7 +5,8 @@ from io import StringIO
 from pyinfra import host, logger, state
 from pyinfra.operations import python, server
 
-from roles.fabric.checks import fabric_others, netplan_text
+from roles.fabric.checks import netplan_text
+from sparkfleet.fabric_others import fabric_others
 from sparkfleet.decided import decisions
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
 from sparkfleet import unchanged

@@ -2,12 +2,11 @@
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.fabric.checks import fabric_others
-from roles.fabric.others import conflict_failures, renderer_state
-from sparkfleet.model.fabric import RENDERER_UNITS
 from roles.preflight.facts import NodeFacts
+from sparkfleet.fabric_others import conflict_failures, fabric_others, renderer_state
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.once import active_hosts, at_once, once_per_run, per_host
+from sparkfleet.model.fabric import RENDERER_UNITS
+from sparkfleet.once import active_hosts, at_once, group_slot, once_per_run, per_host
 
 
 def requirement_failures(node, facts: dict) -> list[str]:
@@ -134,29 +133,28 @@ def facts_table(rows: list[tuple]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def _rows(state) -> list[tuple]:
-    cluster = cluster_from_state(state)
-
-    def node_facts(node_host):
-        node = cluster.node(node_host.name)
-        return node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
-                                  twin=node.fabric_twin_netdev or "", hcas=" ".join(node.rdma_hcas))
-
-    # Every node's facts and the fabric's other configurations, all at once.
-    facts, others = at_once(lambda: per_host(state, node_facts), lambda: fabric_others(state))
-    rows = []
-    for node_host in active_hosts(state):
-        node = cluster.node(node_host.name)
-        raw_others, configs = others[node_host.name]
-        # The renderer's unit state comes with the other configurations (one systemctl, not two).
-        f = {**facts[node_host.name], "renderer_state": renderer_state(node, raw_others)}
-        rows.append((node, f, requirement_failures(node, f) + conflict_failures(node, configs)))
-    return rows
-
-
 def preflight_rows(state) -> list[tuple]:
-    """(node, facts, failures) for every active node; read-only, never raises on a failure."""
-    return once_per_run(state, "preflight-rows", lambda: _rows(state))
+    """(node, facts, failures) for every active node, once per run; read-only, never raises on a failure."""
+    with group_slot(state, "preflight-rows") as slot:
+        if slot.done:
+            return slot.value
+        cluster = cluster_from_state(state)
+
+        def node_facts(node_host):
+            node = cluster.node(node_host.name)
+            return node_host.get_fact(NodeFacts, data_dir=node.preflight_data_dir, netdev=node.fabric_netdev,
+                                      twin=node.fabric_twin_netdev or "", hcas=" ".join(node.rdma_hcas))
+
+        # Every node's facts and the fabric's other configurations, all at once.
+        facts, others = at_once(lambda: per_host(state, node_facts), lambda: fabric_others(state))
+        rows = []
+        for node_host in active_hosts(state):
+            node = cluster.node(node_host.name)
+            raw_others, configs = others[node_host.name]
+            # The renderer's unit state comes with the other configurations (one systemctl, not two).
+            f = {**facts[node_host.name], "renderer_state": renderer_state(node, raw_others)}
+            rows.append((node, f, requirement_failures(node, f) + conflict_failures(node, configs)))
+        return slot.fill(rows)
 
 
 def _gather_and_check(state) -> dict[str, dict]:

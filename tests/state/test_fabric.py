@@ -2,7 +2,7 @@
 import json
 
 from roles.fabric.checks import netplan_text
-from roles.fabric.others import FabricConfigs, netconfig_problems, other_configs, renderer_in_effect
+from sparkfleet.fabric_others import FabricConfigs, netconfig_problems, other_configs, renderer_in_effect
 from sparkfleet.model.fabric import NETPLAN_FILE
 
 

@@ -375,7 +375,7 @@ def test_a_fabric_that_changes_is_not_converged_and_its_pings_do_not_count(clust
     assert not v.converged and v.drift == {"spark-a": [], "spark-b": ["mtu 1500 (want 9000)"]}
     stale = fabric_checks.decide(fabric_facts(cluster, sha1={"spark-a": "0" * 40}), cluster)
     assert not stale.converged and stale.file_current == {"spark-a": False, "spark-b": True}
-    other = object()  # another configuration of a fabric netdev (roles/fabric/others.py) unsettles it too
+    other = object()  # another configuration of a fabric netdev (sparkfleet/fabric_others.py) unsettles it too
     assert not fabric_checks.decide(fabric_facts(cluster, others={"spark-b": [other]}), cluster).converged
 
 

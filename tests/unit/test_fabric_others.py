@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from roles.fabric.others import (
+from sparkfleet.fabric_others import (
     FabricConfigs, conflict_failures, networkd_others, netplan_others, other_configs,
     parse_fabric_configs, renderer_in_effect,
 )

@@ -4,6 +4,7 @@ and operations skipped, without a round trip of their own, when one fact shows t
 No lab; no wall-clock time is asserted (bench/noop.py prints the figures)."""
 import hashlib
 import os
+from contextlib import nullcontext
 import stat
 import subprocess
 from io import StringIO
@@ -16,13 +17,13 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import files, systemd
 
-from roles.fabric.others import FabricConfigs, parse_fabric_configs
+from sparkfleet.fabric_others import FabricConfigs, parse_fabric_configs
 from roles.guards.facts import ContainerMemory, container_bytes
 from roles.preflight import checks as preflight
 from roles.preflight.facts import NodeFacts, parse_node_facts
 from sparkfleet import unchanged
 from sparkfleet.config import build_cluster
-from sparkfleet.once import at_once, per_host
+from sparkfleet.once import Slot, at_once, group_slot, per_host
 from tests.unit.helpers import pair
 from tests.unit.test_facts import FIXTURES
 
@@ -66,6 +67,38 @@ def test_at_once_returns_in_order_and_raises_the_first_failure_in_the_caller():
 
     with pytest.raises(DeployError, match="spark-b: refused"):
         at_once(lambda: 1, refuse)
+
+
+def test_a_group_slot_is_filled_once_and_every_greenlet_gets_its_value_or_its_failure():
+    """group_slot (sparkfleet/once.py): the first greenlet of a group that finds the slot empty reads;
+    the others wait on the lock and get the same value; a failed read is raised again for every host."""
+    cluster = build_cluster(pair())
+    hosts = [Host(n.name) for n in cluster.nodes]
+    state = fake_state(cluster, hosts)
+    reads = []
+
+    def reader(key, fail=False):
+        with group_slot(state, key) as slot:
+            if slot.done:
+                return slot.value
+            reads.append(key)
+            gevent.sleep(0.01)  # the other hosts' greenlets arrive while this one reads
+            if fail:
+                raise DeployError(f"{key}: refused")
+            return slot.fill(f"{key} read by {ctx_host.get().name}")
+
+    def on_every_host(compute):
+        def one(h):
+            with ctx_host.use(h):
+                try:
+                    return compute()
+                except DeployError as exc:
+                    return f"raised {exc}"
+        return [g.value for g in gevent.joinall([gevent.spawn(one, h) for h in hosts])]
+
+    assert on_every_host(lambda: reader("others")) == ["others read by spark-a"] * 2
+    assert on_every_host(lambda: reader("rows", fail=True)) == ["raised rows: refused"] * 2
+    assert reads == ["others", "rows"]  # one read each, whatever the number of hosts
 
 
 # ----------------------------------------------------------------------- the engine's memory use
@@ -117,16 +150,16 @@ def test_preflight_judges_the_renderer_from_the_fabric_configs_fact(monkeypatch,
                                    + [f"unit NetworkManager {renderer_active} enabled", "unit systemd-networkd inactive disabled"])
     hosts = [Host(n.name, {"NodeFacts": node_facts, "FabricConfigs": configs}) for n in cluster.nodes]
     state = fake_state(cluster, hosts)
-    monkeypatch.setattr(preflight, "once_per_run", lambda _state, _key, compute: compute())
+    monkeypatch.setattr(preflight, "group_slot", lambda _state, _key: nullcontext(Slot()))
     monkeypatch.setattr(preflight, "fabric_others", lambda _state: {h.name: (configs, []) for h in hosts})
-    rows = preflight._rows(state)
+    rows = preflight.preflight_rows(state)
     for node, facts, failures in rows:
         assert facts["renderer_state"] == renderer_active
         assert any("NetworkManager is inactive" in f for f in failures) == failed
     assert all(asked == [("NodeFacts", {"data_dir": "/var/lib/sparkfleet", "netdev": "enp1s0f0np0",
                                         "twin": "enP2p1s0f0np0", "hcas": "rocep1s0f0 roceP2p1s0f0"})]
                for asked in (h.asked for h in hosts))
-    assert FabricConfigs  # the fact the units come from (roles/fabric/others.py)
+    assert FabricConfigs  # the fact the units come from (sparkfleet/fabric_others.py)
 
 
 # ------------------------------------------------------- operations that need no round trip

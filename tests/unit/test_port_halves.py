@@ -12,7 +12,7 @@ import yaml
 from pyinfra.api.exceptions import DeployError
 
 from roles.fabric.checks import link_drift, link_failure, netplan_text
-from roles.fabric.others import other_configs
+from sparkfleet.fabric_others import other_configs
 from roles.preflight.checks import port_failures, requirement_failures
 from roles.preflight.facts import parse_node_facts
 from roles.serving.checks import half_gid_index, rendered_files, resolve_gid_index

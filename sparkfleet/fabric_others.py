@@ -2,6 +2,8 @@
 systemd-networkd files that someone else wrote for it (NVIDIA's guide has operators write
 /etc/netplan/40-cx7.yaml or an nmcli connection). Two configurations of one netdev fight at the next
 reboot, so preflight stops on them unless data says to take them over (`fabric_take_over`).
+On the ground floor: preflight, the fabric's role and the doctor read the same facts (fabric_others,
+once per run).
 
 One fact reads everything raw (files base64-encoded, nmcli's view of every connection); the
 matching runs here, on the controller, where the unit tests feed it outputs recorded from hosts.
@@ -15,7 +17,9 @@ from dataclasses import dataclass, replace
 import yaml
 from pyinfra.api import FactBase
 
+from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERER_UNITS, RENDERERS_SETTLED
+from sparkfleet.once import group_slot, per_host
 
 # Where netplan reads YAML (netplan's generate: /run, /etc and /lib, same-named files overriding in
 # that order) and where systemd-networkd reads .network files (systemd.network(5): /etc, /run,
@@ -458,3 +462,19 @@ def conflict_failures(node, configs: list[OtherConfig]) -> list[str]:
             failures.append(f"{node.name}: {c.names(node)} is also configured by {c.describe()}; two "
                             f"configurations of one netdev fight at the next reboot. Remove it, or {fix}")
     return failures
+
+
+def fabric_others(state) -> dict[str, tuple[dict, list[OtherConfig]]]:
+    """node name -> (raw facts, every other configuration of its fabric netdevs), read at prepare, once
+    per run (preflight, the plan's facts pass and step 3 read the same)."""
+    with group_slot(state, "fabric-others") as slot:
+        if slot.done:
+            return slot.value
+        cluster = cluster_from_state(state)
+
+        def one(node_host):
+            node = cluster.node(node_host.name)
+            facts = node_host.get_fact(FabricConfigs, netdev=node.fabric_netdev, twin=node.fabric_twin_netdev)
+            return facts, other_configs(facts, tuple(h.netdev for h in node.fabric_halves))
+
+        return slot.fill(per_host(state, one))
