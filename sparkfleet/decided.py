@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from sparkfleet.inventory import current_group
 from sparkfleet.plan_types import GroupPlan
-from sparkfleet.verdicts import CachePlan, FabricState, ImagePlan, PairState, SpeedPlan, WatchdogPlan, WeightsPlan
+from sparkfleet.verdicts import (
+    CachePlan, FabricState, ImagePlan, NodeMemory, PairState, SpeedPlan, WatchdogPlan, WeightsPlan,
+)
 
 _KEY = "_sparkfleet_decisions"
 
@@ -29,6 +31,7 @@ class Decisions:
     speed: SpeedPlan  # roles/fabric_speed: whether and why the fabric proves its speed
     serving: PairState  # roles/serving, its restart the composition of every verdict (tools/plan.py)
     watchdog: WatchdogPlan  # roles/watchdog: paused around what moves the pair
+    memory: dict[str, NodeMemory]  # node -> its memory as preflight read it (roles/guards admits against it)
 
 
 class NotDecided(RuntimeError):

@@ -11,6 +11,15 @@ from sparkfleet.model.fabric import FabricHalf
 
 
 @dataclass(frozen=True)
+class NodeMemory:
+    """A node's unified memory as preflight read it at prepare, in GiB: what the guards admit the
+    engine against and size the KV cache from (roles/guards), and what the collective's buffer is
+    sized from (roles/fabric_speed)."""
+    total_gib: float
+    available_gib: float
+
+
+@dataclass(frozen=True)
 class FabricState:
     converged: bool
     drift: dict[str, list[str]] = field(default_factory=dict)  # node name -> differences

@@ -54,7 +54,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     except DeployError as err:
         planned, no_plan = None, str(err)
     try:
-        rows.append(("guards", "all", [no_plan] if planned is None else guard_problems(state, planned.serving.files)))
+        rows.append(("guards", "all", [no_plan] if planned is None else guard_problems(state, planned.serving.files, planned.memory)))
     except DeployError as err:
         rows.append(("guards", "all", [str(err)]))
     links, problems_of = {}, {}

@@ -29,6 +29,7 @@ from sparkfleet.model.serving import node_profile
 from sparkfleet.once import at_once, once_per_fleet, per_group
 from sparkfleet.plan_command import GROUPS_FILE, plan_dir
 from sparkfleet.plan_types import GroupPlan, turn_sequence
+from sparkfleet.verdicts import NodeMemory
 
 
 def restart_reasons(cluster, profile, image, fabric, key, weights, caches, serving) -> list[str]:
@@ -113,13 +114,15 @@ def decide_group(facts: dict, group) -> decided.Decisions:
     own = serving_checks.decide(facts["serving"], group)
     reasons = restart_reasons(group, profile, image_v, fabric, key, weights_v, caches, own)
     serving_v = replace(own, restart=bool(reasons), reasons=tuple(reasons))
-    available = {node.name: row.get("mem_available_gib", 0.0) for node, row, _ in facts["preflight"]}
+    memory = {node.name: NodeMemory(total_gib=row.get("mem_total_gib", 0.0), available_gib=row.get("mem_available_gib", 0.0))
+              for node, row, _ in facts["preflight"]}
+    available = {name: m.available_gib for name, m in memory.items()}
     speed = fabric_speed_checks.decide(group, profile.image_ref, facts["speed_records"], available,
                                        reconfigured=not fabric.converged)
     watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
     return decided.Decisions(summary=summary(group, profile, image_v, weights_v, caches, speed, serving_v),
                              fabric=fabric, key=key, image=image_v, weights=weights_v, caches=caches,
-                             speed=speed, serving=serving_v, watchdog=watchdog_v)
+                             speed=speed, serving=serving_v, watchdog=watchdog_v, memory=memory)
 
 
 def group_decisions(state, group) -> decided.Decisions:

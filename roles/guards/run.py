@@ -6,34 +6,33 @@ from sparkfleet.decided import decisions
 from sparkfleet.model.guard_rules import GIB, license_gate, memory_admission, refused_settings, top_consumers
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.guards.kv_budget import PP_LAYER_PARTITION, kv_budget
-from roles.preflight.checks import gather_and_check
 from sparkfleet.model.engine import engine_args, env_file_path, pinned_env, unit_name
 from sparkfleet.model.serving import node_profile
 from roles.weights.checks import model_dir
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyvalue import key_values
 from sparkfleet.once import active_hosts, once_per_run, per_host
+from sparkfleet.verdicts import NodeMemory
 
 
-def _guards(state, files: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
+def _guards(state, files: dict[str, dict[str, tuple[str, str]]], memory: dict[str, NodeMemory]) -> list[str]:
     """files: node -> {path: (text, mode)} of what roles/serving writes there, as the plan rendered it
-    (roles/serving/checks.py decide)."""
+    (roles/serving/checks.py decide); memory: node -> its memory as preflight read it (the plan's)."""
     cluster = cluster_from_state(state)
-    facts = gather_and_check(state)
     problems, rows = [], []
-    memory = per_host(state, lambda h: _memory_facts(h, cluster.node(h.name)))
+    in_use = per_host(state, lambda h: _memory_facts(h, cluster.node(h.name)))
     for node_host in active_hosts(state):
         node = cluster.node(node_host.name)
         profile = node_profile(node)
-        f = facts[node.name]
+        m = memory[node.name]
         env_text = files[node.name][env_file_path(node, node.serving_dir)][0]
         problems += refused_settings(
             node.name, engine_args(profile, cluster, node), key_values(env_text.splitlines()),
             node.is_head, profile.engine, node.allow_ray_backend,
         )
-        consumers = top_consumers(memory[node.name]["processes"])
-        engine_use = memory[node.name]["engine_bytes"]
-        total, free = f.get("mem_total_gib", 0.0), f.get("mem_available_gib", 0.0)
+        consumers = top_consumers(in_use[node.name]["processes"])
+        engine_use = in_use[node.name]["engine_bytes"]
+        total, free = m.total_gib, m.available_gib
         if engine_use is None:  # the engine will start from nothing: it must fit in what is free now
             refusal = memory_admission(node.name, profile.gpu_memory_utilization, total, free, node.guard_min_headroom_gib)
             verdict = "refused" if refusal else "fits"
@@ -46,8 +45,8 @@ def _guards(state, files: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
             f"{profile.gpu_memory_utilization * total:6.2f} GiB needed, {free:6.2f} GiB free: {verdict}; "
             f"largest outside the engine: " + (", ".join(f"{c} {g:.2f} GiB" for c, g in consumers) or "none")
         )
-    head_facts = memory.get(cluster.head.name) or _memory_facts(state.inventory.get_host(cluster.head.name), cluster.head)
-    problems += _kv_budget(cluster, facts, rows, head_facts)
+    head_facts = in_use.get(cluster.head.name) or _memory_facts(state.inventory.get_host(cluster.head.name), cluster.head)
+    problems += _kv_budget(cluster, memory, rows, head_facts)
     head_profile = node_profile(cluster.head)
     gate = license_gate(head_profile, cluster.head.deployment_purpose, cluster.head.drafter_license_acknowledged)
     if gate:
@@ -71,7 +70,7 @@ def _memory_facts(node_host, node) -> dict:
     return out
 
 
-def _kv_budget(cluster, facts, rows, head_facts: dict) -> list[str]:
+def _kv_budget(cluster, memory: dict[str, NodeMemory], rows, head_facts: dict) -> list[str]:
     """The longest context that fits per rank, from config.json and the weights on the head."""
     import json
 
@@ -83,12 +82,12 @@ def _kv_budget(cluster, facts, rows, head_facts: dict) -> list[str]:
     drafter_bytes = head_facts["drafter"]["weights_bytes"] if "drafter" in head_facts else 0
     problems = []
     for node in cluster.nodes:
-        if node.name not in facts:
+        if node.name not in memory:
             continue
         tokens, refusal = kv_budget(
             node.name,
             utilization=profile.gpu_memory_utilization,
-            mem_total_gib=facts[node.name].get("mem_total_gib", 0.0),
+            mem_total_gib=memory[node.name].total_gib,
             weights_gib=model["weights_bytes"] / GIB,
             drafter_gib=drafter_bytes / GIB,
             reserve_gib=node.guard_kv_reserve_gib,
@@ -108,13 +107,15 @@ def _kv_budget(cluster, facts, rows, head_facts: dict) -> list[str]:
     return problems
 
 
-def guard_problems(state, files: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
-    """Every guard's refusal for the group, once per run; `files`: the ranks' rendered files."""
-    return once_per_run(state, "guards", lambda: _guards(state, files))
+def guard_problems(state, files: dict[str, dict[str, tuple[str, str]]], memory: dict[str, NodeMemory]) -> list[str]:
+    """Every guard's refusal for the group, once per run; `files`: the ranks' rendered files, `memory`:
+    each node's memory, both the run's plan's."""
+    return once_per_run(state, "guards", lambda: _guards(state, files, memory))
 
 
 def run_guards(state) -> None:
     """Step 2: the guards, on the ranks' files as the run's plan (step 1b) rendered them."""
-    problems = guard_problems(state, decisions(state).serving.files)
+    plan = decisions(state)
+    problems = guard_problems(state, plan.serving.files, plan.memory)
     if problems:
         raise DeployError("guards refused the deploy, nothing was changed:\n  " + "\n  ".join(problems))
