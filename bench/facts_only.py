@@ -17,10 +17,10 @@ from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
-from roles.firewall.checks import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
+from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
 from roles.monitoring.checks import EXPORTER_PACKAGE, PROMETHEUS_PACKAGE, InstalledVersions, monitoring_node
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
-from roles.image.checks import base_record_path, history_path, recipe_dir
+from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
     DeployedCommits, DockerImageId, ImagePin, LocalImages, RecipeCheckout, RepoDigests, ResolvedCommit,
 )
@@ -32,13 +32,16 @@ from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
 from sparkfleet.model.engine import env_file_path, image_pin_path, unit_name
-from roles.serving.facts import HeadHealth, RoceGids, UnitState
+from roles.serving.facts import HeadHealth, UnitState
 from roles.serving.history import RecipeHistory, history_file
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from roles.watchdog.facts import WatchdogUnit
-from roles.weights.checks import model_dir, profile_models
+from roles.weights.checks import profile_models
 from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.model.image import history_path
+from sparkfleet.model.weights import model_dir
+from sparkfleet.roce_gid import RoceGids
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)

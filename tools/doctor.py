@@ -19,7 +19,8 @@ from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import node_status, ping_failures
 from sparkfleet.fabric_others import fabric_others, netconfig_problems, renderer_in_effect
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
-from roles.firewall.checks import LiveMarker, ManagementSubnet, management_problem, table_problems, wanted_marker
+from roles.firewall.checks import management_problem, table_problems, wanted_marker
+from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message
 from roles.monitoring.checks import listener_problems as monitoring_listeners

@@ -14,7 +14,7 @@ import re
 
 from pyinfra import logger
 
-from roles.image.checks import history_path
+from sparkfleet.model.image import history_path
 from roles.kernel_cache.checks import commit_of
 from roles.monitoring.checks import LiveFigures, live_line, monitoring_node
 from roles.receipt.receipt import Receipts, receipt_path

@@ -8,7 +8,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from sparkfleet.model.api_proxy import OPEN_PATHS
+from sparkfleet.model.api_proxy import OPEN_PATHS, PROXY_USER
 from sparkfleet.model.engine import KEY_PROXY_FILE
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render
@@ -17,9 +17,6 @@ UNIT = "sparkfleet-api-proxy"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
 HAPROXY = "/usr/sbin/haproxy"
 PACKAGE = "haproxy"
-# The user HAProxy's workers run as (the package creates it; the firewall names it, so the package is
-# installed before the firewall: roles/api_proxy/install_tasks.py).
-PROXY_USER = "haproxy"
 # Where the proxy listens: every address, as the engine did; the firewall admits the API's
 # networks only (roles/firewall).
 BIND = "0.0.0.0"

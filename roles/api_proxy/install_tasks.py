@@ -1,5 +1,5 @@
 """roles/api_proxy, first part: HAProxy from the distribution on each head, before the firewall,
-whose output rule names HAProxy's user (roles/firewall/checks.py ENGINE_PORT_USERS); the rest of
+whose output rule names HAProxy's user (sparkfleet/firewall_rules.py ENGINE_PORT_USERS); the rest of
 the role (roles/api_proxy/tasks.py) runs once the API key's files exist."""
 from pyinfra import host, state
 from pyinfra.operations import apt

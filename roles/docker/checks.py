@@ -3,10 +3,7 @@ import json
 
 from pyinfra.api import FactBase
 
-
-def registry_address(cluster) -> str:
-    """The image registry on the head's fabric address: images cross the CX7 link, not the LAN."""
-    return f"{cluster.head.fabric_ip}:{cluster.head.docker_registry_port}"
+from sparkfleet.model.docker import registry_address
 
 
 def daemon_config(node, cluster) -> dict:

@@ -14,8 +14,9 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
-from roles.firewall.checks import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4, wanted_marker_of
 from sparkfleet.fabric_others import OtherConfig, fabric_others
+from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
+from sparkfleet.firewall_rules import wanted_marker_of
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
 from sparkfleet.model.monitoring import monitoring_node_name

@@ -17,11 +17,11 @@ from roles.fabric_speed.checks import (
     RUNNER_IN_CONTAINER, RUNNER_PATH, RUNNER_SOURCE, SPEED_CONTAINER, env_path, gather_args, gather_docker_args, gather_failures,
     gather_figure, keep_figures, kept_figures, record_path, record_text,
 )
-from roles.serving.checks import resolve_gid_index
 from sparkfleet.decided import decisions
 from sparkfleet.model.engine import IMAGE_VAR, image_pin_path, rank_env
 from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.roce_gid import resolve_gid_index
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)

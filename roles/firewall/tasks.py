@@ -10,10 +10,13 @@ from pyinfra.operations import apt, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.firewall.checks import (
-    NFT, NFTABLES_DROPIN, TABLE, UNIT, UNIT_PATH, LiveMarker, ManagementSubnet, api_networks, digest,
-    management_problem, monitor_address, monitor_problem, nftables_dropin_text, rules_path, rules_text, unit_text,
+    NFT, NFTABLES_DROPIN, UNIT, UNIT_PATH, management_problem, monitor_address, monitor_problem, nftables_dropin_text,
+    rules_path, unit_text,
 )
 from sparkfleet import unchanged
+from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
+from sparkfleet.firewall_rules import api_networks, digest, rules_text
+from sparkfleet.model.firewall import TABLE
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 
 cluster = cluster_from_state(state)

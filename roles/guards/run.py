@@ -8,7 +8,7 @@ from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.guards.kv_budget import PP_LAYER_PARTITION, kv_budget
 from sparkfleet.model.engine import engine_args, env_file_path, pinned_env, unit_name
 from sparkfleet.model.serving import node_profile
-from roles.weights.checks import model_dir
+from sparkfleet.model.weights import model_dir
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyvalue import key_values
 from sparkfleet.once import active_hosts, once_per_run, per_host

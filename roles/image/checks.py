@@ -10,7 +10,6 @@ from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
-from roles.docker.checks import registry_address
 from roles.guards.drift import drift_report, launch_defaults
 from roles.guards.exact_drift import (
     env_file_values,
@@ -30,8 +29,10 @@ from roles.image.facts import (  # noqa: F401 (pin_of: callers of this module re
 )
 from sparkfleet.bounded import bounded
 from sparkfleet.decided import decisions
+from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
-from sparkfleet.model.engine import IMAGE_VAR, engine_args, env_file_path, image_pin_path
+from sparkfleet.model.docker import registry_address
+from sparkfleet.model.engine import engine_args, env_file_path, image_pin_path
 from sparkfleet.model.serving import FULL_SHA, PROFILES_DIR, load_profile, node_profile, profile_names
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.refusal import Problem, Refusal
@@ -76,11 +77,6 @@ def refuse_loose_commit(node, profile, resolved: str | None) -> None:
     problem = commit_problem(node, profile, resolved)
     if problem:
         raise Refusal("the recipe commit is not pinned by a full SHA; nothing was changed", [problem])
-
-
-def history_path(node, profile) -> str:
-    """The recipe commits this pair has served (written by roles/serving once /health is 200)."""
-    return f"{node.preflight_data_dir}/recipes/{profile.name}.deployed"
 
 
 def check_recipe_drift(src: str, old: str, new: str, launch_files, pinned: dict, acknowledged) -> None:
@@ -197,12 +193,6 @@ def pushed_digest(output: str) -> str | None:
     return found[-1] if found else None
 
 
-def pin_text(ref: str) -> str:
-    """The worker's pin file (an EnvironmentFile of its unit): IMAGE_VAR=<registry>/<repo>@sha256:..."""
-
-    return f"{IMAGE_VAR}={ref}\n"
-
-
 def image_facts(state, profile) -> "ImageFacts":
     """At prepare time, every node at once: the image's ID on each (DockerImageId), the head's registry
     digests of it (RepoDigests, a list), each worker's (pinned reference: its pin file or None, its
@@ -265,14 +255,6 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
     if not ok:
         raise DeployError(f"{host.name}: pulling {ref} failed:\n{out.stderr or out.stdout}")
     logger.info(f"    [{host.name}] pulled {ref}; its unit runs that digest ({pin})")
-
-
-def repin_command(node, ref: str) -> str:
-    """A worker's pin file written again (the image is there, pulled by `ref` before): nothing pulled."""
-
-    q, pin = shlex.quote, image_pin_path(node)
-    tmp = q(f"{pin}.tmp")
-    return f"printf '%s' {q(pin_text(ref))} > {tmp} && chmod 0644 {tmp} && mv {tmp} {q(pin)}"
 
 
 @dataclass(frozen=True)

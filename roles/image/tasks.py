@@ -17,18 +17,18 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import apt, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.docker.checks import registry_address
 from roles.image.checks import (
-    RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, history_path,
-    other_profile_images, pull_by_digest, push_image, repin_command, recipe_dir, record_base_images, refuse_loose_commit,
-    registry_ref, verify_same_image,
+    RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, other_profile_images,
+    pull_by_digest, push_image, recipe_dir, record_base_images, refuse_loose_commit, registry_ref, verify_same_image,
 )
 from roles.image.commands import (
     build_command, build_step, checkout_step, git_fetch_command, pull_step, push_command, push_step,
 )
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
 from sparkfleet.decided import decisions
-from sparkfleet.model.image import REGISTRY_DROPIN
+from sparkfleet.image_pin import repin_command
+from sparkfleet.model.docker import registry_address
+from sparkfleet.model.image import REGISTRY_DROPIN, history_path
 from sparkfleet.model.engine import image_pin_path, pinned_env
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from sparkfleet import unchanged

@@ -8,7 +8,6 @@ cache key), and the fixed warm-up set until no rank's cache grows. Then every ra
 the union (the head pulls what it lacks from each worker, each worker pulls the head's), and
 each rank writes its own manifest, which must equal the head's before production starts.
 """
-import json
 import shlex
 import time
 
@@ -18,14 +17,14 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.fanout.commands import rsync_pull_command
 from roles.fanout.sfl_files import absent, parse_manifest
-from roles.image.checks import repin_command
 from roles.kernel_cache.facts import CacheState, is_generation
 from roles.kernel_cache.warmup import warmup_requests
 from roles.serving.api_key import curl_config, key_file
-from roles.serving.checks import wait_for_health
+from roles.serving.ready import wait_for_health
 from roles.serving.facts import health_command
 from roles.serving.history import history_file, record_command
-from roles.watchdog.checks import resume_watchdogs
+from sparkfleet.chat_request import request_command
+from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
 from sparkfleet.model.fanout import SFL_FILES
@@ -33,6 +32,7 @@ from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm
 from sparkfleet.model.serving import node_profile
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.render import render
+from sparkfleet.watchdog_handover import resume_watchdogs
 from sparkfleet.verdicts import CachePlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 
@@ -190,17 +190,6 @@ def cache_count_command(root: str) -> str:
     """`<files> <bytes>` of the served generation. -H: `current` is followed, no link inside it (the
     prewarm counts before the merge scrubs: a planted symlink to / would walk the whole disk)."""
     return f"find -H {shlex.quote(root)}/current -type f -printf '%s\\n' 2>/dev/null | awk '{{n++; b+=$1}} END {{print n+0, b+0}}'"
-
-
-def request_command(port: int, body: dict, curl_config: str | None = None) -> str:
-    """POST one warm-up request through the head; the API key's header from curl's root-only config
-    file (roles/serving/api_key.py), never on a command line."""
-    data = shlex.quote(json.dumps(body))
-    key = f"-K {shlex.quote(curl_config)} " if curl_config else ""
-    return (
-        f"printf '%s' {data} | curl {key}-sS -m 600 -o /dev/stderr -w '%{{http_code}}' -H 'Content-Type: application/json' "
-        f"--data-binary @- http://127.0.0.1:{int(port)}/v1/chat/completions"
-    )
 
 
 class _Nodes:

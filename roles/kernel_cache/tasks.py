@@ -7,12 +7,12 @@ from pyinfra import host, state
 from pyinfra.operations import python
 
 from roles.kernel_cache.checks import converge_caches, prewarm_env_file, prewarm_env_path
-from roles.serving.checks import resolve_gid_index
 from sparkfleet.decided import decisions
 from sparkfleet.model.engine import mounted_files
 from sparkfleet.model.serving import node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.roce_gid import resolve_gid_index
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)

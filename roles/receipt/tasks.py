@@ -10,7 +10,7 @@ from roles.receipt.receipt import take_receipt
 from sparkfleet.model.api_key import key_file
 from sparkfleet.decided import decisions
 from sparkfleet.model.serving import node_profile
-from roles.weights.checks import model_dir
+from sparkfleet.model.weights import model_dir
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)

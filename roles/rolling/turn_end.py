@@ -4,9 +4,9 @@ turn's group): a real request through both ranks proves the group serves, then i
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from roles.kernel_cache.checks import request_command
 from roles.rolling.checks import prove_and_undrain, router_for
 from roles.serving.api_key import curl_config
+from sparkfleet.chat_request import request_command
 from sparkfleet.decided import decisions
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.serving import node_profile

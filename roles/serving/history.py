@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import DeployError
 
-from roles.serving.checks import wait_for_health
+from roles.serving.ready import wait_for_health
 
 
 EVENTS = ("attempted", "served", "failed")
@@ -39,7 +39,7 @@ def history_file(node, profile) -> str:
 
 
 def deployed_file(node, profile) -> str:
-    """The served commits, deduplicated, the current one last (roles/image's history_path)."""
+    """The served commits, deduplicated, the current one last (sparkfleet/model/image.py history_path)."""
     return f"{node.preflight_data_dir}/recipes/{profile.name}.deployed"
 
 
@@ -80,7 +80,7 @@ def record_command(path: str, event: str, commit: str) -> str:
 
 
 def wait_then_record(history: str, commit: str, **wait) -> None:
-    """Operation body (head): roles/serving/checks.py wait_for_health; when it fails, a failed event
+    """Operation body (head): roles/serving/ready.py wait_for_health; when it fails, a failed event
     is appended before the deploy stops."""
 
 

@@ -12,10 +12,10 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.image.checks import history_path
+from sparkfleet.model.image import history_path
 from roles.receipt.receipt import note_start
 from roles.serving.api_key import curl_config, key_file
-from roles.serving.checks import wait_for_container
+from roles.serving.ready import wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
 from sparkfleet.decided import decisions
 from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT, unit_name
@@ -114,7 +114,7 @@ server.shell(
 )
 python.call(
     name="Wait for the head's /health",
-    function=wait_then_record,  # roles/serving/checks.py wait_for_health; a failure is recorded
+    function=wait_then_record,  # roles/serving/ready.py wait_for_health; a failure is recorded
     history=events_file,
     commit=commit,
     unit=unit,

@@ -17,11 +17,9 @@ A deploy that fails in between leaves the watchdogs stopped and still enabled (a
 them); `make doctor` fails on that ("sparkfleet-watchdog is inactive"); the next deploy finds them
 stopped and hands over and starts them at its end, whatever else it does. A failed prewarm whose
 previous production serves again (roles/kernel_cache) hands over to, and starts, the watchdogs it
-paused itself, before the deploy stops (resume_watchdogs).
+paused itself, before the deploy stops (resume_watchdogs: sparkfleet/watchdog_handover.py).
 """
 from dataclasses import dataclass
-
-from pyinfra.api.exceptions import DeployError
 
 from roles.watchdog.facts import WatchdogUnit
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
@@ -38,15 +36,6 @@ def runs(unit: dict | None) -> bool:
 
 def stop_command() -> str:
     return f"systemctl stop {WATCH_UNIT}.service"
-
-
-def start_command() -> str:
-    """(Re)start: reads the unit, program and config afresh, and starts a stopped one too."""
-    return f"systemctl restart {WATCH_UNIT}.service"
-
-
-def hand_over_command() -> str:
-    return f"python3 {SFL_WATCH} deployed {WATCH_CONFIG}"
 
 
 def check_config_command() -> str:
@@ -97,22 +86,3 @@ def summary(plan: WatchdogPlan, cluster) -> str:
     if stopped and cluster.head.watchdog_enabled:
         text += f"; started at the end on {', '.join(stopped)} (found stopped)"
     return text
-
-
-def resume_watchdogs(run, cluster, paused) -> str | None:
-    """After a failed prewarm brought the previous production back: hand the pair over to the
-    watchdogs this run paused and start them, workers first. `run(node name, command, what)` runs a
-    command on a node and raises DeployError when it fails (roles/kernel_cache's _Nodes.run).
-    Returns what it did (None: nothing was paused), or why the watchdogs stay stopped."""
-    order = [n for n in (*cluster.workers, cluster.head) if n.name in paused]
-    if not order:
-        return None
-    try:
-        for n in order:  # the head's hand-over before any worker's watchdog reads its state
-            run(n.name, hand_over_command(), "handing the pair over to its watchdog")
-        for n in order:
-            run(n.name, start_command(), f"starting {WATCH_UNIT}")
-    except DeployError as exc:
-        return (f"{WATCH_UNIT} stays stopped ({str(exc).splitlines()[0]}); the next deploy starts it "
-                f"(or: systemctl start {WATCH_UNIT})")
-    return f"{WATCH_UNIT} watches it again on {', '.join(n.name for n in order)}"

@@ -57,7 +57,7 @@ def watch_config(cluster, node, profile, wd) -> dict:
         "backoff_s": wd.watchdog_backoff_s,
         "startup_grace_s": wd.watchdog_startup_grace_s,
         "recovered_after_s": wd.watchdog_recovered_after_s,
-        # A cold start, as the deploy waits for it (roles/serving/checks.py wait_for_health).
+        # A cold start, as the deploy waits for it (roles/serving/ready.py wait_for_health).
         "ready_timeout_s": node.serving_health_timeout_s,
         # systemctl stop/restart waits for docker stop (stop_timeout_s, then SIGKILL): the unit's
         # TimeoutStopSec is stop_timeout_s + 30 (templates/serving_unit.j2).

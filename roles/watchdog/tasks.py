@@ -23,9 +23,10 @@ from pyinfra.operations.util import any_changed
 
 from sparkfleet.decided import decisions
 from sparkfleet.model.serving import node_profile
-from roles.watchdog.checks import check_config_command, hand_over_command, node_steps, start_command, stop_command
+from roles.watchdog.checks import check_config_command, node_steps, stop_command
 from roles.watchdog.node_config import UNIT_PATH, unit_text, watch_config_text
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.watchdog_handover import hand_over_command, start_command
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 

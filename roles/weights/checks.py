@@ -14,6 +14,7 @@ from pyinfra.facts.files import File
 from sparkfleet.model.fanout import SFL_FILES
 from roles.fanout.sfl_files import absent, parse_manifest
 from sparkfleet.model.serving import node_profile, profile_models  # noqa: F401 (profile_models: this role's API)
+from sparkfleet.model.weights import model_dir
 from roles.weights.facts import ModelCopy
 from sparkfleet.bounded import bounded
 from sparkfleet.inventory import cluster_from_state
@@ -24,10 +25,6 @@ HUB_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 # The hub fetch's container, named so that a fetch stopped at its limit can remove it (a killed
 # docker client leaves its container running).
 HUB_FETCH_CONTAINER = "sparkfleet-weights-fetch"
-
-
-def model_dir(node, model: str) -> str:
-    return f"{node.weights_dir}/{model}"
 
 
 def manifest_path(node, model: str) -> str:

@@ -26,6 +26,10 @@ OPEN_PATHS = {
     "/health": ("GET", "HEAD"),
 }
 
+# The user HAProxy's workers run as (the package creates it; the firewall names it, so the package is
+# installed before the firewall: roles/api_proxy/install_tasks.py).
+PROXY_USER = "haproxy"
+
 
 class ApiProxyData(BaseModel):
     api_proxy_engine_port: int = Field(

@@ -12,3 +12,8 @@ class DockerData(BaseModel):
     docker_registry_port: int = Field(
         5000, ge=1, le=65535, description="port of the image registry on the head's fabric address"
     )
+
+
+def registry_address(cluster) -> str:
+    """The image registry on the head's fabric address: images cross the CX7 link, not the LAN."""
+    return f"{cluster.head.fabric_ip}:{cluster.head.docker_registry_port}"

@@ -5,6 +5,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
+# The one nftables table sparkfleet owns on a node (roles/firewall); nothing else is touched.
+TABLE = "inet sparkfleet"
+
 # Written as text ("198.18.0.0/24"), like fabric_address; host bits set ("10.0.0.1/24") are refused.
 Network = Annotated[IPv4Network, Field(strict=False)]
 

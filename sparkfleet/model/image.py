@@ -26,3 +26,8 @@ class ImageData(BaseModel):
         1800, ge=1, description="seconds a worker's `docker pull` from the head's registry over the fabric may take "
         "(tens of GiB; decompressing is the slow part)",
     )
+
+
+def history_path(node, profile) -> str:
+    """The recipe commits this pair has served (written by roles/serving once /health is 200)."""
+    return f"{node.preflight_data_dir}/recipes/{profile.name}.deployed"

@@ -40,3 +40,7 @@ class WeightsData(BaseModel):
         if value == "hub" or value.startswith("/") or re.match(r"^https?://[^/\s]+", value):
             return value.rstrip("/") if value != "/" else value
         raise ValueError(f"must be {SOURCE_FORMS}")
+
+
+def model_dir(node, model: str) -> str:
+    return f"{node.weights_dir}/{model}"

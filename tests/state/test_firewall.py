@@ -7,10 +7,9 @@ from ipaddress import ip_address, ip_network
 import pytest
 
 from sparkfleet.model.serving import node_profile
-from roles.firewall.checks import (
-    NFTABLES_DROPIN, Ipv4Of, LiveMarker, ManagementSubnet, api_networks, digest, fabric_ports, nftables_dropin_text,
-    rules_path, rules_text,
-)
+from roles.firewall.checks import NFTABLES_DROPIN, nftables_dropin_text, rules_path
+from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet
+from sparkfleet.firewall_rules import api_networks, digest, fabric_ports, rules_text
 from sparkfleet.model.monitoring import monitoring_node_name
 
 

@@ -9,7 +9,8 @@ from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.checks import warmed_caches
 from sparkfleet.model.kernel_cache import cache_vars
 from sparkfleet.model.engine import CONTAINER_WEIGHTS_ROOT, unit_name
-from roles.weights.checks import manifest_path, model_dir, profile_models
+from roles.weights.checks import manifest_path, profile_models
+from sparkfleet.model.weights import model_dir
 
 
 def manifest_of(host, path):

@@ -14,7 +14,7 @@ import pytest
 
 from roles.api_proxy.checks import config_text, unit_text
 from sparkfleet.model.api_proxy import OPEN_PATHS
-from roles.firewall.checks import rules_text
+from sparkfleet.firewall_rules import rules_text
 from sparkfleet.model.engine import engine_args
 from sparkfleet.model.serving import node_profile
 from sparkfleet.config import ConfigError, build_cluster

@@ -7,7 +7,8 @@ import copy
 import json
 from pathlib import Path
 
-from roles.docker.checks import daemon_config, docker_info_problems, registry_address
+from roles.docker.checks import daemon_config, docker_info_problems
+from sparkfleet.model.docker import registry_address
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
 

@@ -154,7 +154,7 @@ def test_a_fact_read_the_baseline_lacks_is_named(call, flagged):
     source = (
         "from pyinfra.facts.server import Which\n"
         "from roles.preflight.facts import NodeFacts\n"
-        "from roles.firewall.checks import LiveMarker\n"
+        "from sparkfleet.firewall_facts import LiveMarker\n"
         "from pyinfra.api import FactBase\n"
         "class Sneaky(FactBase):\n    command = 'true'\n"
         f"{call}\n"

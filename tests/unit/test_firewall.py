@@ -5,7 +5,9 @@ import subprocess
 
 import pytest
 
-from roles.firewall.checks import ManagementSubnet, api_networks, digest, management_problem, rules_text
+from roles.firewall.checks import management_problem
+from sparkfleet.firewall_facts import ManagementSubnet
+from sparkfleet.firewall_rules import api_networks, digest, rules_text
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import pair
 

@@ -14,7 +14,7 @@ import yaml
 from roles.monitoring.checks import gid_metrics_files, rules_text
 from roles.serving.checks import rendered_files, unit_path
 from sparkfleet.model.engine import env_file_path
-from roles.serving.facts import ipv4_mapped_gid, pick_gid_index
+from sparkfleet.roce_gid import ipv4_mapped_gid, pick_gid_index
 from tests.unit.test_serving_config import LINK_LOCAL, gid_table
 from sparkfleet.model.monitoring import TEXTFILE_DIR
 from sparkfleet.model.serving import SFL_GID

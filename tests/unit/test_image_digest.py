@@ -5,7 +5,8 @@ re-pushes another image under the tag between the head's push and the worker's p
 import pytest
 
 
-from roles.image.checks import decide, digest_ref, image_facts, pin_of, pin_text, pushed_digest
+from roles.image.checks import decide, digest_ref, image_facts, pin_of, pushed_digest
+from sparkfleet.image_pin import pin_text
 from roles.image.facts import ImagePin, RepoDigests
 from sparkfleet.model.serving import node_profile
 from sparkfleet.config import build_cluster

@@ -10,8 +10,9 @@ import pytest
 
 from roles.kernel_cache.checks import (
     PREWARM_CONTAINER, expired, generation, manifest_differences, missing_entries, pinned_image_source,
-    prewarm_command, prewarm_env_file, prewarm_env_path, prewarm_reason, request_command, warmed_caches,
+    prewarm_command, prewarm_env_file, prewarm_env_path, prewarm_reason, warmed_caches,
 )
+from sparkfleet.chat_request import request_command
 from sparkfleet.model.kernel_cache import CACHE_VARS, PREWARM_ENV_ADDITIONS, cache_vars
 from roles.kernel_cache.warmup import png_data_url, warmup_requests
 from roles.serving.checks import rendered_files

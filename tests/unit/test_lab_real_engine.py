@@ -88,7 +88,7 @@ def test_the_real_profile_builds_the_lab_recipes_v4_lane_and_pins_what_the_cpu_b
 
 
 def test_a_worker_is_lost_when_its_container_is_gone_stopped_or_another_one():
-    from roles.serving.checks import container_identity_command, worker_lost
+    from roles.serving.ready import container_identity_command, worker_lost
 
     running = "true 2026-12-01T12:00:00.1Z 4242"
     assert not worker_lost(running, running)

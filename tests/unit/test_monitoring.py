@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roles.firewall.checks import rules_text as firewall_rules
+from sparkfleet.firewall_rules import rules_text as firewall_rules
 from roles.monitoring.checks import (
     exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
     rules_text, targets, textfile_text, upstream_version,

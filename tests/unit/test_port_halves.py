@@ -15,10 +15,11 @@ from roles.fabric.checks import link_drift, link_failure, netplan_text
 from sparkfleet.fabric_others import other_configs
 from roles.preflight.checks import port_failures, requirement_failures
 from roles.preflight.facts import parse_node_facts
-from roles.serving.checks import half_gid_index, rendered_files, resolve_gid_index
+from roles.serving.checks import rendered_files
+from sparkfleet.roce_gid import half_gid_index, resolve_gid_index
 from sparkfleet.model.engine import rank_env
 from sparkfleet.model.env_readers import LIBRARY_ENV, nccl_known
-from roles.serving.facts import ipv4_mapped_gid, nccl_auto_gid_index, parse_gids, pick_gid_index
+from sparkfleet.roce_gid import ipv4_mapped_gid, nccl_auto_gid_index, parse_gids, pick_gid_index
 from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import ONE_HALF, pair

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.firewall.checks import rules_text
+from sparkfleet.firewall_rules import rules_text
 from roles.router.facts import RouterHost
 from roles.router.node_config import (
     ROUTER_CONFIG, SFL_ROUTER, backends, config_text, key_holders, router_config, router_node, unit_text, venv_dir,

@@ -3,7 +3,7 @@ the GID is picked per rank."""
 import pytest
 import yaml
 
-from roles.serving.facts import ipv4_mapped_gid, parse_gids, pick_gid_index
+from sparkfleet.roce_gid import ipv4_mapped_gid, parse_gids, pick_gid_index
 from sparkfleet.model.serving import load_profile, profile_names
 from sparkfleet.config import ConfigError, build_cluster
 from tests.unit.helpers import group, pair

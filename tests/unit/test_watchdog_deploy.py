@@ -330,7 +330,7 @@ def test_enabled_at_boot_with_the_pair_only_and_stopped_when_off(monkeypatch):
 def test_a_failed_prewarm_that_restored_production_starts_the_watchdogs_it_paused():
     from pyinfra.api.exceptions import DeployError
 
-    from roles.watchdog.checks import resume_watchdogs
+    from sparkfleet.watchdog_handover import resume_watchdogs
 
     c = both()
     ran = []

@@ -1,0 +1,142 @@
+"""The serving pair started and proven, as operation bodies: a rank's container up, the head's /health
+200 within its bound (a worker lost meanwhile ends the wait at once, naming it), the API key required
+on every inference route, and the engine's own KV cache holding max_model_len tokens.
+
+roles/serving runs them after it restarts the pair; roles/kernel_cache's prewarm, which restarts the
+pair around its warm-up, runs the same proof (roles/serving/checks.py decides; this module only waits).
+"""
+import time
+
+from pyinfra import host, logger, state
+from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import DeployError
+
+from roles.guards.kv_budget import engine_kv_tokens
+from roles.serving.facts import health_command
+from sparkfleet.model.engine import WORKER_UNIT
+
+
+def wait_for_container(unit: str, timeout_s: int = 120) -> None:
+    """Operation body: until the rank's container runs (the worker is up and dialling the head)."""
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ok, out = host.run_shell_command(StringCommand(f"docker inspect --format '{{{{.State.Status}}}}' {unit}"))
+        if ok and out.stdout.strip() == "running":
+            return
+        time.sleep(2)
+    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 20 --no-pager"))
+    raise DeployError(f"{host.name}: {unit} container not running after {timeout_s} s:\n{log.stdout}")
+
+
+def engine_kv_log_command(unit: str) -> str:
+    """The KV-cache lines the unit's current run logged, and no earlier run's: the unit's journal since
+    boot also holds the engine it replaced, whose line (the real vLLM's 131,072 tokens, before a switch
+    to an SGLang profile, which logs none) would be read as this engine's. systemd gives each start an
+    InvocationID, and journald stamps the unit's output with it (_SYSTEMD_INVOCATION_ID)."""
+    return (f"id=$(systemctl show -p InvocationID --value {unit}); [ -n \"$id\" ] && "
+            f"journalctl _SYSTEMD_INVOCATION_ID=\"$id\" --no-pager -o cat | grep 'KV cache size' | tail -n 20")
+
+
+def check_engine_kv(host, unit: str, max_model_len: int) -> None:
+    """The engine's own KV-cache size (from its start-up log) must hold max_model_len tokens."""
+
+    _, log = host.run_shell_command(StringCommand(engine_kv_log_command(unit)))
+    tokens = engine_kv_tokens(log.stdout)
+    if tokens is None:
+        logger.info(f"    [{host.name}] the engine logged no 'GPU KV cache size'; KV budget not verified")
+    elif tokens < max_model_len:
+        raise DeployError(
+            f"{host.name}: the engine's KV cache holds {tokens} tokens < max_model_len {max_model_len}; "
+            f"one long request would not fit (lower max_model_len or raise gpu_memory_utilization)"
+        )
+    else:
+        logger.info(f"    [{host.name}] engine KV cache {tokens} tokens >= max_model_len {max_model_len}")
+
+
+# Asked without the key, each must answer 401: the key check's own route, and the two inference
+# routes (vLLM 0.33.0 serves POST /invocations with no key of its own: sparkfleet/model/api_proxy.py).
+KEYLESS_PROBES = (("GET", "/v1/models"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"))
+
+
+def key_probe_command(port: int, curl_config: str) -> str:
+    """The codes of KEYLESS_PROBES without the key, then GET /v1/models with it, on the head (the key
+    from curl's root-only config file, never on a command line)."""
+    base = f"http://127.0.0.1:{int(port)}"
+    fmt = "-sS -m 10 -o /dev/null -w '%{http_code}'"
+    keyless = " ".join(
+        f"$(curl {fmt} -X {method}{' -H content-type:application/json -d {}' if method == 'POST' else ''} "
+        f"{base}{path} 2>/dev/null)" for method, path in KEYLESS_PROBES)
+    return f"echo {keyless} $(curl -K {curl_config} {fmt} {base}/v1/models 2>/dev/null)"
+
+
+def check_api_key(host, port: int, curl_config: str) -> None:
+    """The API refuses every probe without the key (401) and serves one with it (200)."""
+    _, out = host.run_shell_command(StringCommand(key_probe_command(port, curl_config)))
+    want = ["401"] * len(KEYLESS_PROBES) + ["200"]
+    codes = (out.stdout.strip().split() + ["none"] * len(want))[:len(want)]
+    if codes != want:
+        answers = ", ".join(f"{m} {p} {c}" for (m, p), c in zip(KEYLESS_PROBES, codes))
+        raise DeployError(
+            f"{host.name}: without the API key {answers}; with it GET /v1/models {codes[-1]}; want 401 for each "
+            f"and 200 (the API proxy must require the key in {curl_config}'s header on every path but /health)"
+        )
+    logger.info(f"    [{host.name}] {', '.join(f'{m} {p}' for m, p in KEYLESS_PROBES)}: 401 without the API key; "
+                f"GET /v1/models 200 with it")
+
+
+def container_identity_command(container: str) -> str:
+    """`<running> <started at> <pid>` of a container, or `gone`."""
+    return f"docker inspect -f '{{{{.State.Running}}}} {{{{.State.StartedAt}}}} {{{{.State.Pid}}}}' {container} 2>/dev/null || echo gone"
+
+
+def worker_lost(before: str, now: str) -> bool:
+    """Whether a worker's container seen as `before` at the start of the wait is no longer that running
+    container (gone, stopped, or another one: systemd restarted the unit after its engine exited)."""
+    return now != before or not now.startswith("true ")
+
+
+def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,
+                    curl_config: str | None = None, key_file: str | None = None, workers: tuple[str, ...] = ()) -> None:
+    """Operation body: poll the head's /health with progress, bounded; then prove the API key is
+    required; print the endpoint and where its key is. A worker whose engine exits meanwhile ends the
+    wait at once, naming it: found by the lab's real vLLM, a head whose worker died while the pair
+    started waits for it for over ten minutes, deaf to SIGTERM, so the bound alone would spend all of
+    serving_health_timeout_s (20 min by default) before saying anything."""
+
+    peers = {name: state.inventory.get_host(name) for name in workers}
+    identity = StringCommand(container_identity_command(WORKER_UNIT))
+
+    def seen(peer) -> str:
+        ok, out = peer.run_shell_command(identity)
+        return out.stdout.strip() if ok else "unreachable"
+
+    at_start = {name: seen(peer) for name, peer in peers.items()}
+    start = time.monotonic()
+    last_report = 0.0
+    code = ""
+    while (elapsed := time.monotonic() - start) < timeout_s:
+        for name, peer in peers.items():
+            now = seen(peer)
+            if worker_lost(at_start[name], now):
+                _, log = peer.run_shell_command(StringCommand(f"journalctl -u {WORKER_UNIT} -n 30 --no-pager -o cat"))
+                raise DeployError(
+                    f"{name}: the worker's engine exited while the pair was starting (its container: "
+                    f"{at_start[name]} -> {now}), {elapsed:.0f} s into the head's start; the head cannot finish "
+                    f"starting without it (a vLLM head waits for a lost worker, deaf to SIGTERM). A re-run "
+                    f"restarts the pair. The worker's last lines:\n{log.stdout}")
+        ok, out = host.run_shell_command(StringCommand(health_command(port)))
+        code = out.stdout.strip() if ok else "no answer"
+        if code == "200":
+            key = f" (API key: root-only file {key_file} on {host.name})" if key_file else ""
+            logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}{key}")
+            if curl_config:
+                check_api_key(host, port, curl_config)
+            check_engine_kv(host, unit, max_model_len)
+            return
+        if elapsed - last_report >= 15:
+            logger.info(f"    [{host.name}] waiting for /health: {code or 'no answer'} ({elapsed:.0f} s of {timeout_s} s)")
+            last_report = elapsed
+        time.sleep(3)
+    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 30 --no-pager"))
+    raise DeployError(f"{host.name}: /health not 200 after {timeout_s} s (last: {code}):\n{log.stdout}")

@@ -1,0 +1,87 @@
+"""The firewall rules of one node (roles/firewall writes and applies them), rendered from data and
+the cluster alone.
+
+One nftables table, `inet sparkfleet`, with one input chain at policy accept: it drops only what it
+names and accepts nothing another table would drop (an accept in one table does not bind another).
+  - the node's fabric address answers on the fabric netdev only (Linux answers any local address on
+    any interface: a machine routing the fabric address via the management address reached it);
+  - on the fabric netdev, only the other nodes' fabric addresses (IPv4);
+  - the rendezvous port (torch's TCPStore listens on every address), the registry and the rsync
+    daemon are reached over the fabric netdev only; collectives (NCCL, Gloo, vLLM's own sockets) bind
+    the fabric address and are covered by the first rule;
+  - on the head, the API port from the allowed networks only; on the router node (roles/router), the
+    router's port likewise;
+  - on the head, the engine's own port (loopback only, behind the API proxy) from root's and the
+    proxy's sockets only (an output chain: a local user cannot go around the proxy);
+  - the exporters (roles/monitoring: the node exporter, the engine's /metrics on a head) from the
+    monitoring node's address only.
+SSH is never matched. Loopback is always accepted.
+"""
+from sparkfleet.model.api_proxy import PROXY_USER
+from sparkfleet.model.serving import node_profile
+from sparkfleet.render import render, sha1_text
+
+# Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
+# engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
+# engine answers without the key (sparkfleet/model/api_proxy.py); they go through the proxy like the LAN.
+ENGINE_PORT_USERS = ("root", PROXY_USER)
+
+
+def fabric_ports(cluster, node) -> list[int]:
+    profile = node_profile(cluster.head)
+    # fabric_speed_port: iperf3's server and the speed proof's rendezvous (roles/fabric_speed).
+    return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port, node.fabric_speed_port})
+
+
+def api_networks(node, management_subnet: str | None) -> list[str]:
+    """The networks allowed to the API: data's, else the node's management subnet."""
+    if node.firewall_api_allowed_networks is not None:
+        return [str(n) for n in node.firewall_api_allowed_networks]
+    return [management_subnet] if management_subnet else []
+
+
+def api_ports(node, profile) -> list[int]:
+    """The ports reached from the allowed API networks on this node: the head's API, the router's
+    (roles/router) on router_node."""
+    return ([profile.port] if node.is_head else []) + ([node.router_port] if node.router_node == node.name else [])
+
+
+def monitor_ports(node) -> list[int]:
+    """The exporters' ports on this node (roles/monitoring), reached from the monitoring node only."""
+    if not node.monitoring_enabled:
+        return []
+    return ([node.monitoring_node_exporter_port] + ([node.monitoring_engine_metrics_port] if node.is_head else [])
+            + ([node.monitoring_gpu_exporter_port] if node.gpu_expected else []))
+
+
+def _body(cluster, node, management_subnet: str | None, marker: str, monitor: str | None = None) -> str:
+    profile = node_profile(cluster.head)
+    # Each half of the port admits the peers' addresses on that half only.
+    halves = [{"netdev": half.netdev, "ip": half.ip, "quoted": f'"{half.netdev}"',
+               "peers": [peer.fabric_halves[i].ip for peer in cluster.peers(node)]}
+              for i, half in enumerate(node.fabric_halves)]
+    return render(
+        "firewall", "/etc/sparkfleet/firewall.nft", marker=marker, halves=halves,
+        fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
+        api_allowed=api_networks(node, management_subnet),
+        engine_port=node.api_proxy_engine_port if node.is_head else None, engine_users=ENGINE_PORT_USERS,
+        monitor_ports=monitor_ports(node) if monitor else [], monitor=monitor,
+    )
+
+
+def rules_text(cluster, node, management_subnet: str | None, monitor: str | None = None) -> str:
+    """The node's ruleset file. Its first rule carries `sparkfleet <sha1 of the rules>` as a comment,
+    so the live table is compared with what data renders (a hand-flushed table is re-applied).
+    `monitor`: the monitoring node's IPv4 address as this node resolves it (None: no monitoring)."""
+    return _body(cluster, node, management_subnet, f"sparkfleet {digest(cluster, node, management_subnet, monitor)}",
+                 monitor)
+
+
+def digest(cluster, node, management_subnet: str | None, monitor: str | None = None) -> str:
+    return sha1_text(_body(cluster, node, management_subnet, "sparkfleet", monitor))
+
+
+def wanted_marker_of(cluster, node, subnet: str | None, monitor: str | None) -> str:
+    """roles/firewall's wanted_marker from its facts: the management subnet and the monitoring node's
+    address as the node resolves it (roles/firewall's monitor_address)."""
+    return f"sparkfleet {digest(cluster, node, subnet, monitor)}"
