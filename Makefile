@@ -141,11 +141,13 @@ parity: install parity-venvs
 # lab and run beside them (the lab tier mostly waits on the hosts), their output printed after.
 # The engines' parity virtualenvs are built beside the lab's wheelhouse and reset, not before them (on
 # a machine without the cache, two minutes less before the lab tier starts); the router's wheels come
-# first, as deploys ship them.
+# first, as deploys ship them. The tiers beside the lab run at a lower CPU priority (nice): the lab tier
+# is the run's critical path and waits on its hosts' CPU (builds, engine starts), while the unit and
+# parity tiers finish long before it either way.
 test: install router-wheels promtool
 	@log=$$(mktemp); \
-	{ $(MAKE) -s parity-venvs && \
-	  $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; } >"$$log" 2>&1 & other=$$!; \
+	{ nice -n 10 $(MAKE) -s parity-venvs && \
+	  nice -n 10 $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; } >"$$log" 2>&1 & other=$$!; \
 	$(MAKE) -s lab-wheels lab-reset || { wait $$other; cat "$$log"; rm -f "$$log"; exit 1; }; \
 	$(BIN)/pytest tests/e2e tests/state tests/real -q --lab -p no:cacheprovider --durations=30; lab=$$?; \
 	echo "== the four-host lab (fresh hosts, a switched fabric): tests/fleet"; \
