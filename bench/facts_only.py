@@ -59,6 +59,8 @@ for peer in cluster.peers(node):
     for half in peer.fabric_halves:
         host.get_fact(FabricPing, peer_ip=half.ip, payload=node.ping_payload)
 host.get_fact(SpeedRecord, path=record_path(node))
+if node.fabric_speed_link_test != "off":  # roles/fabric_speed: the test's program
+    host.get_fact(Which, command=node.fabric_speed_link_test)
 if node.firewall_enabled:
     host.get_fact(ManagementSubnet, address=node.management_address)
     monitor = monitoring_node(fleet_from_state(state))

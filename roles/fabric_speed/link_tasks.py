@@ -7,6 +7,7 @@ record, and into the log."""
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.server import Which
 from pyinfra.operations import apt, python
 
 from roles.fabric_speed.checks import (
@@ -68,8 +69,9 @@ def prove_link_speeds(links, test: str, port: int, seconds: int, tcp_bar: float,
     keep_figures(state, links[0].server.serving_group, figures)
 
 
-# The test's tool on every node (perftest ships ib_write_bw), from the OS's packages.
-if node.fabric_speed_link_test != "off":
+# The test's tool on every node (perftest ships ib_write_bw), from the OS's packages, when the node
+# lacks it (each test is named after its program): an installed tool costs one read, not apt's.
+if node.fabric_speed_link_test != "off" and not host.get_fact(Which, command=node.fabric_speed_link_test):
     apt.packages(
         name=f"Install {SPEED_PACKAGES[node.fabric_speed_link_test]} (the fabric's speed test)",
         packages=[SPEED_PACKAGES[node.fabric_speed_link_test]],
