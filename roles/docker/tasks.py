@@ -11,6 +11,7 @@ from pyinfra.operations import apt, python, systemd
 from roles.docker.checks import DockerInfo, daemon_config, docker_info_problems
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import at_once
 from sparkfleet.render import render, sha1_text
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -19,8 +20,16 @@ cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 daemon_text = render("docker", DAEMON_JSON, daemon=daemon_config(node, cluster))
 
+# What this step reads of the node, at once: pyinfra keeps no fact between reads, and one read after
+# the other each costs a round trip (bench/noop.py). docker info answers nothing without an engine.
+dockerd, daemon_sha1, live_info = at_once(
+    lambda: host.get_fact(Which, command="dockerd"),
+    lambda: host.get_fact(Sha1File, path=DAEMON_JSON),
+    lambda: host.get_fact(DockerInfo),
+)
+
 # 1. An engine, when the node has none (DGX OS ships Docker; a plain server may not).
-if not host.get_fact(Which, command="dockerd"):
+if not dockerd:
     apt.packages(name="Install the Docker engine", packages=[node.docker_package], update=True, cache_time=3600)
 
 # 2. The NVIDIA container runtime, on nodes with a GPU.
@@ -51,7 +60,7 @@ def check_docker_info():
         raise DeployError("\n".join(problems))
 
 
-if host.get_fact(Sha1File, path=DAEMON_JSON) == sha1_text(daemon_text) and (live_info := host.get_fact(DockerInfo)):
+if daemon_sha1 == sha1_text(daemon_text) and live_info:
     problems = docker_info_problems(node, cluster, live_info)
     if problems:
         raise DeployError("\n".join(problems))

@@ -18,22 +18,27 @@ from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
 from sparkfleet.firewall_rules import api_networks, digest, rules_text
 from sparkfleet.model.firewall import TABLE
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.once import at_once
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
 
 if node.firewall_enabled:
-    subnet = host.get_fact(ManagementSubnet, address=node.management_address)
-    monitor = monitor_address(host, fleet_from_state(state))  # roles/monitoring's Prometheus, or None
+    # What this step reads of the node, at once (one read after the other: a round trip each).
+    subnet, monitor, live, nft = at_once(
+        lambda: host.get_fact(ManagementSubnet, address=node.management_address),
+        lambda: monitor_address(host, fleet_from_state(state)),  # roles/monitoring's Prometheus, or None
+        lambda: host.get_fact(LiveMarker),
+        lambda: host.get_fact(Which, command="nft"),
+    )
     problem = management_problem(node, subnet) or monitor_problem(node, fleet_from_state(state), monitor)
     if problem:
         raise DeployError(problem)
-    live = host.get_fact(LiveMarker)
     want = f"sparkfleet {digest(cluster, node, subnet, monitor)}"
     if node.is_head:
         logger.info(f"--> sparkfleet firewall: the API on {node.name} from {', '.join(api_networks(node, subnet))}; "
                     f"the fabric's services from the fabric only; SSH not filtered")
-    if not host.get_fact(Which, command="nft"):
+    if not nft:
         apt.packages(name="Install nftables", packages=["nftables"], update=True, cache_time=3600)
     unchanged.directory(name="Create the serving config directory", path=node.serving_dir, user="root", group="root",
                     mode="0700")

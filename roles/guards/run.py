@@ -11,7 +11,7 @@ from sparkfleet.model.serving import node_profile
 from sparkfleet.model.weights import model_dir
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.keyvalue import key_values
-from sparkfleet.once import active_hosts, once_per_run, per_host
+from sparkfleet.once import active_hosts, at_once, once_per_run, per_host
 from sparkfleet.verdicts import NodeMemory
 
 
@@ -58,16 +58,16 @@ def _guards(state, files: dict[str, dict[str, tuple[str, str]]], memory: dict[st
 def _memory_facts(node_host, node) -> dict:
     """One node's facts for the guards (each node's gathered at once with the others'): its
     processes, its engine's use, and on the head the model's and the drafter's files."""
-    out = {
-        "processes": node_host.get_fact(ProcessMemory),
-        "engine_bytes": node_host.get_fact(ContainerMemory, container=unit_name(node)),
+    reads = {
+        "processes": lambda: node_host.get_fact(ProcessMemory),
+        "engine_bytes": lambda: node_host.get_fact(ContainerMemory, container=unit_name(node)),
     }
     if node.is_head:
         profile = node_profile(node)
-        out["model"] = node_host.get_fact(ModelFiles, path=model_dir(node, profile.model))
+        reads["model"] = lambda: node_host.get_fact(ModelFiles, path=model_dir(node, profile.model))
         if profile.speculative and profile.speculative.draft_model:
-            out["drafter"] = node_host.get_fact(ModelFiles, path=model_dir(node, profile.speculative.draft_model))
-    return out
+            reads["drafter"] = lambda: node_host.get_fact(ModelFiles, path=model_dir(node, profile.speculative.draft_model))
+    return dict(zip(reads, at_once(*reads.values())))  # at once: one after the other, a round trip each
 
 
 def _kv_budget(cluster, memory: dict[str, NodeMemory], rows, head_facts: dict) -> list[str]:

@@ -33,6 +33,7 @@ from sparkfleet.model.engine import image_pin_path, pinned_env
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import at_once
 from sparkfleet.render import render
 
 cluster = cluster_from_state(state)
@@ -45,16 +46,29 @@ in_sync = plan.in_sync
 on_head = node.is_head
 src = recipe_dir(node, profile)
 
+short = None if FULL_SHA.match(recipe.commit) or set(recipe.commit) == {"0"} else recipe.commit
+base_record = base_record_path(node, profile)
+# What this step reads of the node, at once: pyinfra keeps no fact between reads, and one read after
+# the other each costs a round trip (bench/noop.py). The head holds the recipe, its history and the
+# registry; a worker reads only its images, when data prunes other profiles'.
+resolved, git, checkout, served, registry_bin, base_record_file, local_images = at_once(
+    lambda: host.get_fact(ResolvedCommit, path=src, short=short, repository=recipe.repository) if on_head and short else None,
+    lambda: host.get_fact(Which, command="git") if on_head else None,
+    lambda: (host.get_fact(RecipeCheckout, path=src) if on_head else None) or {},
+    lambda: host.get_fact(DeployedCommits, path=history_path(node, profile)) if on_head else [],
+    lambda: host.get_fact(Which, command="docker-registry") if on_head else None,
+    lambda: host.get_fact(File, path=base_record) if on_head else None,
+    lambda: host.get_fact(LocalImages) if node.serving_prune_other_profiles else None,
+    limit=6,  # each read holds an SSH channel; sshd's MaxSessions is 10 (sparkfleet/once.py at_once)
+)
+
 # 0. The recipe commit is a full SHA (an abbreviation is resolved on the head, to name the full one).
 if on_head:
-    short = None if FULL_SHA.match(recipe.commit) or set(recipe.commit) == {"0"} else recipe.commit
-    resolved = host.get_fact(ResolvedCommit, path=src, short=short, repository=recipe.repository) if short else None
     refuse_loose_commit(node, profile, resolved)
 
 # 1. The recipe at its pinned commit on the head (a branch can move under us; a commit cannot).
-if on_head and not host.get_fact(Which, command="git"):
+if on_head and not git:
     apt.packages(name="Install git", packages=["git"], update=True, cache_time=3600)
-checkout = (host.get_fact(RecipeCheckout, path=src) if on_head else None) or {}
 d, repo = shlex.quote(src), shlex.quote(recipe.repository)
 server.shell(
     name=checkout_step(recipe),
@@ -69,7 +83,6 @@ server.shell(
 )
 
 # 2. Upstream drift: every launch default that changed since the served commit, and whether we pin it.
-served = host.get_fact(DeployedCommits, path=history_path(node, profile)) if on_head else []
 bumped = bool(served) and not served[-1].startswith(recipe.commit)  # a recipe bump (or a rollback)
 python.call(
     name="Check the recipe's launch defaults against the served commit",
@@ -85,7 +98,7 @@ python.call(
 
 # 3. The registry, on the head's fabric address only.
 if on_head:
-    if not host.get_fact(Which, command="docker-registry"):
+    if not registry_bin:
         apt.packages(name="Install the image registry", packages=["docker-registry"], update=True, cache_time=3600)
     registry_config = unchanged.put(
         name="Write the registry config (fabric address only)",
@@ -112,8 +125,7 @@ if on_head:
 # 4. Build once on the head, tagged with the commit; push it to the registry for the workers.
 #    First the Dockerfile's base images, by digest: pulled when absent (docker build then uses exactly
 #    that local image) and recorded on the head beside the served-commit history.
-base_record = base_record_path(node, profile)
-has_base_record = on_head and host.get_fact(File, path=base_record) is not None
+has_base_record = on_head and base_record_file is not None
 python.call(
     name=RECORD_BASE_STEP,
     function=record_base_images,
@@ -188,7 +200,7 @@ python.call(
 
 # 7. Other profiles' images stay for switching back, unless data says to prune them.
 stale = (
-    other_profile_images(host.get_fact(LocalImages), profile, registry_address(cluster))
+    other_profile_images(local_images, profile, registry_address(cluster))
     if node.serving_prune_other_profiles
     else []
 )

@@ -22,6 +22,7 @@ from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT, unit_name
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.once import at_once
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
@@ -65,7 +66,14 @@ unchanged.service(
 
 # 2b. A node that changed rank keeps no unit of its old role (it would start a second engine at boot).
 other_unit = WORKER_UNIT if node.is_head else HEAD_UNIT
-other_present = host.get_fact(File, path=f"/etc/systemd/system/{other_unit}.service") is not None
+events_file, commit = history_file(node, profile), profile.recipe.commit
+history = history_path(node, profile)
+# What this step reads of the node, at once (one read after the other: a round trip each).
+other_file, events = at_once(
+    lambda: host.get_fact(File, path=f"/etc/systemd/system/{other_unit}.service"),
+    lambda: host.get_fact(RecipeHistory, path=events_file, deployed=history) if node.is_head else [],
+)
+other_present = other_file is not None
 server.shell(
     name="Remove the unit of the other role",
     commands=[
@@ -79,7 +87,6 @@ server.shell(
 # 3. The pair restarts as one: head stopped first, workers started first, head last. Each step is
 # defined on every host (gated by _if) so that pyinfra orders it against the other hosts' steps.
 on_head, restart = node.is_head, pair.restart
-events_file, commit = history_file(node, profile), profile.recipe.commit
 server.shell(
     name="Record the attempted recipe commit",  # a prewarm recorded it already (roles/kernel_cache)
     commands=[record_command(events_file, "attempted", commit)],
@@ -130,8 +137,6 @@ python.call(
 
 # 4. Once the pair serves: the recipe commit it serves, last in .deployed (the drift check reads it)
 #    and a served event in the history (rollback reads it: roles/serving/history.py).
-history = history_path(node, profile)
-events = host.get_fact(RecipeHistory, path=events_file, deployed=history) if on_head else []
 server.shell(
     name="Record the served recipe commit",
     commands=[
