@@ -22,18 +22,8 @@ def once_per_run(state, key: str, compute: Callable[[], Any]) -> Any:
 
 def once_per_fleet(state, key: str, compute: Callable[[], Any]) -> Any:
     """compute() once per run, whatever the group (the plan table, the router)."""
-    registry = state.__dict__.setdefault("_sparkfleet_once", {})
-    lock = registry.setdefault(("lock", key), Semaphore())
-    with lock:
-        if key not in registry:
-            try:
-                registry[key] = ("ok", compute())
-            except Exception as exc:  # every host re-raises the same failure
-                registry[key] = ("error", exc)
-    kind, value = registry[key]
-    if kind == "error":
-        raise value
-    return value
+    with _slot(state, key) as slot:
+        return slot.value if slot.done else slot.fill(compute())
 
 
 class Slot:
@@ -50,7 +40,23 @@ class Slot:
 
 
 @contextmanager
-def group_slot(state, key: str) -> Iterator[Slot]:
+def _slot(state, key: str) -> Iterator[Slot]:
+    """The run's slot for `key`, held under its lock: the first greenlet fills it, every other waits
+    and gets its value, or the same failure (every host re-raises it)."""
+    registry = state.__dict__.setdefault("_sparkfleet_once", {})
+    lock = registry.setdefault(("lock", key), Semaphore())
+    with lock:
+        slot = registry.setdefault(key, Slot())
+        if slot.error is not None:
+            raise slot.error
+        try:
+            yield slot
+        except Exception as exc:
+            slot.error = exc
+            raise
+
+
+def group_slot(state, key: str):
     """once_per_run without a callback: the reader computes in its own body, under the group's lock,
     when the slot is empty; every other greenlet of the group gets the value, or the same failure.
 
@@ -59,18 +65,7 @@ def group_slot(state, key: str) -> Iterator[Slot]:
 
     A role's reader that hands a callback to once_per_run is entered twice from its caller's chain
     (down into this file, back up into the role); a slot keeps the whole read in the role's body."""
-    full = f"slot:{current_group(state)}:{key}"
-    registry = state.__dict__.setdefault("_sparkfleet_once", {})
-    lock = registry.setdefault(("lock", full), Semaphore())
-    with lock:
-        slot = registry.setdefault(full, Slot())
-        if slot.error is not None:  # every host re-raises the same failure
-            raise slot.error
-        try:
-            yield slot
-        except Exception as exc:
-            slot.error = exc
-            raise
+    return _slot(state, f"slot:{current_group(state)}:{key}")
 
 
 def active_hosts(state):
