@@ -168,12 +168,6 @@ def decide(facts: FabricFacts, cluster) -> FabricState:
     return FabricState(converged=not failures, drift=drift, file_current=file_current)
 
 
-def fabric_state(state) -> FabricState:
-    """The fabric's verdict from this run's facts (the doctor's; tools/plan.py reads fabric_facts and
-    decides with the group's other verdicts)."""
-    return decide(fabric_facts(state), cluster_from_state(state))
-
-
 def ping_failures(node_host, node, cluster, links: dict[str, dict]) -> list[str]:
     """The doctor's jumbo-frame proof as read-only facts, from `node` to every peer over each half: a
     failure per half that does not answer, both ends named (links: node name -> {netdev: live link})."""
