@@ -8,14 +8,17 @@ from pyinfra import host, local, state
 
 from roles.rolling.checks import takes_turn, turn_order
 from sparkfleet.run import refusals_stop_the_run
-from tools.plan import decide
+from tools.plan import decide, read_facts
 
 with refusals_stop_the_run():
     # 0. One run at a time: the deploy lock on every node, before any fact is read; a live holder
     #    is named and refused, a dead one's lock taken over (roles/lock).
     local.include("roles/lock/tasks.py")
 
-    # 1. Every node's facts in one table; hard requirements stop the deploy before any change.
+    # 1. Every fact the plan reads, in one pass (tools/plan.py read_facts: each role's reader at once,
+    #    preflight's among them); then every node's facts in one table, and hard requirements stop the
+    #    deploy before any change.
+    read_facts(state)
     local.include("roles/preflight/tasks.py")
 
     # 1b. The plan, per serving group: every role's verdict taken once from the facts read so far

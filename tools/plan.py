@@ -26,7 +26,7 @@ from roles.watchdog import checks as watchdog_checks
 from roles.weights import checks as weights_checks
 from sparkfleet import decided
 from sparkfleet.model.serving import node_profile
-from sparkfleet.once import at_once, once_per_fleet, per_group
+from sparkfleet.once import at_once, group_slot, once_per_fleet, per_group
 from sparkfleet.plan_command import GROUPS_FILE, plan_dir
 from sparkfleet.plan_types import GroupPlan, turn_sequence
 from sparkfleet.verdicts import NodeMemory
@@ -80,9 +80,29 @@ def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan
 FACT_READERS_AT_ONCE = 6
 
 
+def read_facts(state) -> None:
+    """Step 1: every group's facts pass, at once, before preflight's check reads its rows (one of the
+    pass's readers): the two overlap instead of one waiting for the other. Nothing is decided here,
+    and no failure is raised here: a reader's failure stays in its group's slot and is raised where
+    it was before, by preflight's check (its rows) or by decide() (the rest), so that a node which
+    fails preflight is still refused by preflight's table."""
+    def compute():
+        try:
+            per_group(state, lambda group: group_facts(state, group))
+        except Exception:  # kept in the slot (sparkfleet.once.group_slot): raised again by its next reader
+            pass
+    once_per_fleet(state, "plan-facts", compute)
+
+
 def group_facts(state, group) -> dict:
     """Every fact one group's verdicts read, in one pass: each role's reader at once (run in a
-    greenlet of that group: sparkfleet.once.per_group), each reading its nodes at once."""
+    greenlet of that group: sparkfleet.once.per_group), each reading its nodes at once; once per
+    run (read_facts reads it first, decide and the doctor read it again from the group's slot)."""
+    with group_slot(state, "plan-facts") as slot:
+        return slot.value if slot.done else slot.fill(_read_group_facts(state, group))
+
+
+def _read_group_facts(state, group) -> dict:
     profile = node_profile(group.head)
     readers = {
         "fabric": lambda: fabric_checks.fabric_facts(state),  # links, files, and the read-only proof
