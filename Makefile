@@ -113,12 +113,13 @@ demo: install lab-up deploy-lab verify-lab show-lab
 router-wheels: install
 	@$(BIN)/python -m roles.router.wheels >/dev/null
 
-# promtool from the OS's prometheus package (tests/unit/promtool.sh), cached outside the checkout:
-# the alert rules' unit tests run it.
+# promtool and amtool from the OS's prometheus and prometheus-alertmanager packages (tests/unit/promtool.sh),
+# cached outside the checkout: the alert rules' and Alertmanager's configuration tests run them.
 SFL_PROMTOOL_CACHE ?= /var/cache/sparkfleet/promtool
 export SFL_PROMTOOL_CACHE
 promtool:
-	@bash tests/unit/promtool.sh >/dev/null
+	@bash tests/unit/promtool.sh promtool >/dev/null
+	@bash tests/unit/promtool.sh amtool >/dev/null
 
 unit: install router-wheels promtool
 	$(BIN)/pytest tests/unit -q

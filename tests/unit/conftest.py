@@ -58,10 +58,20 @@ def listener():
         sock.close()
 
 
+def _prometheus_tool(name: str) -> str:
+    script = Path(__file__).with_name("promtool.sh")
+    run = subprocess.run(["bash", str(script), name], capture_output=True, text=True)
+    assert run.returncode == 0, f"no {name} ({run.stderr.strip()}): run `make promtool`"
+    return run.stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def promtool() -> str:
     """promtool's path (`make promtool` puts it in the cache; the unit tier's make targets run it first)."""
-    script = Path(__file__).with_name("promtool.sh")
-    run = subprocess.run(["bash", str(script)], capture_output=True, text=True)
-    assert run.returncode == 0, f"no promtool ({run.stderr.strip()}): run `make promtool`"
-    return run.stdout.strip()
+    return _prometheus_tool("promtool")
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    """amtool's path, from the OS's Alertmanager package (`make promtool` caches it beside promtool)."""
+    return _prometheus_tool("amtool")

@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
-# promtool for the alert rules' unit tests (tests/unit/test_monitoring.py): the one in the OS's
-# `prometheus` package at the version the lab's hosts run (lab/group_data/all.py
-# monitoring_prometheus_version; a unit test holds the two equal), taken out of the package with
-# dpkg -x (nothing is installed, no service starts) and cached outside the checkout.
-#   promtool.sh    prints promtool's path
+# promtool and amtool for the monitoring tests (tests/unit/test_monitoring.py): each the one in the OS's
+# package at the version the lab's hosts run (lab/group_data/all.py monitoring_prometheus_version and
+# monitoring_alertmanager_version; a unit test holds them equal), taken out of the package with dpkg -x
+# (nothing is installed, no service starts) and cached outside the checkout.
+#   promtool.sh [promtool]   prints promtool's path (the `prometheus` package)
+#   promtool.sh amtool       prints amtool's path (the `prometheus-alertmanager` package)
 set -euo pipefail
 
-VERSION=2.42.0
+NAME=${1:-promtool}
+case $NAME in
+  promtool) PACKAGE=prometheus VERSION=2.42.0 ;;
+  amtool) PACKAGE=prometheus-alertmanager VERSION=0.25.0 ;;
+  *) echo "promtool.sh: promtool or amtool, not $NAME" >&2; exit 2 ;;
+esac
 CACHE=${SFL_PROMTOOL_CACHE:-/var/cache/sparkfleet/promtool}
-TOOL=$CACHE/$VERSION/promtool
+TOOL=$CACHE/$VERSION/$NAME
 
 if [[ ! -x $TOOL ]]; then
   mkdir -p "$CACHE"
   BUILD=$(mktemp -d "$CACHE/.build-XXXXXX")
   trap 'rm -rf "$BUILD"' EXIT
-  pick() { apt-cache madison prometheus 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}' |
+  pick() { apt-cache madison "$PACKAGE" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}' |
            while read -r o; do u=${o#*:}; u=${u%%[-+~]*}; [[ $u == "$VERSION" ]] && { echo "$o"; break; }; done; }
   full=$(pick)
   [[ -n $full ]] || { apt-get update -qq >/dev/null; full=$(pick); }
-  [[ -n $full ]] || { echo "promtool.sh: this machine's package sources offer no prometheus $VERSION" >&2; exit 1; }
-  (cd "$BUILD" && apt-get download -q "prometheus=$full" >/dev/null 2>&1) ||
-    { echo "promtool.sh: apt-get download prometheus=$full failed" >&2; exit 1; }
-  dpkg -x "$BUILD"/prometheus_*.deb "$BUILD/x"
-  "$BUILD/x/usr/bin/promtool" --version >/dev/null
+  [[ -n $full ]] || { echo "promtool.sh: this machine's package sources offer no $PACKAGE $VERSION" >&2; exit 1; }
+  (cd "$BUILD" && apt-get download -q "$PACKAGE=$full" >/dev/null 2>&1) ||
+    { echo "promtool.sh: apt-get download $PACKAGE=$full failed" >&2; exit 1; }
+  dpkg -x "$BUILD/${PACKAGE}_"*.deb "$BUILD/x"
+  "$BUILD/x/usr/bin/$NAME" --version >/dev/null 2>&1
   mkdir -p "$CACHE/$VERSION"
-  mv "$BUILD/x/usr/bin/promtool" "$TOOL.new" && mv "$TOOL.new" "$TOOL"
-  echo "promtool.sh: promtool $VERSION from prometheus $full at $TOOL" >&2
+  mv "$BUILD/x/usr/bin/$NAME" "$TOOL.new" && mv "$TOOL.new" "$TOOL"
+  echo "promtool.sh: $NAME $VERSION from $PACKAGE $full at $TOOL" >&2
 fi
 printf '%s\n' "$TOOL"
