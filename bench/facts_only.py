@@ -18,7 +18,7 @@ from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
 from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
-from roles.monitoring.checks import EXPORTER_PACKAGE, PROMETHEUS_PACKAGE, InstalledVersions, monitoring_node
+from roles.monitoring.checks import PACKAGES, InstalledVersions, monitoring_node
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
@@ -111,4 +111,4 @@ if node.is_head:
     host.get_fact(ApiKeyState, command=state_command(node))
     host.get_fact(HeadHealth, port=profile.port)
 if node.monitoring_enabled:
-    host.get_fact(InstalledVersions, packages=(EXPORTER_PACKAGE, PROMETHEUS_PACKAGE))
+    host.get_fact(InstalledVersions, packages=PACKAGES)

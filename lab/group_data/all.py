@@ -50,9 +50,11 @@ fabric_speed_min_tcp_gbits = 1.0
 fabric_speed_seconds = 2
 fabric_speed_collective = False
 
-# Monitoring: the lab hosts are Debian 12, whose archive has node_exporter 1.5.0 and Prometheus 2.42.0.
+# Monitoring: the lab hosts are Debian 12, whose archive has node_exporter 1.5.0, Prometheus 2.42.0 and
+# Alertmanager 0.25.0.
 # The stand-in engines serve no /metrics, so the stand-in lab runs without it; the real vLLM's
 # inventory (lab/inventory_vllm_cpu.py) turns it on, and tests/real proves it.
 monitoring_enabled = False
 monitoring_node_exporter_version = "1.5.0"
 monitoring_prometheus_version = "2.42.0"
+monitoring_alertmanager_version = "0.25.0"

@@ -15,6 +15,7 @@ node_systemd_unit_state, node_systemd_unit_start_time_seconds).
 """
 import shlex
 
+import yaml
 from pyinfra.api import FactBase
 
 from sparkfleet.model.engine import HEAD_UNIT, SGLANG_METRICS, WORKER_UNIT
@@ -23,11 +24,18 @@ from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.render import render
 
 EXPORTER_PACKAGE, PROMETHEUS_PACKAGE = "prometheus-node-exporter", "prometheus"
-EXPORTER_UNIT, PROMETHEUS_UNIT = "prometheus-node-exporter", "prometheus"
+ALERTMANAGER_PACKAGE = "prometheus-alertmanager"
+# The packages whose installed versions the role reads, every node the same fact (one read).
+PACKAGES = (EXPORTER_PACKAGE, PROMETHEUS_PACKAGE, ALERTMANAGER_PACKAGE)
+EXPORTER_UNIT, PROMETHEUS_UNIT, ALERTMANAGER_UNIT = "prometheus-node-exporter", "prometheus", "prometheus-alertmanager"
 EXPORTER_DEFAULTS, PROMETHEUS_DEFAULTS = "/etc/default/prometheus-node-exporter", "/etc/default/prometheus"
+ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
 PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
 RULES = "/etc/prometheus/sparkfleet.rules.yml"
 PROMETHEUS_DATA = "/var/lib/prometheus/metrics2"
+# Debian's and Ubuntu's paths (the package's unit runs `prometheus-alertmanager $ARGS` as prometheus).
+ALERTMANAGER_CONFIG = "/etc/prometheus/alertmanager.yml"
+ALERTMANAGER_DATA = "/var/lib/prometheus/alertmanager"
 TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet.prom"
 # The units whose state and start time the systemd collector reports: the engine's and the watchdog's.
 UNITS_PATTERN = "sparkfleet-.+[.]service"
@@ -66,6 +74,19 @@ def targets(fleet) -> dict[str, list[dict]]:
 def prometheus_config_text(fleet) -> str:
     first = fleet.nodes[0]
     return render("monitoring", PROMETHEUS_CONFIG, node=first, jobs=targets(fleet), rules=RULES)
+
+
+def alertmanager_defaults_text(node) -> str:
+    return render("monitoring", ALERTMANAGER_DEFAULTS, node=node, config=ALERTMANAGER_CONFIG, data=ALERTMANAGER_DATA)
+
+
+def alertmanager_config_text(node) -> str:
+    """Alertmanager's configuration: one route that sends every alert, grouped by alert and serving
+    group, to each receiver data names (a route per receiver, each `continue`s to the next)."""
+    receivers = yaml.safe_dump(node.monitoring_alertmanager_receivers, default_flow_style=False, sort_keys=True)
+    names = [r["name"] for r in node.monitoring_alertmanager_receivers]
+    return render("monitoring", ALERTMANAGER_CONFIG, node=node, names=names,
+                  receivers=receivers.rstrip("\n").splitlines())
 
 
 def fabric_netdevs(fleet) -> list[str]:
@@ -182,12 +203,14 @@ class InstalledVersions(FactBase):
 
 # The process names `ss -p` shows (the kernel's comm: 15 characters at most).
 EXPORTER_PROGRAM, PROMETHEUS_PROGRAM, PROXY_PROGRAM = "prometheus-node", "prometheus", "haproxy"
+ALERTMANAGER_PROGRAM = ALERTMANAGER_UNIT[:15]
 
 
 def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
     """The doctor's monitoring listeners: the exporter's port held by the node exporter (its firewall
     rule admits the monitoring node only), a head's metrics port by the API proxy, Prometheus on the
-    monitoring node's loopback alone. `sockets`: roles/api_proxy's Listeners fact."""
+    monitoring node's loopback alone, and Alertmanager (when on) there too, with no other socket (its
+    cluster listener, 0.0.0.0:9094 by default, off). `sockets`: roles/api_proxy's Listeners fact."""
     if monitor_name is None:
         return []
     wanted = {node.monitoring_node_exporter_port: EXPORTER_PROGRAM}
@@ -207,6 +230,14 @@ def listener_problems(node, monitor_name: str | None, sockets) -> list[str]:
             found = ", ".join(f"{p} on {a}" for a, p in prom) or "nothing"
             problems.append(f"{node.name}: port {node.monitoring_prometheus_port} (Prometheus) is held by {found}; want "
                             f"only {PROMETHEUS_PROGRAM} on 127.0.0.1")
+        if node.monitoring_alertmanager_enabled:
+            port = node.monitoring_alertmanager_port
+            want = [("127.0.0.1", port, ALERTMANAGER_PROGRAM)]
+            held = sorted((a, pt, p) for a, pt, p in sockets if pt == port or p == ALERTMANAGER_PROGRAM)
+            if held != want:
+                found = ", ".join(f"{p} on {a}:{pt}" for a, pt, p in held) or "nothing"
+                problems.append(f"{node.name}: Alertmanager's sockets are {found}; want only {ALERTMANAGER_PROGRAM} "
+                                f"on 127.0.0.1:{port}")
     return problems
 
 

@@ -11,7 +11,9 @@ On every node:
    unit or its fields changed.
 On the monitoring node, the same for `prometheus`: its arguments, the scrape config and the alert
 rules, checked by promtool before Prometheus reads them; reloaded (SIGHUP) when only the config or
-the rules changed, restarted when its arguments did.
+the rules changed, restarted when its arguments did. With monitoring_alertmanager_enabled, the same
+again for `prometheus-alertmanager` after Prometheus (whose package makes the `prometheus` user that
+reads its configuration), its configuration checked by amtool.
 With monitoring_enabled false, nothing is installed; what an earlier deploy installed stays, and the
 firewall closes its ports. An unchanged re-deploy changes nothing.
 """
@@ -22,6 +24,8 @@ from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.monitoring.checks import (
+    ALERTMANAGER_CONFIG, ALERTMANAGER_DATA, ALERTMANAGER_DEFAULTS, ALERTMANAGER_PACKAGE, ALERTMANAGER_UNIT, PACKAGES,
+    alertmanager_config_text, alertmanager_defaults_text,
     EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
     PROMETHEUS_PACKAGE, PROMETHEUS_UNIT, RULES, TEXTFILE, TEXTFILE_DIR, InstalledVersions, exporter_defaults_text,
     gid_metrics_files, gpu_exporter_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
@@ -59,7 +63,7 @@ def _install(package: str, version: str, installed: str):
 
 
 if monitor is not None:
-    installed = host.get_fact(InstalledVersions, packages=(EXPORTER_PACKAGE, PROMETHEUS_PACKAGE))
+    installed = host.get_fact(InstalledVersions, packages=PACKAGES)
     if node.name == monitor.name:
         jobs = targets(fleet)
         logger.info(f"--> sparkfleet monitoring: Prometheus on {node.name} (127.0.0.1:{node.monitoring_prometheus_port}) "
@@ -124,4 +128,27 @@ if monitor is not None:
                      commands=[f"systemctl reload {PROMETHEUS_UNIT}.service"],
                      _if=lambda: (config.did_change() or rules.did_change()) and not restart() and not prom.did_change())
         unchanged.service(name=f"Run {PROMETHEUS_UNIT}, at boot too", service=f"{PROMETHEUS_UNIT}.service",
+                          running=True, enabled=True)
+
+    # 3. The monitoring node, when data asks for it: Alertmanager, Prometheus' alerts to data's receivers.
+    if node.name == monitor.name and node.monitoring_alertmanager_enabled:
+        am_args = unchanged.put(name=f"Write {ALERTMANAGER_DEFAULTS}", src=StringIO(alertmanager_defaults_text(node)),
+                                dest=ALERTMANAGER_DEFAULTS, user="root", group="root", mode="0644")
+        # root and the service's group only: the receivers name the team's endpoints (their secrets are in
+        # *_file settings, never in data: sparkfleet/model/monitoring.py ALERTMANAGER_SECRETS)
+        am_config = unchanged.put(name=f"Write {ALERTMANAGER_CONFIG} (the receivers)",
+                                  src=StringIO(alertmanager_config_text(node)), dest=ALERTMANAGER_CONFIG, user="root",
+                                  group="prometheus", mode="0640")
+        am = _install(ALERTMANAGER_PACKAGE, node.monitoring_alertmanager_version,
+                      installed.get(ALERTMANAGER_PACKAGE, ""))
+        server.shell(name=f"Check {ALERTMANAGER_CONFIG} with amtool", commands=[f"amtool check-config {ALERTMANAGER_CONFIG}"],
+                     _if=any_changed(am_config, am))
+        server.shell(name=f"Restart {ALERTMANAGER_UNIT} (its arguments changed)",
+                     commands=[f"install -d -o prometheus -g prometheus {ALERTMANAGER_DATA}",
+                               f"systemctl restart {ALERTMANAGER_UNIT}.service"],
+                     _if=lambda: am_args.did_change() and not am.did_change())
+        server.shell(name=f"Reload {ALERTMANAGER_UNIT} (its receivers changed)",
+                     commands=[f"systemctl reload {ALERTMANAGER_UNIT}.service"],
+                     _if=lambda: am_config.did_change() and not am_args.did_change() and not am.did_change())
+        unchanged.service(name=f"Run {ALERTMANAGER_UNIT}, at boot too", service=f"{ALERTMANAGER_UNIT}.service",
                           running=True, enabled=True)

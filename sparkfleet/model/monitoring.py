@@ -24,6 +24,9 @@ MONITORING_KEYS = (
     "monitoring_alert_ttft_for_s",
     "monitoring_alert_stall_for_s", "monitoring_gpu_exporter_image", "monitoring_gpu_exporter_port",
     "monitoring_alert_gpu_clock_mhz", "monitoring_alert_gpu_busy_percent", "monitoring_alert_gpu_throttle_for_s",
+    "monitoring_alertmanager_enabled", "monitoring_alertmanager_version", "monitoring_alertmanager_port",
+    "monitoring_alertmanager_receivers", "monitoring_alertmanager_group_wait_s",
+    "monitoring_alertmanager_group_interval_s", "monitoring_alertmanager_repeat_interval_s",
 )
 
 # node_exporter's collectors this job reads (each is `--collector.<name>`; every other is off):
@@ -65,6 +68,24 @@ GPU_EXPORTER_FIELDS = (
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
     ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version"),
 )
+# A receiver's integrations, as Alertmanager names them (config/config.go, Receiver: each a list under
+# `<name>_configs`): the ones Debian 12's 0.25.0 accepts (its amtool check-config, tried one by one);
+# msteams_configs is not among them, so it is not offered.
+ALERTMANAGER_INTEGRATIONS = ("discord", "email", "opsgenie", "pagerduty", "pushover", "slack", "sns", "telegram",
+                             "victorops", "webex", "webhook", "wechat")
+# A receiver's settings whose value is a secret, and the setting Alertmanager reads it from a file with
+# instead (None: 0.25.0 reads it inline only). In data a secret would sit in the inventory and its
+# repository, and `make config` would print it: it goes in a root-only file on the monitoring node
+# (root:prometheus, 0640), named by the *_file setting. Each *_file checked with Debian 12's amtool.
+ALERTMANAGER_SECRETS = {
+    "api_url": "api_url_file",  # slack
+    "auth_password": "auth_password_file",  # email
+    "routing_key": "routing_key_file", "service_key": "service_key_file",  # pagerduty
+    "api_key": "api_key_file",  # opsgenie (victorops: inline only at 0.25.0)
+    "credentials": "credentials_file", "password": "password_file",  # http_config's authorization, basic_auth
+    "auth_secret": None, "bot_token": None, "webhook_url": None, "token": None, "user_key": None,
+    "api_secret": None, "secret_key": None, "client_secret": None,
+}
 RETENTION = r"^[0-9]+(d|h|w|y)$"
 UPSTREAM_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 
@@ -161,6 +182,38 @@ class MonitoringData(BaseModel):
     monitoring_alert_gpu_throttle_for_s: int = Field(
         120, ge=0, description="see `monitoring_alert_gpu_clock_mhz`: how long the clock stays low while busy"
     )
+    monitoring_alertmanager_enabled: bool = Field(
+        False, description="the OS's Alertmanager on `monitoring_node` (127.0.0.1 only, its cluster listener off), "
+        "Prometheus sends it every alert and it notifies `monitoring_alertmanager_receivers`; false: alerts are seen "
+        "in Prometheus and `make status` only (an Alertmanager an earlier deploy installed stays, unused)"
+    )
+    monitoring_alertmanager_version: str = Field(
+        "0.26.0", pattern=UPSTREAM_VERSION,
+        description="upstream version of the OS's `prometheus-alertmanager` package (Ubuntu 24.04: 0.26.0; Debian 12: "
+        "0.25.0); the deploy stops before installing when the OS offers another"
+    )
+    monitoring_alertmanager_port: int = Field(
+        9093, ge=1024, le=65535, description="Alertmanager's port, on the monitoring node's 127.0.0.1 only"
+    )
+    monitoring_alertmanager_receivers: list[dict] = Field(
+        [], description="where alerts go: Alertmanager's own receiver entries, each a `name` and one or more "
+        "`<integration>_configs` lists (" + ", ".join(ALERTMANAGER_INTEGRATIONS) + "), e.g. `{\"name\": \"ops\", "
+        "\"webhook_configs\": [{\"url\": \"http://10.0.0.5:5001/\"}]}`; every alert, firing and resolved, goes to "
+        "each receiver. No secret in data: a key, password or tokened URL goes in a root-only file on the monitoring "
+        "node, named by the setting's `*_file` form (`api_url_file`, `auth_password_file`, `routing_key_file`, "
+        "`api_key_file`, `http_config.authorization.credentials_file`); refused otherwise. Written to "
+        "/etc/prometheus/alertmanager.yml (0640 root:prometheus), checked by amtool"
+    )
+    monitoring_alertmanager_group_wait_s: int = Field(
+        30, ge=0, description="Alertmanager waits this long after an alert first fires before it notifies, so "
+        "that alert firing on several nodes of one serving group goes out in one message"
+    )
+    monitoring_alertmanager_group_interval_s: int = Field(
+        300, ge=1, description="after a notification, the next about new alerts of the same group waits this long"
+    )
+    monitoring_alertmanager_repeat_interval_s: int = Field(
+        14400, ge=60, description="an alert still firing is notified again after this long"
+    )
     monitoring_alert_stall_for_s: int = Field(
         300, ge=60, description="`SparkfleetGroupStalled` fires when requests have waited this long and no token "
         "was generated (the hang `/health` does not see)"
@@ -198,10 +251,13 @@ def monitoring_problems(nodes) -> list[Problem]:
              "monitoring_engine_metrics_port": first.monitoring_engine_metrics_port,
              "monitoring_prometheus_port": first.monitoring_prometheus_port,
              "monitoring_gpu_exporter_port": first.monitoring_gpu_exporter_port}
+    if first.monitoring_alertmanager_enabled:
+        ports["monitoring_alertmanager_port"] = first.monitoring_alertmanager_port
     if len(set(ports.values())) < len(ports):
         problems.append(Problem(
             f"the monitoring ports must differ ({', '.join(f'{k}={v}' for k, v in ports.items())})", names,
             key="monitoring_engine_metrics_port", fix="give each its own port"))
+    problems += alertmanager_problems(first, names)
     wanted = monitoring_node_name(nodes)
     monitor = next((n for n in nodes if n.name == wanted), None)
     if monitor is None and wanted != first.router_node:  # a router_node not in the inventory: router_problems
@@ -210,3 +266,61 @@ def monitoring_problems(nodes) -> list[Problem]:
             "(or none: the router node, else the first head)", names, key="monitoring_node",
             fix="name one of the inventory's nodes"))
     return problems
+
+
+def alertmanager_problems(first, names) -> list[Problem]:
+    """Receivers Alertmanager would refuse, or none for an Alertmanager that is on: each entry a unique
+    `name` and at least one known `<integration>_configs` list, nothing else."""
+    if not first.monitoring_alertmanager_enabled:
+        return []
+    key = "monitoring_alertmanager_receivers"
+    allowed = ", ".join(f"{i}_configs" for i in ALERTMANAGER_INTEGRATIONS)
+    receivers = first.monitoring_alertmanager_receivers
+    if not receivers:
+        return [Problem(f"key '{key}' is empty while monitoring_alertmanager_enabled is true: Alertmanager would "
+                        "notify nobody", names, key=key,
+                        fix="name at least one receiver, or set monitoring_alertmanager_enabled false")]
+    problems, seen = [], set()
+    for i, r in enumerate(receivers):
+        name = r.get("name")
+        where = f"key '{key}' entry {i}" + (f" ({name!r})" if isinstance(name, str) else "")
+        if not isinstance(name, str) or not name.strip():
+            problems.append(Problem(f"{where} has no name", names, key=key, fix="give it a `name`"))
+        elif name in seen:
+            problems.append(Problem(f"{where}: the name {name!r} is used twice", names, key=key,
+                                    fix="give each receiver its own name"))
+        seen.add(name)
+        unknown = [k for k in r if k != "name" and k.removesuffix("_configs") not in ALERTMANAGER_INTEGRATIONS]
+        if unknown:
+            problems.append(Problem(f"{where} has {', '.join(map(repr, unknown))}; allowed: name, {allowed}", names,
+                                    key=key, fix="remove it, or name one of the allowed integrations"))
+        lists = [k for k in r if k != "name" and k not in unknown]
+        if not lists:
+            problems.append(Problem(f"{where} has no integration; allowed: {allowed}", names, key=key,
+                                    fix="add one, e.g. webhook_configs: [{url: ...}]"))
+        for k in lists:
+            if not isinstance(r[k], list) or not r[k] or not all(isinstance(c, dict) for c in r[k]):
+                problems.append(Problem(f"{where}: {k} must be a non-empty list of settings", names, key=key,
+                                        fix=f"e.g. {k}: [{{...}}], as Alertmanager's configuration names them"))
+        for path, field in _secret_settings({k: r[k] for k in lists}):
+            instead = ALERTMANAGER_SECRETS[field]
+            problems.append(Problem(
+                f"{where}: {path} is a secret in data (the inventory, its repository, `make config`)", names, key=key,
+                fix=f"put it in a root-only file on the monitoring node and name that file in {instead}" if instead else
+                "Alertmanager 0.25 reads it inline only: send to a webhook_configs relay that holds it instead"))
+    return problems
+
+
+def _secret_settings(tree, path="") -> list[tuple[str, str]]:
+    """(where, setting) of every setting in `tree` whose value is a secret (ALERTMANAGER_SECRETS)."""
+    found = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            here = f"{path}.{k}" if path else str(k)
+            if k in ALERTMANAGER_SECRETS:
+                found.append((here, k))
+            found += _secret_settings(v, here)
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found += _secret_settings(v, f"{path}[{i}]")
+    return found

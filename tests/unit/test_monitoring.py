@@ -14,7 +14,7 @@ import yaml
 
 from sparkfleet.firewall_rules import rules_text as firewall_rules
 from roles.monitoring.checks import (
-    exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
+    alertmanager_config_text, alertmanager_defaults_text, exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
     rules_text, targets, textfile_text, upstream_version,
 )
 from sparkfleet.config import build_cluster
@@ -173,12 +173,14 @@ def test_monitoring_data_is_the_fleet_s_and_refused_naming_host_key_and_allowed_
     assert any("the monitoring ports must differ" in p for p in err.problems)
 
 
-def test_the_lab_pins_the_promtool_it_tests_with():
-    """promtool.sh's version is the lab's Prometheus (the rules tested are the ones the lab runs)."""
+@pytest.mark.parametrize("tool, package, key", [("promtool", "prometheus", "monitoring_prometheus_version"),
+                                               ("amtool", "prometheus-alertmanager", "monitoring_alertmanager_version")])
+def test_the_lab_pins_the_promtool_and_amtool_it_tests_with(tool, package, key):
+    """promtool.sh's versions are the lab's Prometheus and Alertmanager (what is tested is what the lab runs)."""
     script = (REPO / "tests/unit/promtool.sh").read_text()
     lab = (REPO / "lab/group_data/all.py").read_text()
-    assert re.search(r"^VERSION=(\S+)$", script, re.M).group(1) == re.search(
-        r'^monitoring_prometheus_version = "(\S+)"$', lab, re.M).group(1)
+    assert re.search(rf"^  {tool}\) PACKAGE={package} VERSION=(\S+) ;;$", script, re.M).group(1) == re.search(
+        rf'^{key} = "(\S+)"$', lab, re.M).group(1)
 
 
 def test_the_doctor_names_a_monitoring_port_held_by_the_wrong_program_or_open_beyond_loopback():
@@ -329,3 +331,91 @@ def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monit
     assert gpu_exporter_files(cpu.node("spark-b")) == {}
     assert "gpu" not in targets(cpu) and "job_name: gpu" not in prometheus_config_text(cpu)
     assert "job_name: gpu" in prometheus_config_text(f)
+
+
+EVERY = ("spark-a", "spark-b", "spark-c", "spark-d")
+WEBHOOK = {"name": "ops", "webhook_configs": [{"url": "http://10.0.0.5:5001/hook", "send_resolved": True}]}
+
+
+def alerting(receivers=(WEBHOOK,), router="spark-b", **more):
+    data = {"monitoring_alertmanager_enabled": True, "monitoring_alertmanager_receivers": list(receivers), **more}
+    return fleet(router=router, **{n: data for n in EVERY})
+
+
+def test_alertmanager_s_configuration_sends_every_alert_to_each_receiver_and_amtool_accepts_it(amtool, tmp_path):
+    """The rendered configuration is what the OS's Alertmanager reads (amtool check-config, Debian 12's
+    0.25.0 as the lab runs), each receiver data names is routed every alert, with data's timings."""
+    pager = {"name": "pager", "pagerduty_configs": [{"routing_key_file": "/etc/prometheus/pagerduty-key"}]}
+    f = alerting((WEBHOOK, pager), monitoring_alertmanager_group_wait_s=7, monitoring_alertmanager_repeat_interval_s=3600)
+    text = alertmanager_config_text(monitoring_node(f))
+    (tmp_path / "alertmanager.yml").write_text(text)
+    run = subprocess.run([amtool, "check-config", "alertmanager.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = yaml.safe_load(text)
+    assert [r["receiver"] for r in config["route"]["routes"]] == ["ops", "pager"]
+    assert all(r["continue"] for r in config["route"]["routes"]) and "matchers" not in str(config["route"])
+    assert config["receivers"] == [WEBHOOK, pager]
+    assert (config["route"]["group_wait"], config["route"]["repeat_interval"]) == ("7s", "3600s")
+    # amtool refuses what Alertmanager would: the test above is not one that passes anything
+    (tmp_path / "bad.yml").write_text(text.replace("webhook_configs", "webhok_configs"))
+    bad = subprocess.run([amtool, "check-config", "bad.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode != 0
+
+
+def test_prometheus_sends_alerts_to_alertmanager_on_loopback_only_when_it_is_on(promtool, tmp_path):
+    on, off = alerting(), fleet()
+    assert "alerting:" not in prometheus_config_text(off)
+    text = prometheus_config_text(on)
+    assert yaml.safe_load(text)["alerting"] == {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(on))
+    (tmp_path / "prometheus.yml").write_text(text.replace("/etc/prometheus/sparkfleet.rules.yml", "sparkfleet.rules.yml"))
+    run = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # loopback, no gossip port (its default 0.0.0.0:9094), data's port
+    args = re.search(r'^ARGS="(.*)"$', alertmanager_defaults_text(monitoring_node(on)), re.M).group(1).split(" ")
+    assert "--web.listen-address=127.0.0.1:9093" in args and "--cluster.listen-address=" in args
+    assert "--config.file=/etc/prometheus/alertmanager.yml" in args
+
+
+def test_alertmanager_receivers_are_refused_naming_the_key_and_the_allowed_integrations():
+    def problems(receivers, **more):
+        data = {"monitoring_alertmanager_enabled": True, "monitoring_alertmanager_receivers": receivers, **more}
+        return refused(fleet_hosts(**{n: data for n in EVERY})).problems
+
+    assert any("key 'monitoring_alertmanager_receivers' is empty while monitoring_alertmanager_enabled is true" in p
+               for p in problems([]))
+    typo = problems([{"name": "ops", "webhok_configs": [{"url": "http://x/"}]}])
+    assert any("entry 0 ('ops') has 'webhok_configs'; allowed: name, discord_configs, email_configs" in p for p in typo)
+    assert any("entry 0 ('ops') has no integration" in p for p in typo)
+    assert any("the name 'ops' is used twice" in p for p in problems([WEBHOOK, WEBHOOK]))
+    assert any("entry 0 has no name" in p for p in problems([{"webhook_configs": [{"url": "http://x/"}]}]))
+    assert any("webhook_configs must be a non-empty list" in p for p in problems([{"name": "a", "webhook_configs": {}}]))
+    assert any("the monitoring ports must differ" in p for p in problems([WEBHOOK], monitoring_alertmanager_port=9090))
+    # a secret never in data: the *_file form Alertmanager reads instead, or why there is none
+    slack = {"name": "chat", "slack_configs": [{"api_url": "https://hooks.slack.com/services/T0/B0/xyz", "channel": "#a"}]}
+    err = refused(fleet_hosts(**{n: {"monitoring_alertmanager_enabled": True, "monitoring_alertmanager_receivers": [slack]}
+                                 for n in EVERY}))
+    secret = [p for p in err.problems if "slack_configs[0].api_url is a secret in data" in p]
+    assert secret and secret[0].fix.endswith("name that file in api_url_file") and "xyz" not in str(err), err
+    hook = {"name": "h", "webhook_configs": [{"url": "http://x/", "http_config": {"authorization": {"credentials": "t"}}}]}
+    assert any("webhook_configs[0].http_config.authorization.credentials is a secret" in p for p in problems([hook]))
+    tg = {"name": "t", "telegram_configs": [{"bot_token": "t", "chat_id": 1}]}
+    assert any(p.fix.startswith("Alertmanager 0.25 reads it inline only") for p in problems([tg]) if "bot_token" in p)
+    # off, its receivers are not read
+    fleet(**{n: {"monitoring_alertmanager_receivers": [{"bad": 1}]} for n in EVERY})
+
+
+def test_the_doctor_names_alertmanager_beyond_loopback_or_with_its_cluster_port_open():
+    from roles.monitoring.checks import listener_problems
+    f = alerting(router=None)
+    head = f.node("spark-a")
+    good = [("0.0.0.0", 9100, "prometheus-node"), ("0.0.0.0", 9400, "haproxy"), ("127.0.0.1", 9090, "prometheus"),
+            ("10.0.0.11", 9401, "dcgm-exporter"), ("127.0.0.1", 9093, "prometheus-aler")]
+    assert listener_problems(head, "spark-a", good) == []
+    assert listener_problems(head, "spark-a", good + [("0.0.0.0", 9094, "prometheus-aler")]) == [
+        "spark-a: Alertmanager's sockets are prometheus-aler on 0.0.0.0:9094, prometheus-aler on 127.0.0.1:9093; "
+        "want only prometheus-aler on 127.0.0.1:9093"]
+    assert listener_problems(head, "spark-a", good[:4]) == [
+        "spark-a: Alertmanager's sockets are nothing; want only prometheus-aler on 127.0.0.1:9093"]
+    # off: not asked for
+    assert listener_problems(fleet(router=None).node("spark-a"), "spark-a", good[:4]) == []
