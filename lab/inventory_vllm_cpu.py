@@ -8,7 +8,8 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   and the default `auto` refuses two workers on one NUMA node. On real machines each node has its own;
 - the deploy's and the watchdog's bounds fit a real start (a cold torch.compile on two cores takes
   about two minutes; a warm one under one);
-- monitoring is on (roles/monitoring; the stand-ins serve no /metrics), scraping every 5 s;
+- monitoring is on (roles/monitoring; the stand-ins serve no /metrics), scraping every 5 s, with
+  Alertmanager notifying one webhook on the head's loopback (ALERT_WEBHOOK; tests/real listens there);
 - the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
   inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
   lab's one run of it. Its bar is a floor (0.05 GB/s, about 400 Mbit/s) a working link clears on any
@@ -22,6 +23,8 @@ from pathlib import Path
 from sparkfleet.inventory import sparks
 
 _lab = runpy.run_path(str(Path(__file__).with_name("inventory.py")))
+# The webhook Alertmanager notifies: tests/real/test_real_monitoring.py listens there while its drills run.
+ALERT_WEBHOOK = "http://127.0.0.1:5099/sparkfleet-alerts"
 _commits = dict(line.split() for line in Path(__file__).with_name("recipe").joinpath("COMMITS").read_text().splitlines())
 _real = {
     **_lab["_ssh"],
@@ -44,6 +47,11 @@ _real = {
     # machine's two cores, shared by both hosts, make any one figure noisy
     "monitoring_alert_ttft_factor": 4.0,
     "monitoring_alert_ttft_for_s": 10,
+    "monitoring_alertmanager_enabled": True,
+    "monitoring_alertmanager_receivers": [{"name": "lab-webhook",
+                                           "webhook_configs": [{"url": ALERT_WEBHOOK, "send_resolved": True}]}],
+    "monitoring_alertmanager_group_wait_s": 2,
+    "monitoring_alertmanager_group_interval_s": 5,
 }
 _hosts = {name: data for name, data in _lab["spark_hosts"]}
 

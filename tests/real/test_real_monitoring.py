@@ -176,6 +176,51 @@ def wait_firing(alertname: str, timeout: float, **labels) -> float:
         time.sleep(2)
 
 
+# A webhook receiver on the monitoring node's loopback, where lab/inventory_vllm_cpu.py's Alertmanager
+# sends every alert: each POST's body, one JSON a line, appended to a file the test reads.
+WEBHOOK_CATCHER = """
+import http.server, sys
+class Catch(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with open(sys.argv[1], "ab") as f:
+            f.write(body.replace(b"\\n", b" ") + b"\\n")
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), Catch).serve_forever()
+"""
+CATCHER_UNIT, CAUGHT = "sfl-test-alert-webhook", "/run/sfl-test-alert-webhook.jsonl"
+
+
+def start_webhook_catcher() -> None:
+    """The catcher, on the port of the webhook the deployed Alertmanager's configuration names."""
+    from urllib.parse import urlsplit
+
+    from roles.monitoring.checks import ALERTMANAGER_CONFIG
+
+    receivers = yaml.safe_load(on(HEAD, f"cat {ALERTMANAGER_CONFIG}"))["receivers"]
+    port = urlsplit(receivers[0]["webhook_configs"][0]["url"]).port
+    on(HEAD, f"rm -f {CAUGHT}; systemd-run --quiet --unit {CATCHER_UNIT} --collect python3 -c "
+             f"{shlex.quote(WEBHOOK_CATCHER)} {CAUGHT} {port} && "
+             f"for i in $(seq 50); do ss -Hltn 'sport = :{port}' | grep -q . && exit 0; sleep 0.1; done; exit 1")
+
+
+def wait_notified(alertname: str, status: str, timeout: float, **labels) -> float:
+    """Seconds until Alertmanager's webhook delivered `alertname` (with those labels) as `status`
+    ("firing" or "resolved") to the catcher; AssertionError after `timeout`."""
+    since = time.monotonic()
+    while True:
+        bodies = [json.loads(line) for line in on(HEAD, f"cat {CAUGHT} 2>/dev/null || true").splitlines() if line]
+        if [a for b in bodies for a in b["alerts"] if a["labels"].get("alertname") == alertname
+                and a["status"] == status and all(a["labels"].get(k) == v for k, v in labels.items())]:
+            return time.monotonic() - since
+        assert time.monotonic() - since < timeout, (f"Alertmanager delivered no {status} {alertname} {labels} "
+                                                    f"within {timeout} s: {bodies}")
+        time.sleep(2)
+
+
 def test_the_fabric_and_ttft_drills_fire_their_alerts_in_the_live_prometheus(real_deploy, capsys):
     """Two faults at once, each with its own alert: the twin half of spark-b's fabric port set to MTU
     1500 by hand -> SparkfleetFabricMtu for that netdev; the receipt's own load shape, then a receipt
@@ -185,7 +230,8 @@ def test_the_fabric_and_ttft_drills_fire_their_alerts_in_the_live_prometheus(rea
     75b3b32 the pair's p95 under this load stayed below twice a tenth of it for 120 s (a bar the
     machine's speed set, not the pair's behaviour). Both put
     back after: the MTU to 9000, the textfile to the deploy's receipt (tests/real/test_real_pair.py's
-    second deploy then changes nothing)."""
+    second deploy then changes nothing). Alertmanager delivers the fabric's alert to the webhook data
+    names, firing, and resolved once the MTU is back."""
     from roles.receipt.receipt import receipt_metrics_text
     from sparkfleet.model.monitoring import RECEIPT_TEXTFILE
 
@@ -195,6 +241,7 @@ def test_the_fabric_and_ttft_drills_fire_their_alerts_in_the_live_prometheus(rea
     assert [f["ttft_ms"] for f in receipt["figures"] if f["ttft_ms"]], receipt["figures"]
     real = receipt_metrics_text(receipt)
     assert on(HEAD, f"cat {RECEIPT_TEXTFILE}") == real  # the deploy's receipt step wrote it
+    start_webhook_catcher()
     try:
         on(WORKER, f"ip link set dev {twin} mtu 1500")
         load_like_the_receipt()
@@ -210,13 +257,18 @@ def test_the_fabric_and_ttft_drills_fire_their_alerts_in_the_live_prometheus(rea
                  f"mv {RECEIPT_TEXTFILE}.tmp {RECEIPT_TEXTFILE}")
         ttft = wait_firing("SparkfleetTtftRegression", 120, group="pair")
         mtu = wait_firing("SparkfleetFabricMtu", 120, node=WORKER, device=twin)
+        delivered = wait_notified("SparkfleetFabricMtu", "firing", 60, node=WORKER, device=twin)
+        on(WORKER, f"ip link set dev {twin} mtu 9000")
+        resolved = wait_notified("SparkfleetFabricMtu", "resolved", 90, node=WORKER, device=twin)
     finally:
         on(WORKER, f"ip link set dev {twin} mtu 9000")
         on(HEAD, f"printf '%s' {shlex.quote(real)} > {RECEIPT_TEXTFILE}.tmp && mv {RECEIPT_TEXTFILE}.tmp {RECEIPT_TEXTFILE}")
+        on(HEAD, f"systemctl stop {CATCHER_UNIT} 2>/dev/null; rm -f {CAUGHT}")
     with capsys.disabled():
         print(f"\n  monitoring drills: p95 {p95_ms:.0f} ms under the load (the deploy's receipt: {slowest:.0f} ms); "
               f"SparkfleetTtftRegression firing {ttft:.0f} s after a receipt of {p95_ms / 10:.0f} ms was planted; "
-              f"SparkfleetFabricMtu firing by {mtu:.0f} s later (for: 15 s, scrape every 5 s)")
+              f"SparkfleetFabricMtu firing by {mtu:.0f} s later (for: 15 s, scrape every 5 s); Alertmanager's webhook "
+              f"had it {delivered:.0f} s after that, and its resolution {resolved:.0f} s after the MTU was put back")
 
 
 DASHBOARD = REPO / "roles/monitoring/files/grafana/sparkfleet-dashboard.json"

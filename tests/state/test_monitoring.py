@@ -1,11 +1,13 @@
 """roles/monitoring, checked on the machines: the OS's node exporter at the pinned version running with
 the arguments data renders, sparkfleet's textfile; on the monitoring node, Prometheus at its pinned
-version with the rendered targets and rules, on loopback. With monitoring off (the stand-in lab),
+version with the rendered targets and rules, on loopback, and Alertmanager when data turns it on.
+With monitoring off (the stand-in lab),
 there is nothing of it to check."""
 import pytest
 
 from roles.monitoring.checks import (
-    EXPORTER_DEFAULTS, EXPORTER_PACKAGE, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
+    ALERTMANAGER_CONFIG, ALERTMANAGER_DEFAULTS, ALERTMANAGER_PACKAGE, ALERTMANAGER_UNIT, alertmanager_config_text,
+    alertmanager_defaults_text, EXPORTER_DEFAULTS, EXPORTER_PACKAGE, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
     exporter_defaults_text, gid_metrics_files, gpu_exporter_files, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
 )
 
@@ -70,3 +72,25 @@ def test_the_monitoring_node_runs_prometheus_with_the_rendered_targets_and_rules
     assert host.service("prometheus").is_running and host.service("prometheus").is_enabled
     assert host.socket(f"tcp://127.0.0.1:{monitored.monitoring_prometheus_port}").is_listening
     assert not host.socket(f"tcp://0.0.0.0:{monitored.monitoring_prometheus_port}").is_listening
+
+
+def test_the_monitoring_node_runs_alertmanager_on_loopback_with_the_receivers_root_and_its_group_only(host, monitored,
+                                                                                                    cluster):
+    if monitoring_node(cluster).name != monitored.name or not monitored.monitoring_alertmanager_enabled:
+        pytest.skip(f"{monitored.name} runs no Alertmanager")
+    package = host.package(ALERTMANAGER_PACKAGE)
+    assert upstream_version(package.version) == monitored.monitoring_alertmanager_version, package.version
+    assert host.file(ALERTMANAGER_DEFAULTS).content_string == alertmanager_defaults_text(monitored)
+    config = host.file(ALERTMANAGER_CONFIG)
+    assert config.content_string == alertmanager_config_text(monitored)
+    assert (config.user, config.group, config.mode) == ("root", "prometheus", 0o640)  # a receiver's URL is a secret
+    unit = host.service(f"{ALERTMANAGER_UNIT}.service")
+    assert unit.is_running and unit.is_enabled
+    # loopback alone, and no cluster (gossip) port: every socket of the process
+    pid = host.check_output(f"systemctl show -p MainPID --value {ALERTMANAGER_UNIT}")
+    sockets = host.check_output(f"ss -Htulnp | grep -F 'pid={int(pid)},' | awk '{{print $1, $5}}'").split("\n")
+    assert sockets == [f"tcp 127.0.0.1:{monitored.monitoring_alertmanager_port}"], sockets
+    # Prometheus has found it (its API: the Alertmanagers it sends to)
+    answer = host.check_output(f"curl -fsS -m 10 http://127.0.0.1:{monitored.monitoring_prometheus_port}"
+                               "/api/v1/alertmanagers")
+    assert f'"url":"http://127.0.0.1:{monitored.monitoring_alertmanager_port}/api/v2/alerts"' in answer, answer
