@@ -108,7 +108,8 @@ with refusals_stop_the_run():
     local.include("roles/router/tasks.py")
 
     # 12b. Monitoring (monitoring_enabled): the OS's node exporter on every node, the engine's /metrics
-    #     through each head's proxy, the OS's Prometheus with sparkfleet's alerts on monitoring_node.
+    #     through each head's proxy, the OS's Prometheus with sparkfleet's alerts on monitoring_node,
+    #     and its Alertmanager when data names receivers (monitoring_alertmanager_enabled).
     local.include("roles/monitoring/tasks.py")
 
     # 13. Run as a plan (`sparkfleet plan`: prepare only, nothing runs), what each operation above
