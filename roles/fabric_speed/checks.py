@@ -20,6 +20,7 @@ import shlex
 from pathlib import Path
 
 from sparkfleet.model.fabric import FabricHalf
+from sparkfleet.model.monitoring import TEXTFILE_DIR, metric_label
 from roles.fabric_speed.facts import SpeedRecord
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import per_host
@@ -102,6 +103,30 @@ def kept_figures(state, group: str) -> list[dict]:
 
 def record_text(key: str, figures: list[dict]) -> str:
     return json.dumps({"key": key, "passed": True, "figures": figures}, indent=1, sort_keys=True) + "\n"
+
+
+# The passed proof's figures for the node exporter's textfile collector, written on the group's head
+# beside its record (monitoring on): the dashboard's and the team's view of what the fabric measured.
+SPEED_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-fabric-speed.prom"
+
+
+def speed_metrics_text(figures: list[dict], proven_at: float) -> str:
+    """Each link's Gbit/s (iperf3 or ib_write_bw, per half) and the collective's bus bandwidth, as the
+    last passed proof measured them, and when."""
+    links = [f for f in figures if "gbits" in f]
+    collectives = [f for f in figures if "busbw_gbytes" in f]
+    lines = ["# HELP sparkfleet_fabric_speed_gbits A fabric link's throughput in the last passed speed proof, Gbit/s.",
+             "# TYPE sparkfleet_fabric_speed_gbits gauge"]
+    lines += [f'sparkfleet_fabric_speed_gbits{{test="{metric_label(f["test"])}",link="{metric_label(f["link"])}"}} {f["gbits"]}'
+              for f in links]
+    lines += ["# HELP sparkfleet_fabric_speed_busbw_gbytes The collective's bus bandwidth in the last passed speed "
+              "proof, GB/s.", "# TYPE sparkfleet_fabric_speed_busbw_gbytes gauge"]
+    lines += [f'sparkfleet_fabric_speed_busbw_gbytes{{test="{metric_label(f["test"])}",backend="{metric_label(f.get("backend", ""))}"}} '
+              f'{f["busbw_gbytes"]}' for f in collectives]
+    lines += ["# HELP sparkfleet_fabric_speed_proven_timestamp_seconds When the last speed proof passed.",
+              "# TYPE sparkfleet_fabric_speed_proven_timestamp_seconds gauge",
+              f"sparkfleet_fabric_speed_proven_timestamp_seconds {int(proven_at)}"]
+    return "\n".join(lines) + "\n"
 
 
 # iperf3: one TCP stream per half, both ends bound to that half's addresses (the kernel would

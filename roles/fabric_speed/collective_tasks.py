@@ -6,6 +6,7 @@ Its buffer comes from the memory guard's budget at prepare (checks.buffer_mib), 
 playbook's 16 GB. Workers' ranks start first, detached; the head's runs in the foreground and
 prints the figure; every rank's container is removed whatever happened."""
 import shlex
+import time
 from io import StringIO
 
 from pyinfra import host, logger, state
@@ -14,6 +15,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python
 
 from roles.fabric_speed.checks import (
+    SPEED_TEXTFILE, speed_metrics_text,
     RUNNER_IN_CONTAINER, RUNNER_PATH, RUNNER_SOURCE, SPEED_CONTAINER, env_path, gather_args, gather_docker_args, gather_failures,
     gather_figure, keep_figures, kept_figures, record_path, record_text,
 )
@@ -78,10 +80,14 @@ def run_collective(mib: int) -> None:
 
 
 def write_record(path: str, key: str) -> None:
-    """Operation body on each node: the passed proof's record, with every figure of this run."""
-    text = record_text(key, kept_figures(state, group))
-    command = (f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && printf '%s' {shlex.quote(text)} > "
-               f"{shlex.quote(path)}.tmp && mv {shlex.quote(path)}.tmp {shlex.quote(path)}")
+    """Operation body on each node: the passed proof's record, with every figure of this run; on the
+    head, with monitoring on, the figures as metrics too (SPEED_TEXTFILE)."""
+    figures = kept_figures(state, group)
+    writes = [(path, record_text(key, figures))]
+    if node.is_head and node.monitoring_enabled:
+        writes.append((SPEED_TEXTFILE, speed_metrics_text(figures, time.time())))
+    command = " && ".join(f"mkdir -p {shlex.quote(p.rsplit('/', 1)[0])} && printf '%s' {shlex.quote(text)} > "
+                          f"{shlex.quote(p)}.tmp && mv {shlex.quote(p)}.tmp {shlex.quote(p)}" for p, text in writes)
     ok, out = host.run_shell_command(StringCommand(command))
     if not ok:
         raise DeployError(f"fabric speed: {node.name}: writing {path} failed: {out.stderr}")

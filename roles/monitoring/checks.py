@@ -19,7 +19,7 @@ import yaml
 from pyinfra.api import FactBase
 
 from sparkfleet.model.engine import HEAD_UNIT, SGLANG_METRICS, WORKER_UNIT
-from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS, TEXTFILE_DIR, monitoring_node_name
+from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS, TEXTFILE_DIR, metric_label, monitoring_node_name
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.render import render
 
@@ -100,10 +100,6 @@ def rules_text(fleet) -> str:
                   headroom_bytes=int(first.monitoring_alert_memory_headroom_gib * 2**30))
 
 
-def _label(value: str) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def textfile_text(fleet, node) -> str:
     """sparkfleet's facts of this node, for the node exporter's textfile collector."""
     try:
@@ -112,7 +108,7 @@ def textfile_text(fleet, node) -> str:
     except Exception:  # a profile that does not load is refused by the serving checks first
         served = {"profile": "", "engine": "", "model": ""}
     info = {"group": node.serving_group, "rank": str(node.rank), "recipe_commit": node.serving_recipe_commit or "", **served}
-    labels = ",".join(f'{k}="{_label(v)}"' for k, v in info.items())
+    labels = ",".join(f'{k}="{metric_label(v)}"' for k, v in info.items())
     lines = [
         "# HELP sparkfleet_node_info What sparkfleet deployed on this node (its serving group, rank, profile, commit).",
         "# TYPE sparkfleet_node_info gauge",
@@ -120,7 +116,7 @@ def textfile_text(fleet, node) -> str:
         "# HELP sparkfleet_fabric_mtu_wanted_bytes The MTU data sets on each half of the fabric port.",
         "# TYPE sparkfleet_fabric_mtu_wanted_bytes gauge",
     ]
-    lines += [f'sparkfleet_fabric_mtu_wanted_bytes{{device="{_label(h.netdev)}"}} {node.fabric_mtu}'
+    lines += [f'sparkfleet_fabric_mtu_wanted_bytes{{device="{metric_label(h.netdev)}"}} {node.fabric_mtu}'
               for h in node.fabric_halves]
     return "\n".join(lines) + "\n"
 

@@ -220,6 +220,11 @@ class MonitoringData(BaseModel):
     )
 
 
+def metric_label(value) -> str:
+    """A label's value as the textfile collector's exposition format writes it (\\, " and newline escaped)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def monitoring_node_name(nodes) -> str | None:
     """The node that runs Prometheus: data's, else the router node, else the first group's head."""
     if not nodes or not nodes[0].monitoring_enabled:

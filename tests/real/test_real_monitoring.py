@@ -98,6 +98,21 @@ def test_every_metric_the_alert_rules_read_has_data_in_the_live_prometheus(real_
         HEAD: ("pair", "0", "vllm"), WORKER: ("pair", "1", "vllm")}, info
 
 
+def test_the_fabric_speed_proof_s_figures_are_in_the_live_prometheus(real_deploy):
+    """The deploy's speed proof (iperf3 per half, all_gather over gloo in the real image) as the head's
+    textfile metrics: the same figures its record on the node holds, scraped."""
+    from roles.fabric_speed.checks import RECORD_NAME
+
+    record = json.loads(on(HEAD, f"cat $(find /var/lib/sparkfleet -name {RECORD_NAME} | head -n 1)"))
+    links = {(r["metric"]["test"], r["metric"]["link"]): float(r["value"][1])
+             for r in wait_for('sparkfleet_fabric_speed_gbits{group="pair"}')}
+    assert links == {(f["test"], f["link"]): f["gbits"] for f in record["figures"] if "gbits" in f}, (links, record)
+    assert len(links) == 2 and all(g > 0 for g in links.values()), links  # both halves, each its own figure
+    (busbw,) = query('sparkfleet_fabric_speed_busbw_gbytes{group="pair", test="all_gather"}')
+    assert busbw["metric"]["node"] == HEAD and busbw["metric"]["backend"] == "gloo", busbw
+    assert float(busbw["value"][1]) == next(f["busbw_gbytes"] for f in record["figures"] if f["test"] == "all_gather")
+
+
 def test_the_engine_s_metrics_port_serves_metrics_alone_and_the_exporters_answer_the_monitoring_node_only(real_deploy):
     metrics = on(HEAD, f"curl -sS -m 10 http://{MGMT[HEAD]}:9400/metrics")
     assert re.search(r"^vllm:num_requests_running\{", metrics, re.M), metrics[:2000]

@@ -147,3 +147,24 @@ def test_ib_write_bw_without_rdma_is_refused_naming_the_key_and_the_allowed_valu
 def test_one_bar_per_group():
     with pytest.raises(ConfigError, match="key 'fabric_speed_min_tcp_gbits' differs between nodes"):
         build_cluster(pair(**{"spark-b": {"fabric_speed_min_tcp_gbits": 2.0}}))
+
+
+def test_the_passed_proofs_figures_are_valid_textfile_metrics(promtool):
+    """Each half's Gbit/s (here a Spark's recorded ib_write_bw report) and the collective's busbw, as the
+    node exporter's textfile collector reads them (promtool check metrics), labelled by link and test."""
+    import subprocess
+
+    from roles.fabric_speed.checks import half_name, speed_metrics_text
+
+    reports = ib_reports((FIXTURES / "fabric-speed-ib-write-bw-dgx-spark.txt").read_text())
+    (link,) = speed_links(spark())
+    figures = [{"test": "ib_write_bw", "link": half_name(link, i), "gbits": ib_write_bw_gbits(r)}
+               for i, r in sorted(reports.items())]
+    figures.append({"test": "all_gather", "backend": "nccl", "busbw_gbytes": 23.74, "algbw_gbytes": 11.87})
+    text = speed_metrics_text(figures, 1764858000.7)
+    run = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["92.41", "91.87", "23.74", "1764858000"]
+    assert lines[0].startswith('sparkfleet_fabric_speed_gbits{test="ib_write_bw",link="spark-b enp1s0f0np0/')
+    assert 'sparkfleet_fabric_speed_busbw_gbytes{test="all_gather",backend="nccl"} 23.74' in lines
