@@ -6,6 +6,9 @@ verdicts have unit tests; `check_fingerprint` and `doctor_rows` read the live fa
 from pyinfra import logger
 
 from roles.fingerprint.facts import Fingerprint
+from sparkfleet.model.engine import unit_name
+from sparkfleet.model.monitoring import TEXTFILE_DIR
+from sparkfleet.render import render
 from sparkfleet.model.fingerprint import FINGERPRINT_FIELDS
 from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
@@ -167,3 +170,23 @@ def doctor_rows(state) -> list[tuple[str, str, list[str], str]]:
             mine = [f"{p}; {p.fix}" for p in found if name in p.hosts]
             rows.append(("fingerprint", name, mine, note(fp)))
     return rows
+
+
+# Monitoring on: each node writes its fingerprint now for the node exporter's textfile collector, every
+# monitoring_fingerprint_interval_s (sfl_fingerprint.py, the program the deploy's fact parses with).
+METRICS_UNIT = "sparkfleet-fingerprint-metrics"
+METRICS_SCRIPT = "/usr/local/lib/sparkfleet/sfl_fingerprint.py"
+METRICS_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-fingerprint.prom"
+
+
+def metrics_files(node) -> dict[str, str]:
+    """{path: text} of the fingerprint timer and its service on `node`; none with monitoring off."""
+    if not node.monitoring_enabled:
+        return {}
+    base = f"/etc/systemd/system/{METRICS_UNIT}"
+    return {
+        f"{base}.service": render("fingerprint", f"{base}.service", script=METRICS_SCRIPT, netdev=node.fabric_netdev,
+                                  engine=node_profile(node).engine, container=unit_name(node),
+                                  textfile=METRICS_TEXTFILE),
+        f"{base}.timer": render("fingerprint", f"{base}.timer", interval_s=node.monitoring_fingerprint_interval_s),
+    }

@@ -27,6 +27,7 @@ MONITORING_KEYS = (
     "monitoring_alertmanager_enabled", "monitoring_alertmanager_version", "monitoring_alertmanager_port",
     "monitoring_alertmanager_receivers", "monitoring_alertmanager_group_wait_s",
     "monitoring_alertmanager_group_interval_s", "monitoring_alertmanager_repeat_interval_s",
+    "monitoring_fingerprint_interval_s",
 )
 
 # node_exporter's collectors this job reads (each is `--collector.<name>`; every other is off):
@@ -213,6 +214,11 @@ class MonitoringData(BaseModel):
     )
     monitoring_alertmanager_repeat_interval_s: int = Field(
         14400, ge=60, description="an alert still firing is notified again after this long"
+    )
+    monitoring_fingerprint_interval_s: int = Field(
+        60, ge=5, le=3600, description="every node writes its fingerprint (kernel, GPU driver, CX7 firmware, Docker, "
+        "the image its engine container runs, that image's engine and NCCL) as `sparkfleet_fingerprint_info` this "
+        "often (`sparkfleet-fingerprint-metrics.timer`, roles/fingerprint)"
     )
     monitoring_alert_stall_for_s: int = Field(
         300, ge=60, description="`SparkfleetGroupStalled` fires when requests have waited this long and no token "

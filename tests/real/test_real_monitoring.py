@@ -96,6 +96,13 @@ def test_every_metric_the_alert_rules_read_has_data_in_the_live_prometheus(real_
     info = {r["metric"]["node"]: r["metric"] for r in query("sparkfleet_node_info")}
     assert {n: (m["group"], m["rank"], m["engine"]) for n, m in info.items()} == {
         HEAD: ("pair", "0", "vllm"), WORKER: ("pair", "1", "vllm")}, info
+    # and each node's fingerprint now: the image its engine container runs, the same on both ranks
+    prints = {r["metric"]["node"]: r["metric"] for r in wait_for("sparkfleet_fingerprint_info")}
+    assert set(prints) == {HEAD, WORKER}, prints
+    for node, unit in ((HEAD, "sparkfleet-head"), (WORKER, "sparkfleet-worker")):
+        assert prints[node]["image_id"] == on(node, f"docker inspect --format '{{{{.Image}}}}' {unit}").strip(), prints
+        assert prints[node]["kernel"] and prints[node]["docker"], prints[node]
+    assert prints[HEAD]["image_id"] == prints[WORKER]["image_id"], prints  # one image shipped to both
 
 
 def test_the_fabric_speed_proof_s_figures_are_in_the_live_prometheus(real_deploy):

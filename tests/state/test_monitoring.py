@@ -94,3 +94,19 @@ def test_the_monitoring_node_runs_alertmanager_on_loopback_with_the_receivers_ro
     answer = host.check_output(f"curl -fsS -m 10 http://127.0.0.1:{monitored.monitoring_prometheus_port}"
                                "/api/v1/alertmanagers")
     assert f'"url":"http://127.0.0.1:{monitored.monitoring_alertmanager_port}/api/v2/alerts"' in answer, answer
+
+
+def test_every_node_writes_its_fingerprint_now_for_the_image_its_engine_runs(host, monitored):
+    """sparkfleet-fingerprint-metrics (roles/fingerprint) as rendered and running, and the textfile it
+    wrote naming the image the node's engine container runs now."""
+    from roles.fingerprint.checks import METRICS_TEXTFILE, METRICS_UNIT, metrics_files
+    from sparkfleet.model.engine import unit_name
+
+    for path, text in metrics_files(monitored).items():
+        assert host.file(path).content_string == text, f"{monitored.name}: {path} is not the rendered one"
+    timer = host.service(f"{METRICS_UNIT}.timer")
+    assert timer.is_running and timer.is_enabled, f"{monitored.name}: {METRICS_UNIT}.timer not running and enabled"
+    host.run_test(f"systemctl start {METRICS_UNIT}.service")  # now, not at the timer's next turn
+    image = host.check_output(f"docker inspect --format '{{{{.Image}}}}' {unit_name(monitored)}")
+    text = host.file(METRICS_TEXTFILE).content_string
+    assert f'image_id="{image}"' in text and f'kernel="{host.check_output("uname -r")}"' in text, text

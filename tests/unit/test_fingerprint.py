@@ -1,6 +1,7 @@
 """roles/fingerprint: the fact's command and parsing, the group's verdict and table, the data key."""
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from roles.fingerprint.checks import (
 from roles.fingerprint.facts import Fingerprint, parse_fingerprint, visible_files
 from sparkfleet.model.fingerprint import FINGERPRINT_FIELDS
 from sparkfleet.config import ConfigError, build_cluster
+from sparkfleet.model.serving import node_profile
 from tests.unit.helpers import pair
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -176,3 +178,63 @@ def test_an_unknown_field_is_refused_naming_host_key_and_allowed_values():
     text = err.value.block()
     assert "spark-b: key 'fingerprint_must_match.1' = 'bios'" in text
     assert all(f"'{f}'" in text for f in FINGERPRINT_FIELDS)
+
+
+# --- the fingerprint as a metric -----------------------------------------------------------------
+
+def test_the_node_s_program_writes_the_fingerprint_of_the_image_its_container_runs(tmp_path, promtool):
+    """sfl_fingerprint.py as the timer runs it, with a stand-in `docker` whose engine container runs an
+    image of two overlay2 layers: the same fields the deploy's fact reads, one info series, valid
+    exposition text; the program the deploy ships is the one the fact parses with."""
+    from roles.fingerprint import sfl_fingerprint
+
+    assert sfl_fingerprint.FIELDS == FINGERPRINT_FIELDS
+    top, bottom = tmp_path / "upper", tmp_path / "l1"
+    (top / "usr/local/lib/python3.12/dist-packages/vllm-0.11.0.dist-info").mkdir(parents=True)
+    (bottom / "usr/lib/aarch64-linux-gnu").mkdir(parents=True)
+    (bottom / "usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $4" = "inspect sparkfleet-head" ]; then echo sha256:cafe; exit 0; fi\n'
+        'if [ "$1" = version ]; then echo 27.5.1; exit 0; fi\n'
+        f'if [ "$1 $2 $5" = "image inspect sha256:cafe" ]; then printf "id=sha256:cafe\\nlayers={top}:{bottom}\\n"; exit 0; fi\n'
+        "exit 1\n"
+    )
+    (bin_dir / "docker").chmod(0o755)
+    textfile = tmp_path / "node-exporter" / "sparkfleet-fingerprint.prom"
+    script = Path(sfl_fingerprint.__file__)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = subprocess.run([sys.executable, str(script), "--netdev", "enp1s0f0np0", "--engine", "vllm",
+                          "--container", "sparkfleet-head", "--textfile", str(textfile)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    text = textfile.read_text()
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    (series,) = [line for line in text.splitlines() if not line.startswith("#")]
+    assert series.endswith(" 1") and f'kernel="{os.uname().release}"' in series
+    for label in ('docker="27.5.1"', 'image_id="sha256:cafe"', 'engine="vllm 0.11.0"', 'nccl="lib 2.28.9"'):
+        assert label in series, series
+    # no engine container (a node before its first start): the image's fields are empty, the rest is there
+    run = subprocess.run([sys.executable, str(script), "--netdev", "enp1s0f0np0", "--engine", "vllm",
+                          "--container", "sparkfleet-worker", "--textfile", str(textfile)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and 'image_id="",engine="",nccl=""' in textfile.read_text(), textfile.read_text()
+
+
+def test_every_node_runs_the_fingerprint_timer_with_monitoring_on_and_none_without():
+    from roles.fingerprint.checks import METRICS_SCRIPT, METRICS_TEXTFILE, metrics_files
+
+    on = build_cluster(pair(**{h: {"monitoring_enabled": True, "monitoring_fingerprint_interval_s": 30}
+                               for h in ("spark-a", "spark-b")}))
+    head = metrics_files(on.node("spark-a"))
+    service = head["/etc/systemd/system/sparkfleet-fingerprint-metrics.service"]
+    assert (f"ExecStart=/usr/bin/python3 {METRICS_SCRIPT} --netdev enp1s0f0np0 --engine "
+            f"{node_profile(on.head).engine} --container sparkfleet-head --textfile {METRICS_TEXTFILE}") in service
+    assert "--container sparkfleet-worker" in metrics_files(on.node("spark-b"))[
+        "/etc/systemd/system/sparkfleet-fingerprint-metrics.service"]
+    assert "OnUnitActiveSec=30s" in head["/etc/systemd/system/sparkfleet-fingerprint-metrics.timer"]
+    off = build_cluster(pair(**{h: {"monitoring_enabled": False} for h in ("spark-a", "spark-b")}))
+    assert metrics_files(off.node("spark-a")) == {}
