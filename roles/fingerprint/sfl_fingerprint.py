@@ -95,7 +95,8 @@ def parse_fingerprint(lines: list[str]) -> dict:
             layers.append((int(parts[1]), parts[2], parts[3]))
         else:
             plain.append(line)
-    raw = dict((k.strip(), v.strip()) for k, _, v in (line.partition("=") for line in plain) if _)
+    # key=value lines (as sparkfleet.keyvalue reads them: a file the nodes run cannot import it)
+    raw = {key.strip(): value.strip() for key, sep, value in (line.partition("=") for line in plain) if sep}
     out = {k: raw.get(k) or None for k in ("kernel", "gpu_driver", "cx7_firmware", "docker")}
     if out["cx7_firmware"]:
         out["cx7_firmware"] = out["cx7_firmware"].split()[0]  # ethtool adds the board's PSID: not firmware
