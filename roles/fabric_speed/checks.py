@@ -20,13 +20,14 @@ import shlex
 from pathlib import Path
 
 from sparkfleet.model.fabric import FabricHalf
+from sparkfleet.model.fabric_speed import SPEED_RECORD_NAME, speed_record_path
 from sparkfleet.model.monitoring import TEXTFILE_DIR, metric_label
 from roles.fabric_speed.facts import SpeedRecord
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import per_host
 from sparkfleet.verdicts import SpeedLink, SpeedPlan  # noqa: F401 (this role's verdict, on the ground floor)
 
-RECORD_NAME = "fabric-speed.json"
+RECORD_NAME = SPEED_RECORD_NAME
 RUNNER_SOURCE = str(Path(__file__).with_name("files") / "sfl_gather.py")
 RUNNER_PATH = "/usr/local/lib/sparkfleet/sfl_gather.py"  # on the node; mounted read-only into the image
 RUNNER_IN_CONTAINER = "/sfl_gather.py"
@@ -39,8 +40,7 @@ USUAL_CAUSES = ("an MTU below 9000 on either end", "one HCA of the port's two le
                 "a controller at PCIe x2 (a BIOS older than 2026-04)", "a degraded or wrong cable")
 
 
-def record_path(node) -> str:
-    return f"{node.preflight_data_dir}/{RECORD_NAME}"
+record_path = speed_record_path
 
 
 def speed_links(cluster) -> list[SpeedLink]:

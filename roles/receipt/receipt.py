@@ -34,6 +34,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from sparkfleet.keyfiles import KeyFileError, read
+from sparkfleet.model.fabric_speed import passed_figures, speed_record_path
 from sparkfleet.model.monitoring import RECEIPT_TEXTFILE, TEXTFILE_DIR
 
 
@@ -300,11 +301,13 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
     load_s = round(time.monotonic() - began, 1)
     started = STARTED_AT.get(pair)
     _, out = host.run_shell_command(StringCommand(
-        f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)} 2>/dev/null; "
-        f"sha256sum < {shlex.quote(model_dir)}.manifest 2>/dev/null | cut -c1-64"))
+        # one line each, empty when absent: the image's ID, the manifest's sha256, the speed record
+        f"printf '%s\\n' \"$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)} 2>/dev/null)\" "
+        f"\"$(sha256sum < {shlex.quote(model_dir)}.manifest 2>/dev/null | cut -c1-64)\" "
+        f"\"$(tr -d '\\n' < {shlex.quote(speed_record_path(node))} 2>/dev/null)\""))
     lines = out.stdout.splitlines()
-    image_id = lines[0] if lines else "?"
-    manifest = lines[1] if len(lines) > 1 else "?"
+    image_id = lines[0] if lines and lines[0] else "?"
+    manifest = lines[1] if len(lines) > 1 and lines[1] else "?"
     now = datetime.now(timezone.utc)
     receipt = {
         "receipt": "sparkfleet benchmark receipt v1", "taken_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "pair": pair,
@@ -316,6 +319,8 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
         "load": {"prompt_tokens": node.receipt_prompt_tokens, "decode_tokens": node.receipt_decode_tokens,
                  "concurrency": list(node.receipt_concurrency), "runs": node.receipt_runs, "took_s": load_s},
         "figures": figures(result["report"]), "report": result["report"],
+        # the group's last passed fabric speed proof (roles/fabric_speed), as its record on the head holds it
+        "fabric_speed": passed_figures(lines[2] if len(lines) > 2 else None),
     }
     directory = receipt_path(node, profile)
     name = f"{directory}/{now.strftime('%Y%m%dT%H%M%SZ')}.json"

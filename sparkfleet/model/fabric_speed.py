@@ -13,6 +13,28 @@ from pydantic import BaseModel, Field
 
 from sparkfleet.refusal import Problem, shared_key_problems
 
+# Each node's record of its group's last passed speed proof (roles/fabric_speed writes it; the
+# benchmark receipt on the head carries its figures).
+SPEED_RECORD_NAME = "fabric-speed.json"
+
+
+def speed_record_path(node) -> str:
+    return f"{node.preflight_data_dir}/{SPEED_RECORD_NAME}"
+
+
+def passed_figures(text: str | None) -> list[dict] | None:
+    """The figures of a passed proof's record (None: no record, or not a passed one sparkfleet wrote)."""
+    import json
+
+    try:
+        record = json.loads(text or "")
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or record.get("passed") is not True or not isinstance(record.get("figures"), list):
+        return None
+    return record["figures"]
+
+
 # One value per serving group: both ends of a link run the same test against the same bar.
 SHARED_SPEED_KEYS = (
     "fabric_speed_link_test", "fabric_speed_collective", "fabric_speed_seconds", "fabric_speed_port",

@@ -154,6 +154,10 @@ def test_the_benchmark_receipt_was_taken_with_llama_benchy_against_the_real_engi
     assert [f["concurrency"] for f in receipt["figures"]] == [1, 4]
     assert all(f["decode_tps_aggregate"] > 0 and f["ttft_ms"] > 0 for f in receipt["figures"]), receipt["figures"]
     assert receipt["cold_start_s"] > 0
+    # the fabric's figures of the proof this deploy ran, as the head's record holds them
+    record = json.loads(on(HEAD, "cat /var/lib/sparkfleet/fabric-speed.json"))
+    assert receipt["fabric_speed"] == record["figures"] and {f["test"] for f in record["figures"]} == {
+        "iperf3", "all_gather"}, (receipt["fabric_speed"], record)
     print(f"\n  receipt of the real pair: cold start {receipt['cold_start_s']} s; "
           + "; ".join(f"c{f['concurrency']}: TTFT {f['ttft_ms']} ms, {f['decode_tps_aggregate']} tok/s" for f in receipt["figures"]))
 

@@ -168,3 +168,12 @@ def test_the_passed_proofs_figures_are_valid_textfile_metrics(promtool):
     assert [line.rsplit(" ", 1)[1] for line in lines] == ["92.41", "91.87", "23.74", "1764858000"]
     assert lines[0].startswith('sparkfleet_fabric_speed_gbits{test="ib_write_bw",link="spark-b enp1s0f0np0/')
     assert 'sparkfleet_fabric_speed_busbw_gbytes{test="all_gather",backend="nccl"} 23.74' in lines
+
+
+def test_a_receipt_carries_the_figures_of_a_passed_proof_only():
+    from sparkfleet.model.fabric_speed import passed_figures
+
+    figures = [{"test": "iperf3", "link": "spark-b enp1s0f0np0 -> spark-a enp1s0f0np0 (198.19.77.1)", "gbits": 9.4}]
+    assert passed_figures(record_text("k1", figures).replace("\n", "")) == figures
+    assert passed_figures(None) is None and passed_figures("") is None and passed_figures("{not json") is None
+    assert passed_figures(json.dumps({"key": "k1", "passed": False, "figures": figures})) is None
