@@ -58,3 +58,5 @@ monitoring_enabled = False
 monitoring_node_exporter_version = "1.5.0"
 monitoring_prometheus_version = "2.42.0"
 monitoring_alertmanager_version = "0.25.0"
+# The lab's fabric is a veth pair, whose kernel reports 10000 Mbit/s (a Spark's CX7: 200000).
+monitoring_alert_fabric_link_mbits = 10000

@@ -118,6 +118,11 @@ def textfile_text(fleet, node) -> str:
     ]
     lines += [f'sparkfleet_fabric_mtu_wanted_bytes{{device="{metric_label(h.netdev)}"}} {node.fabric_mtu}'
               for h in node.fabric_halves]
+    lines += ["# HELP sparkfleet_fabric_link_speed_wanted_bytes The link speed each half of the fabric port must "
+              "reach (monitoring_alert_fabric_link_mbits), in bytes/s as node_network_speed_bytes reports it.",
+              "# TYPE sparkfleet_fabric_link_speed_wanted_bytes gauge"]
+    lines += [f'sparkfleet_fabric_link_speed_wanted_bytes{{device="{metric_label(h.netdev)}"}} '
+              f'{node.monitoring_alert_fabric_link_mbits * 125000}' for h in node.fabric_halves]
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,7 @@ MONITORING_KEYS = (
     "monitoring_alertmanager_enabled", "monitoring_alertmanager_version", "monitoring_alertmanager_port",
     "monitoring_alertmanager_receivers", "monitoring_alertmanager_group_wait_s",
     "monitoring_alertmanager_group_interval_s", "monitoring_alertmanager_repeat_interval_s",
-    "monitoring_fingerprint_interval_s",
+    "monitoring_fingerprint_interval_s", "monitoring_alert_fabric_link_mbits",
 )
 
 # node_exporter's collectors this job reads (each is `--collector.<name>`; every other is off):
@@ -144,6 +144,12 @@ class MonitoringData(BaseModel):
     monitoring_alert_fabric_for_s: int = Field(
         60, ge=0, description="a fabric netdev with the wrong MTU, or down, this long fires `SparkfleetFabricMtu` or "
         "`SparkfleetFabricDown`"
+    )
+    monitoring_alert_fabric_link_mbits: int = Field(
+        200000, ge=1000, description="`SparkfleetFabricSlow` fires when a fabric netdev links below this many Mbit/s "
+        "(ethtool's Speed, the kernel's /sys/class/net/<netdev>/speed) for `monitoring_alert_fabric_for_s`: both halves "
+        "of a DGX Spark's CX7 port link at 200000 on a DAC cable; 100000 is a cable or switch port that negotiated "
+        "down (dgx-spark-playbooks' multi-Spark guide pins the switch port to 200G then)"
     )
     monitoring_alert_memory_headroom_gib: float = Field(
         8.0, ge=0, description="`SparkfleetMemoryLow` fires when a node's MemAvailable falls below this: a Spark "

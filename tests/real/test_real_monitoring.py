@@ -59,6 +59,8 @@ READS = {
     "SparkfleetKvCacheFull": ["vllm:kv_cache_usage_perc"],
     "SparkfleetFabricMtu": ['node_network_mtu_bytes{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],
     "SparkfleetFabricDown": ['node_network_up{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],
+    "SparkfleetFabricSlow": ['node_network_speed_bytes{device="enp1s0f0np0"}',
+                             "sparkfleet_fabric_link_speed_wanted_bytes"],
     "SparkfleetTtftRegression": ["vllm:time_to_first_token_seconds_bucket", "sparkfleet_receipt_ttft_seconds"],
     "SparkfleetEngineRestarted": ['node_systemd_unit_start_time_seconds{name="sparkfleet-head.service"}'],
     # the head's watchdog's textfile (its state, rewritten at every save)
