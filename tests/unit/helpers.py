@@ -1,5 +1,6 @@
 """Builders for unit tests: node data as an inventory would give it."""
 import copy
+from pathlib import Path
 
 SSH = {"ssh_user": "root", "ssh_key": "/tmp/key", "ssh_strict_host_key_checking": "yes"}
 
@@ -118,3 +119,11 @@ def fanout_rsyncd(tmp_path, weights=None, kernel_cache=None):
             daemon.wait(timeout=10)
 
     return running()
+
+
+CAPTURES = Path(__file__).with_name("fixtures") / "captures"
+
+
+def capture(name: str) -> str:
+    """A real machine's output, verbatim (tests/unit/fixtures/captures/README.md names each source)."""
+    return (CAPTURES / name).read_text()
