@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan
+.PHONY: help install demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -25,6 +25,7 @@ help:
 	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
 	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
 	@echo "make rollback [INVENTORY=...]  back to the recipe commit that served last, no rebuild"
+	@echo "make capture INVENTORY=... [OUT=...]  read-only: every fact the deploy reads, per node, in one bundle"
 
 # The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
 install: $(VENV)/.installed
@@ -100,6 +101,12 @@ doctor: install
 # watchdog's last actions and the served recipe commit; judges nothing (that is doctor).
 status: install
 	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) status.py
+
+# Read-only: every fact command the deploy and the doctor read, on every node of INVENTORY, raw outputs
+# in one bundle (sparkfleet/capture.py); OUT= names it. Your machines as fixtures: run it before a first deploy.
+capture: install
+	@[ -n "$(INVENTORY)" ] || { echo "make capture needs INVENTORY=<your inventory> (the lab's: INVENTORY=$(LAB_INVENTORY))" >&2; exit 2; }
+	$(BIN)/python -m sparkfleet capture $(INVENTORY) $(if $(OUT),--out $(OUT))
 
 # The commit that served last (the head's history), for this run only; data still names the newer one.
 rollback: install

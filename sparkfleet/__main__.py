@@ -1,6 +1,8 @@
 """sparkfleet command line: `python -m sparkfleet config INVENTORY` prints the validated config per host;
 `python -m sparkfleet docs` writes docs/data-keys.md from the config model; `python -m sparkfleet plan
-INVENTORY` prints what a deploy would do and changes nothing (exit 0 nothing, 2 changes, 1 error)."""
+INVENTORY` prints what a deploy would do and changes nothing (exit 0 nothing, 2 changes, 1 error);
+`python -m sparkfleet capture INVENTORY` writes every fact the deploy and the doctor read, per node, into
+one bundle (read-only; exit 0 written, 1 not)."""
 import argparse
 import sys
 
@@ -17,7 +19,16 @@ def main(argv=None) -> int:
     plan.add_argument("inventory", help="inventory file, e.g. inventory.py or lab/inventory.py")
     plan.add_argument("pyinfra_args", nargs=argparse.REMAINDER,
                       help="passed to the deploy as given, e.g. --data serving_recipe_commit=<sha> or --limit")
+    capture = sub.add_parser("capture", help="read-only: every fact command the deploy and the doctor read, run on "
+                             "every node, raw outputs in one bundle (no secret): exit 0 written, 1 not")
+    capture.add_argument("inventory", help="inventory file of the machines to capture")
+    capture.add_argument("--out", help="the bundle's path (default: sparkfleet-capture-<UTC time>.json here)")
     args = parser.parse_args(argv)
+
+    if args.command == "capture":
+        from sparkfleet import capture as capture_command  # only this command needs it
+
+        return capture_command.main(args.inventory, args.out)
 
     if args.command == "plan":
         from sparkfleet import plan_command  # only this command needs it

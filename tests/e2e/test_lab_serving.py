@@ -10,7 +10,7 @@ import secrets
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, plan, running_tag, state_checks
+from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, plan, run, running_tag, state_checks
 from tests.e2e.plan_conformance import operations_mismatches
 
 pytestmark = pytest.mark.lab
@@ -42,6 +42,34 @@ def serving_pair():
 
 def test_the_pair_serves_the_profile_model_through_the_stand_in():
     assert '"id": "glm-5.3-flash"' in models()
+
+
+def test_capture_of_the_deployed_pair_holds_no_key_and_replays_to_its_plan(tmp_path):
+    """`make capture` on the settled pair (issue 41): every node's facts in one bundle, 0600, no secret in
+    it (the contents of every root-only key, token and key-derived file the nodes hold, line by line), and
+    the bundle replayed through the deploy's own readers gives the live plan: nothing to do."""
+    from sparkfleet import capture
+    from tools.replay import replay_plan
+
+    out = tmp_path / "bundle.json"
+    result = run([str(REPO / ".venv/bin/python"), "-m", "sparkfleet", "capture", "lab/inventory.py", "--out", str(out)])
+    assert result.returncode == 0, result.output
+    assert "nothing was changed" in result.output and (out.stat().st_mode & 0o777) == 0o600
+    text = out.read_text()
+    secrets_seen = 0
+    for host in ("spark-a", "spark-b"):
+        files = on(host, "find /etc/sparkfleet /etc/sparkfleet-router -maxdepth 1 -type f "
+                         "\\( -name '*key*' -o -name '*token*' -o -name '*.env' \\) 2>/dev/null || true").split()
+        for path in files:
+            for line in on(host, f"cat {path}").splitlines():
+                value = line.split("=", 1)[-1].split(" ")[-1].strip().strip('"')
+                if len(value) >= 16 and any(c.isdigit() for c in value) and any(c.isalpha() for c in value):
+                    secrets_seen += "key" in path
+                    assert value not in text, f"{host}:{path}'s value is in the capture bundle"
+    assert secrets_seen >= 4, "the head's key and its derived files were held against the bundle"
+    bundle = capture.load(out)
+    assert {h: bool(r) for h, r in bundle["nodes"].items()} == {"spark-a": True, "spark-b": True}
+    assert replay_plan(bundle, "lab/inventory.py")["pair"].summary.actions() == []
 
 
 def code(command: str) -> str:
