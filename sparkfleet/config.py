@@ -574,7 +574,7 @@ def _login_problems(name: str, data: Mapping[str, Any]) -> list[Problem]:
         return []
     return [Problem(f"key 'ssh_user' = {user!r} without key '_sudo' = True; the deploy reads and writes root-only "
                     f"files (the API key): allowed: ssh_user 'root', or any user with _sudo = True (sudo without a "
-                    f"password prompt, or _use_sudo_password)", [name], key="ssh_user",
+                    f"password prompt, or _sudo_password)", [name], key="ssh_user",
                     fix="set ssh_user to 'root', or _sudo: True for this host")]
 
 
