@@ -6,6 +6,7 @@ from roles.preflight.facts import NodeFacts
 from sparkfleet.fabric_others import conflict_failures, fabric_others, renderer_state
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.fabric import RENDERER_UNITS
+from sparkfleet.model.known_bad import Finding, known_bad_findings
 from sparkfleet.once import active_hosts, at_once, group_slot, once_per_run, per_host
 
 
@@ -43,6 +44,7 @@ def requirement_failures(node, facts: dict) -> list[str]:
             f"check the cable and `ibdev2netdev`"
         )
     failures += port_failures(node, facts)
+    failures += known_bad_failures(node, facts)
     if not facts.get("netplan"):
         failures.append(f"{node.name}: netplan is not installed; the fabric is configured with netplan")
     unit = RENDERER_UNITS[node.netplan_renderer]
@@ -96,6 +98,27 @@ def port_failures(node, facts: dict) -> list[str]:
                 f"BIOS older than 2026-04 wires the second CX7 controller at x2; {BIOS_FIX}"
             )
     return failures
+
+
+def _known_bad_line(node, facts: dict, finding: Finding) -> str:
+    entry = finding.entry
+    evidence = f"; {finding.evidence}" if finding.evidence else ""
+    condition = f" without {entry.unless_off}=off on /proc/cmdline" if entry.unless_off else ""
+    return f"{node.name}: kernel {facts['kernel']}{condition} is known bad ({entry.id}): {entry.breaks}{evidence}"
+
+
+def known_bad_failures(node, facts: dict) -> list[str]:
+    """Each entry of the known-bad table (sparkfleet/model/known_bad.py) the node matches and data does not
+    acknowledge: what breaks, the evidence the node shows, the remedy, the way to acknowledge, the sources."""
+    return [f"{_known_bad_line(node, facts, f)}. Fix: {f.entry.remedy}; or acknowledge it with your reason "
+            f"(preflight_known_bad_acknowledged: {{\"{f.entry.id}\": \"...\"}}). Sources: {'; '.join(f.entry.sources)}"
+            for f in known_bad_findings(facts, node.preflight_known_bad_acknowledged) if f.acknowledged is None]
+
+
+def known_bad_warnings(node, facts: dict) -> list[str]:
+    """Each known-bad entry the node matches that data acknowledges, with the reason given: logged, not refused."""
+    return [f"{_known_bad_line(node, facts, f)}; acknowledged in preflight_known_bad_acknowledged: {f.acknowledged}"
+            for f in known_bad_findings(facts, node.preflight_known_bad_acknowledged) if f.acknowledged is not None]
 
 
 def _gib(value) -> str:
@@ -160,6 +183,9 @@ def preflight_rows(state) -> list[tuple]:
 def _gather_and_check(state) -> dict[str, dict]:
     rows = preflight_rows(state)
     logger.info("--> sparkfleet preflight:\n" + facts_table(rows) + "\n")
+    for node, facts, _ in rows:
+        for warning in known_bad_warnings(node, facts):
+            logger.warning(f"--> sparkfleet preflight: {warning}")
     failures = [f for _, _, fs in rows for f in fs]
     if failures:
         raise DeployError("preflight failed, nothing was changed:\n  " + "\n  ".join(failures))

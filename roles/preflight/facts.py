@@ -11,8 +11,9 @@ KIB_PER_GIB = 1024 * 1024
 def parse_node_facts(lines: list[str]) -> dict:
     """key=value lines -> typed facts (sizes in GiB). Missing keys stay absent."""
     raw = key_values(lines)
-    out: dict = {k: raw[k] for k in ("os", "kernel", "arch", "disk_path", "gpu", "netplan", "renderer_state") if k in raw}
-    for key in ("mem_total", "mem_available", "disk_free"):
+    out: dict = {k: raw[k] for k in ("os", "kernel", "arch", "disk_path", "gpu", "netplan", "renderer_state", "cmdline")
+                 if k in raw}
+    for key in ("mem_total", "mem_available", "disk_free", "cma_total", "cma_free"):
         if raw.get(f"{key}_kib", "").isdigit():
             out[f"{key}_gib"] = int(raw[f"{key}_kib"]) / KIB_PER_GIB
     if raw.get("netdev_mtu", "").isdigit():
@@ -49,9 +50,10 @@ def _hca_line(hca: str) -> str:
 
 
 class NodeFacts(FactBase):
-    """OS, kernel, arch, memory (/proc/meminfo: nvidia-smi cannot see unified memory), free disk
-    under the data dir (its nearest existing parent on a fresh node), GPU, fabric netdev, netplan.
-    The renderer's unit state is FabricConfigs' (read beside this fact, not twice)."""
+    """OS, kernel and its command line, arch, memory (/proc/meminfo: nvidia-smi cannot see unified
+    memory; CmaTotal/CmaFree, the tell of a known-bad kernel), free disk under the data dir (its nearest
+    existing parent on a fresh node), GPU, fabric netdev, netplan. The renderer's unit
+    state is FabricConfigs' (read beside this fact, not twice)."""
 
     def command(self, data_dir: str, netdev: str, twin: str = "", hcas: str = "") -> str:
         """twin: the port's second netdev ("" none); hcas: its RDMA devices, space-separated."""
@@ -65,8 +67,9 @@ class NodeFacts(FactBase):
         return "\n".join(
             [
                 '. /etc/os-release 2>/dev/null; echo "os=${PRETTY_NAME:-unknown}"',
-                'echo "kernel=$(uname -r)"; echo "arch=$(uname -m)"',
-                "awk '/^MemTotal:/ {print \"mem_total_kib=\" $2} /^MemAvailable:/ {print \"mem_available_kib=\" $2}' /proc/meminfo",
+                'echo "kernel=$(uname -r)"; echo "arch=$(uname -m)"; echo "cmdline=$(cat /proc/cmdline)"',
+                "awk '/^MemTotal:/ {print \"mem_total_kib=\" $2} /^MemAvailable:/ {print \"mem_available_kib=\" $2}"
+                " /^CmaTotal:/ {print \"cma_total_kib=\" $2} /^CmaFree:/ {print \"cma_free_kib=\" $2}' /proc/meminfo",
                 f'd={d}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; echo "disk_path=$d"',
                 "df -Pk \"$d\" | awk 'NR==2 {print \"disk_free_kib=\" $4}'",
                 'if command -v nvidia-smi >/dev/null 2>&1; then'
