@@ -24,7 +24,7 @@ from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message
 from roles.monitoring.checks import listener_problems as monitoring_listeners
-from roles.preflight.checks import preflight_rows
+from roles.preflight.checks import cabled_port_failures, port_note, preflight_rows
 from roles.router.control import doctor_rows
 from roles.router.facts import RouterRouting
 from roles.router.node_config import router_node
@@ -110,11 +110,14 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
 
 
 def preflight_doctor_rows(node, facts: dict, failures: list[str]) -> list[tuple]:
-    """The node's preflight row, an acknowledged known-bad entry noted."""
+    """The node's preflight row (an acknowledged known-bad entry noted) and its CX7 ports' row: which
+    port shows a live cable, and the refusal when data names the other one (not counted twice)."""
+    cabled = cabled_port_failures(node, facts)
     acknowledged = [f"{f.entry.id} ({f.acknowledged})" for f in known_bad_findings(facts, node.preflight_known_bad_acknowledged)
                     if f.acknowledged is not None]
     note = [f"known bad, acknowledged: {'; '.join(acknowledged)}"] if acknowledged else []
-    return [("preflight", node.name, failures, *note)]
+    return [("preflight", node.name, [f for f in failures if f not in cabled], *note),
+            ("port", node.name, cabled, port_note(facts))]
 
 
 def firewall_problems(fleet, cluster, node, h) -> list[str]:
