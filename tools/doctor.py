@@ -24,7 +24,7 @@ from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message
 from roles.monitoring.checks import listener_problems as monitoring_listeners
-from roles.preflight.checks import preflight_rows
+from roles.preflight.checks import cabled_port_failures, port_note, preflight_rows
 from roles.router.control import doctor_rows
 from roles.router.facts import RouterRouting
 from roles.router.node_config import router_node
@@ -33,6 +33,7 @@ from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.fabric import NETPLAN_FILE
+from sparkfleet.model.known_bad import known_bad_findings
 from sparkfleet.model.monitoring import monitoring_node_name
 from sparkfleet.model.serving import node_profile
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
@@ -46,8 +47,8 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     profile = node_profile(cluster.head)
     hosts = {h.name: h for h in active_hosts(state)}
     rows = []
-    for node, _facts, failures in preflight_rows(state):
-        rows.append(("preflight", node.name, failures))
+    for node, facts, failures in preflight_rows(state):
+        rows += preflight_doctor_rows(node, facts, failures)
     # The deploy's plan for this group (tools/plan.py: the same facts and verdicts a deploy takes,
     # and `sparkfleet plan` prints); a plan that cannot be taken fails the rows that read it.
     try:
@@ -106,6 +107,17 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         if node.watchdog_enabled:
             rows.append(("watchdog", name, watchdog_problems(node, h.get_fact(WatchdogUnit), h.get_fact(WatchStatus))))
     return rows
+
+
+def preflight_doctor_rows(node, facts: dict, failures: list[str]) -> list[tuple]:
+    """The node's preflight row (an acknowledged known-bad entry noted) and its CX7 ports' row: which
+    port shows a live cable, and the refusal when data names the other one (not counted twice)."""
+    cabled = cabled_port_failures(node, facts)
+    acknowledged = [f"{f.entry.id} ({f.acknowledged})" for f in known_bad_findings(facts, node.preflight_known_bad_acknowledged)
+                    if f.acknowledged is not None]
+    note = [f"known bad, acknowledged: {'; '.join(acknowledged)}"] if acknowledged else []
+    return [("preflight", node.name, [f for f in failures if f not in cabled], *note),
+            ("port", node.name, cabled, port_note(facts))]
 
 
 def firewall_problems(fleet, cluster, node, h) -> list[str]:

@@ -2,10 +2,11 @@
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from roles.preflight.facts import NodeFacts
+from roles.preflight.facts import NodeFacts, PortHalf
 from sparkfleet.fabric_others import conflict_failures, fabric_others, renderer_state
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.fabric import RENDERER_UNITS
+from sparkfleet.model.known_bad import Finding, known_bad_findings
 from sparkfleet.once import active_hosts, at_once, group_slot, once_per_run, per_host
 
 
@@ -42,7 +43,10 @@ def requirement_failures(node, facts: dict) -> list[str]:
             f"{node.name}: fabric netdev {node.fabric_netdev} does not exist (fabric_netdev); "
             f"check the cable and `ibdev2netdev`"
         )
-    failures += port_failures(node, facts)
+    cabled = cabled_port_failures(node, facts)
+    # With the cable in the other port the data's halves are down: that is the one thing to fix.
+    failures += cabled or port_failures(node, facts)
+    failures += known_bad_failures(node, facts)
     if not facts.get("netplan"):
         failures.append(f"{node.name}: netplan is not installed; the fabric is configured with netplan")
     unit = RENDERER_UNITS[node.netplan_renderer]
@@ -96,6 +100,72 @@ def port_failures(node, facts: dict) -> list[str]:
                 f"BIOS older than 2026-04 wires the second CX7 controller at x2; {BIOS_FIX}"
             )
     return failures
+
+
+def _known_bad_line(node, facts: dict, finding: Finding) -> str:
+    entry = finding.entry
+    evidence = f"; {finding.evidence}" if finding.evidence else ""
+    condition = f" without {entry.unless_off}=off on /proc/cmdline" if entry.unless_off else ""
+    return f"{node.name}: kernel {facts['kernel']}{condition} is known bad ({entry.id}): {entry.breaks}{evidence}"
+
+
+def known_bad_failures(node, facts: dict) -> list[str]:
+    """Each entry of the known-bad table (sparkfleet/model/known_bad.py) the node matches and data does not
+    acknowledge: what breaks, the evidence the node shows, the remedy, the way to acknowledge, the sources."""
+    return [f"{_known_bad_line(node, facts, f)}. Fix: {f.entry.remedy}; or acknowledge it with your reason "
+            f"(preflight_known_bad_acknowledged: {{\"{f.entry.id}\": \"...\"}}). Sources: {'; '.join(f.entry.sources)}"
+            for f in known_bad_findings(facts, node.preflight_known_bad_acknowledged) if f.acknowledged is None]
+
+
+def known_bad_warnings(node, facts: dict) -> list[str]:
+    """Each known-bad entry the node matches that data acknowledges, with the reason given: logged, not refused."""
+    return [f"{_known_bad_line(node, facts, f)}; acknowledged in preflight_known_bad_acknowledged: {f.acknowledged}"
+            for f in known_bad_findings(facts, node.preflight_known_bad_acknowledged) if f.acknowledged is not None]
+
+
+def _ports(facts: dict) -> dict[str, list[PortHalf]]:
+    """Port -> its halves, the first controller's first (enp1s0... before enP2p1s0..., whatever order
+    sysfs or a paste listed them in)."""
+    out: dict[str, list[PortHalf]] = {}
+    for half in sorted(facts.get("ports", []), key=lambda h: h.netdev.lower()):
+        out.setdefault(half.port, []).append(half)
+    return out
+
+
+def _shown(halves: list[PortHalf]) -> str:
+    return ", ".join(f"{h.netdev}/{h.hca or '-'} {'up' if h.up else 'down'}" for h in halves)
+
+
+def port_note(facts: dict) -> str:
+    """Each CX7 port as the node shows it, for the doctor: `port 0: enp1s0f0np0/rocep1s0f0 up, ...`."""
+    ports = _ports(facts)
+    return "; ".join(f"port {p}: {_shown(hs)}" for p, hs in sorted(ports.items())) or "no RDMA device"
+
+
+def cabled_port_failures(node, facts: dict) -> list[str]:
+    """The cable in the other QSFP port: every half of the port data names (the one fabric_netdev is in)
+    down while a half of another port is up. Names the data keys to set, each with the other port's half
+    on the same PCIe controller. A node whose fabric netdev is not a CX7 half (the lab's veth) or that
+    shows no port up anywhere (the port checks name that) passes."""
+    ports = _ports(facts)
+    mine = next((h for hs in ports.values() for h in hs if h.netdev == node.fabric_netdev), None)
+    if mine is None or any(h.up for h in ports[mine.port]):
+        return []
+    live = [p for p, hs in sorted(ports.items()) if p != mine.port and any(h.up for h in hs)]
+    if not live:
+        return []
+    there = ports[live[0]]
+    wanted = []
+    for key, value, field in (("fabric_netdev", node.fabric_netdev, "netdev"),
+                              ("fabric_twin_netdev", node.fabric_twin_netdev, "netdev"),
+                              ("rdma_hca", node.rdma_hca, "hca"), ("rdma_twin_hca", node.rdma_twin_hca, "hca")):
+        half = next((h for h in ports[mine.port] if value and getattr(h, field) == value), None)
+        other = half and next((h for h in there if h.controller == half.controller), None)
+        if other and getattr(other, field):
+            wanted.append(f"{key} = {getattr(other, field)!r}")
+    keys = f"set {', '.join(wanted)}, or " if wanted else ""
+    return [f"{node.name}: the cable is in CX7 port {live[0]} ({_shown(there)}), not in port {mine.port}, which data "
+            f"names ({_shown(ports[mine.port])}); {keys}move the cable to port {mine.port}"]
 
 
 def _gib(value) -> str:
@@ -160,6 +230,9 @@ def preflight_rows(state) -> list[tuple]:
 def _gather_and_check(state) -> dict[str, dict]:
     rows = preflight_rows(state)
     logger.info("--> sparkfleet preflight:\n" + facts_table(rows) + "\n")
+    for node, facts, _ in rows:
+        for warning in known_bad_warnings(node, facts):
+            logger.warning(f"--> sparkfleet preflight: {warning}")
     failures = [f for _, _, fs in rows for f in fs]
     if failures:
         raise DeployError("preflight failed, nothing was changed:\n  " + "\n  ".join(failures))

@@ -1,5 +1,7 @@
 """Data keys of roles/preflight: what a node must offer before anything is changed on it."""
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from sparkfleet.model.known_bad import KNOWN_BAD_IDS
 
 
 class PreflightData(BaseModel):
@@ -36,3 +38,22 @@ class PreflightData(BaseModel):
         min_length=1,
         description="accepted `uname -m` values (DGX Spark is aarch64)",
     )
+    preflight_known_bad_acknowledged: dict[str, str] = Field(
+        default_factory=dict,
+        description="entries of the known-bad table (sparkfleet/model/known_bad.py: a release the field saw break a "
+        "Spark pair, with its remedy and sources) accepted on this node, each id with your reason "
+        f"({', '.join(KNOWN_BAD_IDS)}); preflight refuses a node an entry matches unless it is here, and then "
+        "passes it with a warning",
+    )
+
+    @field_validator("preflight_known_bad_acknowledged")
+    @classmethod
+    def _known_ids_with_reasons(cls, acknowledged: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(k for k in acknowledged if k not in KNOWN_BAD_IDS)
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not in the known-bad table; known ids: {', '.join(KNOWN_BAD_IDS)}")
+        empty = sorted(k for k, reason in acknowledged.items() if not reason.strip())
+        if empty:
+            raise ValueError(f"{', '.join(empty)}: no reason given; say why the node may run it (it is printed "
+                             f"at every deploy)")
+        return acknowledged
