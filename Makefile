@@ -152,18 +152,25 @@ parity: install parity-venvs
 # first, as deploys ship them. The tiers beside the lab run at a lower CPU priority (nice): the lab tier
 # is the run's critical path and waits on its hosts' CPU (builds, engine starts), while the unit and
 # parity tiers finish long before it either way.
+# Every run prints its time last, in all and per tier (CI stops at 90 minutes; the budget is 60).
 test: install router-wheels promtool
-	@log=$$(mktemp); \
+	@log=$$(mktemp); start=$$(date +%s); \
 	{ nice -n 10 $(MAKE) -s parity-venvs && \
-	  nice -n 10 $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; } >"$$log" 2>&1 & other=$$!; \
-	$(MAKE) -s lab-wheels lab-reset || { wait $$other; cat "$$log"; rm -f "$$log"; exit 1; }; \
+	  nice -n 10 $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; rc=$$?; \
+	  echo "$$(( $$(date +%s) - start ))" >"$$log.time"; exit $$rc; } >"$$log" 2>&1 & other=$$!; \
+	$(MAKE) -s lab-wheels lab-reset || { wait $$other; cat "$$log"; rm -f "$$log" "$$log.time"; exit 1; }; \
+	t=$$(date +%s); setup=$$(( t - start )); \
 	$(BIN)/pytest tests/e2e tests/state tests/real -q --lab -p no:cacheprovider --durations=30; lab=$$?; \
+	t2=$$(date +%s); lab_s=$$(( t2 - t )); \
 	echo "== the four-host lab (fresh hosts, a switched fabric): tests/fleet"; \
 	SFL_LAB_HOSTS=4 bash lab/lab.sh reset >/dev/null && \
 	$(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10; fleet=$$?; \
+	fleet_s=$$(( $$(date +%s) - t2 )); \
 	wait $$other; rest=$$?; \
-	echo "== tests/unit and tests/parity (run beside the lab tiers):"; cat "$$log"; rm -f "$$log"; \
+	echo "== tests/unit and tests/parity (run beside the lab tiers):"; cat "$$log"; \
 	echo "== lab tiers exit $$lab, four-host lab exit $$fleet, unit and parity exit $$rest"; \
+	echo "== time: $$(( $$(date +%s) - start )) s in all: lab set-up $$setup s, lab tiers $$lab_s s, four-host lab $$fleet_s s (with its reset); unit and parity $$(cat "$$log.time" 2>/dev/null || echo ?) s beside them"; \
+	rm -f "$$log" "$$log.time"; \
 	[ $$lab -eq 0 ] && [ $$fleet -eq 0 ] && [ $$rest -eq 0 ]
 
 bench: install lab-up
