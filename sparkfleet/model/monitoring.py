@@ -57,8 +57,9 @@ WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
 # - rwlove/home-ops PR #13238 (2026-07-24, driver 580.142, a 4.x exporter) agrees on the working and the
 #   dead ones; KhoiMinh47/Chatbot-AI-Local (dcgm-exporter 4.4.2-4.7.0, driver 580.142) logged the same
 #   DCP line and the label set tests/unit/alerts/sparkfleet.test.yml uses.
-# Unified memory comes from the node exporter's meminfo instead. (field, Prometheus type, help) as
-# dcgm-exporter's counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
+# Both reports are kept as tests/unit/fixtures/captures/dcgm_*, and tests/unit/test_monitoring.py holds this
+# list to them. Unified memory comes from the node exporter's meminfo instead. (field, Prometheus type,
+# help) as dcgm-exporter's counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
 GPU_EXPORTER_FIELDS = (
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
