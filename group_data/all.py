@@ -85,6 +85,10 @@ monitoring_scrape_interval_s = 15
 monitoring_retention = "30d"
 # Below this much MemAvailable a Spark is close to the freeze that no OOM kill precedes.
 monitoring_alert_memory_headroom_gib = 8.0
+# Every task that needs memory waiting for it 60 % of the time for 30 s: systemd-oomd's own bar (oomd.conf(5));
+# no field figure of a Spark's PSI before its freeze was found.
+monitoring_alert_memory_pressure = 0.6
+monitoring_alert_memory_pressure_for_s = 30
 # Time to first token p95 over this many times the last benchmark receipt's, for 10 minutes.
 monitoring_alert_ttft_factor = 2.0
 # GPU nodes (gpu_expected): NVIDIA's dcgm-exporter, the release reported live on a Spark, with only the DCGM

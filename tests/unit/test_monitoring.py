@@ -59,6 +59,19 @@ def test_a_threshold_from_data_moves_the_alert(promtool, tmp_path):
     assert run.returncode == 1 and "SparkfleetMemoryLow" in run.stdout + run.stderr, run.stdout
 
 
+def test_the_memory_pressure_bar_and_its_duration_come_from_data(promtool, tmp_path):
+    """With 95 % for 45 s, the 90 % stall the tests expect to fire does not: the rule reads data."""
+    high = fleet(**{n: {"monitoring_alert_memory_pressure": 0.95, "monitoring_alert_memory_pressure_for_s": 45}
+                    for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    [rule] = [r for g in yaml.safe_load(rules_text(high))["groups"] for r in g["rules"]
+              if r["alert"] == "SparkfleetMemoryPressure"]
+    assert rule["expr"] == "rate(node_pressure_memory_stalled_seconds_total[1m]) > 0.95" and rule["for"] == "45s"
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(high))
+    shutil.copy(ALERT_TESTS, tmp_path)
+    run = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 1 and "SparkfleetMemoryPressure" in run.stdout + run.stderr, run.stdout
+
+
 def test_the_prometheus_config_scrapes_every_node_and_every_head_from_the_inventory(promtool, tmp_path):
     f = fleet()
     jobs = targets(f)
