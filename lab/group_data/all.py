@@ -21,6 +21,11 @@ serving_ulimit_memlock = "8388608"
 deployment_purpose = "research"
 drafter_license_acknowledged = "CC-BY-NC-ND-4.0"
 
+# The kernel's memory reserve stays the machine's: nspawn keeps /proc/sys read-only, and vm.* is not
+# namespaced (set from a lab host, it would be the machine's own). docs/operations.md.
+host_vm_min_free_kbytes = None
+host_vm_watermark_scale_factor = None
+
 # Weights: the lab's own small stand-in models (lab/model), served by `make lab-up` on the bridge.
 weights_source = "http://198.18.0.1:8089"
 weights_free_margin_gib = 1.0

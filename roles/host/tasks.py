@@ -5,7 +5,7 @@ from io import StringIO
 from pyinfra import host, state
 from pyinfra.operations import server
 
-from sparkfleet.model.host import LOGIND_DROP_IN
+from sparkfleet.model.host import LOGIND_DROP_IN, MEMORY_SYSCTL_DROP_IN, memory_sysctls
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.render import render
@@ -29,3 +29,23 @@ server.shell(
     commands=["systemctl try-restart systemd-logind.service"],
     _if=logind.did_change,
 )
+
+# 2. The kernel's free-memory reserve, only what data sets (nothing by default: docs/operations.md). The
+#    drop-in is what boots apply (systemd-sysctl); `sysctl -p` applies it now, when it changed. With data
+#    unset again, a drop-in an earlier deploy wrote stays (docs/operations.md: remove it by hand).
+sysctls = memory_sysctls(node)
+if sysctls:
+    unchanged.directory(name="Create /etc/sysctl.d", path="/etc/sysctl.d", mode="0755")
+    reserve = unchanged.put(
+        name=f"Write {MEMORY_SYSCTL_DROP_IN} ({', '.join(sysctls)})",
+        src=StringIO(render("host", MEMORY_SYSCTL_DROP_IN, node=node, sysctls=sysctls)),
+        dest=MEMORY_SYSCTL_DROP_IN,
+        user="root",
+        group="root",
+        mode="0644",
+    )
+    server.shell(
+        name=f"Apply {MEMORY_SYSCTL_DROP_IN} (it changed)",
+        commands=[f"sysctl -p {MEMORY_SYSCTL_DROP_IN}"],
+        _if=reserve.did_change,
+    )

@@ -27,7 +27,8 @@ MONITORING_KEYS = (
     "monitoring_alertmanager_enabled", "monitoring_alertmanager_version", "monitoring_alertmanager_port",
     "monitoring_alertmanager_receivers", "monitoring_alertmanager_group_wait_s",
     "monitoring_alertmanager_group_interval_s", "monitoring_alertmanager_repeat_interval_s",
-    "monitoring_fingerprint_interval_s", "monitoring_alert_fabric_link_mbits",
+    "monitoring_fingerprint_interval_s", "monitoring_alert_fabric_link_mbits", "monitoring_alert_memory_pressure",
+    "monitoring_alert_memory_pressure_for_s",
 )
 
 # node_exporter's collectors this job reads (each is `--collector.<name>`; every other is off):
@@ -57,8 +58,9 @@ WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
 # - rwlove/home-ops PR #13238 (2026-07-24, driver 580.142, a 4.x exporter) agrees on the working and the
 #   dead ones; KhoiMinh47/Chatbot-AI-Local (dcgm-exporter 4.4.2-4.7.0, driver 580.142) logged the same
 #   DCP line and the label set tests/unit/alerts/sparkfleet.test.yml uses.
-# Unified memory comes from the node exporter's meminfo instead. (field, Prometheus type, help) as
-# dcgm-exporter's counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
+# Both reports are kept as tests/unit/fixtures/captures/dcgm_*, and tests/unit/test_monitoring.py holds this
+# list to them. Unified memory comes from the node exporter's meminfo instead. (field, Prometheus type,
+# help) as dcgm-exporter's counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
 GPU_EXPORTER_FIELDS = (
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
@@ -154,6 +156,21 @@ class MonitoringData(BaseModel):
     monitoring_alert_memory_headroom_gib: float = Field(
         8.0, ge=0, description="`SparkfleetMemoryLow` fires when a node's MemAvailable falls below this: a Spark "
         "whose unified memory runs out freezes without an OOM kill"
+    )
+    monitoring_alert_memory_pressure: float = Field(
+        0.6, gt=0, le=1, description="`SparkfleetMemoryPressure` fires when the share of time in which every "
+        "task that needed memory waited for it (PSI `full` of /proc/pressure/memory, the kernel's "
+        "Documentation/accounting/psi.rst; node_exporter's pressure collector exports its total as "
+        "`node_pressure_memory_stalled_seconds_total`, collector/pressure_linux.go at 1.5.0 and 1.7.0 alike, so the share "
+        "is its rate over a minute) stays above this "
+        "for `monitoring_alert_memory_pressure_for_s`: reclaim stalling the whole node, which comes before a "
+        "Spark's freeze. 0.6 for 30 s is systemd-oomd's own bar for acting on memory pressure (oomd.conf(5): "
+        "DefaultMemoryPressureLimit=60% of a 10 s window in which all tasks were delayed, for "
+        "DefaultMemoryPressureDurationSec=30s); no field figure of a Spark's PSI before its freeze was found: "
+        "lower it to be warned earlier"
+    )
+    monitoring_alert_memory_pressure_for_s: int = Field(
+        30, ge=0, description="see `monitoring_alert_memory_pressure` (systemd-oomd's 30 s)"
     )
     monitoring_alert_kv_cache_usage: float = Field(
         0.95, gt=0, le=1, description="`SparkfleetKvCacheFull` fires when the engine's KV cache usage stays above "

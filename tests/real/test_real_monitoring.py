@@ -56,6 +56,7 @@ READS = {
                            'node_systemd_unit_state{name="sparkfleet-worker.service", state="active"}'],
     "SparkfleetGroupStalled": ["vllm:num_requests_waiting", "vllm:generation_tokens_total"],
     "SparkfleetMemoryLow": ["node_memory_MemAvailable_bytes"],
+    "SparkfleetMemoryPressure": ["node_pressure_memory_stalled_seconds_total"],
     "SparkfleetKvCacheFull": ["vllm:kv_cache_usage_perc"],
     "SparkfleetFabricMtu": ['node_network_mtu_bytes{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],
     "SparkfleetFabricDown": ['node_network_up{device="enp1s0f0np0"}', "sparkfleet_fabric_mtu_wanted_bytes"],

@@ -1,7 +1,9 @@
 """The Docker daemon config sparkfleet writes, and the check of what `docker info` reports.
 
 docker-info-lab.json is captured from a lab host after a deploy; the GPU variant adds what the
-NVIDIA container toolkit registers (runtime "nvidia", made the default by daemon.json).
+NVIDIA container toolkit registers (runtime "nvidia", made the default by daemon.json). No JSON
+`docker info` of a DGX Spark is public; a Spark's runtimes are known from the text `docker info`
+prints (captures/docker_info_runtimes_text.txt), whose two lines are the JSON's fields.
 """
 import copy
 import json
@@ -10,7 +12,8 @@ from pathlib import Path
 from roles.docker.checks import daemon_config, docker_info_problems
 from sparkfleet.model.docker import registry_address
 from sparkfleet.config import build_cluster
-from tests.unit.helpers import pair
+from tests.unit.capture_views import command_output
+from tests.unit.helpers import capture, pair
 
 LAB_INFO = json.loads((Path(__file__).parent / "fixtures/docker-info-lab.json").read_text())
 LAB = {"netplan_renderer": "networkd", "rdma_hca": None, "rdma_twin_hca": None, "gpu_expected": False}
@@ -70,6 +73,26 @@ def test_gpu_node_without_the_nvidia_runtime_fails_and_with_it_passes():
     assert docker_info_problems(c.head, c, gpu_info(c)) == []
     problems = docker_info_problems(c.head, c, lab_info_for(c))
     assert any("no nvidia runtime" in p for p in problems) and any("default runtime runc" in p for p in problems)
+
+
+def spark_runtimes() -> dict:
+    """The runtimes of a Spark from its text `docker info`: " Runtimes:" lists the keys of the JSON's
+    Runtimes map and " Default Runtime:" is its DefaultRuntime (docker/cli cli/command/system/info.go,
+    prettyPrintServerInfo)."""
+    lines = command_output(capture("docker_info_runtimes_text.txt"), "docker info 2>/dev/null | grep -i runtime")
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines if ":" in line)}
+    return {"Runtimes": {name: {} for name in fields["Runtimes"].split()}, "DefaultRuntime": fields["Default Runtime"]}
+
+
+def test_a_spark_with_the_nvidia_runtime_registered_but_runc_as_default_is_named_for_the_default_only():
+    """The Spark of that capture (Docker with the NVIDIA toolkit, driver 580.142) lists io.containerd.runc.v2,
+    nvidia and runc, runc the default: what the check after daemon.json's restart refuses, naming the default."""
+    c = build_cluster(pair())
+    runtimes = spark_runtimes()
+    assert set(runtimes["Runtimes"]) == {"io.containerd.runc.v2", "nvidia", "runc"}
+    assert docker_info_problems(c.head, c, {**lab_info_for(c), **runtimes}) == [
+        "spark-a: docker default runtime runc, want nvidia"]
+    assert docker_info_problems(c.head, c, {**lab_info_for(c), **runtimes, "DefaultRuntime": "nvidia"}) == []
 
 
 def test_no_info_means_the_engine_is_down():

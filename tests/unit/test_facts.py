@@ -88,6 +88,8 @@ def test_facts_table_has_a_row_per_node_in_rank_order():
     assert "121.7/112.7" in lines[1] and lines[1].endswith("ok")
 
 
+# Assembled: the fields of `ip -j addr show dev` parse_link reads, at the unit tests' own address (no
+# `ip -j` output of a Spark is public; tests/unit/test_network_captures.py reads a Spark's `ip addr`).
 IP_UP = (
     '[{"ifname":"enp1s0f0np0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":9000,'
     '"operstate":"UP","addr_info":[{"family":"inet","local":"10.77.77.1","prefixlen":30}]}]'

@@ -13,7 +13,10 @@ from roles.fingerprint.facts import Fingerprint, parse_fingerprint, visible_file
 from sparkfleet.model.fingerprint import FINGERPRINT_FIELDS
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.model.serving import node_profile
-from tests.unit.helpers import pair
+from tests.unit.capture_views import (
+    command_output, docker_server_version, ibstat_fw_ver, path_with, smi_query_value, stand_in, uname_release,
+)
+from tests.unit.helpers import CAPTURES, capture, pair
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LAB_IMAGE = "sha256:3d632a13c1a27c105df7356a3ffd0ab374d9175717ef3a5b75b1bb723814e0e9"
@@ -39,11 +42,93 @@ def test_the_lab_hosts_have_no_driver_firmware_engine_or_nccl():
 
 def test_a_dgx_spark_reads_as_its_top_layers_show_it():
     fp = recorded("fingerprint-dgx-spark.txt")
-    assert fp["kernel"] == "6.11.0-1016-nvidia" and fp["gpu_driver"] == "580.95.05"
-    assert fp["cx7_firmware"] == "28.45.1020"  # ethtool's PSID is the board's, not the firmware's
+    assert fp["kernel"] == "6.17.0-1032-nvidia" and fp["gpu_driver"] == "580.173.02"
+    assert fp["cx7_firmware"] == "28.45.4028"  # ethtool's PSID is the board's, not the firmware's
     # vllm 0.10.2 and the pip NCCL 2.27.7 were replaced in later layers; the base's NCCL_VERSION is stale
     assert fp["engine"] == "vllm 0.11.1rc2.dev59+g1a2b3c4d5.cu130"
     assert fp["nccl"] == "pip 2.28.3, lib 2.28.9"
+
+
+# --- the command on what real Sparks print (tests/unit/capture_views.py derives each input) ------
+
+def spark_run(tmp_path, *, nvrm=None, fw_ver=None, uname_a, smi=None, ethtool=None, dpkg_docker) -> dict:
+    """The fact's command with a Spark's sources: /proc/driver/nvidia/version (`nvrm`, a capture's
+    name, or none), the netdev's RDMA device's sysfs fw_ver, and stand-ins printing what `uname -r`,
+    `nvidia-smi --query-gpu=driver_version --format=csv,noheader`, `ethtool -i` and `docker version`
+    print on the machines the captures came from. No image: the image's fields are absent."""
+    sys_net = tmp_path / "sys" / "class" / "net"
+    (sys_net / "enp1s0f0np0").mkdir(parents=True)
+    if fw_ver:  # the netdev's PCI device's RDMA device, as on a Spark: enp1s0f0np0 -> rocep1s0f0
+        fw = sys_net / "enp1s0f0np0" / "device" / "infiniband" / "rocep1s0f0" / "fw_ver"
+        fw.parent.mkdir(parents=True)
+        fw.write_text(fw_ver + "\n")
+    bin_dir = tmp_path / "bin"
+    stand_in(bin_dir, "uname", uname_release(uname_a), first_arg="-r")
+    stand_in(bin_dir, "nvidia-smi", smi, first_arg="--query-gpu=driver_version")
+    stand_in(bin_dir, "ethtool", ethtool, first_arg="-i")
+    stand_in(bin_dir, "docker", docker_server_version(dpkg_docker), first_arg="version")
+    text = (command().replace("/proc/driver/nvidia/version", str(CAPTURES / nvrm) if nvrm else str(tmp_path / "none"))
+            .replace("/sys/class/net", str(sys_net)))
+    out = subprocess.run(["sh", "-c", text], env=path_with(bin_dir), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return {"lines": out.stdout.splitlines(), **parse_fingerprint(out.stdout.splitlines())}
+
+
+SESSION = capture("session_dgxspark03_os_df_free.txt")  # dgxspark03: uname -a
+SPARK_3BEE = capture("smi_query_name_driver_spark3bee.txt")  # spark-3bee: uname -a, nvidia-smi query, dpkg -l
+DOCKER_CE = [line.split()[1] for line in command_output(
+    SPARK_3BEE, 'dpkg -l | grep -E "nvidia-container-toolkit |docker-ce " | awk \'{print $2, $3}\'')
+    if line.startswith("docker-ce ")][0]
+
+
+def test_a_spark_s_kernel_driver_and_firmware_are_read_where_the_spark_keeps_them(tmp_path):
+    """/proc's NVRM line (580.126.09) and sysfs' fw_ver (ibstat's 28.45.4028) are read first: the
+    nvidia-smi and ethtool stand-ins print something else and are not asked."""
+    fp = spark_run(tmp_path, nvrm="nvrm_version_580_126_09.txt",
+                   fw_ver=ibstat_fw_ver(capture("ibstat_dell_gb10_excerpt.txt"), "rocep1s0f0"),
+                   uname_a=command_output(SESSION, "uname -a")[0], smi="999.99", ethtool="firmware-version: 0.0.0",
+                   dpkg_docker=DOCKER_CE)
+    assert {k: fp[k] for k in ("kernel", "gpu_driver", "cx7_firmware", "docker")} == {
+        "kernel": "6.17.0-1021-nvidia", "gpu_driver": "580.126.09", "cx7_firmware": "28.45.4028", "docker": "29.2.1"}
+    assert all(fp[f] is None for f in IMAGE_FIELDS)
+
+
+def test_without_proc_and_sysfs_the_driver_comes_from_nvidia_smi_and_the_firmware_from_ethtool(tmp_path):
+    fp = spark_run(tmp_path, uname_a=command_output(SPARK_3BEE, "uname -a")[0],
+                   smi=smi_query_value(command_output(
+                       SPARK_3BEE, "nvidia-smi --query-gpu=name,driver_version --format=csv"), "driver_version"),
+                   ethtool="\n".join(command_output(capture("ethtool_i_enP2p1s0f0np0.txt"), "ethtool -i enP2p1s0f0np0")),
+                   dpkg_docker=DOCKER_CE)
+    assert (fp["kernel"], fp["gpu_driver"], fp["cx7_firmware"]) == ("6.17.0-1032-nvidia", "580.173.02", "28.45.4028")
+    assert "cx7_firmware=28.45.4028 (NVD0000000087)" in fp["lines"]  # the PSID ethtool adds, dropped by the parser
+    # the fixture's node lines are these, read off spark-3bee and the ethtool capture (its image lines are assembled)
+    fixture = (FIXTURES / "fingerprint-dgx-spark.txt").read_text().splitlines()
+    assert [line for line in fixture if line.split("=")[0] in ("kernel", "gpu_driver", "cx7_firmware", "docker")] \
+        == fp["lines"]
+
+
+def test_neither_source_of_the_driver_or_firmware_leaves_them_absent(tmp_path):
+    fp = spark_run(tmp_path, uname_a=command_output(SESSION, "uname -a")[0], dpkg_docker=DOCKER_CE)
+    assert fp["gpu_driver"] is None and fp["cx7_firmware"] is None and fp["kernel"] == "6.17.0-1021-nvidia"
+
+
+def test_two_sparks_of_the_field_differ_on_kernel_and_driver_and_are_refused_naming_both(tmp_path):
+    """dgxspark03 (6.17.0-1021-nvidia, 580.126.09 in /proc) and spark-3bee (6.17.0-1032-nvidia, 580.173.02
+    from nvidia-smi) as one group: the refusal names both fields, the second node and each fix."""
+    a = spark_run(tmp_path / "a", nvrm="nvrm_version_580_126_09.txt", uname_a=command_output(SESSION, "uname -a")[0],
+                  ethtool="\n".join(command_output(capture("ethtool_i_enP2p1s0f0np0.txt"), "ethtool -i enP2p1s0f0np0")),
+                  dpkg_docker=DOCKER_CE)
+    b = spark_run(tmp_path / "b", uname_a=command_output(SPARK_3BEE, "uname -a")[0],
+                  smi=smi_query_value(command_output(
+                      SPARK_3BEE, "nvidia-smi --query-gpu=name,driver_version --format=csv"), "driver_version"),
+                  ethtool="\n".join(command_output(capture("ethtool_i_enP2p1s0f0np0.txt"), "ethtool -i enP2p1s0f0np0")),
+                  dpkg_docker=DOCKER_CE)
+    prints = {n: {f: fp[f] for f in FINGERPRINT_FIELDS} for n, fp in (("spark-a", a), ("spark-b", b))}
+    refusal = group_verdict(prints, [f for f in FINGERPRINT_FIELDS if f not in IMAGE_FIELDS])
+    assert refusal is not None and mismatches(prints, FINGERPRINT_FIELDS) == ["kernel", "gpu_driver"]
+    text = refusal.block()
+    assert "spark-b: kernel 6.17.0-1032-nvidia, spark-a has 6.17.0-1021-nvidia" in text
+    assert "install GPU driver 580.126.09 on spark-b" in text
 
 
 def test_a_deletion_in_a_later_layer_hides_the_file_below():

@@ -19,6 +19,7 @@ from roles.monitoring.checks import (
 )
 from sparkfleet.config import build_cluster
 from sparkfleet.model.engine import SGLANG_METRICS
+from tests.unit.helpers import capture
 from tests.unit.test_router_render import MGMT, fleet_hosts, refused
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +57,19 @@ def test_a_threshold_from_data_moves_the_alert(promtool, tmp_path):
     shutil.copy(ALERT_TESTS, tmp_path)
     run = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 1 and "SparkfleetMemoryLow" in run.stdout + run.stderr, run.stdout
+
+
+def test_the_memory_pressure_bar_and_its_duration_come_from_data(promtool, tmp_path):
+    """With 95 % for 45 s, the 90 % stall the tests expect to fire does not: the rule reads data."""
+    high = fleet(**{n: {"monitoring_alert_memory_pressure": 0.95, "monitoring_alert_memory_pressure_for_s": 45}
+                    for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    [rule] = [r for g in yaml.safe_load(rules_text(high))["groups"] for r in g["rules"]
+              if r["alert"] == "SparkfleetMemoryPressure"]
+    assert rule["expr"] == "rate(node_pressure_memory_stalled_seconds_total[1m]) > 0.95" and rule["for"] == "45s"
+    (tmp_path / "sparkfleet.rules.yml").write_text(rules_text(high))
+    shutil.copy(ALERT_TESTS, tmp_path)
+    run = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 1 and "SparkfleetMemoryPressure" in run.stdout + run.stderr, run.stdout
 
 
 def test_the_prometheus_config_scrapes_every_node_and_every_head_from_the_inventory(promtool, tmp_path):
@@ -331,6 +345,45 @@ def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monit
     assert gpu_exporter_files(cpu.node("spark-b")) == {}
     assert "gpu" not in targets(cpu) and "job_name: gpu" not in prometheus_config_text(cpu)
     assert "job_name: gpu" in prometheus_config_text(f)
+
+
+def short(name: str) -> str:
+    """A DCGM field as the captures name it, without the DCGM_FI_DEV_ / DCGM_FI_PROF_ prefix."""
+    return re.sub(r"^DCGM_FI_(DEV|PROF)_", "", name)
+
+
+def test_the_gpu_exporter_s_fields_are_the_ones_sparks_report_live_and_none_they_report_dead():
+    """GPU_EXPORTER_FIELDS against two Spark owners' live scrapes (captures/dcgm_*): domenkogler's table
+    of the 13 series dcgm-exporter 3.3.5-3.4.1 emits on GB10 (each marked worth wiring or not) and rwlove's
+    list of working and dead fields under load (driver 580.142)."""
+    from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS
+    fields = {short(name) for name, kind, _ in GPU_EXPORTER_FIELDS if kind != "label"}
+    summary = capture("dcgm_domenkogler_observability_summary.txt")
+    wired, dead = set(), set()
+    for row in summary.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 2 or "`" not in cells[0]:
+            continue
+        names = {short(n) for n in re.findall(r"`([A-Z_]+)`", cells[0])}
+        (wired if cells[1].lstrip("*").startswith("yes") else dead if cells[1].startswith("**no**") else set()).update(names)
+    assert fields == wired, (fields, wired)  # every series worth wiring, and nothing else
+    assert not fields & dead
+    assert 'DCGM_FI_DRIVER_VERSION="580.178.04"' in summary  # the label field, on every series
+    assert ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version") in GPU_EXPORTER_FIELDS
+    verified = capture("dcgm_rwlove_home_ops_pr13238.txt")
+    working = set(re.findall(r"`([A-Z_]+)`", verified.split("**Working:**")[1].split("\n")[0]))
+    still_dead = set(re.findall(r"`([A-Z_*]+)`", verified.split("**Still dead:**")[1].split("\n")[0]))
+    assert working and working <= fields, working - fields
+    assert still_dead and not any(f == d or (d.endswith("*") and f.startswith(d[:-1])) for f in fields for d in still_dead)
+
+
+def test_the_alert_case_s_gpu_labels_are_a_spark_s():
+    """The throttle case's series carry the PCI bus ID and model nvidia-smi shows for a Spark's GB10
+    (captures/smi_table_obrienlabs_spark7d19.txt and the table in docker_info_runtimes_text.txt)."""
+    cases = ALERT_TESTS.read_text()
+    for name in ("smi_table_obrienlabs_spark7d19.txt", "docker_info_runtimes_text.txt"):
+        [(model, bus)] = re.findall(r"^\|\s+0\s+(NVIDIA GB10)\s+\S+\s+\|\s+(\S+)\s", capture(name), re.M)
+        assert f'pci_bus_id="{bus}", modelName="{model}"' in cases
 
 
 EVERY = ("spark-a", "spark-b", "spark-c", "spark-d")
