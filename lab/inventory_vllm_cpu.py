@@ -12,9 +12,9 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   Alertmanager notifying one webhook on the head's loopback (ALERT_WEBHOOK; tests/real listens there);
 - the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
   inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
-  lab's one run of it. Its bar is a floor (0.05 GB/s, about 400 Mbit/s) a working link clears on any
-  machine and a link throttled below it does not; its buffer is 64 MiB (both hosts share this
-  machine's memory).
+  lab's one run of it. Its one bar is a floor at 64 MiB (0.05 GB/s, about 400 Mbit/s) a working link
+  clears on any machine and a link throttled below it does not, so its buffer is 64 MiB (both hosts
+  share this machine's memory).
 Needs `make lab-wheels` (the wheelhouse the recipe installs from) and an x86_64 machine with AVX2.
 """
 import runpy
@@ -35,7 +35,7 @@ _real = {
     "watchdog_startup_grace_s": 300,
     "watchdog_window_s": 1800,
     "fabric_speed_collective": True,
-    "fabric_speed_min_busbw_gbytes": 0.05,
+    "fabric_speed_busbw_bars_gbytes": {64: 0.05},
     "fabric_speed_max_buffer_mib": 64,
     # roles/monitoring against the real engine's /metrics (the stand-ins serve none): Prometheus on the
     # head, scraping every 5 s so that tests/real sees a stopped worker's alert within a minute.

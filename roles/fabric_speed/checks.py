@@ -10,8 +10,9 @@ node's record is missing or its key differs: a fresh deploy, a fabric reconfigur
 deploy runs it again. A converged deploy runs no test and changes nothing.
 
 The figures are what the tools print: iperf3's JSON, ib_write_bw's report (perftest), and the
-collective's line from files/sfl_gather.py; each is parsed here, so the parsers are tested on
-recorded output (tests/unit/fixtures/fabric-speed-*.txt).
+collective's line from files/sfl_gather.py; each is parsed here, and so is nccl-tests'
+all_gather_perf table, the form the field publishes its collective's figures in: the parsers and
+the verdicts are tested on real Sparks' outputs (tests/unit/fixtures/captures/).
 """
 import hashlib
 import json
@@ -34,10 +35,14 @@ RUNNER_IN_CONTAINER = "/sfl_gather.py"
 SPEED_CONTAINER = "sparkfleet-fabric-speed"
 SPEED_PACKAGES = {"ib_write_bw": "perftest", "iperf3": "iperf3"}  # Debian/Ubuntu (DGX OS) package names
 MIB = 2**20
-MIN_BUFFER_MIB = 64  # below this, all_gather measures latency, not bandwidth
+# ib_write_bw's message size, pinned: the size of the runs the per-half bar is read from (NVIDIA's guide
+# and the field's -R -q 4 runs print 65536, perftest's own default for its BW tests).
+IB_MESSAGE_BYTES = 65536
 # Why a link is slow, in the order the field met them (docs/fabric.md).
 USUAL_CAUSES = ("an MTU below 9000 on either end", "one HCA of the port's two left out (NCCL_IB_HCA)",
-                "a controller at PCIe x2 (a BIOS older than 2026-04)", "a degraded or wrong cable")
+                "a controller at PCIe x2 (a BIOS older than 2026-04)",
+                "a cable plugged in after boot (both halves near 13 Gbit/s until a reboot with it in)",
+                "a degraded or wrong cable")
 
 
 record_path = speed_record_path
@@ -57,9 +62,9 @@ def proof_key(cluster, image: str | None) -> str:
         "links": [[link.server.name, link.client.name] + [[s.netdev, s.ip, s.hca, c.netdev, c.ip, c.hca]
                                                           for s, c in link.halves] for link in speed_links(cluster)],
         "mtu": sorted({n.fabric_mtu for n in cluster.nodes}),
-        "test": [head.fabric_speed_link_test, head.fabric_speed_seconds, head.fabric_speed_min_rdma_gbits,
-                 head.fabric_speed_min_tcp_gbits],
-        "collective": [head.fabric_speed_min_busbw_gbytes, head.fabric_speed_max_buffer_mib, image]
+        "test": [head.fabric_speed_link_test, head.fabric_speed_seconds, head.fabric_speed_min_rdma_half_gbits,
+                 head.fabric_speed_rdma_qps, IB_MESSAGE_BYTES, head.fabric_speed_min_tcp_gbits],
+        "collective": [sorted(head.fabric_speed_busbw_bars_gbytes.items()), head.fabric_speed_max_buffer_mib, image]
         if head.fabric_speed_collective else None,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
@@ -156,36 +161,55 @@ def iperf3_gbits(text: str) -> float:
 
 
 # ib_write_bw (perftest): both HCAs at once, as NCCL drives them, each connected by its half's
-# address through rdma_cm (-R), so the GID is the one of that address, whatever its index.
+# address through rdma_cm (-R), so the GID is the one of that address, whatever its index: without
+# -R perftest picks a GID itself (src/perftest_communication.c get_best_gid_index: the best-scoring
+# IPv4-mapped RoCE v2 entry, the lowest index among equals), which on a netdev with a second IPv4
+# address need not be the half's. The writes are the same in both modes (only the connection's
+# exchange differs), so the field's plain runs and its -R runs measure one thing. `qps` queue pairs
+# per half (fabric_speed_rdma_qps), IB_MESSAGE_BYTES each.
 
-def _ib_write_bw(hca: str, port: int, seconds: int) -> str:
-    return f"ib_write_bw -d {shlex.quote(hca)} -R -F --report_gbits -D {int(seconds)} -p {int(port)}"
+def _ib_write_bw(hca: str, port: int, seconds: int, qps: int) -> str:
+    return (f"ib_write_bw -d {shlex.quote(hca)} -R -q {int(qps)} -s {IB_MESSAGE_BYTES} -F --report_gbits "
+            f"-D {int(seconds)} -p {int(port)}")
 
 
-def ib_server_command(link: SpeedLink, port: int, seconds: int) -> str:
+def ib_server_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
     """The server end of every half, in the background (each exits after its one test)."""
-    return "; ".join(f"setsid nohup {_ib_write_bw(s.hca, port + i, seconds)} >/dev/null 2>&1 < /dev/null &"
+    return "; ".join(f"setsid nohup {_ib_write_bw(s.hca, port + i, seconds, qps)} >/dev/null 2>&1 < /dev/null &"
                      for i, (s, _) in enumerate(link.halves)) + " sleep 1"
 
 
-def ib_client_command(link: SpeedLink, port: int, seconds: int) -> str:
+def ib_client_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
     """Every half's client at once; their reports one after the other, each under `== <i>`."""
-    runs = " ".join(f"{_ib_write_bw(c.hca, port + i, seconds)} {shlex.quote(s.ip)} > \"$d/{i}\" 2>&1 &"
+    runs = " ".join(f"{_ib_write_bw(c.hca, port + i, seconds, qps)} {shlex.quote(s.ip)} > \"$d/{i}\" 2>&1 &"
                     for i, (s, c) in enumerate(link.halves))
     show = " ".join(f"echo '== {i}'; cat \"$d/{i}\";" for i in range(len(link.halves)))
     return f"d=$(mktemp -d); {runs} wait; {show} rm -rf \"$d\""
 
 
-def ib_write_bw_gbits(report: str) -> float:
-    """BW average (Gb/sec) of one ib_write_bw report (--report_gbits); ValueError when it has none."""
-    lines = report.splitlines()
-    for i, line in enumerate(lines):
+def ib_write_bw_rows(report: str) -> list[float]:
+    """BW average (Gb/sec) of every result row under an ib_write_bw header (--report_gbits): one row
+    for a timed run, one per interval with --run_infinitely; lines that are not rows (a warning
+    perftest prints to stderr, the dashes) are skipped."""
+    rows: list[float] = []
+    under_header = False
+    for line in report.splitlines():
         if "BW average[Gb/sec]" in line:
-            for row in lines[i + 1:]:
-                words = row.split()
-                if len(words) >= 4 and words[0].isdigit():
-                    return float(words[3])
-    raise ValueError(f"ib_write_bw reported no bandwidth: {report.strip()[-300:] or 'nothing'}")
+            under_header = True
+            continue
+        words = line.split()
+        if under_header and len(words) >= 5 and words[0].isdigit() and words[1].isdigit():
+            rows.append(float(words[3]))
+    return rows
+
+
+def ib_write_bw_gbits(report: str) -> float:
+    """One half's figure: the mean of its report's rows, to perftest's two decimals; ValueError when
+    the report has none."""
+    rows = ib_write_bw_rows(report)
+    if not rows:
+        raise ValueError(f"ib_write_bw reported no bandwidth: {report.strip()[-300:] or 'nothing'}")
+    return round(sum(rows) / len(rows), 2)
 
 
 def ib_reports(output: str) -> dict[int, str]:
@@ -204,7 +228,8 @@ def ib_reports(output: str) -> dict[int, str]:
 
 def half_name(link: SpeedLink, i: int) -> str:
     s, c = link.halves[i]
-    return f"{link.client.name} {c.netdev}{'/' + c.hca if c.hca else ''} -> {link.server.name} {s.netdev} ({s.ip})"
+    return (f"{link.client.name} {c.netdev}{'/' + c.hca if c.hca else ''} -> "
+            f"{link.server.name} {s.netdev}{'/' + s.hca if s.hca else ''} ({s.ip})")
 
 
 def tcp_failures(link: SpeedLink, gbits: dict[int, float], bar: float) -> list[str]:
@@ -214,32 +239,39 @@ def tcp_failures(link: SpeedLink, gbits: dict[int, float], bar: float) -> list[s
 
 
 def rdma_failures(link: SpeedLink, gbits: dict[int, float], bar: float) -> list[str]:
-    total = sum(gbits.values())
-    if total >= bar:
-        return []
-    each = ", ".join(f"{link.halves[i][1].hca} {g:.1f}" for i, g in sorted(gbits.items()))
-    return [f"fabric speed: {link.name}: ib_write_bw {total:.1f} Gbit/s over {len(gbits)} HCA(s) ({each}), below the "
-            f"bar of {bar:g} Gbit/s (fabric_speed_min_rdma_gbits); usual causes: {'; '.join(USUAL_CAUSES)}"]
+    """Each half below the bar, named (both ends' netdev and HCA), with every half's figure beside it:
+    one half low points at that half, both low at the cable or the boot it was plugged in after."""
+    each = ", ".join(f"{link.halves[i][1].hca} {g:.2f}" for i, g in sorted(gbits.items()))
+    return [f"fabric speed: {half_name(link, i)}: ib_write_bw {g:.2f} Gbit/s, below the bar of {bar:g} Gbit/s "
+            f"per half (fabric_speed_min_rdma_half_gbits; the link's halves, all at once: {each}); usual causes: "
+            f"{'; '.join(USUAL_CAUSES)}"
+            for i, g in sorted(gbits.items()) if g < bar]
 
 
 # The collective: all_gather across the group in the serving image (files/sfl_gather.py).
 
 def buffer_mib(cluster, mem_available_gib: dict[str, float]) -> tuple[int | None, str]:
-    """The gathered tensor's size in MiB, a power of two, from the memory guard's budget: its buffers
-    (the output, the input, NCCL's staging: about twice the output) fit in the least MemAvailable
-    of the group minus guard_min_headroom_gib and fabric_speed_headroom_gib. (None, why) when even
-    MIN_BUFFER_MIB does not fit: the deploy stops rather than freeze a Spark (PR #103's 16 GB test)."""
+    """The gathered tensor's size in MiB: the largest size the collective has a bar for
+    (fabric_speed_busbw_bars_gbytes), at most fabric_speed_max_buffer_mib, whose buffers (the output,
+    the input, NCCL's staging: about twice the output) fit in the least MemAvailable of the group
+    minus guard_min_headroom_gib and fabric_speed_headroom_gib. (None, why) when even the smallest
+    does not fit: the deploy stops rather than freeze a Spark (PR #103's 16 GB test) or gather at a
+    size no bar holds for."""
     head = cluster.head
+    bars = head.fabric_speed_busbw_bars_gbytes
     name, available = min(((n.name, mem_available_gib.get(n.name, 0.0)) for n in cluster.nodes), key=lambda x: x[1])
     keep = head.guard_min_headroom_gib + head.fabric_speed_headroom_gib
     budget_mib = (available - keep) * 1024 / 2
-    size = 1 << (int(budget_mib).bit_length() - 1) if budget_mib >= 1 else 0  # a power of two
-    size = min(size, head.fabric_speed_max_buffer_mib)
-    if size < MIN_BUFFER_MIB:
+    sizes = [s for s in sorted(bars) if s <= head.fabric_speed_max_buffer_mib and s <= budget_mib]
+    if not sizes:
+        smallest = min(bars)
         return None, (f"fabric speed: {name}: MemAvailable {available:.1f} GiB leaves no room for the collective's "
-                      f"{MIN_BUFFER_MIB} MiB buffer beside {keep:g} GiB kept free (guard_min_headroom_gib + "
-                      f"fabric_speed_headroom_gib): free memory on {name}, or set fabric_speed_collective = false")
-    return size, f"{size} MiB (budget: {available:.1f} GiB available on {name} - {keep:g} GiB kept, halved)"
+                      f"smallest buffer with a bar, {smallest} MiB (fabric_speed_busbw_bars_gbytes), beside {keep:g} "
+                      f"GiB kept free (guard_min_headroom_gib + fabric_speed_headroom_gib): free memory on {name}, "
+                      f"or set fabric_speed_collective = false")
+    size = sizes[-1]
+    return size, (f"{size} MiB, held to {bars[size]:g} GB/s busbw (budget: {available:.1f} GiB available on {name} "
+                  f"- {keep:g} GiB kept, halved; at most fabric_speed_max_buffer_mib, {head.fabric_speed_max_buffer_mib})")
 
 
 def gather_docker_args(profile, node, env_file: str) -> list[str]:
@@ -277,18 +309,45 @@ def gather_figure(output: str) -> dict:
     raise ValueError(f"the collective printed no result: {output.strip()[-600:] or 'nothing'}")
 
 
+def all_gather_perf_figures(output: str) -> list[dict]:
+    """nccl-tests' all_gather_perf table -> one figure per size, in the runner's form: bytes, each
+    run's busbw and #wrong, and busbw_gbytes, their mean (nccl-tests' 'Avg bus bandwidth' of that
+    size). Rows are the lines of 13 columns whose first is the size in bytes; comments are skipped."""
+    figures = []
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) != 13 or not (words[0].isdigit() and words[1].isdigit()):
+            continue
+        out_of_place, in_place = float(words[7]), float(words[11])
+        wrong = sum(int(w) for w in (words[8], words[12]) if w.isdigit())
+        figures.append({"backend": "nccl", "bytes": int(words[0]), "busbw_out_of_place_gbytes": out_of_place,
+                        "busbw_in_place_gbytes": in_place, "busbw_gbytes": round((out_of_place + in_place) / 2, 4),
+                        "wrong": wrong})
+    return figures
+
+
 def gather_failures(cluster, figure: dict) -> list[str]:
+    """The figure held to the bar for the size it gathered (fabric_speed_busbw_bars_gbytes): the
+    mean of its out-of-place and in-place busbw, as the bar's own figures are."""
     head = cluster.head
-    bar = head.fabric_speed_min_busbw_gbytes
+    bars = head.fabric_speed_busbw_bars_gbytes
+    mib = figure["bytes"] // MIB
     ranks = ", ".join(n.name for n in sorted(cluster.nodes, key=lambda n: n.rank))
+    what = f"all_gather ({figure['backend']}, {mib} MiB) across {ranks}"
     if figure.get("wrong"):
-        return [f"fabric speed: all_gather across {ranks} returned {figure['wrong']} wrong element(s): the collective "
-                f"is broken, whatever its speed"]
+        return [f"fabric speed: {what} returned {figure['wrong']} wrong element(s): the collective is broken, "
+                f"whatever its speed"]
+    if mib not in bars:
+        return [f"fabric speed: {what}: no bar for {mib} MiB (fabric_speed_busbw_bars_gbytes has "
+                f"{sorted(bars)} MiB): a figure is held to the bar of the size it gathered, or to none"]
+    bar = bars[mib]
     if figure["busbw_gbytes"] >= bar:
         return []
-    return [f"fabric speed: all_gather ({figure['backend']}, {figure['bytes'] // MIB} MiB) across {ranks}: busbw "
-            f"{figure['busbw_gbytes']:.3f} GB/s, below the bar of {bar:g} GB/s (fabric_speed_min_busbw_gbytes); "
-            f"usual causes: {'; '.join(USUAL_CAUSES)}; or the image's NCCL build"]
+    runs = (f" (out-of-place {figure['busbw_out_of_place_gbytes']:.2f}, in-place {figure['busbw_in_place_gbytes']:.2f})"
+            if "busbw_in_place_gbytes" in figure else "")
+    return [f"fabric speed: {what}: busbw {figure['busbw_gbytes']:.3f} GB/s{runs}, below the bar of {bar:g} GB/s "
+            f"for {mib} MiB (fabric_speed_busbw_bars_gbytes); usual causes: {'; '.join(USUAL_CAUSES)}; or the "
+            f"image's NCCL build"]
 
 
 def decide(cluster, image: str | None, records: dict[str, str | None], mem_available_gib: dict[str, float],

@@ -1,10 +1,12 @@
 """Step 5a, once every rank holds the serving image: the collective the engine runs, across the
 group, inside that image (files/sfl_gather.py: all_gather, NCCL on GPU nodes, gloo without), held
-to fabric_speed_min_busbw_gbytes; then, the whole proof passed, each node's record.
+to the bar for the size it gathers (fabric_speed_busbw_bars_gbytes); then, the whole proof passed,
+each node's record.
 
-Its buffer comes from the memory guard's budget at prepare (checks.buffer_mib), never the
-playbook's 16 GB. Workers' ranks start first, detached; the head's runs in the foreground and
-prints the figure; every rank's container is removed whatever happened."""
+Its buffer comes from the memory guard's budget at prepare (checks.buffer_mib): the largest size
+with a bar that fits, at most fabric_speed_max_buffer_mib. Workers' ranks start first, detached; the
+head's runs in the foreground and prints the figure; every rank's container is removed whatever
+happened."""
 import shlex
 import time
 from io import StringIO
@@ -72,7 +74,9 @@ def run_collective(mib: int) -> None:
         for n in cluster.nodes:
             sh(n.name, f"docker rm -f {SPEED_CONTAINER} >/dev/null 2>&1 || true")
     logger.info(f"    fabric speed: all_gather ({figure['backend']}, {mib} MiB, {len(cluster.nodes)} ranks): busbw "
-                f"{figure['busbw_gbytes']:.3f} GB/s, algbw {figure['algbw_gbytes']:.3f} GB/s")
+                f"{figure['busbw_gbytes']:.3f} GB/s (out-of-place {figure['busbw_out_of_place_gbytes']:.3f}, in-place "
+                f"{figure['busbw_in_place_gbytes']:.3f}), the bar for {mib} MiB "
+                f"{cluster.head.fabric_speed_busbw_bars_gbytes.get(mib)}")
     failures = gather_failures(cluster, figure)
     if failures:
         raise DeployError("\n".join(failures))

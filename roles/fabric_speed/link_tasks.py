@@ -45,21 +45,25 @@ def _tcp(link: SpeedLink, port: int, seconds: int) -> dict[int, float]:
     return figures
 
 
-def _rdma(link: SpeedLink, port: int, seconds: int) -> dict[int, float]:
-    _run(link.server.name, ib_server_command(link, port, seconds), "ib_write_bw's servers")
-    reports = ib_reports(_run(link.client.name, ib_client_command(link, port, seconds), "ib_write_bw"))
-    try:
-        return {i: ib_write_bw_gbits(reports.get(i, "")) for i in range(len(link.halves))}
-    except ValueError as err:
-        raise DeployError(f"fabric speed: {link.name}: {err}") from err
+def _rdma(link: SpeedLink, port: int, seconds: int, qps: int) -> dict[int, float]:
+    _run(link.server.name, ib_server_command(link, port, seconds, qps), "ib_write_bw's servers")
+    reports = ib_reports(_run(link.client.name, ib_client_command(link, port, seconds, qps), "ib_write_bw"))
+    figures = {}
+    for i in range(len(link.halves)):
+        try:
+            figures[i] = ib_write_bw_gbits(reports.get(i, ""))
+        except ValueError as err:
+            raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
+    return figures
 
 
-def prove_link_speeds(links, test: str, port: int, seconds: int, tcp_bar: float, rdma_bar: float) -> None:
-    """Operation body on the head: every link's test; the deploy stops on the first link below its
-    bar, naming it, its figure and the bar."""
+def prove_link_speeds(links, test: str, port: int, seconds: int, tcp_bar: float, rdma_bar: float,
+                      rdma_qps: int) -> None:
+    """Operation body on the head: every link's test; the deploy stops on the first link with a half
+    below its bar, naming the half, its figure and the bar."""
     figures = []
     for link in links:
-        gbits = (_rdma if test == "ib_write_bw" else _tcp)(link, port, seconds)
+        gbits = _rdma(link, port, seconds, rdma_qps) if test == "ib_write_bw" else _tcp(link, port, seconds)
         failures = rdma_failures(link, gbits, rdma_bar) if test == "ib_write_bw" else tcp_failures(link, gbits, tcp_bar)
         for i, g in sorted(gbits.items()):
             figures.append({"test": test, "link": half_name(link, i), "gbits": round(g, 3)})
@@ -88,5 +92,6 @@ if plan.why and node.is_head and node.fabric_speed_link_test != "off":
         port=node.fabric_speed_port,
         seconds=node.fabric_speed_seconds,
         tcp_bar=node.fabric_speed_min_tcp_gbits,
-        rdma_bar=node.fabric_speed_min_rdma_gbits,
+        rdma_bar=node.fabric_speed_min_rdma_half_gbits,
+        rdma_qps=node.fabric_speed_rdma_qps,
     )

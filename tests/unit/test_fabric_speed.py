@@ -1,20 +1,41 @@
 """roles/fabric_speed: the verdict (due or not), the bars, the buffer from the memory budget, and the
-parsers of what iperf3, ib_write_bw and the collective's runner print."""
+parsers of what iperf3, ib_write_bw, nccl-tests' all_gather_perf and the collective's runner print.
+
+The bars are held to real Sparks' figures (tests/unit/fixtures/captures/, README.md there names each
+source): healthy pairs pass, degraded ones are refused naming the half (ib_write_bw) or the size and
+its bar (the collective)."""
 import json
+import re
+import runpy
 from pathlib import Path
 
 import pytest
 
 from roles.fabric_speed.checks import (
-    buffer_mib, decide, gather_args, gather_docker_args, gather_failures, gather_figure, ib_client_command,
-    ib_reports, ib_server_command, ib_write_bw_gbits, iperf3_client_command, iperf3_gbits, proof_key, rdma_failures,
-    record_text, speed_links, tcp_failures, why_due,
+    MIB, all_gather_perf_figures, buffer_mib, decide, gather_args, gather_docker_args, gather_failures, gather_figure,
+    ib_client_command, ib_reports, ib_server_command, ib_write_bw_gbits, ib_write_bw_rows, iperf3_client_command,
+    iperf3_gbits, proof_key, rdma_failures, record_text, speed_links, tcp_failures, why_due,
+)
+from sparkfleet.model.fabric_speed import (
+    HEALTHY_ALL_GATHER_CURVE, NVIDIA_BUSBW_BAR_GBYTES, NVIDIA_BUSBW_BAR_MIB, curve_bars,
 )
 from sparkfleet.model.serving import node_profile
 from sparkfleet.config import ConfigError, build_cluster
-from tests.unit.helpers import ONE_HALF, pair
+from tests.unit.helpers import ONE_HALF, capture, pair
 
-FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+# ib_write_bw on real Sparks (captures/README.md): NVIDIA's guide runs one client per half of one pair at
+# once (plain mode, one QP each); eugr's and gb10-training's run -R -q 4 on one device, the other idle;
+# the 13 Gb/s report's rows are both rails of a link whose cable was plugged in after boot.
+GUIDE_HALF_0, GUIDE_HALF_1 = "ibwb_nvidia_guide_client1_rocep1s0f0.txt", "ibwb_nvidia_guide_client2_roceP2p1s0f0.txt"
+RDMA_CM_4QP = ("ibwb_eugr_networking_rdma_cm_4qp.txt", "ibwb_gb10_training_promaxgb10_rdma_cm.txt")
+RAILS_13_GBITS = "ibwb_13gbps_two_rails_hotplug.txt"
+# all_gather_perf on real Spark pairs: two at 16 GiB (healthy; MTU 1500), the one published curve that
+# reaches 16 GiB (the bars' source), and one pair through a switch after a reboot and after a recabling.
+HEALTHY_16G, MTU1500_16G = "nccl_allgather_promaxgb10_16g.txt", "nccl_allgather_playbooks_issue25_mtu1500.txt"
+CURVE = "nccl_allgather_route179_512m_16g.txt"
+SWITCH_HEALTHY, RECABLED = ("nccl_allgather_switch_after_reboot_1g_4g.txt",
+                            "nccl_allgather_recabled_until_reboot_1g_4g.txt")
 
 
 def spark(**data):
@@ -42,7 +63,9 @@ def test_the_proof_is_due_without_a_record_and_not_with_a_passed_one_of_this_key
     # a record of another fabric, bar or image proves nothing now
     assert "changed since spark-b" in why_due(c, key, {"spark-a": passed, "spark-b": record_text("other", [])})
     assert proof_key(c, "img:2") != key
-    assert proof_key(spark(fabric_speed_min_rdma_gbits=100.0), "img:1") != key
+    assert proof_key(spark(fabric_speed_min_rdma_half_gbits=80.0), "img:1") != key
+    assert proof_key(spark(fabric_speed_rdma_qps=1), "img:1") != key
+    assert proof_key(spark(fabric_speed_busbw_bars_gbytes={2048: 19.0}), "img:1") != key
     assert proof_key(build_cluster(pair(**{h: {**ONE_HALF, "fabric_speed_link_test": "ib_write_bw"}
                                            for h in ("spark-a", "spark-b")})), "img:1") != key
     # a failed or foreign record is no record
@@ -56,28 +79,70 @@ def test_nothing_is_due_when_every_test_is_off():
     assert decide(c, "img", {}, {}).why is None
 
 
-def test_ib_write_bw_of_both_halves_parsed_from_a_sparks_report_and_held_to_the_links_bar():
-    reports = ib_reports((FIXTURES / "fabric-speed-ib-write-bw-dgx-spark.txt").read_text())
-    gbits = {i: ib_write_bw_gbits(r) for i, r in reports.items()}
-    assert gbits == {0: 92.41, 1: 91.87}
-    (link,) = speed_links(spark())
-    assert rdma_failures(link, gbits, 160.0) == []
-    # the twin left out: one half's figure alone is below the bar, named with each HCA's figure
-    (failure,) = rdma_failures(link, {0: 92.41, 1: 0.0}, 160.0)
-    assert failure.startswith("fabric speed: spark-b -> spark-a: ib_write_bw 92.4 Gbit/s over 2 HCA(s) "
-                              "(rocep1s0f0 92.4, roceP2p1s0f0 0.0), below the bar of 160 Gbit/s")
-    assert "one HCA of the port's two left out" in failure
+def test_ib_write_bw_parsed_on_every_capture_plain_and_rdma_cm_one_row_and_run_infinitely():
+    # --run_infinitely: one row per interval, the half's figure their mean to perftest's two decimals
+    assert ib_write_bw_rows(capture(GUIDE_HALF_0)) == [92.57, 92.57, 92.57, 92.56, 92.57]
+    assert ib_write_bw_rows(capture(GUIDE_HALF_1)) == [97.28, 97.28, 97.28, 97.28, 97.29, 97.28]
+    assert (ib_write_bw_gbits(capture(GUIDE_HALF_0)), ib_write_bw_gbits(capture(GUIDE_HALF_1))) == (92.57, 97.28)
+    # -R -q 4, a timed run: one row
+    assert [ib_write_bw_rows(capture(name)) for name in RDMA_CM_4QP] == [[111.71], [111.61]]
+    # the rails report: the header and one row per rail
+    assert ib_write_bw_rows(capture(RAILS_13_GBITS)) == [13.33, 13.23]
     with pytest.raises(ValueError, match="reported no bandwidth"):
         ib_write_bw_gbits("Couldn't connect to 10.77.77.1:29510")
 
 
-def test_ib_write_bw_connects_each_half_by_its_address_on_its_own_port():
+def guide_pair_output() -> str:
+    """NVIDIA's guide's two clients, one per half of one pair at once: what ib_client_command prints."""
+    return f"== 0\n{capture(GUIDE_HALF_0)}\n== 1\n{capture(GUIDE_HALF_1)}"
+
+
+def test_a_healthy_pairs_halves_each_pass_the_bar_per_half():
     (link,) = speed_links(spark())
-    server, client = ib_server_command(link, 29510, 5), ib_client_command(link, 29510, 5)
-    assert "ib_write_bw -d rocep1s0f0 -R -F --report_gbits -D 5 -p 29510 >" in server
-    assert "ib_write_bw -d roceP2p1s0f0 -R -F --report_gbits -D 5 -p 29511 >" in server
-    assert "ib_write_bw -d rocep1s0f0 -R -F --report_gbits -D 5 -p 29510 10.77.77.1 >" in client
-    assert "ib_write_bw -d roceP2p1s0f0 -R -F --report_gbits -D 5 -p 29511 10.77.78.1 >" in client
+    bar = link.server.fabric_speed_min_rdma_half_gbits
+    gbits = {i: ib_write_bw_gbits(r) for i, r in ib_reports(guide_pair_output()).items()}
+    assert gbits == {0: 92.57, 1: 97.28}
+    assert rdma_failures(link, gbits, bar) == []
+    # NVIDIA's 175 Gbit/s for the port over its two halves; the lowest healthy half clears it
+    assert bar == NVIDIA_BUSBW_BAR_GBYTES * 8 / 2 == 87.5
+    # one device alone with four QPs (the other idle) passes the bar of a port of one half
+    (one,) = speed_links(build_cluster(pair(**{h: {**ONE_HALF, "fabric_speed_link_test": "ib_write_bw"}
+                                               for h in ("spark-a", "spark-b")})))
+    assert [rdma_failures(one, {0: ib_write_bw_gbits(capture(name))}, bar) for name in RDMA_CM_4QP] == [[], []]
+
+
+def test_the_13_gbits_link_is_refused_naming_each_half_with_every_halfs_figure():
+    (link,) = speed_links(spark())
+    gbits = dict(enumerate(ib_write_bw_rows(capture(RAILS_13_GBITS))))
+    first, twin = rdma_failures(link, gbits, link.server.fabric_speed_min_rdma_half_gbits)
+    assert first.startswith("fabric speed: spark-b enp1s0f0np0/rocep1s0f0 -> spark-a enp1s0f0np0/rocep1s0f0 "
+                            "(10.77.77.1): ib_write_bw 13.33 Gbit/s, below the bar of 87.5 Gbit/s per half "
+                            "(fabric_speed_min_rdma_half_gbits; the link's halves, all at once: rocep1s0f0 13.33, "
+                            "roceP2p1s0f0 13.23)")
+    assert twin.startswith("fabric speed: spark-b enP2p1s0f0np0/roceP2p1s0f0 -> spark-a enP2p1s0f0np0/roceP2p1s0f0 "
+                           "(10.77.78.1): ib_write_bw 13.23 Gbit/s, below the bar of 87.5 Gbit/s per half")
+    assert "a cable plugged in after boot" in first and "a controller at PCIe x2" in twin
+
+
+def test_one_degraded_half_is_refused_alone_the_healthy_one_named_beside_it():
+    """A healthy half (NVIDIA's guide) beside a half at the 13 Gb/s report's figure: the sum, 105.8,
+    would say only that the link is slow; the verdict per half names which."""
+    (link,) = speed_links(spark())
+    gbits = {0: ib_write_bw_gbits(capture(GUIDE_HALF_0)), 1: ib_write_bw_rows(capture(RAILS_13_GBITS))[1]}
+    (failure,) = rdma_failures(link, gbits, link.server.fabric_speed_min_rdma_half_gbits)
+    assert failure.startswith("fabric speed: spark-b enP2p1s0f0np0/roceP2p1s0f0 -> spark-a enP2p1s0f0np0/"
+                              "roceP2p1s0f0 (10.77.78.1): ib_write_bw 13.23 Gbit/s")
+    assert "the link's halves, all at once: rocep1s0f0 92.57, roceP2p1s0f0 13.23" in failure
+
+
+def test_ib_write_bw_connects_each_half_by_its_address_on_its_own_port_with_the_pinned_qps_and_size():
+    (link,) = speed_links(spark())
+    server, client = ib_server_command(link, 29510, 5, 4), ib_client_command(link, 29510, 5, 4)
+    assert "ib_write_bw -d rocep1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29510 >" in server
+    assert "ib_write_bw -d roceP2p1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29511 >" in server
+    assert "ib_write_bw -d rocep1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29510 10.77.77.1 >" in client
+    assert "ib_write_bw -d roceP2p1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29511 10.77.78.1 >" in client
+    assert spark().head.fabric_speed_rdma_qps == 4
 
 
 def test_iperf3_per_half_bound_to_its_addresses_and_held_to_the_bar():
@@ -90,25 +155,43 @@ def test_iperf3_per_half_bound_to_its_addresses_and_held_to_the_bar():
     assert iperf3_gbits(report) == pytest.approx(13.4)
     assert tcp_failures(link, {0: 13.4, 1: 12.0}, 1.0) == []
     (failure,) = tcp_failures(link, {0: 13.4, 1: 0.2}, 1.0)
-    assert failure.startswith("fabric speed: spark-b enP2p1s0f0np0/roceP2p1s0f0 -> spark-a enP2p1s0f0np0 "
+    assert failure.startswith("fabric speed: spark-b enP2p1s0f0np0/roceP2p1s0f0 -> spark-a enP2p1s0f0np0/roceP2p1s0f0 "
                               "(10.77.78.1): iperf3 0.20 Gbit/s, below the bar of 1 Gbit/s (fabric_speed_min_tcp_gbits)")
     with pytest.raises(ValueError, match="iperf3: unable to connect"):
         iperf3_gbits(json.dumps({"error": "unable to connect to server"}))
 
 
-def test_the_collectives_buffer_comes_from_the_memory_budget_never_the_playbooks_16_gb():
+def test_the_collectives_buffer_is_the_largest_size_with_a_bar_the_memory_budget_allows():
     c = spark()
-    # a Spark with the engine stopped: ~118 GiB available -> the 2 GiB cap
-    assert buffer_mib(c, {"spark-a": 118.0, "spark-b": 117.0})[0] == 2048
-    # the engine up: ~12 GiB left on one node -> (12 - 8) / 2 GiB, a power of two
+    # a Spark with the engine stopped: ~118 GiB available -> the 2 GiB cap, held to that size's bar
+    mib, why = buffer_mib(c, {"spark-a": 118.0, "spark-b": 117.0})
+    assert mib == 2048 and why.startswith("2048 MiB, held to 20.419 GB/s busbw (budget: 117.0 GiB available on spark-b")
+    # the engine up: ~12 GiB left on one node -> (12 - 8) / 2 GiB
     mib, why = buffer_mib(c, {"spark-a": 118.0, "spark-b": 12.0})
     assert mib == 2048 and "12.0 GiB available on spark-b" in why
     assert buffer_mib(c, {"spark-a": 118.0, "spark-b": 10.5})[0] == 1024
-    # too little: refused, naming the node and the keys, before anything changes
-    mib, why = buffer_mib(c, {"spark-a": 118.0, "spark-b": 8.05})
+    assert buffer_mib(c, {"spark-a": 118.0, "spark-b": 9.0})[0] == 512
+    # too little for the smallest size with a bar: refused, naming the node and the keys, before anything changes
+    mib, why = buffer_mib(c, {"spark-a": 118.0, "spark-b": 8.9})
     assert mib is None
-    assert why.startswith("fabric speed: spark-b: MemAvailable 8.1 GiB leaves no room for the collective's 64 MiB")
+    assert why.startswith("fabric speed: spark-b: MemAvailable 8.9 GiB leaves no room for the collective's smallest "
+                          "buffer with a bar, 512 MiB (fabric_speed_busbw_bars_gbytes)")
     assert "fabric_speed_collective = false" in why
+    # the cap raised to NVIDIA's own size: measured there where memory allows, against NVIDIA's own bar
+    mib, why = buffer_mib(spark(fabric_speed_max_buffer_mib=16384), {"spark-a": 118.0, "spark-b": 117.0})
+    assert mib == 16384 and why.startswith("16384 MiB, held to 21.875 GB/s busbw")
+    # the lab's one bar, a floor at 64 MiB (lab/inventory_vllm_cpu.py)
+    lab = spark(fabric_speed_busbw_bars_gbytes={64: 0.05}, fabric_speed_max_buffer_mib=64)
+    assert buffer_mib(lab, {"spark-a": 20.0, "spark-b": 20.0})[0] == 64
+
+
+def test_a_cap_below_every_size_with_a_bar_is_refused_naming_the_key():
+    with pytest.raises(ConfigError) as err:
+        spark(fabric_speed_max_buffer_mib=256)
+    assert "key 'fabric_speed_max_buffer_mib' = 256 is below every size the collective has a bar for" in str(err.value)
+    assert "512" in str(err.value)
+    with pytest.raises(ConfigError, match="fabric_speed_busbw_bars_gbytes"):
+        spark(fabric_speed_busbw_bars_gbytes={2048: 0.0})
 
 
 def test_the_collective_runs_in_the_serving_image_with_the_ranks_env_and_no_weights_caches_or_key():
@@ -122,15 +205,82 @@ def test_the_collective_runs_in_the_serving_image_with_the_ranks_env_and_no_weig
         "--rank", "1", "--world", "2", "--addr", "10.77.77.1", "--port", "29510", "--mib", "1024", "--backend", "nccl"]
 
 
-def test_the_collectives_figure_is_held_to_nvidias_bar():
+def test_all_gather_perf_parsed_on_every_capture_its_mean_nccl_tests_own_average():
+    averaged = []
+    for name, sizes in [(HEALTHY_16G, [16384]), (MTU1500_16G, [16384]), (CURVE, [512, 1024, 2048, 4096, 8192, 16384]),
+                        (SWITCH_HEALTHY, [1024, 2048, 4096]), (RECABLED, [1024, 2048, 4096])]:
+        text = capture(name)
+        figures = all_gather_perf_figures(text)
+        assert [f["bytes"] // MIB for f in figures] == sizes, name
+        assert all(f["wrong"] == 0 for f in figures), name
+        # the figure held to a bar is the mean of both runs, as nccl-tests' own 'Avg bus bandwidth' (the
+        # issue's paste ends before that line)
+        for avg in re.findall(r"# Avg bus bandwidth\s*:\s*([0-9.]+)", text):
+            assert sum(f["busbw_gbytes"] for f in figures) / len(figures) == pytest.approx(float(avg), abs=0.005), name
+            averaged.append(name)
+    assert averaged == [HEALTHY_16G, CURVE, SWITCH_HEALTHY, RECABLED]
+    (healthy,) = all_gather_perf_figures(capture(HEALTHY_16G))
+    assert (healthy["busbw_out_of_place_gbytes"], healthy["busbw_in_place_gbytes"]) == (22.94, 22.98)
+    assert all_gather_perf_figures("NCCL WARN ...\n# Out of bounds values : 0 OK\n") == []
+
+
+def test_the_bars_are_nvidias_scaled_by_the_captured_healthy_curve_and_shipped_as_derived():
+    curve = {f["bytes"] // MIB: (f["busbw_out_of_place_gbytes"], f["busbw_in_place_gbytes"])
+             for f in all_gather_perf_figures(capture(CURVE))}
+    assert curve == HEALTHY_ALL_GATHER_CURVE
+    bars = curve_bars(curve, NVIDIA_BUSBW_BAR_GBYTES, NVIDIA_BUSBW_BAR_MIB)
+    assert bars[16384] == NVIDIA_BUSBW_BAR_GBYTES
+    assert list(bars.values()) == sorted(bars.values())  # busbw climbs with size, so do the bars
+    assert spark().head.fabric_speed_busbw_bars_gbytes == bars
+    shipped = runpy.run_path(str(REPO / "group_data" / "all.py"))
+    assert shipped["fabric_speed_busbw_bars_gbytes"] == bars
+    assert shipped["fabric_speed_min_rdma_half_gbits"] == NVIDIA_BUSBW_BAR_GBYTES * 8 / 2
+
+
+def test_healthy_pairs_captured_figures_pass_at_their_sizes_bar():
     c = spark()
-    line = "sfl_gather " + json.dumps({"backend": "nccl", "world": 2, "bytes": 2**31, "busbw_gbytes": 23.74,
-                                       "algbw_gbytes": 47.48, "wrong": 0})
+    (healthy_16g,) = all_gather_perf_figures(capture(HEALTHY_16G))
+    assert gather_failures(c, healthy_16g) == []
+    for figure in all_gather_perf_figures(capture(CURVE)) + all_gather_perf_figures(capture(SWITCH_HEALTHY)):
+        assert gather_failures(c, figure) == [], figure
+    # what the issue met: a healthy pair's 2 GiB gather is below NVIDIA's 16 GiB bar, out of place
+    # (what the runner measured alone) and even in the mean (the pair through a switch), and passes
+    # the bar for 2 GiB
+    curve_2g = next(f for f in all_gather_perf_figures(capture(CURVE)) if f["bytes"] == 2048 * MIB)
+    switch_2g = next(f for f in all_gather_perf_figures(capture(SWITCH_HEALTHY)) if f["bytes"] == 2048 * MIB)
+    assert curve_2g["busbw_out_of_place_gbytes"] < NVIDIA_BUSBW_BAR_GBYTES
+    assert switch_2g["busbw_gbytes"] < NVIDIA_BUSBW_BAR_GBYTES
+    assert gather_failures(c, curve_2g) == gather_failures(c, switch_2g) == []
+
+
+def test_degraded_pairs_captured_figures_are_refused_naming_the_size_and_its_bar():
+    c = spark()
+    (mtu_1500,) = all_gather_perf_figures(capture(MTU1500_16G))
+    (failure,) = gather_failures(c, mtu_1500)
+    assert failure.startswith("fabric speed: all_gather (nccl, 16384 MiB) across spark-a, spark-b: busbw 19.945 GB/s "
+                              "(out-of-place 18.94, in-place 20.95), below the bar of 21.875 GB/s for 16384 MiB "
+                              "(fabric_speed_busbw_bars_gbytes); usual causes: an MTU below 9000 on either end")
+    recabled = all_gather_perf_figures(capture(RECABLED))
+    failures = [gather_failures(c, f) for f in recabled]
+    assert [len(f) for f in failures] == [1, 1, 1]
+    assert "busbw 2.810 GB/s (out-of-place 2.80, in-place 2.82), below the bar of 18.676 GB/s for 1024 MiB" in failures[0][0]
+    assert "below the bar of 20.419 GB/s for 2048 MiB" in failures[1][0]
+    assert "a cable plugged in after boot" in failures[2][0]
+
+
+def test_the_runners_figure_is_held_to_the_bar_of_the_size_it_gathered():
+    c = spark()
+    line = "sfl_gather " + json.dumps({
+        "backend": "nccl", "world": 2, "bytes": 2**31, "busbw_gbytes": 21.375, "busbw_out_of_place_gbytes": 20.9,
+        "busbw_in_place_gbytes": 21.85, "algbw_gbytes": 42.75, "wrong": 0})
     figure = gather_figure("NCCL INFO ...\n" + line + "\n")
     assert gather_failures(c, figure) == []
     (failure,) = gather_failures(c, {**figure, "busbw_gbytes": 3.04})
-    assert failure.startswith("fabric speed: all_gather (nccl, 2048 MiB) across spark-a, spark-b: busbw 3.040 GB/s, "
-                              "below the bar of 21.875 GB/s")
+    assert failure.startswith("fabric speed: all_gather (nccl, 2048 MiB) across spark-a, spark-b: busbw 3.040 GB/s "
+                              "(out-of-place 20.90, in-place 21.85), below the bar of 20.419 GB/s for 2048 MiB")
+    # a size no bar holds for is never passed
+    (failure,) = gather_failures(c, {**figure, "bytes": 1000 * MIB})
+    assert "no bar for 1000 MiB" in failure
     assert "wrong element" in gather_failures(c, {**figure, "wrong": 5})[0]
     with pytest.raises(ValueError, match="printed no result: Traceback"):
         gather_figure("Traceback (most recent call last): ...")
@@ -150,13 +300,13 @@ def test_one_bar_per_group():
 
 
 def test_the_passed_proofs_figures_are_valid_textfile_metrics(promtool):
-    """Each half's Gbit/s (here a Spark's recorded ib_write_bw report) and the collective's busbw, as the
+    """Each half's Gbit/s (here NVIDIA's guide's two halves) and the collective's busbw, as the
     node exporter's textfile collector reads them (promtool check metrics), labelled by link and test."""
     import subprocess
 
     from roles.fabric_speed.checks import half_name, speed_metrics_text
 
-    reports = ib_reports((FIXTURES / "fabric-speed-ib-write-bw-dgx-spark.txt").read_text())
+    reports = ib_reports(guide_pair_output())
     (link,) = speed_links(spark())
     figures = [{"test": "ib_write_bw", "link": half_name(link, i), "gbits": ib_write_bw_gbits(r)}
                for i, r in sorted(reports.items())]
@@ -165,7 +315,7 @@ def test_the_passed_proofs_figures_are_valid_textfile_metrics(promtool):
     run = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [line for line in text.splitlines() if not line.startswith("#")]
-    assert [line.rsplit(" ", 1)[1] for line in lines] == ["92.41", "91.87", "23.74", "1764858000"]
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["92.57", "97.28", "23.74", "1764858000"]
     assert lines[0].startswith('sparkfleet_fabric_speed_gbits{test="ib_write_bw",link="spark-b enp1s0f0np0/')
     assert 'sparkfleet_fabric_speed_busbw_gbytes{test="all_gather",backend="nccl"} 23.74' in lines
 
