@@ -24,6 +24,14 @@ def lab_bundle():
     return capture.load(LAB_BUNDLE)
 
 
+@pytest.fixture(autouse=True)
+def lab_as_captured(monkeypatch, tmp_path):
+    """lab/inventory.py reads the running lab's state (its netplan renderer, which lab tiers running beside
+    this one switch): the replay takes the lab's data as it was captured, on a lab brought up by default
+    (NetworkManager, the renderer file absent), whatever the machine's lab does meanwhile."""
+    monkeypatch.setenv("SFL_LAB_STATE", str(tmp_path))
+
+
 def test_the_lab_bundle_holds_both_nodes_and_says_what_captured_it(lab_bundle):
     assert set(lab_bundle["nodes"]) == {"spark-a", "spark-b"}
     assert lab_bundle["sparkfleet"]["version"] and lab_bundle["sparkfleet"]["commit"]
