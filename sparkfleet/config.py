@@ -38,6 +38,7 @@ from sparkfleet.model.serving import SECRET_BEARING_KEYS, ServingData, node_prof
 from sparkfleet.model.watchdog import WatchdogData, watchdog_problems
 from sparkfleet.model.weights import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem
+from sparkfleet.grammar import node_grammar_problems
 from sparkfleet.values import node_value_problems
 
 # Keys that belong to pyinfra, not to sparkfleet: connection settings and global arguments.
@@ -253,8 +254,9 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
     problems += _management_problems(nodes, ssh_ports or {})
     problems += router_problems(nodes)  # one router for the fleet, on a node of the inventory (roles/router)
     problems += monitoring_problems(nodes)  # one monitoring stack for the fleet (roles/monitoring)
-    for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns
+    for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns; names' grammars
         problems.extend(node_value_problems(n))
+        problems.extend(node_grammar_problems(n))
     for group, members in sorted(groups.items()):
         prefix = _in_group(group, several)
         names = [n.name for n in members]

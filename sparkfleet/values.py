@@ -20,13 +20,13 @@ from sparkfleet.refusal import Problem
 
 # Paths: absolute, normalised, letters, digits and . _ + - / only (no space, quote, $, ;, newline).
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]*$")
-# Netdev and RDMA device names (IFNAMSIZ: at most 15 characters).
-SAFE_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+# Netdev and RDMA device names (IFNAMSIZ: at most 15 characters; never `.` or `..`, which the kernel refuses
+# too, linux net/core/dev.c dev_valid_name: the name is a directory of /sys/class/net). Not starting with
+# `-` or `.`: a word of `ip` and `ethtool` commands.
+SAFE_IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A package name as apt takes it.
 SAFE_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
-# A git URL: no whitespace, no quote, no shell character, not an option.
-SAFE_URL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+.-]*://[A-Za-z0-9._~:/?#\[\]@!&'()*+,;=%-]+$|^/[A-Za-z0-9._+/-]+$")
 
 # The directory keys: every key of a node's data whose name ends in _dir is one of these (the unit
 # test_every_directory_key_is_confined fails on a new one not listed here), each held to dir_problem.
@@ -150,9 +150,6 @@ def node_value_problems(node) -> list[Problem]:
             refuse(key, f"key '{key}' = {value!r}: not an RDMA device name (at most 15 of letters, digits, _ . -)")
     if not SAFE_PACKAGE.match(node.docker_package):
         refuse("docker_package", f"key 'docker_package' = {node.docker_package!r}: not a package name")
-    if node.serving_recipe_repository is not None and not SAFE_URL.match(node.serving_recipe_repository):
-        refuse("serving_recipe_repository", f"key 'serving_recipe_repository' = {node.serving_recipe_repository!r}: "
-               f"not a git URL (scheme://... or an absolute path, no space or quote)")
     for i, word in enumerate(node.serving_extra_args):
         if word.startswith("-") and not word.startswith("--"):
             refuse("serving_extra_args", f"key serving_extra_args[{i}] = {word!r}: short options are not rendered")

@@ -15,12 +15,15 @@ from pydantic import BaseModel, Field
 JUMBO_MTU = 9000
 # back-to-back: one cable per serving group of two; switch: every node on one switched segment.
 FABRIC_TOPOLOGIES = ("back-to-back", "switch")
+# A netdev's name (sparkfleet.values.SAFE_IFNAME): at most 15 characters (IFNAMSIZ), not starting with . or -,
+# so never `.` or `..` (the kernel refuses those too: linux net/core/dev.c, dev_valid_name).
+NETDEV_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$"
 
 
 class FabricData(BaseModel):
     fabric_netdev: str = Field(
         "enp1s0f0np0",
-        pattern=r"^[A-Za-z0-9_.-]{1,15}$",
+        pattern=NETDEV_NAME,
         description="the CX7 netdev cabled to the peer (`ibdev2netdev` shows it)",
     )
     fabric_address: IPv4Interface = Field(
@@ -64,7 +67,7 @@ class FabricData(BaseModel):
     )
     fabric_twin_netdev: str | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9_.-]{1,15}$",
+        pattern=NETDEV_NAME,
         description="the port's second half (`enP2p1s0f0np0` on a DGX Spark: one cable is two PCIe x4 endpoints, "
         "and NCCL over one of them reaches about half of what the cable carries); none for a port of one half",
     )

@@ -137,8 +137,8 @@ class MonitoringData(BaseModel):
         "30d", pattern=RETENTION, description="how long Prometheus keeps samples (`--storage.tsdb.retention.time`)"
     )
     monitoring_remote_write_url: str | None = Field(
-        None, pattern=r"^https?://", description="also send every sample to this Prometheus (`remote_write`), e.g. "
-        "the team's own; none: kept on the monitoring node only"
+        None, description="also send every sample to this Prometheus (`remote_write`), e.g. the team's own: an "
+        "http(s) URL without credentials (sparkfleet/grammar.py); none: kept on the monitoring node only"
     )
     monitoring_alert_rank_down_for_s: int = Field(
         60, ge=0, description="a rank's exporter or engine target down this long fires `SparkfleetRankDown`"
@@ -185,8 +185,9 @@ class MonitoringData(BaseModel):
         600, ge=0, description="see `monitoring_alert_ttft_factor`: how long the p95 stays above before it fires"
     )
     monitoring_gpu_exporter_image: str = Field(
-        "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04", pattern=r"^[^\s:@]+(:[0-9]+)?/[^\s@]+:[^\s:@/]+$",
-        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a tag; the release reported live "
+        "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04",
+        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a Docker reference with its "
+        "tag, distribution/reference's grammar; the release reported live "
         "on a Spark, docs/monitoring.md), under systemd as `sparkfleet-gpu-exporter`, with the DCGM fields that report on GB10 only "
         "(docs/monitoring.md)"
     )

@@ -19,8 +19,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sparkfleet import grammar
+from sparkfleet.grammar import field_check
 from sparkfleet.model import profile_file
 from sparkfleet.model.env_readers import unread_engine_vars
+from sparkfleet import values
 
 # The profiles are the serving role's data files (roles/serving/profiles/): read here by path.
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "roles" / "serving" / "profiles"
@@ -133,7 +136,7 @@ def refuse_empty_values(env: dict[str, str]) -> dict[str, str]:
     empty = sorted(k for k, v in env.items() if v == "")
     if empty:
         raise ValueError(f"empty values are read as unset or 0 (NCCL_IB_GID_INDEX= means index 0): {empty}")
-    names = sorted(k for k in env if not _ENV_NAME.match(k))
+    names = sorted(k for k in env if not _ENV_NAME.fullmatch(k))
     if names:
         raise ValueError(f"not variable names (letters, digits, _; not starting with a digit): {names}")
     control = sorted(k for k, v in env.items() if any(ord(c) < 32 or ord(c) == 127 for c in v))
@@ -171,6 +174,15 @@ class Recipe(_Strict):
         "builds the engine's command line from its environment)"
     )
 
+    # Each reaches git, docker build or a path on the head (sparkfleet/grammar.py).
+    _repository = field_validator("repository")(field_check(grammar.git_repository_problem))
+    _in_repository = field_validator("dockerfile", "context", "launch_files")(field_check(grammar.relative_path_problem))
+    _launcher = field_validator("launcher")(field_check(
+        lambda v: grammar.absolute_path_problem(v) if v.startswith("/") else grammar.relative_path_problem(v)))
+    _build_args = field_validator("build_args")(field_check(
+        lambda args: next((f"{k!r} is not a variable name" for k in args if not grammar.ENV_NAME.fullmatch(k)), None)
+        or next((f"{k}: {why}" for k, v in args.items() for why in [values.control_problem(v)] if why), None)))
+
 
 class Speculative(_Strict):
     method: str = Field(
@@ -185,14 +197,21 @@ class Speculative(_Strict):
     num_draft_tokens: int | None = Field(
         None, ge=1, description="SGLang only (required there): --speculative-num-draft-tokens"
     )
-    draft_model: str | None = Field(None, description="drafter model id, when the method uses one")
-    draft_model_revision: str = Field("main", min_length=1, description="the drafter's hub revision (pin a commit sha)")
+    draft_model: str | None = Field(None, description="drafter model id (`owner/name`), when the method uses one")
+    draft_model_revision: str = Field("main", description="the drafter's hub revision (pin a commit sha; a branch or "
+                                      "tag name as git check-ref-format allows)")
     draft_tensor_parallel_size: int | None = Field(None, ge=1, description="vLLM only: the drafter's TP size")
     draft_license: str | None = Field(None, description="SPDX id of the drafter's license")
     draft_kv_cache_dtype: str | None = Field(
         None, description="vLLM only: the drafter's KV-cache dtype (speculative config kv_cache_dtype); unset, "
         "the drafter inherits the target's (vllm/config/speculative.py)"
     )
+
+    # The drafter's id is a directory (`<weights_dir>/<id>`) and a hub argument, its revision a manifest line.
+    _draft_model = field_validator("draft_model")(field_check(grammar.hub_repo_id_problem))
+    _draft_revision = field_validator("draft_model_revision")(field_check(grammar.revision_problem))
+    _tokens = field_validator("method", "draft_kv_cache_dtype")(field_check(grammar.token_problem))
+    _license = field_validator("draft_license")(field_check(grammar.spdx_problem))
 
 
 class Extension(_Strict):
@@ -214,6 +233,7 @@ class Container(_Strict):
     ipc_host: bool = Field(True, description="--ipc host: shared-memory broadcast between engine processes")
     shm_size: str = Field("64g", pattern=r"^[0-9]+[kmg]?$")
     devices: tuple[str, ...] = Field((), strict=False, description="extra --device paths (/dev/infiniband is added when RDMA is on)")
+    _devices = field_validator("devices")(field_check(grammar.absolute_path_problem))
     stop_timeout_s: int = Field(60, ge=1, description="docker stop grace period")
 
 
@@ -221,10 +241,13 @@ class Profile(_Strict):
     name: str
     engine: Literal["vllm", "sglang"]
     recipe: Recipe
-    image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$", description="image repository; the tag is the recipe commit")
-    model: str
-    model_revision: str = Field(min_length=1)
-    served_model_name: str | None = None
+    image: str = Field(description="image repository (a Docker image name, no registry and no tag: "
+                       "distribution/reference's path components); the tag is the recipe commit")
+    model: str = Field(description="the model's hub repository id, `owner/name` (huggingface_hub's validate_repo_id)")
+    model_revision: str = Field(description="the model's hub revision: a 40-hex commit (pin one), or a branch or tag "
+                                "name (git check-ref-format's rules)")
+    served_model_name: str | None = Field(None, description="the name the API serves the model under: a plain token "
+                                          "(letters, digits, _ . : -); none: the hub id")
     tensor_parallel_size: int = Field(
         ge=1, description="TP: each layer's heads and weights split across this many ranks (vLLM "
         "--tensor-parallel-size, SGLang --tp-size)"
@@ -285,6 +308,17 @@ class Profile(_Strict):
     )
 
     _no_empty_values = field_validator("env", "launcher_env")(classmethod(lambda cls, env: refuse_empty_values(env)))
+    # Names held to what they name (sparkfleet/grammar.py): the profile's name is a directory of receipts
+    # and a file of recipe history; the image a registry path and a unit's word; the model id a directory
+    # and a hub argument, its revision a manifest line; the served name what clients send; the engine's
+    # choices words of its command line.
+    _name = field_validator("name")(field_check(grammar.token_problem))
+    _image = field_validator("image")(field_check(grammar.image_path_problem))
+    _model = field_validator("model")(field_check(grammar.hub_repo_id_problem))
+    _revision = field_validator("model_revision")(field_check(grammar.revision_problem))
+    _served = field_validator("served_model_name")(field_check(grammar.served_name_problem))
+    _choices = field_validator("kv_cache_dtype", "quantization", "tool_call_parser", "reasoning_parser")(
+        field_check(grammar.token_problem))
     _extra_args = field_validator("extra_args")(classmethod(lambda cls, args: check_extra_args(args)))
 
     @model_validator(mode="after")
