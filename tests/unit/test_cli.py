@@ -218,11 +218,17 @@ def test_pyinfras_statuses_normalised():
 
 # ----------------------------------------------------------------------------------------- make targets
 
+def make(*args: str) -> subprocess.CompletedProcess:
+    """make in the checkout, as a user runs it (no INVENTORY in the environment, not inside make test's
+    own make); the virtualenv taken as installed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("INVENTORY", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", "-o", ".venv/.installed", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
 @pytest.mark.parametrize("target", ["deploy", "plan", "config", "doctor", "status", "rollback", "capture"])
 def test_a_make_target_acting_on_machines_needs_an_inventory(target):
-    env = {k: v for k, v in os.environ.items() if k not in ("INVENTORY", "MAKEFLAGS", "MAKELEVEL")}
-    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", target], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = make("-s", target)
     assert result.returncode != 0
     assert f"make {target} needs INVENTORY=<your inventory>" in result.stderr
     assert "INVENTORY=lab/inventory.py" in result.stderr  # the example: the lab only when named
@@ -235,6 +241,5 @@ def test_a_make_target_acting_on_machines_needs_an_inventory(target):
     ("deploy INVENTORY=inventory.py YES=1", ".venv/bin/sparkfleet deploy inventory.py --yes"),
 ])
 def test_the_labs_targets_name_the_lab_and_deploy_is_the_front_door(target, command):
-    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", *target.split()], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    result = make("-n", *target.split())
     assert command in result.stdout.splitlines(), result.stdout + result.stderr
