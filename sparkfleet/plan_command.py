@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sparkfleet.exit_codes import CHANGES, FAILED as ERROR, OK as NO_CHANGES
 from sparkfleet.plan_ops import ONLY_IF, WOULD_RUN
 from sparkfleet.plan_types import GroupPlan
 
@@ -30,7 +31,6 @@ REPO = Path(__file__).resolve().parent.parent
 PLAN_DIR_VAR = "SPARKFLEET_PLAN_DIR"  # set by this command only: the deploy runs as a plan, writing here
 GROUPS_FILE = "groups.json"  # step 1b: group -> its verdicts (tools/plan.py write_plan)
 OPS_PREFIX = "operations-"  # the last step: operations-<host>.json, [{"names", "verdict"}] in order
-NO_CHANGES, CHANGES, ERROR = 0, 2, 1
 
 
 def plan_dir() -> Path | None:
@@ -107,6 +107,12 @@ def read_plan(directory: Path) -> tuple[dict, dict[str, list[dict]]]:
 
 
 def main(inventory: str, extra: list[str] | None = None) -> int:
+    return run(inventory, extra)[0]
+
+
+def run(inventory: str, extra: list[str] | None = None) -> tuple[int, list[str]]:
+    """(exit status, the hosts the plan covers): the plan printed, as `main`; `sparkfleet deploy` asks
+    about these hosts."""
     with tempfile.TemporaryDirectory(prefix="sparkfleet-plan.") as tmp:
         # The deploy's own output goes to the terminal as it runs; the summary follows it.
         proc = subprocess.run(pyinfra_command(inventory, list(extra or [])), cwd=REPO,
@@ -114,13 +120,13 @@ def main(inventory: str, extra: list[str] | None = None) -> int:
         if proc.returncode != 0:
             print(f"sparkfleet plan: the deploy's prepare failed (pyinfra exit {proc.returncode}); nothing was "
                   f"changed", file=sys.stderr)
-            return ERROR
+            return ERROR, []
         try:
             groups, operations = read_plan(Path(tmp))
         except (ValueError, OSError) as err:
             print(f"sparkfleet plan: no plan to read ({err}); nothing was changed", file=sys.stderr)
-            return ERROR
+            return ERROR, []
     code, lines = verdict(groups, operations)
     sys.stdout.flush()
     print("\n".join(lines))
-    return code
+    return code, sorted(operations)

@@ -74,7 +74,7 @@ def test_config_printer_refuses_bad_data(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "sparkfleet", "config", str(inv)], cwd=REPO, capture_output=True, text=True
     )
-    assert result.returncode == 2
+    assert result.returncode == 1  # sparkfleet/exit_codes.py: refused input; 2 is only a plan's changes
     assert "spark-a: key 'netplan_renderer' = 'wicked'" in result.stderr
 
 
