@@ -208,3 +208,43 @@ def test_every_default_a_document_quotes_is_the_models(document):
     text = re.sub(r"^```.*?^```", "", document.read_text(), flags=re.M | re.S)  # code blocks are examples
     drift = quoted_default_drift(text, numeric_defaults())
     assert not drift, "\n".join(drift)
+
+
+def rendered_alerts(**data) -> dict[str, dict]:
+    """The alert rules as roles/monitoring renders them for the shipped inventory with `data` on top."""
+    import yaml
+
+    from roles.monitoring.checks import rules_text
+    from sparkfleet.inventory import load_cluster
+
+    fleet = load_cluster(ROOT / "inventory.py", cwd=str(ROOT), overrides={"monitoring_enabled": True, **data})
+    return {rule["alert"]: rule for group in yaml.safe_load(rules_text(fleet))["groups"] for rule in group["rules"]}
+
+
+def moved(value):
+    """Another valid value near a default: ints one more, fractions of 1 halved, other floats x 1.5."""
+    if isinstance(value, int):
+        return value + 1
+    return value / 2 if value <= 1 else value * 1.5
+
+
+def test_every_alert_a_data_keys_description_names_is_one_that_key_moves():
+    """A key's description names the alerts it sets, as docs/data-keys.md shows it: each named alert is
+    in the rules, and every alert whose rule the key changes (rendered with the key moved) is named.
+    A key may name more (monitoring_alert_fabric_link_mbits moves SparkfleetFabricSlow through each
+    node's textfile, not the rule)."""
+    shipped = rendered_alerts()
+    wrong = []
+    checked = 0
+    for key, field in DATA_FIELDS.items():
+        named = set(re.findall(r"`(Sparkfleet\w+)`", field.description or ""))
+        if not named:
+            continue
+        checked += 1
+        changed = {name for name, rule in rendered_alerts(**{key: moved(field.get_default())}).items()
+                   if rule != shipped[name]}
+        if named - set(shipped) or changed - named:
+            wrong.append(f"{key}: names {sorted(named)}; the rules have none of {sorted(named - set(shipped))}, "
+                         f"and the key also moves {sorted(changed - named)}")
+    assert checked >= 8, checked  # the monitoring_alert_* keys that name their alerts
+    assert not wrong, "\n".join(wrong)
