@@ -248,3 +248,20 @@ def test_every_alert_a_data_keys_description_names_is_one_that_key_moves():
                          f"and the key also moves {sorted(changed - named)}")
     assert checked >= 8, checked  # the monitoring_alert_* keys that name their alerts
     assert not wrong, "\n".join(wrong)
+
+
+INVENTORY_EXAMPLE = re.compile(r"^```python\n(.*?sparks\(.*?)^```", re.M | re.S)
+
+
+def test_the_inventory_examples_are_valid_against_the_shipped_defaults(tmp_path):
+    """Each inventory a document shows (a python block calling sparks()), written as the file it shows
+    beside the checkout's group_data/all.py, passes the checks a deploy runs before any connection."""
+    from sparkfleet.inventory import load_cluster
+
+    examples = [(doc, m[1]) for doc in DOCUMENTS for m in INVENTORY_EXAMPLE.finditer(doc.read_text())]
+    assert any(doc.name == "fleet.md" for doc, _ in examples), "docs/fleet.md's example inventory was not found"
+    for i, (doc, code) in enumerate(examples):
+        inventory = tmp_path / f"inventory_{i}.py"
+        inventory.write_text(code)
+        cluster = load_cluster(inventory, cwd=str(ROOT))  # a Refusal names every problem of the example
+        assert len(cluster.nodes) == code.count('"rank":'), doc.name
