@@ -132,6 +132,21 @@ def test_every_alert_of_the_rules_has_a_row_in_the_monitoring_doc():
         f"not in the rules {sorted(set(documented) - set(alerts))}")
 
 
+COUNT_WORDS = {w: n for n, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                                           "fourteen fifteen sixteen seventeen eighteen nineteen twenty".split())}
+
+
+def test_every_count_of_alerts_in_the_docs_is_the_rules():
+    alerts = len(ALERT_NAME.findall(RULES.read_text()))
+    counts = [(doc.name, m[1]) for doc in DOCUMENTS
+              for m in re.finditer(r"\b([a-z]+|\d+) alerts\b", doc.read_text(), re.I)
+              if m[1].lower() in COUNT_WORDS or m[1].isdigit()]
+    assert counts, "the README's count of alerts was not found"
+    wrong = [(name, said) for name, said in counts if COUNT_WORDS.get(said.lower(), None if not said.isdigit()
+                                                                       else int(said)) != alerts]
+    assert not wrong, f"the rules have {alerts} alerts; the docs say {wrong}"
+
+
 # A doc quotes a key's value in one of two forms, and the value must be the key's default (the model's,
 # or the one group_data/all.py ships, as docs/data-keys.md shows both):
 #   - the key in backticks, then a parenthesis that opens with a number: "`serving_health_timeout_s`
