@@ -10,11 +10,12 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy plan-lab doctor-lab status-lab
+.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy plan-lab doctor-lab status-lab
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
 	@echo "make test        unit tests, the engine-parity tier and the lab end-to-end (what CI runs)"
+	@echo "make install     the controller's .venv (no root, no apt); make test-tools: haproxy, rsync for tests (apt, root)"
 	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
@@ -30,15 +31,28 @@ help:
 	@echo "make rollback INVENTORY=...    back to the recipe commit that served last, no rebuild"
 	@echo "make capture INVENTORY=... [OUT=...]  read-only: every fact the deploy reads, per node, in one bundle"
 
-# The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes.
+# The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes. What the
+# controller needs and nothing else: no root, no apt (python3 with its venv module is all it takes).
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
-	@$(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
-	@command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync; }  # tests/unit/test_watchdog.py
-	@[ -x /usr/sbin/haproxy ] || { apt-get update -qq && apt-get install -y -qq haproxy; }  # tests/unit/test_api_proxy.py, tests/parity/test_routes.py
+	@$(PYTHON) -m venv $(VENV) || { echo "make install needs $(PYTHON) with its venv module (Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 1; }
 	$(BIN)/pip install -q --disable-pip-version-check -e .
 	@touch $@
+
+# On a fresh Debian/Ubuntu machine (as root), for make demo and make test: python3 and its venv module
+# (Debian's python3 comes without it), from the OS's packages when missing.
+python-venv:
+	@command -v $(PYTHON) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
+
+# The OS's programs that controller-side tests run for real, from apt (as root) when missing: rsync
+# (tests/unit/test_watchdog.py), haproxy (tests/unit/test_api_proxy.py, tests/parity/test_routes.py).
+# Without them those tests skip, naming this target; under make unit and make test they must run
+# (SFL_TEST_TOOLS_REQUIRED, tests/programs.py).
+test-tools:
+	@command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync; }
+	@[ -x /usr/sbin/haproxy ] || { apt-get update -qq && apt-get install -y -qq haproxy; }
+unit test: export SFL_TEST_TOOLS_REQUIRED = 1
 
 # The pair's lab: a four-host lab left by `make test` or `make fleet-up` is replaced by fresh hosts.
 lab-up: install
@@ -134,7 +148,7 @@ rollback: install
 plan-lab doctor-lab status-lab:
 	@$(MAKE) -s $(@:-lab=) INVENTORY=$(LAB_INVENTORY)
 
-demo: install lab-up deploy-lab verify-lab show-lab
+demo: python-venv install lab-up deploy-lab verify-lab show-lab
 
 # The router's pinned smg wheels (roles/router/wheels.py, sha256-checked), fetched once into
 # /var/cache/sparkfleet/router: a deploy ships them to the router node (which reaches no PyPI), and
@@ -150,7 +164,7 @@ promtool:
 	@bash tests/unit/promtool.sh promtool >/dev/null
 	@bash tests/unit/promtool.sh amtool >/dev/null
 
-unit: install router-wheels promtool
+unit: test-tools install router-wheels promtool
 	$(BIN)/pytest tests/unit -q
 
 # The real engines, each in its own virtualenv from tests/parity/<engine>.txt, cached by the lock's
@@ -175,7 +189,7 @@ parity: install parity-venvs
 # is the run's critical path and waits on its hosts' CPU (builds, engine starts), while the unit and
 # parity tiers finish long before it either way.
 # Every run prints its time last, in all and per tier (CI stops at 90 minutes; the budget is 60).
-test: install router-wheels promtool
+test: python-venv test-tools install router-wheels promtool
 	@log=$$(mktemp); start=$$(date +%s); \
 	{ nice -n 10 $(MAKE) -s parity-venvs && \
 	  nice -n 10 $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; rc=$$?; \

@@ -583,8 +583,10 @@ def _login_problems(name: str, data: Mapping[str, Any]) -> list[Problem]:
 def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConfig:
     """Validate merged per-host data (defaults < group data < host data) into a ClusterConfig.
 
-    Raises ConfigError listing every problem found, per node and across nodes: the schema, the
-    invariants across nodes (ranks, addresses, one profile), and every guard that needs no facts.
+    Raises ConfigError listing the problems found, in stages: every node's own data (the schema, the
+    login) for all nodes at once; only when all pass, the invariants across nodes (ranks, addresses,
+    topology, router, monitoring, values, watchdog); only when those pass, each group's profile, then
+    every guard that needs no facts. A fix can therefore show the next stage's problems.
     """
     problems: list[Problem] = []
     nodes: list[NodeConfig] = []

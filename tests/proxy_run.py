@@ -2,7 +2,6 @@
 config, on a free port of the controller's loopback, in front of a backend there: for the unit and
 parity tiers (tests/unit/test_api_proxy.py, tests/parity/test_routes.py)."""
 import contextlib
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from roles.api_proxy.checks import config_text, key_pattern_file
+from tests.programs import os_program
 from sparkfleet.model.serving import node_profile
 
 
@@ -36,9 +36,7 @@ def running_proxy(head, key: str):
     """HAProxy with `head`'s rendered config (its backend: 127.0.0.1:api_proxy_engine_port), bound to a
     free loopback port instead of the profile's, the key's pattern file in a temporary directory.
     Yields the port."""
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not Path(haproxy).exists():
-        raise AssertionError("haproxy is not installed on the controller (make install installs it)")
+    haproxy = os_program("haproxy", "/usr/sbin/haproxy")  # skipped without it, outside make unit / make test
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         keys = Path(d) / "api-key.haproxy"

@@ -34,7 +34,8 @@ def _guards(state, files: dict[str, dict[str, tuple[str, str]]], memory: dict[st
         engine_use = in_use[node.name]["engine_bytes"]
         total, free = m.total_gib, m.available_gib
         if engine_use is None:  # the engine will start from nothing: it must fit in what is free now
-            refusal = memory_admission(node.name, profile.gpu_memory_utilization, total, free, node.guard_min_headroom_gib)
+            refusal = memory_admission(node.name, profile.gpu_memory_utilization, total, free, node.guard_min_headroom_gib,
+                                       profile=node.serving_profile)
             verdict = "refused" if refusal else "fits"
             if refusal:
                 problems.append(refusal)

@@ -11,17 +11,22 @@ GIB = 1024**3
 NON_COMMERCIAL = ("CC-BY-NC",)
 
 
-def memory_admission(name: str, utilization: float, mem_total_gib: float, free_gib: float, headroom_gib: float = 0.0) -> str | None:
+def memory_admission(name: str, utilization: float, mem_total_gib: float, free_gib: float, headroom_gib: float = 0.0,
+                     *, profile: str) -> str | None:
     """vLLM refuses to start when utilization x total exceeds free memory (page cache counts as
-    used on unified memory). None when it fits; else the refusal, with the numbers."""
+    used on unified memory). None when it fits; else the refusal, with the numbers and what to change:
+    utilization is the profile's `gpu_memory_utilization` (`profile`: its name), a field of the
+    profile's file that no data key overrides."""
     needed = utilization * mem_total_gib
     if needed + headroom_gib <= free_gib:
         return None
     extra = f" + {headroom_gib:.2f} GiB headroom" if headroom_gib else ""
     return (
         f"memory: {utilization:.2f} x {mem_total_gib:.2f} GiB = {needed:.2f} GiB needed{extra}, "
-        f"{free_gib:.2f} GiB free on {name}; lower gpu_memory_utilization or free memory "
-        f"(see the largest consumers above)"
+        f"{free_gib:.2f} GiB free on {name}; lower gpu_memory_utilization in "
+        f"roles/serving/profiles/{profile}.yaml (a profile's field: no data key overrides it; edit the file, or a "
+        f"copy of it under a new name that serving_profile then names), or free memory (see the largest consumers "
+        f"above)"
     )
 
 

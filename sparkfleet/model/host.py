@@ -15,8 +15,9 @@ _RESERVE_WHY = ("Not pinned by default: the field recommends 1048576 and 200 (to
                 "Deepseek-4.1-Flash-Quad-DGX-Sparks docs/LEVERS.md L7) and MemAvailable lowered by the kernel's "
                 "higher watermarks (about 5.9 GiB at that pair instead of 0.3, computed; a 4 GiB floor failed vLLM's "
                 "start check: tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark docs/GB10-UNIFIED-MEMORY-FIELD-"
-                "REPORT.md), which the guards' memory admission and vLLM's check count; set, lower the profile's "
-                "gpu_memory_utilization by as much (docs/operations.md)")
+                "REPORT.md), which the guards' memory admission and vLLM's check count; set, lower "
+                "gpu_memory_utilization by as much in the profile's file (roles/serving/profiles/<serving_profile>.yaml: "
+                "no data key overrides it; docs/operations.md)")
 
 
 class HostData(BaseModel):

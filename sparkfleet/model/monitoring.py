@@ -141,11 +141,13 @@ class MonitoringData(BaseModel):
         "http(s) URL without credentials (sparkfleet/grammar.py); none: kept on the monitoring node only"
     )
     monitoring_alert_rank_down_for_s: int = Field(
-        60, ge=0, description="a rank's exporter or engine target down this long fires `SparkfleetRankDown`"
+        60, ge=0, description="a node's exporter or a head's engine target not answering this long fires "
+        "`SparkfleetTargetDown`; a rank's engine unit not active this long, `SparkfleetRankDown`"
     )
     monitoring_alert_fabric_for_s: int = Field(
-        60, ge=0, description="a fabric netdev with the wrong MTU, or down, this long fires `SparkfleetFabricMtu` or "
-        "`SparkfleetFabricDown`"
+        60, ge=0, description="a fabric netdev with the wrong MTU, down, or linked below "
+        "`monitoring_alert_fabric_link_mbits` this long fires `SparkfleetFabricMtu`, `SparkfleetFabricDown` or "
+        "`SparkfleetFabricSlow`; an RDMA half's RoCE v2 GID index moved this long, `SparkfleetGidMoved`"
     )
     monitoring_alert_fabric_link_mbits: int = Field(
         200000, ge=1000, description="`SparkfleetFabricSlow` fires when a fabric netdev links below this many Mbit/s "

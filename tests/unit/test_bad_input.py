@@ -265,7 +265,7 @@ def test_a_refusal_at_prepare_is_one_block(tmp_path):
     assert "Traceback" not in out and "pyinfra error" not in out, out
     assert ("--> sparkfleet: guards refused the deploy, nothing was changed\n"
             "  - @local: memory: 0.79 x 121.69 GiB = 96.14 GiB needed, 80.00 GiB free\n"
-            "      do:   free memory or lower gpu_memory_utilization") in out
+            "      do:   free memory or lower gpu_memory_utilization in roles/serving/profiles/glm-5.3-flash-exl3.yaml") in out
 
 
 def test_a_refusal_inside_an_operation_is_one_block_and_the_run_says_where_it_stopped(tmp_path):

@@ -149,3 +149,17 @@ def test_inside_a_deploy_each_host_sees_its_own_group_and_decides_for_it():
         "spark-d": ("g2", "spark-c", ["spark-c", "spark-d"], "spark-c"),
     }
     assert fleet_from_state(state).group is None and len(fleet_from_state(state).nodes) == 4
+
+
+def test_every_problem_of_each_nodes_data_is_listed_and_checks_across_nodes_follow_once_they_pass():
+    """What the docs say of a refusal ("every problem of each node's data"): problems of different nodes'
+    own data come in one refusal, and the checks across nodes (two heads in g2 here) run only once every
+    node's own data is valid, so fixing the first refusal can show the next."""
+    bad = two_pairs(**{"spark-a": {"fabric_mtu": "9000"}, "spark-b": {"fabric_mtuu": 9000},
+                       "spark-d": {"rank": 0}})
+    first = problems(bad)
+    assert any(m.startswith("spark-a: key 'fabric_mtu'") for m in first), first
+    assert any(m.startswith("spark-b: unknown key 'fabric_mtuu'") for m in first), first
+    assert not any("'rank' = 0 on 2 nodes" in m for m in first), first
+    bad[0][1]["fabric_mtu"], _ = 9000, bad[1][1].pop("fabric_mtuu")
+    assert any("spark-c, spark-d: serving group 'g2': key 'rank' = 0 on 2 nodes" in m for m in problems(bad))

@@ -1,4 +1,6 @@
 """Every guard with a case that passes and a case that fails; the report's numbers replayed."""
+import re
+
 import pytest
 
 from sparkfleet.model.guard_rules import flag_value, license_gate, memory_admission, parse_size, refused_settings, top_consumers
@@ -7,18 +9,31 @@ from sparkfleet.model.serving import load_profile
 
 # 1. Memory admission: the report's head, 121.69 GiB total, 101.46 GiB free.
 def test_utilization_084_with_101_46_free_is_refused_with_the_numbers():
-    msg = memory_admission("spark-a", 0.84, 121.69, 101.46)
+    msg = memory_admission("spark-a", 0.84, 121.69, 101.46, profile="glm-5.3-flash-exl3")
     assert msg is not None
     assert "0.84 x 121.69 GiB = 102.22 GiB needed, 101.46 GiB free on spark-a" in msg
 
 
+def test_the_memory_refusal_names_what_the_user_can_change_the_profiles_file():
+    """gpu_memory_utilization is a profile's field, not a data key: the advice names the file it is in."""
+    from sparkfleet.config import DATA_FIELDS
+    from sparkfleet.model.serving import PROFILES_DIR
+
+    msg = memory_admission("spark-a", 0.84, 121.69, 101.46, profile="glm-5.3-flash-exl3")
+    path = re.search(r"lower gpu_memory_utilization in (\S+\.yaml) ", msg)[1]
+    assert (PROFILES_DIR.parents[2] / path).is_file(), path
+    assert re.search(r"^gpu_memory_utilization: 0\.79\b", (PROFILES_DIR.parents[2] / path).read_text(), re.M)
+    assert "gpu_memory_utilization" not in DATA_FIELDS  # hence the file, and serving_profile to name a copy
+    assert "serving_profile" in msg and "serving_profile" in DATA_FIELDS
+
+
 def test_utilization_079_is_accepted():
-    assert memory_admission("spark-a", 0.79, 121.69, 101.46) is None
+    assert memory_admission("spark-a", 0.79, 121.69, 101.46, profile="glm-5.3-flash-exl3") is None
 
 
 def test_headroom_counts_on_top():
-    assert memory_admission("spark-b", 0.79, 121.69, 101.46, headroom_gib=6.0) is not None
-    assert "+ 6.00 GiB headroom" in memory_admission("spark-b", 0.79, 121.69, 101.46, headroom_gib=6.0)
+    assert memory_admission("spark-b", 0.79, 121.69, 101.46, headroom_gib=6.0, profile="glm-5.3-flash-exl3") is not None
+    assert "+ 6.00 GiB headroom" in memory_admission("spark-b", 0.79, 121.69, 101.46, headroom_gib=6.0, profile="glm-5.3-flash-exl3")
 
 
 def test_sizes_parse_as_docker_prints_them():

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import stat
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.programs import os_program
 from tests.unit.test_lab_standin import free_port, wait_for  # the shared helpers of the unit tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,8 +245,7 @@ class World:
     # ---- each node's rsync daemon (module watchdog), as roles/fanout runs it on the fabric address
     def serve(self, node):
         state_dir = self.dir / f"{node}-state"
-        if not shutil.which("rsync"):  # the transport under test: never a silent local-path fallback
-            pytest.fail("rsync is not installed on this machine (`make install` installs it)")
+        rsync = os_program("rsync")  # the transport under test: never a silent local-path fallback
         port = free_port()
         conf = self.dir / f"rsyncd-{node}.conf"
         conf.write_text(
@@ -254,7 +253,7 @@ class World:
             f"hosts allow = 127.0.0.1\npid file = {self.dir}/rsyncd-{node}.pid\nlog file = {self.dir}/logs/rsyncd-{node}.log\n"
             f"[watchdog]\npath = {state_dir}\nuid = {os.getuid()}\ngid = {os.getgid()}\n"
         )
-        p = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"], stdout=subprocess.DEVNULL,
+        p = subprocess.Popen([rsync, "--daemon", "--no-detach", f"--config={conf}"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
         self.daemons.append(p)
 
