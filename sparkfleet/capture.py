@@ -137,7 +137,7 @@ def main(inventory: str, out: str | None) -> int:
     runs' own output says why). What the plan or the doctor judged is not this command's verdict."""
     from sparkfleet.inventory import load_inventory
 
-    hosts = [h.name for h in load_inventory(inventory)]
+    hosts = [h.name for h in load_inventory(REPO / inventory, cwd=str(REPO))]  # as the runs (cwd REPO) read it
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     target = Path(out or f"sparkfleet-capture-{stamp}.json")
     with tempfile.TemporaryDirectory(prefix="sparkfleet-capture.") as tmp:
