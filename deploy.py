@@ -68,6 +68,11 @@ with refusals_stop_the_run():
     # 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
     local.include("roles/weights/tasks.py")
 
+    # 7a. The engine in the image judges: before anything stops the pair, the image's own engine (with
+    #     the weights mounted as the units mount them) parses every distinct rank's command line and
+    #     environment and names its version (roles/engine_proof).
+    local.include("roles/engine_proof/tasks.py")
+
     # 7b. The API key (root-only files), before the prewarm starts the first engine: with a router,
     #     one key for every routed group and the router (the router group's head's), then each head's.
     local.include("roles/router/key_tasks.py")

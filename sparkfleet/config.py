@@ -20,6 +20,7 @@ from sparkfleet.model.api_proxy import ApiProxyData
 from sparkfleet.model.docker import DockerData
 from sparkfleet.model.engine import engine_args, pinned_env
 from sparkfleet.model.fabric import FABRIC_TOPOLOGIES, JUMBO_MTU, FabricData, FabricHalf
+from sparkfleet.model.engine_proof import EngineProofData
 from sparkfleet.model.fabric_speed import FabricSpeedData, fabric_speed_problems
 from sparkfleet.model.fanout import FanoutData
 from sparkfleet.model.fingerprint import FingerprintData
@@ -72,7 +73,7 @@ class GroupData(BaseModel):
     )
 
 
-class NodeConfig(GroupData, MonitoringData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+class NodeConfig(GroupData, MonitoringData, EngineProofData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
     """One node's validated settings (the union of every role's schema)."""
 

@@ -19,6 +19,7 @@ class GroupPlan:
     restart: bool = False
     reasons: list[str] = field(default_factory=list)  # why the group restarts
     healthy: bool = False
+    engine: str = ""  # the engine's version before -> after the run, and which proof judges it (roles/engine_proof)
 
     @property
     def standing(self) -> str:

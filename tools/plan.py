@@ -15,7 +15,9 @@ from dataclasses import asdict, replace
 from pyinfra import logger
 
 from roles.fabric import checks as fabric_checks
+from roles.engine_proof.checks import engine_move
 from roles.fabric_speed import checks as fabric_speed_checks
+from roles.fingerprint.facts import EngineVersions
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
 from roles.preflight.checks import preflight_rows
@@ -25,6 +27,8 @@ from roles.serving.api_key import decide_key, head_key_found
 from roles.watchdog import checks as watchdog_checks
 from roles.weights import checks as weights_checks
 from sparkfleet import decided
+from sparkfleet.model.engine import unit_name
+from sparkfleet.model.env_readers import snapshot_version
 from sparkfleet.model.serving import node_profile
 from sparkfleet.once import at_once, group_slot, once_per_fleet, per_group
 from sparkfleet.plan_command import GROUPS_FILE, plan_dir
@@ -102,6 +106,13 @@ def group_facts(state, group) -> dict:
         return slot.value if slot.done else slot.fill(_read_group_facts(state, group))
 
 
+def engine_versions(state, head, profile) -> dict:
+    """The head's EngineVersions fact: the engine of the image its unit runs, and of this run's image."""
+    head_host = state.inventory.get_host(head.name)
+    return head_host.get_fact(EngineVersions, netdev=head.fabric_netdev, unit=unit_name(head), ref=profile.image_ref,
+                              engine=profile.engine) or {}
+
+
 def _read_group_facts(state, group) -> dict:
     profile = node_profile(group.head)
     readers = {
@@ -110,6 +121,7 @@ def _read_group_facts(state, group) -> dict:
         # The router's verdict (roles/router fleet_key): the fleet's one key replaces this head's.
         "key_replaced": lambda: replaced_on(state, group.head.name),
         "image": lambda: image_checks.image_facts(state, profile),
+        "engine": lambda: engine_versions(state, group.head, profile),
         "weights": lambda: weights_checks.weights_facts(state),
         "caches": lambda: kernel_cache_checks.cache_facts(state),
         "serving": lambda: serving_checks.serving_facts(state),
@@ -140,7 +152,9 @@ def decide_group(facts: dict, group) -> decided.Decisions:
     speed = fabric_speed_checks.decide(group, profile.image_ref, facts["speed_records"], available,
                                        reconfigured=not fabric.converged)
     watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
-    return decided.Decisions(summary=summary(group, profile, image_v, weights_v, caches, speed, serving_v),
+    moves = engine_move(facts["engine"], profile, serving_v.restart or caches.prewarm, snapshot_version)
+    row = replace(summary(group, profile, image_v, weights_v, caches, speed, serving_v), engine=moves.line(profile.engine))
+    return decided.Decisions(summary=row,
                              fabric=fabric, key=key, image=image_v, weights=weights_v, caches=caches,
                              speed=speed, serving=serving_v, watchdog=watchdog_v, memory=memory)
 
@@ -199,6 +213,8 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
             lines.append(f"  {name} fetches: {', '.join(p.fetch)}")
         if p.speed:
             lines.append(f"  {name} proves the fabric's speed: {p.speed}")
+        if p.engine:
+            lines.append(f"  {name} engine: {p.engine}")
         shown = p.reasons[:reasons_shown]
         more = len(p.reasons) - len(shown)
         if shown:

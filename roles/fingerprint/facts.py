@@ -30,3 +30,29 @@ class Fingerprint(FactBase):
 
     def process(self, output):
         return parse_fingerprint(list(output))
+
+
+class EngineVersions(FactBase):
+    """The engine (name and version, from the dist-info in the image's layers, as Fingerprint reads
+    it) of the image the head's unit runs now and of the image this run serves (`ref`): what the
+    plan prints as the engine's move ("vllm 0.31.0 -> 0.32.0"). {"running": str | None, "image": str |
+    None}; None where there is no such container or image yet (the run builds it)."""
+
+    def command(self, netdev: str, unit: str, ref: str, engine: str) -> str:
+        running = fingerprint_command(netdev, "$r", engine).replace("'$r'", '"$r"')
+        return "\n".join([
+            f"r=$(docker inspect --format '{{{{.Image}}}}' {unit} 2>/dev/null || true)",
+            'echo "== running"',
+            'if [ -n "$r" ]; then', running, "fi",
+            'echo "== image"',
+            fingerprint_command(netdev, ref, engine),
+        ])
+
+    def process(self, output):
+        parts, current = {"running": [], "image": []}, None
+        for line in output:
+            if line.startswith("== "):
+                current = line[3:].strip()
+            elif current in parts:
+                parts[current].append(line)
+        return {k: parse_fingerprint(v)["engine"] for k, v in parts.items()}

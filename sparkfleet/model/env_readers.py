@@ -3,7 +3,7 @@
 Every variable in a rank's environment is one of three things, and the engine-parity tier
 (tests/parity) fails on anything else:
 1. read by the engine at the pinned version: vLLM's own set is vllm/envs.py's
-   `environment_variables`, SGLang's is the one tests/parity/check_sglang.py derives; both are
+   `environment_variables`, SGLang's is the one roles/engine_proof/files/check_sglang.py derives; both are
    asked of the real engine, not written here;
 2. read by a library the engine uses: this table, each with the upstream file that reads it and,
    where the parity virtualenv holds that library, the installed file the tier finds the name in;
@@ -114,3 +114,8 @@ def unread_engine_vars(engine: str, names) -> list[str]:
                        f"reads: roles/serving/{known_env_path(engine).relative_to(KNOWN_ENV_DIR.parent)})"
                        + (f"; close: {', '.join(close)}" if close else ""))
     return out
+
+
+def snapshot_version(engine: str, version: str) -> str | None:  # TODO-merge: SNAP's replaces this
+    release = version.split("+", 1)[0]
+    return release if (KNOWN_ENV_DIR / f"{engine}-{release}.txt").is_file() else None

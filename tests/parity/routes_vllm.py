@@ -18,8 +18,11 @@ import json
 import os
 import sys
 import typing
+from pathlib import Path
 
-from check_vllm import install_spark_platform, serve_parser
+# The checker the parity tier and the deploy's in-image proof share (roles/engine_proof/files).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "roles" / "engine_proof" / "files"))
+from check_vllm import install_spark_platform, serve_parser  # noqa: E402
 
 
 def main():

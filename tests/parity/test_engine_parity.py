@@ -3,7 +3,7 @@ engines at the pinned versions (tests/parity/vllm.txt, tests/parity/sglang.txt),
 
 For every profile x rank x (real-hardware data, lab data), for the pair (TP 2) and for a four-node
 group (TP 2 x PP 2), the exact argv the unit runs goes through the engine's own parser and config
-validation (tests/parity/check_<engine>.py, run by the engine's own virtualenv), and every variable
+validation (roles/engine_proof/files/check_<engine>.py, run by the engine's own virtualenv), and every variable
 of the rank's env file must be read by the engine, by a library of its stack
 (sparkfleet/model/env_readers.py), or by the recipe's launcher (the profile's launcher_env). Refusals
 owned by a declared recipe extension pass; a declared extension the engine accepts anyway fails.
@@ -24,6 +24,8 @@ from tests.unit.helpers import GROUP_NODES
 from tests.unit.test_serving_render import GIDS, PP_VARIANT, cluster, group_cluster, parallel_variants
 
 HERE = Path(__file__).resolve().parent
+# The engines' own checkers: the deploy's in-image proof runs the same files (roles/engine_proof).
+CHECKERS = HERE.parents[1] / "roles" / "engine_proof" / "files"
 ENGINE_NAME = {"vllm": "vLLM", "sglang": "SGLang"}
 PROFILES = profile_names()
 KINDS = ("spark", "lab")
@@ -39,7 +41,7 @@ def engine_python(engine: str) -> str:
 
 
 def run_checker(engine: str, cases: list[dict]) -> dict:
-    proc = subprocess.run([engine_python(engine), str(HERE / f"check_{engine}.py")],
+    proc = subprocess.run([engine_python(engine), str(CHECKERS / f"check_{engine}.py")],
                           input=json.dumps({"cases": cases}), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"check_{engine}.py failed:\n{proc.stderr[-5000:]}"
     return json.loads(proc.stdout)
@@ -234,7 +236,7 @@ def engine_flags(engine: str) -> frozenset[str]:
     """Every option string of the engine's own serve parser (vLLM's `vllm serve`, SGLang's launch_server)."""
     code = _FLAGS_PROBE[engine] + "; import json; print(json.dumps(sorted({o for a in p._actions for o in " \
         "a.option_strings})))"
-    out = subprocess.run([engine_python(engine), "-c", code], cwd=HERE, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([engine_python(engine), "-c", code], cwd=CHECKERS, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
 

@@ -3,7 +3,7 @@
 Run by the interpreter of the venv built from tests/parity/sglang.txt (stdlib + sglang only),
 never by the project's:
 
-    VENV/bin/python tests/parity/check_sglang.py < cases.json
+    VENV/bin/python roles/engine_proof/files/check_sglang.py < cases.json
 
 stdin:  {"cases": [{"id": str, "argv": [...], "env": {...},
                     "extensions": [{"name": str, "flag": str, "value": str | null}],
@@ -526,7 +526,19 @@ def main() -> int:
     request = json.load(sys.stdin)
     report_fd = os.dup(1)
     os.dup2(2, 1)  # imports and plugins print; keep stdout for the report
-    install_spark_shim()
+    report = run(request)
+    with os.fdopen(report_fd, "w") as out:
+        json.dump(report, out, indent=1, sort_keys=True)
+        out.write("\n")
+    return 0
+
+
+def run(request: dict) -> dict:
+    """The report for `request`'s cases. "platform": "own" (the deploy's in-image proof, inside a
+    real SGLang image on its node, GPU attached): SGLang's own device detection and its real
+    kernels; else the DGX Spark stand-ins above (the parity virtualenv on a machine with no GPU)."""
+    if request.get("platform", "spark") == "spark":
+        install_spark_shim()
     import sglang
     from sglang.srt.plugins import load_plugins
 
@@ -540,11 +552,7 @@ def main() -> int:
         if case["id"] in results:
             raise SystemExit(f"check_sglang: duplicate case id {case['id']!r}")
         results[case["id"]] = run_case(case)
-    report = {"engine": "sglang", "version": sglang.__version__, "env_known": env_known(), "results": results}
-    with os.fdopen(report_fd, "w") as out:
-        json.dump(report, out, indent=1, sort_keys=True)
-        out.write("\n")
-    return 0
+    return {"engine": "sglang", "version": sglang.__version__, "env_known": env_known(), "results": results}
 
 
 if __name__ == "__main__":

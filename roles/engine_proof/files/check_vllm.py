@@ -1,13 +1,20 @@
 """Feed sparkfleet's rendered `vllm serve` command lines to the real vLLM and report what it refuses.
 
-Run by the parity virtualenv's python (tests/parity/vllm.txt, built by `make parity-venvs`), never by
-the project's: it imports vLLM itself. Input on stdin, output on stdout, both JSON:
+Run by a vLLM's own python, never by the project's: it imports vLLM itself. Two callers:
+- the engine-parity tier (tests/parity), in the parity virtualenv of each snapshot version, with the
+  DGX Spark platform stand-in below (there is no GPU on the controller);
+- the deploy's in-image proof (roles/engine_proof, step 7a), inside the group's own image on its head,
+  with "platform": "own": the platform the image's vLLM detects itself, and "routes_for": the head
+  case whose app's route table is reported too (build_app, as `vllm serve` builds it).
+Input on stdin, output on stdout, both JSON:
 
   in:  {"cases": [{"id": str, "argv": ["vllm", "serve", MODEL, ...], "env": {...},
-                   "extensions": [{"name": str, "flag": str, "value": str}]}]}
+                   "extensions": [{"name": str, "flag": str, "value": str}]}],
+        "platform": "spark" (default) | "own", "routes_for": case id (optional)}
   out: {"engine": "vllm", "version": str, "env_known": [...],
         "results": {id: {"errors": [{"flag", "value", "message"}], "accepted_extensions": [...],
-                         "unused_extensions": [...]}}}
+                         "unused_extensions": [...]}},
+        "routes": [[method, path], ...] (with routes_for)}
 
 What runs is vLLM's own code, in the order `vllm serve` runs it before it needs a GPU or weights:
 1. the `vllm serve` subcommand's parser (vllm/entrypoints/cli/serve.py, ServeSubcommand.subparser_init)
@@ -36,6 +43,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import typing
 
@@ -167,7 +175,11 @@ def config_checks(argv: list[str], ns, engine_args) -> list[Refused]:
 
 def check(case: dict) -> list[Refused]:
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import validate_api_server_args, validate_parsed_serve_args
+    try:  # vLLM 0.33.0 and later: vllm/entrypoints/common/cli_args.py
+        from vllm.entrypoints.common.cli_args import validate_api_server_args, validate_parsed_serve_args
+    except ImportError:  # 0.32.0: vllm/entrypoints/launchers/cli_args.py and launchers/launcher.py
+        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+        from vllm.entrypoints.launchers.launcher import validate_api_server_args
 
     argv = list(case["argv"])
     if argv[:2] != ["vllm", "serve"]:
@@ -202,15 +214,44 @@ def _matches(extension: dict, refusal: Refused) -> bool:
     return value is None or (refusal.value is not None and value in str(refusal.value))
 
 
-def main():
-    cases = json.load(sys.stdin)["cases"]
-    install_spark_platform()
+@contextlib.contextmanager
+def case_env(env: dict):
+    """The case's environment while vLLM parses it (vllm/envs.py reads os.environ when asked)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def routes(case: dict) -> list[list[str]]:
+    """Every (method, path) the real app registers for the case's command line: the `vllm serve`
+    parser, then build_app (vllm/entrypoints/launchers/app.py) for every task vLLM knows
+    (vllm/tasks.py SupportedTask). No engine is started."""
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.tasks import SupportedTask
+
+    with case_env(case["env"]):
+        args = serve_parser().parse_args(case["argv"][1:])
+        app = build_app(args, supported_tasks=tuple(typing.get_args(SupportedTask)), model_config=None)
+    return sorted({(m, r.path) for r in app.routes for m in (getattr(r, "methods", None) or ["GET"])})
+
+
+def run(request: dict) -> dict:
+    if request.get("platform", "spark") == "spark":
+        install_spark_platform()
     import vllm
     import vllm.envs
 
     results = {}
-    for case in cases:
-        refusals = check(case)
+    for case in request["cases"]:
+        with case_env(case.get("env", {})):
+            refusals = check(case)
         extensions = case.get("extensions", [])
         errors, accepted = [], set()
         for refusal in refusals:
@@ -224,13 +265,26 @@ def main():
             "accepted_extensions": sorted(accepted),
             "unused_extensions": sorted(e["name"] for e in extensions if e["name"] not in accepted),
         }
-    json.dump({
+    report = {
         "engine": "vllm",
         "version": vllm.__version__,
         # Every variable vLLM reads through vllm/envs.py; unknown VLLM_* names only log a warning.
         "env_known": sorted(vllm.envs.environment_variables),
         "results": results,
-    }, sys.stdout, indent=1)
+    }
+    head = [c for c in request["cases"] if c["id"] == request.get("routes_for")]
+    if head:
+        report["routes"] = routes(head[0])
+    return report
+
+
+def main():
+    request = json.load(sys.stdin)
+    report_fd = os.dup(1)
+    os.dup2(2, 1)  # vLLM's imports and config classes print; stdout is kept for the report
+    report = run(request)
+    with os.fdopen(report_fd, "w") as out:
+        json.dump(report, out, indent=1)
 
 
 if __name__ == "__main__":
