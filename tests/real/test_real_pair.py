@@ -45,8 +45,50 @@ def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     assert "sparkfleet serving lab-vllm-cpu" in run.output
     # the engine's own KV-cache size was read and checked against max_model_len (roles/guards/kv_budget.py)
     assert "engine KV cache 131072 tokens >= max_model_len 8192" in run.output, run.output[-5000:]
+    # step 7a: the image's own vLLM judged both ranks before the prewarm stopped anything, named its version
+    assert re.search(r"engine proof: pair: vLLM 0\.32\.0\+cpu \(in sparkfleet-lab/vllm-cpu:\w+\) judged 2 distinct "
+                     r"rank command line\(s\), \d+ routes: accepted", run.output), run.output[-8000:]
+    assert "pair engine: vLLM " in run.output  # the plan's line: the version, and which proof judges it
     again = deploy(inventory=REAL_INVENTORY)
     assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
+
+
+def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stops_and_it_keeps_answering(real_deploy):
+    """Step 7a with the real engine: `--disable-log-requests` is a flag of vLLM 0.33.0's parser (the parity
+    snapshot's version) and not of 0.32.0's, the version the lab image ships. The deploy stops at the
+    in-image proof, quoting vLLM's own message with the group, the rank and the data key; the pair is
+    never stopped (the head's container is the same one, and /health answers 200 throughout), and the
+    next deploy without the flag changes nothing."""
+    import threading
+    import urllib.request
+
+    started = on(HEAD, "docker inspect --format '{{.State.StartedAt}}' sparkfleet-head").strip()
+    codes, done = [], threading.Event()
+
+    def poll():  # the API proxy's open path, from the management network, every second
+        while not done.is_set():
+            try:
+                with urllib.request.urlopen("http://198.18.0.11:8000/health", timeout=5) as reply:
+                    codes.append(reply.status)
+            except Exception as err:  # noqa: BLE001: any failure to answer is what this test looks for
+                codes.append(repr(err))
+            done.wait(1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        run = deploy("--data", 'serving_extra_args=["--disable-log-requests"]', inventory=REAL_INVENTORY)
+    finally:
+        done.set()
+        poller.join()
+    assert run.returncode != 0, run.output[-5000:]
+    assert "engine proof: refused before the pair is stopped" in run.output, run.output[-5000:]
+    assert re.search(r"pair rank 0 \(spark-a\): --disable-log-requests: vLLM 0\.32\.0\+cpu \(in [^)]+\) refuses it: "
+                     r"unrecognized arguments: --disable-log-requests; change serving_extra_args", run.output), run.output[-5000:]
+    assert codes and set(codes) == {200}, codes
+    assert on(HEAD, "docker inspect --format '{{.State.StartedAt}}' sparkfleet-head").strip() == started
+    after = deploy(inventory=REAL_INVENTORY)
+    assert after.returncode == 0 and after.changed() == [], after.output[-8000:]
 
 
 def test_the_collective_ran_in_the_real_image_across_both_ranks_before_the_engine_started(real_deploy):

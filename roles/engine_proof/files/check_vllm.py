@@ -273,7 +273,7 @@ def run(request: dict) -> dict:
         "results": results,
     }
     head = [c for c in request["cases"] if c["id"] == request.get("routes_for")]
-    if head:
+    if head and not results[head[0]["id"]]["errors"]:  # a command line its parser refused builds no app
         report["routes"] = routes(head[0])
     return report
 
