@@ -235,7 +235,8 @@ ADVISORIES: tuple[Advisory, ...] = (
         title="with --enable-custom-logit-processor a request's logit processor is dill.loads()ed: code execution",
         refused=False,
         why="only with --enable-custom-logit-processor, which sparkfleet does not render and no shipped profile "
-            "passes (a profile's extra_args or serving_extra_args could: then acknowledge nothing, drop the flag)",
+            "passes; a profile's extra_args or serving_extra_args that adds it makes this reachable by any client "
+            "holding the key",
         source="https://antiproof.pages.dev/blog/three-rces-in-sglang/",
         read=("CVEProject/cvelistV5 cves/2026/7xxx/CVE-2026-7304.json (CERT/CC VU#777338: no patch)",
               "https://antiproof.pages.dev/blog/three-rces-in-sglang/ (v0.4.1.post7 and later, no patch)"),

