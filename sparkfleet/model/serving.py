@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sparkfleet import grammar
 from sparkfleet.grammar import field_check
 from sparkfleet.model import profile_file
+from sparkfleet.model.engine_advisories import ADVISORY_IDS
 from sparkfleet.model.env_readers import unread_engine_vars
 from sparkfleet import values
 
@@ -541,6 +542,28 @@ class ServingData(BaseModel):
         "from (`--allowed-media-domains`); empty: none (only inline `data:` URLs), local paths never"
     )
     _media_domains = field_validator("serving_media_domains")(classmethod(lambda cls, v: check_media_domains(v)))
+    serving_engine_advisories_acknowledged: dict[str, str] = Field(
+        default_factory=dict,
+        description="published security advisories of the engine (sparkfleet/model/engine_advisories.py: id, "
+        "affected range, first fixed version, why sparkfleet's exposure reaches it, the record) accepted for this "
+        "group's engine release, each id with your reason; the deploy refuses an engine release a reachable "
+        "advisory affects unless it is here, and then goes on with a warning. See "
+        "docs/security.md#engine-advisories",
+        json_schema_extra={"set_in": "group_data or inventory, per group"},
+    )
+
+    @field_validator("serving_engine_advisories_acknowledged")
+    @classmethod
+    def _known_advisories_with_reasons(cls, acknowledged: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(k for k in acknowledged if k not in ADVISORY_IDS)
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not in the engine advisories table; known ids: "
+                             f"{', '.join(ADVISORY_IDS)}")
+        empty = sorted(k for k, reason in acknowledged.items() if not reason.strip())
+        if empty:
+            raise ValueError(f"{', '.join(empty)}: no reason given; say why the group may serve an affected engine "
+                             f"release (it is printed at every deploy)")
+        return acknowledged
 
 
 def profile_models(profile) -> list[tuple[str, str]]:
@@ -567,6 +590,7 @@ def node_profile(node) -> Profile:
 
 
 SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args",
+                       "serving_engine_advisories_acknowledged",
                        "serving_tensor_parallel_size", "serving_pipeline_parallel_size")
 
 
