@@ -20,6 +20,7 @@ class GroupPlan:
     reasons: list[str] = field(default_factory=list)  # why the group restarts
     healthy: bool = False
     engine: str = ""  # the engine's version before -> after the run, and which proof judges it (roles/engine_proof)
+    engine_version: str = ""  # the version this run serves, as read from its image at prepare ("": not built yet)
 
     @property
     def standing(self) -> str:

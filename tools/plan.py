@@ -153,7 +153,8 @@ def decide_group(facts: dict, group) -> decided.Decisions:
                                        reconfigured=not fabric.converged)
     watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
     moves = engine_move(facts["engine"], profile, serving_v.restart or caches.prewarm, snapshot_version)
-    row = replace(summary(group, profile, image_v, weights_v, caches, speed, serving_v), engine=moves.line(profile.engine))
+    row = replace(summary(group, profile, image_v, weights_v, caches, speed, serving_v), engine=moves.line(profile.engine),
+                  engine_version=moves.after or "")
     return decided.Decisions(summary=row,
                              fabric=fabric, key=key, image=image_v, weights=weights_v, caches=caches,
                              speed=speed, serving=serving_v, watchdog=watchdog_v, memory=memory)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sparkfleet.keyvalue import key_values
 from sparkfleet.model.api_proxy import OPEN_PATHS
+from sparkfleet.model.engine_advisories import advisories_refused
 from sparkfleet.model.engine import engine_args, env_file_path
 from sparkfleet.model.env_readers import ENGINE_NAMES, ENGINE_PREFIXES, library_readers
 
@@ -105,7 +106,8 @@ def _data_key(flag: str | None) -> str:
             else "serving_extra_args (or the profile's extra_args)")
 
 
-def judge(report: dict, request: dict, group: str, profile, monitoring: bool, image: str) -> Verdict:
+def judge(report: dict, request: dict, group: str, profile, monitoring: bool, image: str,
+          acknowledged: dict[str, str] | None = None) -> Verdict:
     """The image's engine's report -> the verdict. Refused: a flag or value it refuses (its own
     message quoted), a VLLM_*/SGLANG_* name it does not read, a route sparkfleet relies on that its
     app does not register. Each names the group, the rank and the data key to change."""
@@ -135,6 +137,9 @@ def judge(report: dict, request: dict, group: str, profile, monitoring: bool, im
                     and var not in profile.launcher_env:
                 refusals.append(f"{where}: env {var}: {who} does not read it (a pin that would silently do "
                                 f"nothing); remove it from serving_env_pins or the profile's env")
+    # Known-vulnerable releases (sparkfleet/model/engine_advisories.py), for the version the image ships.
+    refusals += [f"{group}: {line}; or acknowledge it in serving_engine_advisories_acknowledged with a reason"
+                 for line in advisories_refused(engine, version, acknowledged or {})]
     routes = report.get("routes")
     if routes is not None:
         registered = {tuple(r) for r in routes}

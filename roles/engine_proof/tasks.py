@@ -54,7 +54,8 @@ def prove(request: dict) -> None:
             f"engine_proof_timeout_s={node.engine_proof_timeout_s}); its last output:\n{out.stderr[-3000:]}\n"
             f"Read it again with: sudo docker run --rm -i --network=none --entrypoint python3 "
             f"-v {PROOF_DIR}:{CONTAINER_DIR}:ro -v {node.weights_dir}:{CONTAINER_WEIGHTS_ROOT}:ro {image} {CONTAINER_DIR}/sfl_engine_proof.py < {REQUEST}")
-    verdict = judge(report, request, node.serving_group, profile, node.monitoring_enabled, image)
+    verdict = judge(report, request, node.serving_group, profile, node.monitoring_enabled, image,
+                    node.serving_engine_advisories_acknowledged)
     logger.info(f"    engine proof: {verdict.line}")
     if verdict.refusals:
         raise DeployError(

@@ -3,6 +3,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from sparkfleet.decided import decisions
+from sparkfleet.model.engine_advisories import advisories_refused
 from sparkfleet.model.guard_rules import GIB, license_gate, memory_admission, refused_settings, top_consumers
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.guards.kv_budget import PP_LAYER_PARTITION, kv_budget
@@ -118,5 +119,11 @@ def run_guards(state) -> None:
     """Step 2: the guards, on the ranks' files as the run's plan (step 1b) rendered them."""
     plan = decisions(state)
     problems = guard_problems(state, plan.serving.files, plan.memory)
+    # Known-vulnerable engines (sparkfleet/model/engine_advisories.py), for the version the image this
+    # run serves ships, where the head already holds it; one the run builds is held to them at step 7a.
+    head = cluster_from_state(state).head
+    if plan.summary.engine_version:
+        problems += [f"{head.serving_group or 'pair'}: {line}" for line in advisories_refused(
+            node_profile(head).engine, plan.summary.engine_version, head.serving_engine_advisories_acknowledged)]
     if problems:
         raise DeployError("guards refused the deploy, nothing was changed:\n  " + "\n  ".join(problems))

