@@ -193,7 +193,11 @@ def engine_move(versions: dict, profile, moves: bool, snapshot_version) -> Engin
     before, after = (_version_of(versions.get(k), profile.engine) for k in ("running", "image"))
     claimed = after or getattr(profile, "engine_version", None)  # TODO-merge: SNAP field
     snap = snapshot_version(profile.engine, claimed) if claimed else None
-    fast = (f"the {snap} snapshot before any connection" if snap
-            else f"no snapshot ({ENGINE_NAMES[profile.engine]} {claimed} is new to sparkfleet)")
+    if snap:
+        fast = f"the {snap} snapshot before any connection"
+    elif claimed:
+        fast = f"no snapshot ({ENGINE_NAMES[profile.engine]} {claimed} is new to sparkfleet)"
+    else:
+        fast = "no version before the image is built"
     proof = "the image's own engine before the pair stops" if moves else "no in-image proof (nothing restarts)"
     return EngineMove(before=before, after=after, judged_by=f"{fast}; {proof}")

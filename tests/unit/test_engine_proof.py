@@ -117,3 +117,7 @@ def test_an_image_whose_engine_release_has_a_reachable_advisory_is_refused_unles
     assert all(r.startswith("pair: vllm 0.31.0+cpu is affected by") for r in refusals), refusals
     reasons = {"GHSA-542m-9234-8gvf": "the lab's drill", "GHSA-x567-49g5-p4cf": "the lab's drill"}
     assert judge(report, REQUEST, "pair", LAB, False, IMAGE, reasons).refusals == ()
+
+    built = engine_move({"running": "vllm 0.32.0+cpu", "image": None}, LAB, True, _snapshots)
+    assert built.line("vllm").startswith("vLLM 0.32.0+cpu -> ? (the image is built in this run); judged by")
+    assert "None" not in built.line("vllm")
