@@ -11,9 +11,12 @@ TTFT p50/p95 over 5 minutes, firing alerts). It judges nothing and
 changes nothing: `make doctor` is the verdict.
 """
 import re
+import shlex
 
 from pyinfra import logger
+from pyinfra.facts.server import Command
 
+from sparkfleet.model.engine_proof import engine_proof_path, proven_version
 from sparkfleet.model.image import history_path
 from roles.kernel_cache.checks import commit_of
 from roles.monitoring.checks import LiveFigures, live_line, monitoring_node
@@ -105,8 +108,19 @@ def recipe_line(profile, events, container: dict) -> str:
     return text
 
 
+def engine_line(profile, proof: str | None, container: dict) -> str:
+    """The engine version the head's running image ships, as the in-image proof (roles/engine_proof,
+    step 7a) recorded it for that image."""
+    running = container.get("image") or ""
+    version = proven_version(proof, running) if running else None
+    if version:
+        return f"{profile.engine} {version} (read by the image's own engine at its last deploy)"
+    return f"{profile.engine}, version not recorded for {running or 'the running image'} (no engine proof of it)"
+
+
 def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, watch_units: dict,
-                 statuses: dict, events, receipts: list | None = None, live: dict | None = None) -> list[str]:
+                 statuses: dict, events, receipts: list | None = None, live: dict | None = None,
+                 proof: str | None = None) -> list[str]:
     """The report, from facts (node name -> fact value); pure, for the tests."""
     head = cluster.head
     names = " + ".join(n.name for n in cluster.nodes)
@@ -124,6 +138,7 @@ def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, w
         lines.append(f"  {'watchdog':<9} {node.name:<10} {first}")
         lines += [f"  {'':<9} {'':<10} {r}" for r in rest]
     lines.append(f"  {'recipe':<9} {head.name:<10} {recipe_line(profile, events, containers.get(head.name, {}))}")
+    lines.append(f"  {'engine':<9} {head.name:<10} {engine_line(profile, proof, containers.get(head.name, {}))}")
     first, *rest = receipt_lines(receipts or [], head.receipt_drop_threshold_pct)
     lines.append(f"  {'receipt':<9} {head.name:<10} {first}")
     lines += [f"  {'':<9} {'':<10} {r}" for r in rest]
@@ -148,11 +163,14 @@ def _status(state) -> None:
     events = head.get_fact(RecipeHistory, path=history_file(cluster.head, profile),
                            deployed=history_path(cluster.head, profile)) if head else []
     receipts = head.get_fact(Receipts, directory=receipt_path(cluster.head, profile)) if head else []
+    proof = head.get_fact(Command, command=f"cat {shlex.quote(engine_proof_path(cluster.head))} 2>/dev/null || true") \
+        if head else None
     monitor = monitoring_node(fleet_from_state(state))
     prom = state.inventory.get_host(monitor.name) if monitor else None
     live = (prom.get_fact(LiveFigures, group=cluster.head.serving_group, port=monitor.monitoring_prometheus_port)
             if prom is not None and prom.name in {h.name for h in fleet_hosts(state)} else None)
-    lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events, receipts, live)
+    lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events, receipts, live,
+                         proof)
     logger.info("--> sparkfleet status (read-only):\n" + "\n".join(lines) + "\n")
 
 

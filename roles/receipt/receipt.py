@@ -34,6 +34,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import DeployError
 
 from sparkfleet.keyfiles import KeyFileError, read
+from sparkfleet.model.engine_proof import engine_proof_path, proven_version
 from sparkfleet.model.fabric_speed import passed_figures, speed_record_path
 from sparkfleet.model.monitoring import RECEIPT_TEXTFILE, TEXTFILE_DIR
 
@@ -193,7 +194,8 @@ def table(receipt: dict) -> str:
         rows.append(f"  {f['concurrency']:>11}  {f['ttft_ms'] or '?':>9}  {f['decode_tps_per_request'] or '?':>22}  "
                     f"{f['decode_tps_aggregate'] or '?':>20}")
     cold = receipt.get("cold_start_s")
-    head = (f"receipt {receipt['taken_at']}: profile {receipt['profile']}, recipe {receipt['recipe_commit'][:12]}, "
+    head = (f"receipt {receipt['taken_at']}: profile {receipt['profile']}, "
+            f"{receipt['engine']} {receipt.get('engine_version') or '?'}, recipe {receipt['recipe_commit'][:12]}, "
             f"image {receipt['image_id'][:19]}, weights {receipt['weights_revision']}; "
             f"cold start {cold if cold is not None else '?'} s (units started -> first token); "
             f"{receipt['load']['prompt_tokens']} prompt + {receipt['load']['decode_tokens']} decode tokens per "
@@ -304,7 +306,9 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
         # one line each, empty when absent: the image's ID, the manifest's sha256, the speed record
         f"printf '%s\\n' \"$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(profile.image_ref)} 2>/dev/null)\" "
         f"\"$(sha256sum < {shlex.quote(model_dir)}.manifest 2>/dev/null | cut -c1-64)\" "
-        f"\"$(tr -d '\\n' < {shlex.quote(speed_record_path(node))} 2>/dev/null)\""))
+        f"\"$(tr -d '\\n' < {shlex.quote(speed_record_path(node))} 2>/dev/null)\" "
+        # the engine proof's record (roles/engine_proof, step 7a): the version the image's engine reported
+        f"\"$(tr -d '\\n' < {shlex.quote(engine_proof_path(node))} 2>/dev/null)\""))
     lines = out.stdout.splitlines()
     image_id = lines[0] if lines and lines[0] else "?"
     manifest = lines[1] if len(lines) > 1 and lines[1] else "?"
@@ -312,6 +316,7 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
     receipt = {
         "receipt": "sparkfleet benchmark receipt v1", "taken_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "pair": pair,
         "profile": profile.name, "engine": profile.engine, "model": profile.model,
+        "engine_version": proven_version(lines[3] if len(lines) > 3 else None, profile.image_ref),
         "recipe_commit": profile.recipe.commit, "image": profile.image_ref, "image_id": image_id,
         "weights_revision": profile.model_revision, "weights_manifest_sha256": manifest,
         "cold_start_s": round(result["first_token_at"] - started, 1) if started else None,

@@ -32,6 +32,12 @@ def read_record(text: str | None) -> dict | None:
     return record if isinstance(record, dict) and {"image", "engine", "version"} <= set(record) else None
 
 
+def proven_version(text: str | None, image: str) -> str | None:
+    """The engine version the record names for `image` (None: no record, another image's, or a stand-in's)."""
+    record = read_record(text)
+    return record["version"] if record and record["image"] == image else None
+
+
 class EngineProofData(BaseModel):
     engine_proof_timeout_s: int = Field(
         600, ge=30, le=3600,

@@ -138,3 +138,11 @@ def test_the_field_report_s_timeout_pin_passes_the_engine_that_reads_it_and_is_r
     new = judge(REPORT, request, "pair", LAB, monitoring=True, image="v4").refusals
     assert [r.split(":")[0] for r in new] == ["pair rank 0 (spark-a)", "pair rank 1 (spark-b)"]
     assert all("env VLLM_ENGINE_ITERATION_TIMEOUT_S: vLLM 0.32.0+cpu (in v4) does not read it" in r for r in new)
+
+
+def test_the_receipt_names_the_version_the_proof_recorded_for_the_image_it_measured():
+    from sparkfleet.model.engine_proof import proven_version
+    text = record_text(IMAGE, "vllm", "0.32.0+cpu", "abc", True)
+    assert proven_version(text, IMAGE) == "0.32.0+cpu"
+    assert proven_version(text, "sparkfleet-lab/vllm-cpu:other") is None  # another image's record
+    assert proven_version(None, IMAGE) is None

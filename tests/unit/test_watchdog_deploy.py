@@ -509,6 +509,12 @@ def test_status_shows_probe_ranks_watchdog_actions_and_the_served_commit():
     assert "action 1" not in text and "2026-01-01T00:06:00+0000  action 6" in text  # the last five
     assert "  watchdog  spark-b    sparkfleet-watchdog active: ok: container running\n" in text + "\n"
     assert f"  recipe    spark-a    {commit}, last served 2026-01-01T00:10:00Z" in text
+    # the engine's version, from the in-image proof's record for the image the head runs (roles/engine_proof)
+    assert f"  engine    spark-a    vllm, version not recorded for {image} (no engine proof of it)" in text
+    from sparkfleet.model.engine_proof import record_text
+    proof = record_text(image, "vllm", "0.33.0", "abc", True)
+    text = "\n".join(status_lines(c, profile, probe, units, containers, watch_units, statuses, events, proof=proof))
+    assert "  engine    spark-a    vllm 0.33.0 (read by the image's own engine at its last deploy)" in text
     # A failed upgrade after it: the running commit, and the history's last word.
     events += parse_history([f"2026-01-02T00:00:00Z failed {'b' * 40}"])
     containers["spark-a"] = {"status": "exited", "started_at": "-", "image": image}
