@@ -24,6 +24,7 @@ from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
     DeployedCommits, DockerImageId, ImagePin, LocalImages, RecipeCheckout, RepoDigests, ResolvedCommit,
 )
+from roles.kernel_cache.checks import group_compile_settings
 from roles.kernel_cache.facts import CacheState
 from roles.preflight.facts import NodeFacts
 from roles.api_proxy.checks import UNIT_PATH as API_PROXY_UNIT_PATH, ApiProxyHost
@@ -39,6 +40,7 @@ from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import profile_models
 from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.model.compile_key import settings_key
 from sparkfleet.model.image import history_path
 from sparkfleet.model.weights import model_dir
 from sparkfleet.roce_gid import RoceGids
@@ -87,7 +89,7 @@ for half in node.fabric_halves:
 host.get_fact(Which, command="rsync")
 for model, _revision in profile_models(profile):
     host.get_fact(ModelCopy, root=node.weights_dir, model=model)
-host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref)
+host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref, key=settings_key(group_compile_settings(cluster)))
 host.get_fact(WatchdogUnit)
 host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH)
 if node.router_node == node.name:  # roles/rolling: the router's routing, read on the router node before the turns

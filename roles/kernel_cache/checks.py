@@ -1,13 +1,17 @@
 """What roles/kernel_cache must do, decided once at prepare time, and the step that does it.
 
-One cache generation per image ID on every node (<kernel_cache_dir>/<12 hex of the ID>/, with
-'current' linking to the served one and <id>.manifest beside it). The head's manifest is the
-reference. A generation the head has no manifest for is warmed: the pair runs once, with
-production's command line and environment (plus only PREWARM_ENV_ADDITIONS, which enter no
-cache key), and the fixed warm-up set until no rank's cache grows. Then every rank gets
+One cache generation per image ID and compile key on every node
+(<kernel_cache_dir>/<12 hex of the ID>-<8 hex of the compile settings>/, with 'current' linking to
+the served one and <generation>.manifest beside it): the compile settings are the rendered flags and
+variables the engine folds into its own compile-cache key (sparkfleet/model/compile_key.py), so a
+changed pin the engine hashes is a generation never warmed, and one it does not hash is not.
+The head's manifest is the reference. A generation the head has no manifest for is warmed: the
+pair runs once, with production's command line and environment (plus only PREWARM_ENV_ADDITIONS,
+which enter no cache key), and the fixed warm-up set until no rank's cache grows. Then every rank gets
 the union (the head pulls what it lacks from each worker, each worker pulls the head's), and
 each rank writes its own manifest, which must equal the head's before production starts.
 """
+import json
 import shlex
 import time
 
@@ -26,6 +30,7 @@ from roles.serving.history import history_file, record_command
 from sparkfleet.chat_request import request_command
 from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
+from sparkfleet.model.compile_key import compile_settings, settings_changes, settings_key
 from sparkfleet.model.engine import IMAGE_WORD, docker_args, engine_args, image_pin_path, rank_env, unit_name
 from sparkfleet.model.fanout import SFL_FILES
 from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm_env
@@ -39,9 +44,56 @@ from sparkfleet.verdicts import CachePlan  # noqa: F401 (this role's verdict, on
 PREWARM_CONTAINER = "sparkfleet-prewarm"
 
 
-def generation(image_id: str | None) -> str | None:
-    """The generation directory name of an image: the first 12 hex digits of its ID, as docker prints."""
-    return image_id.removeprefix("sha256:")[:12] if image_id else None
+def generation(image_id: str | None, compile_key: dict[str, str] | str | None = None) -> str | None:
+    """The generation directory name of an image and compile key: the first 12 hex digits of its ID,
+    as docker prints, then '-' and the key (settings_key of the compile settings, given as the
+    settings or as the key). Without a key, the name an older sparkfleet gave (the image alone)."""
+    if not image_id:
+        return None
+    base = image_id.removeprefix("sha256:")[:12]
+    if compile_key is None:
+        return base
+    return f"{base}-{compile_key if isinstance(compile_key, str) else settings_key(compile_key)}"
+
+
+def compile_version(profile) -> str | None:
+    """The engine release the compile settings are read for: the profile's engine_version (issue 40:
+    the release its recipe's image ships), None where the profile has none (every release the table
+    covers is then taken together: sparkfleet/model/compile_key.py classify)."""
+    return getattr(profile, "engine_version", None)
+
+
+# rank_env needs a RoCE GID index where a node has one HCA, and only NCCL_IB_GID_INDEX carries it:
+# no engine's compile key reads an NCCL_* variable (sparkfleet/model/compile_key.py), so the key is
+# rendered without reading the GID fact (tests/unit/test_compile_key.py: the key does not move with it).
+GID_NOT_KEYED = 0
+
+
+def rank_compile_settings(profile, cluster, node) -> dict[str, str]:
+    """One rank's compile settings, from its rendered command line and environment (engine_args,
+    rank_env: what roles/serving writes into its unit and env file)."""
+    return compile_settings(profile.engine, compile_version(profile), engine_args(profile, cluster, node),
+                            rank_env(profile, cluster, node, GID_NOT_KEYED))
+
+
+def group_compile_settings(cluster) -> dict[str, str]:
+    """The group's compile settings: each one every rank renders alike under its own name, one that
+    differs between ranks (a node's own serving_env_pins) as '<name>@<node>' for each rank having it."""
+    profile = node_profile(cluster.head)
+    ranks = {node.name: rank_compile_settings(profile, cluster, node) for node in cluster.nodes}
+    out = {}
+    for name in sorted(set().union(*ranks.values())):
+        values = {rank: settings.get(name) for rank, settings in ranks.items()}
+        if len(set(values.values())) == 1:
+            out[name] = values[cluster.head.name]
+        else:
+            out.update({f"{name}@{rank}": value for rank, value in values.items() if value is not None})
+    return out
+
+
+def compile_header(settings: dict[str, str]) -> str:
+    """The manifest header line's value that records the compile settings a generation was warmed with."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 
 
 def prewarm_env_path(node) -> str:
@@ -83,13 +135,33 @@ def warmed_caches(engine: str) -> str:
     return ",".join(sorted(cache_vars(engine)))
 
 
-def prewarm_reason(gen: str | None, reference: str | None, engine: str) -> str | None:
-    """Why the head's generation must be warmed before production, or None: the image is new, the
-    generation was never warmed, or it was warmed for another set of cache variables (an older
-    sparkfleet's, or another engine's), so caches production now writes were never warmed."""
+def compile_changes(gen: str, settings: dict[str, str] | None, current: str | None,
+                    current_header: dict[str, str] | None) -> list[str]:
+    """'NAME OLD -> NEW' per compile setting that differs from those the served generation of the
+    same image was warmed with (its manifest's 'compile' header); [] where that cannot be told (another
+    image, no such header: an older sparkfleet's generation)."""
+    if settings is None or not current or current == gen or current.split("-")[0] != gen.split("-")[0]:
+        return []
+    try:
+        old = json.loads((current_header or {}).get("compile", ""))
+    except ValueError:
+        return []
+    return settings_changes(old, settings) if isinstance(old, dict) else []
+
+
+def prewarm_reason(gen: str | None, reference: str | None, engine: str, settings: dict[str, str] | None = None,
+                   current: str | None = None, current_header: dict[str, str] | None = None) -> str | None:
+    """Why the head's generation must be warmed before production, or None: the image is new, a
+    compile setting changed (from those `current`, the served generation of the same image, was
+    warmed with), the generation was never warmed, or it was warmed for another set of cache
+    variables (an older sparkfleet's, or another engine's), so caches production now writes were
+    never warmed."""
     if gen is None:
         return "the image is built in this run"
     if not reference or not parse_manifest(reference)[1]:
+        changed = compile_changes(gen, settings, current, current_header)
+        if changed:
+            return f"a compile-relevant setting changed: {'; '.join(changed)}"
         return f"generation {gen} was never warmed"
     if parse_manifest(reference)[0].get("caches") != warmed_caches(engine):
         return f"generation {gen} was warmed for another set of cache variables"
@@ -122,7 +194,8 @@ def cache_facts(state) -> dict[str, dict]:
     """node name -> its CacheState for the profile's image (every node of the run at once)."""
     cluster = cluster_from_state(state)
     ref = node_profile(cluster.head).image_ref
-    return per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=ref))
+    key = settings_key(group_compile_settings(cluster))
+    return per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=ref, key=key))
 
 
 def decide(facts: dict[str, dict], cluster) -> CachePlan:
@@ -132,9 +205,11 @@ def decide(facts: dict[str, dict], cluster) -> CachePlan:
     linked, and generations past kernel_cache_keep_generations are expired."""
     head = cluster.head
     head_facts = facts[head.name]
-    gen = generation(head_facts["image"])
+    settings = group_compile_settings(cluster)
+    gen = generation(head_facts["image"], settings)
     reference = head_facts["manifest"]
-    why_prewarm = prewarm_reason(gen, reference, node_profile(head).engine)
+    why_prewarm = prewarm_reason(gen, reference, node_profile(head).engine, settings, head_facts["current"],
+                                 head_facts.get("current_header"))
     sync, link, expire = {}, [], {}
     for name, f in facts.items():
         node = cluster.node(name)
@@ -205,10 +280,11 @@ class _Nodes:
             raise DeployError(f"{name}: {what} failed:\n{out.stderr or out.stdout}")
         return out.stdout
 
-    def cache_state(self, node, ref: str) -> dict:
+    def cache_state(self, node, ref: str, key: str = "") -> dict:
         """The node's CacheState read afresh (the prepare-time fact is stale once the step runs)."""
         fact = CacheState()
-        return fact.process(self.run(node.name, fact.command(root=node.kernel_cache_dir, ref=ref), "reading the cache").splitlines())
+        command = fact.command(root=node.kernel_cache_dir, ref=ref, key=key)
+        return fact.process(self.run(node.name, command, "reading the cache").splitlines())
 
     def counts(self) -> dict[str, tuple[int, int]]:
         out = {}
@@ -380,7 +456,7 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
             + f" on kernel-cache generation {', '.join(links)}; restarted {restarted}; /health 200"), None
 
 
-def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
+def _merge(nodes: _Nodes, profile, gen: str, image_id: str, settings: dict[str, str]) -> int:
     """Every rank gets the union of the generation's files; each writes its manifest, which must
     equal the head's. Returns the number of files."""
 
@@ -416,7 +492,8 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str) -> int:
             node.name,
             f"python3 {SFL_FILES} seal {root}/{gen} --manifest {root}/{gen}.manifest "
             f"--header 'sparkfleet kernel cache manifest v1' --header 'image: {image_id}' "
-            f"--header {shlex.quote('caches: ' + warmed_caches(profile.engine))}",
+            f"--header {shlex.quote('caches: ' + warmed_caches(profile.engine))} "
+            f"--header {shlex.quote('compile: ' + compile_header(settings))}",
             "writing the cache manifest",
         )
         manifests[node.name] = nodes.run(node.name, f"cat {root}/{gen}.manifest", "reading the cache manifest")
@@ -455,7 +532,8 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
     cluster = nodes.cluster
     profile = node_profile(cluster.head)
     image_id = nodes.cache_state(cluster.head, profile.image_ref)["image"]
-    gen = generation(image_id)
+    settings = group_compile_settings(cluster)  # as the plan's (decide), from the same data
+    gen = generation(image_id, settings)
     if gen is None:
         raise DeployError(f"{cluster.head.name}: image {profile.image_ref} is missing; nothing to key the kernel cache by")
     subdirs = " ".join(sorted(set(cache_vars(profile.engine).values())))  # this engine's caches only
@@ -480,7 +558,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
             f"linking the kernel cache to generation {gen}",
         )
     if not prewarm:
-        _merge(nodes, profile, gen, image_id)
+        _merge(nodes, profile, gen, image_id, settings)
     else:
 
         logger.info(f"    [{host.name}] prewarm of generation {gen} ({profile.image_ref})")
@@ -489,7 +567,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
         nodes.run(cluster.head.name, record_command(history, "attempted", commit), "recording the attempted commit")
         try:
             _prewarm(nodes, profile)  # its containers are stopped and removed however it ends
-            _merge(nodes, profile, gen, image_id)
+            _merge(nodes, profile, gen, image_id, settings)
         except Exception as exc:
             failure = (f"the prewarm of kernel-cache generation {gen} ({profile.image_ref}) failed: "
                        f"{exc if isinstance(exc, DeployError) else repr(exc)}")
@@ -509,7 +587,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
     for node in cluster.nodes:
         old = expire.get(node.name)
         if prewarm:  # new generation: retention is decided now that it exists
-            gens = nodes.cache_state(node, profile.image_ref)["generations"]
+            gens = nodes.cache_state(node, profile.image_ref, settings_key(settings))["generations"]
             old = expired(gens, node.kernel_cache_keep_generations, gen)
         old = [g for g in old or [] if is_generation(g)]  # never a name sparkfleet did not make
         if old:

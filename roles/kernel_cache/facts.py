@@ -4,28 +4,41 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from roles.fanout.sfl_files import parse_manifest
 from sparkfleet.model.fanout import SFL_FILES
 
 
 class CacheState(FactBase):
     """{"image": image ID or None, "current": link target or None, "generations": {name: mtime},
-    "manifest": text or None, "files": {path: size}, "foreign": [(kind, path)]} of the cache root on a
-    node, the manifest, files and foreign entries being those of the generation of `ref`'s image.
+    "manifest": text or None, "files": {path: size}, "foreign": [(kind, path)], "current_header":
+    {key: value}} of the cache root on a node, the manifest, files and foreign entries being those of
+    the generation of `ref`'s image and compile key `key` (roles/kernel_cache/checks.py generation;
+    "" names an older sparkfleet's generation, by the image alone), the header that of the manifest
+    of the generation 'current' links to when that is another one (what it was warmed with).
     Foreign: what sfl_files.py scrub would drop there (device nodes, fifos, sockets, symlinks leaving
     the generation, setuid/setgid entries); none is ever merged (roles/kernel_cache/checks.py)."""
 
     @staticmethod
     def default():
-        return {"image": None, "current": None, "generations": {}, "manifest": None, "files": {}, "foreign": []}
+        return {"image": None, "current": None, "generations": {}, "manifest": None, "files": {}, "foreign": [],
+                "current_header": {}}
 
-    def command(self, root: str, ref: str) -> str:
+    def command(self, root: str, ref: str, key: str = "") -> str:
+        if not KEY.fullmatch(key):
+            raise ValueError(f"kernel cache: compile key {key!r} is not 8 hex digits")
         r, q = shlex.quote(root), shlex.quote(ref)
+        suffix = f"-{key}" if key else ""
         return (
             f"id=$(docker image inspect --format '{{{{.Id}}}}' {q} 2>/dev/null || true); printf 'I\\t%s\\n' \"$id\"; "
             f"printf 'C\\t%s\\n' \"$(readlink {r}/current 2>/dev/null)\"; "
             f"[ -d {r} ] && find {r} -mindepth 1 -maxdepth 1 -type d -printf 'G\\t%f\\t%T@\\n'; "
             f"[ -d {r} ] && find {r} -mindepth 1 -maxdepth 1 -type f -name '*.manifest' -printf 'N\\t%f\\n'; "
-            f"g=$(echo \"$id\" | sed 's/^sha256://' | cut -c1-12); "
+            f"g=$(echo \"$id\" | sed 's/^sha256://' | cut -c1-12); [ -n \"$g\" ] && g=\"$g{suffix}\"; "
+            # The header of the served generation's manifest, when that is another generation
+            # (a name of sparkfleet's grammar only): the compile settings it was warmed with.
+            f"c=$(readlink {r}/current 2>/dev/null); case \"$c\" in ''|*[!0-9a-f-]*) ;; *) "
+            f"[ -n \"$id\" ] && [ \"$c\" != \"$g\" ] && [ -f {r}/\"$c\".manifest ] && "
+            f"sed -n '/^#/!q;s/^/P\\t/p' {r}/\"$c\".manifest;; esac; "
             f"if [ -n \"$g\" ]; then [ -f {r}/$g.manifest ] && sed 's/^/M\\t/' {r}/$g.manifest; "
             f"[ -d {r}/$g ] && find {r}/$g -type f -printf 'F\\t%s\\t%P\\n'; "
             # Before roles/fanout installs it (a first deploy) there is no scrub: nothing is reported,
@@ -35,7 +48,7 @@ class CacheState(FactBase):
 
     def process(self, output):
         out = CacheState.default()
-        manifest, dirs, sealed = [], {}, set()
+        manifest, dirs, sealed, header = [], {}, set(), []
         for line in output:
             kind, _, rest = line.partition("\t")
             if kind == "I":
@@ -47,6 +60,8 @@ class CacheState(FactBase):
                 dirs[name] = float(mtime)
             elif kind == "N":
                 sealed.add(rest.strip().removesuffix(".manifest"))
+            elif kind == "P":
+                header.append(rest)
             elif kind == "M":
                 manifest.append(rest)
             elif kind == "F":
@@ -56,14 +71,19 @@ class CacheState(FactBase):
                 what, _, rel = rest.rstrip("\n").partition("\t")
                 out["foreign"].append((what, rel))
         out["manifest"] = "\n".join(manifest) + "\n" if manifest else None
+        out["current_header"] = parse_manifest("\n".join(header))[0] if header else {}
         # Only what sparkfleet created counts as a generation (retention removes nothing else): a
-        # directory named by 12 hex digits of an image ID with its <name>.manifest beside it.
+        # directory named by 12 hex digits of an image ID (and, since issue 40, '-' and 8 hex digits
+        # of its compile key) with its <name>.manifest beside it.
         out["generations"] = {n: t for n, t in dirs.items() if is_generation(n) and n in sealed}
         return out
 
 
-GENERATION = re.compile(r"^[0-9a-f]{12}$")
+# <12 hex of the image ID>-<8 hex of the compile key>; the 12 hex alone: an older sparkfleet's
+# generation, still expired by retention and linked back to by a failed prewarm's restore.
+GENERATION = re.compile(r"[0-9a-f]{12}(-[0-9a-f]{8})?")
+KEY = re.compile(r"([0-9a-f]{8})?")
 
 
 def is_generation(name: str) -> bool:
-    return bool(GENERATION.match(name))
+    return bool(GENERATION.fullmatch(name))

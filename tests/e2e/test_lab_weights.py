@@ -42,7 +42,7 @@ def test_weights_and_caches_are_in_place_and_a_second_deploy_moves_nothing():
     assert run.returncode == 0, run.output
     assert run.changed() == []  # nothing fetched, sent or re-warmed
     assert "every node's copy matches the head's manifest" in run.output
-    assert re.search(r"kernel caches \([^)]*\): generation [0-9a-f]{12} identical on every rank", run.output)
+    assert re.search(r"kernel caches \([^)]*\): generation [0-9a-f]{12}-[0-9a-f]{8} identical on every rank", run.output)
     assert fabric_rx_bytes("spark-b") - rx < 1024 * 1024  # a few SSH-free fabric packets at most
 
 

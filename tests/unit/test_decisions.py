@@ -27,6 +27,7 @@ from roles.serving.api_key import decide_key
 from roles.weights import checks as weights_checks
 from roles.weights.facts import ModelCopy
 from sparkfleet.config import build_cluster
+from sparkfleet.model.compile_key import settings_key
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import sha1_text
 from tests.unit.helpers import pair
@@ -150,22 +151,41 @@ def docker_knows_the_image(tmp_path):
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def warm(node, engine: str, files: dict[str, bytes], gen: str = IMAGE_ID[7:19], current: bool = True) -> None:
+def gen_of(cluster) -> str:
+    """The generation of IMAGE_ID for this group's rendered settings (its compile key)."""
+    return kernel_cache_checks.generation(IMAGE_ID, kernel_cache_checks.group_compile_settings(cluster))
+
+
+def warm(node, engine: str, files: dict[str, bytes], gen: str, current: bool = True,
+         settings: dict[str, str] | None = None) -> None:
+    """A generation as the merge leaves it: its files, its manifest sealed with the merge's headers
+    (the compile settings it was warmed with, when given: an older sparkfleet wrote none)."""
     root = on(node, node.kernel_cache_dir)
     for rel, data in files.items():
         (root / gen / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / gen / rel).write_bytes(data)
-    seal(root / gen, root / f"{gen}.manifest", "sparkfleet kernel cache manifest v1", f"image: {IMAGE_ID}",
-         "caches: " + kernel_cache_checks.warmed_caches(engine))
+    header = ["sparkfleet kernel cache manifest v1", f"image: {IMAGE_ID}", "caches: " + kernel_cache_checks.warmed_caches(engine)]
+    if settings is not None:
+        header.append("compile: " + kernel_cache_checks.compile_header(settings))
+    seal(root / gen, root / f"{gen}.manifest", *header)
     if current:
         link = root / "current"
         link.unlink(missing_ok=True)
         link.symlink_to(gen)
 
 
+def warm_for(cluster, files=None, **kwargs) -> str:
+    """Every rank warmed for this group's settings, as the merge leaves it; its generation."""
+    engine, gen = node_profile(cluster.head).engine, gen_of(cluster)
+    for node in cluster.nodes:
+        warm(node, engine, files or KERNELS, gen, settings=kernel_cache_checks.group_compile_settings(cluster), **kwargs)
+    return gen
+
+
 def cache_facts(cluster, env) -> dict[str, dict]:
     ref = node_profile(cluster.head).image_ref
-    return {n.name: fact_output(CacheState(), env=env, root=str(on(n, n.kernel_cache_dir)), ref=ref)
+    key = settings_key(kernel_cache_checks.group_compile_settings(cluster))
+    return {n.name: fact_output(CacheState(), env=env, root=str(on(n, n.kernel_cache_dir)), ref=ref, key=key)
             for n in cluster.nodes}
 
 
@@ -174,25 +194,24 @@ KERNELS = {"triton/a.json": b"a" * 100, "inductor/b.py": b"b" * 50}
 
 def test_caches_a_generation_never_warmed_is_prewarmed(cluster, docker_knows_the_image):
     plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
-    assert plan.prewarm and plan.generation == IMAGE_ID[7:19]
-    assert plan.why_prewarm == f"generation {IMAGE_ID[7:19]} was never warmed"
+    gen = gen_of(cluster)
+    assert plan.prewarm and plan.generation == gen and gen.startswith(IMAGE_ID[7:19] + "-")
+    assert plan.why_prewarm == f"generation {gen} was never warmed"
     assert plan.link == ["spark-a", "spark-b"]  # 'current' links nowhere yet
 
 
 def test_caches_identical_on_every_rank_change_nothing(cluster, docker_knows_the_image):
-    engine = node_profile(cluster.head).engine
-    for node in cluster.nodes:
-        warm(node, engine, KERNELS)
+    gen = warm_for(cluster)
     facts = cache_facts(cluster, docker_knows_the_image)
     plan = kernel_cache_checks.decide(facts, cluster)
     assert not plan.converge
-    assert kernel_cache_checks.summary(plan, facts, "spark-a") == f"generation {IMAGE_ID[7:19]} identical on every rank (2 files)"
+    assert kernel_cache_checks.summary(plan, facts, "spark-a") == f"generation {gen} identical on every rank (2 files)"
 
 
 def test_caches_a_rank_missing_a_kernel_is_synced_without_a_prewarm(cluster, docker_knows_the_image):
-    engine = node_profile(cluster.head).engine
-    warm(cluster.head, engine, KERNELS)
-    warm(cluster.node("spark-b"), engine, {"triton/a.json": KERNELS["triton/a.json"]})
+    engine, gen = node_profile(cluster.head).engine, gen_of(cluster)
+    warm(cluster.head, engine, KERNELS, gen)
+    warm(cluster.node("spark-b"), engine, {"triton/a.json": KERNELS["triton/a.json"]}, gen)
     plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
     assert not plan.prewarm
     assert plan.sync == {"spark-b": "1 file(s) missing or resized: inductor/b.py"}
@@ -200,25 +219,73 @@ def test_caches_a_rank_missing_a_kernel_is_synced_without_a_prewarm(cluster, doc
 
 def test_caches_warmed_for_another_engines_variables_are_warmed_again(cluster, docker_knows_the_image):
     for node in cluster.nodes:
-        warm(node, "sglang" if node_profile(cluster.head).engine == "vllm" else "vllm", KERNELS)
+        warm(node, "sglang" if node_profile(cluster.head).engine == "vllm" else "vllm", KERNELS, gen_of(cluster))
     plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
     assert plan.prewarm and "another set of cache variables" in plan.why_prewarm
 
 
 def test_caches_old_generations_past_the_count_are_expired_and_current_relinked(cluster, docker_knows_the_image):
+    """The old generations are named as an older sparkfleet named them (12 hex digits of an image ID,
+    no compile key): retention still counts and removes them beside the current, keyed one."""
     engine = node_profile(cluster.head).engine
     keep = cluster.head.kernel_cache_keep_generations
     olds = [hashlib.sha256(str(i).encode()).hexdigest()[:12] for i in range(keep + 1)]
     for node in cluster.nodes:
         for i, old in enumerate(olds):
-            warm(node, engine, KERNELS, gen=old, current=False)
+            warm(node, engine, KERNELS, old, current=False)
             os.utime(on(node, node.kernel_cache_dir) / old, (1_000_000 + i, 1_000_000 + i))
-        warm(node, engine, KERNELS, current=node.is_head)  # the worker's 'current' still names the last
+        warm(node, engine, KERNELS, gen_of(cluster), current=node.is_head)  # the worker's 'current' still names the last
     plan = kernel_cache_checks.decide(cache_facts(cluster, docker_knows_the_image), cluster)
     assert not plan.prewarm and plan.sync == {}
     assert plan.link == ["spark-b"]
     expected = sorted(olds[: len(olds) - (keep - 1)])  # the newest keep-1 beside the current one stay
     assert plan.expire == {"spark-a": expected, "spark-b": expected}
+
+
+def pinned(name: str, value: str):
+    """The shipped pair with `name` pinned to `value` in every node's data (serving_env_pins)."""
+    return build_cluster(pair(**{n: {"weights_source": SOURCE, "serving_env_pins": {name: value}}
+                                 for n in ("spark-a", "spark-b")}))
+
+
+def test_caches_a_hashed_pin_changed_is_a_new_generation_warmed_first(cluster, docker_knows_the_image):
+    """vLLM hashes VLLM_ENGINE_READY_TIMEOUT_S into its compile key (not in vllm/envs.py
+    compile_factors' ignored_factors): the same image with it changed is a generation never warmed,
+    and the plan says which setting moved, read from the served generation's manifest."""
+    old_gen = warm_for(cluster)
+    was = node_profile(cluster.head).env["VLLM_ENGINE_READY_TIMEOUT_S"]
+    now = str(int(was) + 600)
+    changed = pinned("VLLM_ENGINE_READY_TIMEOUT_S", now)
+    plan = kernel_cache_checks.decide(cache_facts(changed, docker_knows_the_image), changed)
+    assert plan.generation == gen_of(changed) != old_gen
+    assert plan.generation.split("-")[0] == old_gen.split("-")[0]  # the same image
+    assert plan.prewarm
+    assert plan.why_prewarm == f"a compile-relevant setting changed: VLLM_ENGINE_READY_TIMEOUT_S {was} -> {now}"
+    assert plan.link == ["spark-a", "spark-b"]
+
+
+def test_caches_an_unhashed_pin_changed_keeps_the_warm_generation(cluster, docker_knows_the_image):
+    """VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS is in compile_factors' ignored_factors: changing it leaves
+    vLLM's compile directory, so the generation and its warm caches, as they are."""
+    gen = warm_for(cluster)
+    was = node_profile(cluster.head).env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"]
+    changed = pinned("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(int(was) + 600))
+    plan = kernel_cache_checks.decide(cache_facts(changed, docker_knows_the_image), changed)
+    assert plan.generation == gen
+    assert not plan.converge
+
+
+def test_caches_after_an_older_sparkfleet_the_keyed_generation_is_warmed(cluster, docker_knows_the_image):
+    """An older sparkfleet's generation of the same image (no compile header: what it was warmed with
+    is not known) is not the keyed one: warmed first, and the old one still a generation."""
+    engine = node_profile(cluster.head).engine
+    for node in cluster.nodes:
+        warm(node, engine, KERNELS, IMAGE_ID[7:19])
+    facts = cache_facts(cluster, docker_knows_the_image)
+    plan = kernel_cache_checks.decide(facts, cluster)
+    assert plan.prewarm and plan.why_prewarm == f"generation {gen_of(cluster)} was never warmed"
+    assert set(facts["spark-a"]["generations"]) == {IMAGE_ID[7:19]}
+    assert facts["spark-a"]["current_header"]["image"] == IMAGE_ID
 
 
 # ------------------------------------------------------------------------------- the group's plan
@@ -275,9 +342,7 @@ def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", 
 def settled(cluster, docker_knows_the_image):
     """A pair that serves, its weights and caches identical on both ranks: the facts of each role."""
     copy_everything(cluster)
-    engine = node_profile(cluster.head).engine
-    for node in cluster.nodes:
-        warm(node, engine, KERNELS)
+    warm_for(cluster)
     return dict(weights=weights_facts(cluster), caches=cache_facts(cluster, docker_knows_the_image))
 
 
