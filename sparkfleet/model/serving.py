@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sparkfleet import grammar
 from sparkfleet.grammar import field_check
 from sparkfleet.model import profile_file
-from sparkfleet.model.env_readers import unread_engine_vars
+from sparkfleet.model.env_readers import release, unread_engine_vars
 from sparkfleet import values
 
 # The profiles are the serving role's data files (roles/serving/profiles/): read here by path.
@@ -240,6 +240,14 @@ class Container(_Strict):
 class Profile(_Strict):
     name: str
     engine: Literal["vllm", "sglang"]
+    engine_version: str | None = Field(
+        description="the engine release the recipe's image ships, as the image's engine package names itself "
+        "(a PEP 440 version; a local part such as +cpu is allowed), with the recipe file that pins it cited "
+        "beside it; null (written out) when no source establishes it. The check before any connection holds "
+        "the profile's VLLM_*/SGLANG_* pins to that release's snapshot (sparkfleet/model/env_readers.py "
+        "SNAPSHOT_VERSIONS); a version without one is not refused there, the plan says so and the engine in "
+        "the built image judges them. The image's own metadata overrides this once the image exists"
+    )
     recipe: Recipe
     image: str = Field(description="image repository (a Docker image name, no registry and no tag: "
                        "distribution/reference's path components); the tag is the recipe commit")
@@ -320,6 +328,9 @@ class Profile(_Strict):
     _choices = field_validator("kv_cache_dtype", "quantization", "tool_call_parser", "reasoning_parser")(
         field_check(grammar.token_problem))
     _extra_args = field_validator("extra_args")(classmethod(lambda cls, args: check_extra_args(args)))
+    # A version the engine's own packaging could write (release() refuses anything else, naming it).
+    _engine_version = field_validator("engine_version")(
+        classmethod(lambda cls, v: v if v is None or release(v) else v))
 
     @model_validator(mode="after")
     def _launcher_env_apart(self) -> "Profile":
@@ -351,7 +362,7 @@ class Profile(_Strict):
         secrets = sorted(set(self.env) & set(SECRET_VARS))
         if secrets:
             raise ValueError(f"env: {', '.join(secrets)} is a secret: {SECRET_VARS[secrets[0]]}")
-        unread = unread_engine_vars(self.engine, self.env)
+        unread = unread_engine_vars(self.engine, self.env, self.engine_version)
         if unread:
             raise ValueError(f"env: {'; '.join(unread)} (a variable the recipe's launcher reads belongs in launcher_env)")
         return self
