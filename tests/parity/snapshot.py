@@ -29,6 +29,10 @@ SOURCE = {
 
 def env_known(engine: str, version: str) -> list[str]:
     """The real engine's env_known at `version`, from its parity virtualenv (built once per lock)."""
+    if not (HERE / f"{engine}-{version}.txt").is_file():
+        raise SystemExit(f"no lock tests/parity/{engine}-{version}.txt: write it first (docs/lab.md, \"Moving an "
+                         f"engine\", step 1: the release's Requires-Dist resolved with pip, as the header of "
+                         f"{engine}-{SNAPSHOT_VERSIONS[engine][-1]}.txt says)")
     venv = subprocess.run(["bash", str(HERE / "venv.sh"), engine, version], capture_output=True, text=True)
     if venv.returncode != 0:
         raise SystemExit(venv.stderr.strip() or f"venv.sh {engine} {version} failed")
