@@ -10,13 +10,15 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy plan-lab doctor-lab status-lab
+.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy plan-lab doctor-lab status-lab
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
 	@echo "make test        unit tests, the engine-parity tier and the lab end-to-end (what CI runs)"
 	@echo "make install     the controller's .venv (no root, no apt); make test-tools: haproxy, rsync for tests (apt, root)"
 	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
+	@echo "make lock VERSION=x.y.z WHY=...   a new vLLM release's parity lock, from its Requires-Dist"
+	@echo "make snapshot ENGINE=vllm VERSION=x.y.z   what a new engine release reads, from the real package (its lock first)"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
 	@echo "make deploy-lab | verify-lab | show-lab | plan-lab | doctor-lab | status-lab | bench | drills-busy"
@@ -167,14 +169,28 @@ promtool:
 unit: test-tools install router-wheels promtool
 	$(BIN)/pytest tests/unit -q
 
-# The real engines, each in its own virtualenv from tests/parity/<engine>.txt, cached by the lock's
-# hash under $(SFL_PARITY_CACHE) (outside the checkout, so a CI run on a machine that built them
-# once installs nothing).
+# The real engines, each release in its own virtualenv from tests/parity/<engine>-<version>.txt (one
+# lock per entry of SNAPSHOT_VERSIONS; tests/unit/test_engine_snapshots.py holds the two lists equal),
+# cached by the lock's hash under $(SFL_PARITY_CACHE) (outside the checkout, so a CI run on a machine
+# that built them once installs nothing).
 SFL_PARITY_CACHE ?= /var/cache/sparkfleet/parity
 export SFL_PARITY_CACHE
 parity-venvs:
-	@bash tests/parity/venv.sh vllm >/dev/null
-	@bash tests/parity/venv.sh sglang >/dev/null
+	@for lock in tests/parity/vllm-*.txt tests/parity/sglang-*.txt; do \
+	  name=$${lock#tests/parity/}; name=$${name%.txt}; \
+	  bash tests/parity/venv.sh $${name%%-*} $${name#*-} >/dev/null || exit 1; done
+
+# A new vLLM release's parity lock, tests/parity/vllm-<version>.txt, resolved from its own Requires-Dist
+# (tests/parity/vllm_lock.py); SGLang's is made by hand (tests/parity/sglang-0.5.23.txt's header).
+lock: install
+	@test -n "$(VERSION)" -a -n "$(WHY)" || { echo 'usage: make lock VERSION=x.y.z WHY="why the tier runs it"'; exit 1; }
+	$(BIN)/python -m tests.parity.vllm_lock $(VERSION) "$(WHY)"
+
+# A snapshot of what a new engine release reads (roles/serving/known_env/<engine>-<version>.txt), from
+# the real package: its lock tests/parity/<engine>-<version>.txt first (docs/lab.md, "Moving an engine").
+snapshot: install
+	@test -n "$(ENGINE)" -a -n "$(VERSION)" || { echo "usage: make snapshot ENGINE=vllm|sglang VERSION=x.y.z"; exit 1; }
+	$(BIN)/python -m tests.parity.snapshot $(ENGINE) $(VERSION)
 
 parity: install parity-venvs
 	$(BIN)/pytest tests/parity -q --parity

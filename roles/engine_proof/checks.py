@@ -157,11 +157,6 @@ def judge(report: dict, request: dict, group: str, profile, monitoring: bool, im
     return Verdict(engine, version, tuple(refusals), line)
 
 
-def _release(version: str) -> str:
-    """'0.32.0+cpu' -> '0.32.0': a local build of a release reads what the release reads."""
-    return version.split("+", 1)[0]
-
-
 def _version_of(engine_field: str | None, engine: str) -> str | None:
     """The version in a fingerprint's engine field ("vllm 0.32.0+cpu", or "vllm 0.33.0 (env)")."""
     for part in (engine_field or "").split(","):
@@ -190,7 +185,7 @@ def engine_move(versions: dict, profile, moves: bool, snapshot_version) -> Engin
     """Pure: `versions` as the EngineVersions fact read it, whether the run moves the pair, and the
     snapshot lookup (sparkfleet/model/env_readers.py) -> what the plan says of the engine."""
     before, after = (_version_of(versions.get(k), profile.engine) for k in ("running", "image"))
-    claimed = after or getattr(profile, "engine_version", None)  # TODO-merge: SNAP field
+    claimed = after or profile.engine_version
     snap = snapshot_version(profile.engine, claimed) if claimed else None
     if snap:
         fast = f"the {snap} snapshot before any connection"

@@ -60,7 +60,7 @@ def compile_version(profile) -> str | None:
     """The engine release the compile settings are read for: the profile's engine_version (issue 40:
     the release its recipe's image ships), None where the profile has none (every release the table
     covers is then taken together: sparkfleet/model/compile_key.py classify)."""
-    return getattr(profile, "engine_version", None)
+    return profile.engine_version
 
 
 # rank_env needs a RoCE GID index where a node has one HCA, and only NCCL_IB_GID_INDEX carries it:

@@ -36,6 +36,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from sparkfleet.model.env_readers import release
+
 VLLM_RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 SGLANG_RELEASES = ("0.5.23",)
 RELEASES = {"vllm": VLLM_RELEASES, "sglang": SGLANG_RELEASES}
@@ -169,8 +171,9 @@ ENGINE_ENV_PREFIX = {"vllm": "VLLM_", "sglang": "SGLANG_"}
 
 
 def release_of(version: str | None) -> str | None:
-    """The public release of a version ("0.32.0+cpu" -> "0.32.0"), or None."""
-    return version.split("+", 1)[0].strip() or None if version else None
+    """The public release of a version ("0.32.0+cpu" -> "0.32.0", sparkfleet/model/env_readers.py
+    release), or None."""
+    return release(version) if version else None
 
 
 def classify(table: dict[str, tuple[Keyed, ...]], engine: str, version: str | None, name: str) -> Keyed | None:

@@ -23,7 +23,7 @@ from sparkfleet import grammar
 from sparkfleet.grammar import field_check
 from sparkfleet.model import profile_file
 from sparkfleet.model.engine_advisories import ADVISORY_IDS
-from sparkfleet.model.env_readers import unread_engine_vars
+from sparkfleet.model.env_readers import release, unread_engine_vars
 from sparkfleet import values
 
 # The profiles are the serving role's data files (roles/serving/profiles/): read here by path.
@@ -241,6 +241,14 @@ class Container(_Strict):
 class Profile(_Strict):
     name: str
     engine: Literal["vllm", "sglang"]
+    engine_version: str | None = Field(
+        description="the engine release the recipe's image ships, as the image's engine package names itself "
+        "(a PEP 440 version; a local part such as +cpu is allowed), with the recipe file that pins it cited "
+        "beside it; null (written out) when no source establishes it. The check before any connection holds "
+        "the profile's VLLM_*/SGLANG_* pins to that release's snapshot (sparkfleet/model/env_readers.py "
+        "SNAPSHOT_VERSIONS); a version without one is not refused there, the plan says so and the engine in "
+        "the built image judges them. The image's own metadata overrides this once the image exists"
+    )
     recipe: Recipe
     image: str = Field(description="image repository (a Docker image name, no registry and no tag: "
                        "distribution/reference's path components); the tag is the recipe commit")
@@ -321,6 +329,9 @@ class Profile(_Strict):
     _choices = field_validator("kv_cache_dtype", "quantization", "tool_call_parser", "reasoning_parser")(
         field_check(grammar.token_problem))
     _extra_args = field_validator("extra_args")(classmethod(lambda cls, args: check_extra_args(args)))
+    # A version the engine's own packaging could write (release() refuses anything else, naming it).
+    _engine_version = field_validator("engine_version")(
+        classmethod(lambda cls, v: v if v is None or release(v) else v))
 
     @model_validator(mode="after")
     def _launcher_env_apart(self) -> "Profile":
@@ -352,7 +363,7 @@ class Profile(_Strict):
         secrets = sorted(set(self.env) & set(SECRET_VARS))
         if secrets:
             raise ValueError(f"env: {', '.join(secrets)} is a secret: {SECRET_VARS[secrets[0]]}")
-        unread = unread_engine_vars(self.engine, self.env)
+        unread = unread_engine_vars(self.engine, self.env, self.engine_version)
         if unread:
             raise ValueError(f"env: {'; '.join(unread)} (a variable the recipe's launcher reads belongs in launcher_env)")
         return self
@@ -456,7 +467,8 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(), parallel: dict | None = None) -> Profile:
+def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(), parallel: dict | None = None,
+                 engine_version: str | None = None) -> Profile:
     """The named profile, validated; recipe_overrides (from node data) replace recipe fields,
     extra_args (node data) follow the profile's and parallel (the group's TP and PP, node data)
     replaces the profile's sizes before validation (so every engine rule sees them)."""
@@ -472,6 +484,8 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
     if extra_args and isinstance(data.get("extra_args", []), list):
         data["extra_args"] = [*data.get("extra_args", []), *extra_args]
     data.update(parallel or {})
+    if engine_version is not None:  # the node data's serving_engine_version: the bumped recipe's release
+        data["engine_version"] = engine_version
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
@@ -489,6 +503,14 @@ class ServingData(BaseModel):
         None, pattern=r"^[0-9a-f]{7,40}$", description="override of the profile's pinned recipe commit (bump it here "
         "to upgrade): the full 40-hex SHA; an abbreviated one is refused at prepare, naming the full SHA where the "
         "head can resolve it"
+    )
+    serving_engine_version: str | None = Field(
+        None,
+        description="override of the profile's engine_version: the engine release the image of "
+        "serving_recipe_commit ships, as its package names itself (e.g. 0.31.0+cpu), when a bump moves the "
+        "recipe to another release. The check before any connection holds VLLM_*/SGLANG_* pins to that "
+        "release's snapshot; whatever it says, the engine in the built image judges them again before the "
+        "pair stops (step 7a), and a label that was not bumped is caught there",
     )
     serving_tensor_parallel_size: int | None = Field(
         None, ge=1, description="the serving group's TP, replacing the profile's `tensor_parallel_size` (none: the "
@@ -586,10 +608,11 @@ def node_profile(node) -> Profile:
     parallel = {field: value for field, value in (("tensor_parallel_size", node.serving_tensor_parallel_size),
                                                    ("pipeline_parallel_size", node.serving_pipeline_parallel_size))
                 if value is not None}
-    return load_profile(node.serving_profile, overrides, node.serving_extra_args, parallel)
+    return load_profile(node.serving_profile, overrides, node.serving_extra_args, parallel, node.serving_engine_version)
 
 
 SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args",
+                       "serving_engine_version",
                        "serving_engine_advisories_acknowledged",
                        "serving_tensor_parallel_size", "serving_pipeline_parallel_size")
 

@@ -27,7 +27,7 @@ def serving_problems(nodes) -> list[str]:
     problems += parallelism_problems(profile, nodes)
     problems += [f"{n.name}: key 'serving_env_pins': {why}; a pin the engine does not read changes nothing (a "
                  f"variable the recipe's launcher reads belongs in the profile's launcher_env)"
-                 for n in nodes for why in unread_engine_vars(profile.engine, n.serving_env_pins)]
+                 for n in nodes for why in unread_engine_vars(profile.engine, n.serving_env_pins, profile.engine_version)]
     problems += [f"{n.name}: key 'serving_env_pins': {name} is a secret (data is no place for one, and every rank's "
                  f"env file would hold it): {SECRET_VARS[name]}" for n in nodes for name in sorted(n.serving_env_pins)
                  if name in SECRET_VARS]

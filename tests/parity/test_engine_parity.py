@@ -1,5 +1,8 @@
 """Engine parity: every command line and environment sparkfleet renders, proven against the real
-engines at the pinned versions (tests/parity/vllm.txt, tests/parity/sglang.txt), without a GPU.
+engines, without a GPU, each release in its own virtualenv (tests/parity/<engine>-<version>.txt, one
+per entry of SNAPSHOT_VERSIONS in sparkfleet/model/env_readers.py). A profile is proven against the
+release its image runs (its engine_version) where that has a snapshot, else against its engine's newest
+(parity_version); what reads a snapshot (env_known, the flags, the routes) runs for every version.
 
 For every profile x rank x (real-hardware data, lab data), for the pair (TP 2) and for a four-node
 group (TP 2 x PP 2), the exact argv the unit runs goes through the engine's own parser and config
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.model.engine import SGLANG_KEY_CONFIG, engine_args, rank_env
-from sparkfleet.model.env_readers import library_readers
+from sparkfleet.model.env_readers import SNAPSHOT_VERSIONS, library_readers, snapshot_version
 from sparkfleet.model.serving import Profile, load_profile, profile_names
 from tests.unit.helpers import GROUP_NODES
 from tests.unit.test_serving_render import GIDS, PP_VARIANT, cluster, group_cluster, parallel_variants
@@ -30,21 +33,36 @@ ENGINE_NAME = {"vllm": "vLLM", "sglang": "SGLang"}
 PROFILES = profile_names()
 KINDS = ("spark", "lab")
 NODES = ("spark-a", "spark-b")
+# Every (engine, version) with a snapshot and a lock: what the snapshot, flag and route tests run for.
+VERSIONS = [(engine, version) for engine, versions in SNAPSHOT_VERSIONS.items() for version in versions]
+VERSION_IDS = [f"{engine}-{version}" for engine, version in VERSIONS]
+
+
+def parity_version(profile: Profile) -> str:
+    """The release the tier proves `profile`'s command lines against: the snapshot of the release its
+    image runs (engine_version); for a version without one (a fork's development build, or none
+    established) the engine's newest snapshot, the release such an image moves to. The engine in the
+    built image judges the rest (the in-image proof)."""
+    found = profile.engine_version and snapshot_version(profile.engine, profile.engine_version)
+    return found or SNAPSHOT_VERSIONS[profile.engine][-1]
 
 
 @cache
-def engine_python(engine: str) -> str:
-    """The engine's parity virtualenv (built once per lock file by venv.sh, cached outside the checkout)."""
-    out = subprocess.run(["bash", str(HERE / "venv.sh"), engine], capture_output=True, text=True)
-    assert out.returncode == 0, f"building the {engine} parity virtualenv failed:\n{out.stderr[-3000:]}"
+def engine_python(engine: str, version: str) -> str:
+    """The engine's parity virtualenv at `version` (built once per lock file by venv.sh, cached outside
+    the checkout)."""
+    out = subprocess.run(["bash", str(HERE / "venv.sh"), engine, version], capture_output=True, text=True)
+    assert out.returncode == 0, f"building the {engine} {version} parity virtualenv failed:\n{out.stderr[-3000:]}"
     return out.stdout.strip().splitlines()[-1]
 
 
-def run_checker(engine: str, cases: list[dict]) -> dict:
-    proc = subprocess.run([engine_python(engine), str(CHECKERS / f"check_{engine}.py")],
+def run_checker(engine: str, version: str, cases: list[dict]) -> dict:
+    proc = subprocess.run([engine_python(engine, version), str(CHECKERS / f"check_{engine}.py")],
                           input=json.dumps({"cases": cases}), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"check_{engine}.py failed:\n{proc.stderr[-5000:]}"
-    return json.loads(proc.stdout)
+    assert proc.returncode == 0, f"check_{engine}.py ({version}) failed:\n{proc.stderr[-5000:]}"
+    output = json.loads(proc.stdout)
+    assert output["version"] == version, f"the {engine} {version} parity virtualenv runs {output['version']}"
+    return output
 
 
 PARITY_KEY = "parity-key-0123456789abcdef"
@@ -118,20 +136,20 @@ def group_cases(name: str) -> list[tuple[Profile, dict]]:
 
 
 @cache
-def shipped(engine: str) -> tuple[dict, dict]:
-    """(cases by id, the checker's output) for every shipped profile of one engine, in one run: the
-    pair (TP 2, PP 1) and the four-node group (TP 2 x PP 2)."""
+def shipped(engine: str, version: str) -> tuple[dict, dict]:
+    """(cases by id, the checker's output) for every shipped profile proven against `engine` at
+    `version` (parity_version), in one run: the pair (TP 2, PP 1) and the four-node group (TP 2 x PP 2)."""
     cases = {}
     for name in PROFILES:
         profile = load_profile(name)
-        if profile.engine == engine:
+        if profile.engine == engine and parity_version(profile) == version:
             for kind in KINDS:
                 for node in NODES:
                     case = render(profile, kind, node)
                     cases[case["id"]] = (profile, case)
             for group_profile, case in group_cases(name):
                 cases[case["id"]] = (group_profile, case)
-    return cases, run_checker(engine, [c for _, c in cases.values()])
+    return cases, run_checker(engine, version, [c for _, c in cases.values()])
 
 
 pytestmark = pytest.mark.parity
@@ -142,7 +160,7 @@ pytestmark = pytest.mark.parity
 @pytest.mark.parametrize("profile_name", PROFILES)
 def test_every_rendered_rank_is_accepted_by_the_real_engine(profile_name, kind, node):
     profile = load_profile(profile_name)
-    cases, output = shipped(profile.engine)
+    cases, output = shipped(profile.engine, parity_version(profile))
     [(p, case)] = [v for v in cases.values() if v[1]["id"] == render(profile, kind, node)["id"]]
     assert problems(p, case, output) == []
 
@@ -151,7 +169,8 @@ def test_every_rendered_rank_is_accepted_by_the_real_engine(profile_name, kind, 
 def test_every_rank_of_a_four_node_tp2_pp2_group_is_accepted_by_the_real_engine(profile_name):
     """TP 2 x PP 2 over four nodes, one GB10 each: --pipeline-parallel-size / --pp-size 2, --nnodes 4
     and ranks 0..3, for both kinds of data."""
-    cases, output = shipped(load_profile(profile_name).engine)
+    profile = load_profile(profile_name)
+    cases, output = shipped(profile.engine, parity_version(profile))
     mine = [v for v in cases.values() if v[0].name == profile_name + PP_VARIANT]
     assert len(mine) == len(KINDS) * len(GROUP_NODES)
     for p, case in mine:
@@ -168,17 +187,22 @@ def test_vllm_refuses_four_nodes_at_tp2_pp1():
     profile = good.model_copy(update={"pipeline_parallel_size": 1})
     case = render(profile, "spark", "spark-c", c)
     case["id"] += " [4 nodes at TP 2 x PP 1]"
-    [msg] = problems(profile, case, run_checker("vllm", [case]))
-    assert "--tensor-parallel-size 2: vLLM 0.33.0 refuses it" in msg
+    version = parity_version(profile)
+    [msg] = problems(profile, case, run_checker("vllm", version, [case]))
+    assert f"--tensor-parallel-size 2: vLLM {version} refuses it" in msg
     assert "world_size (2) must be divisible by nnodes_within_dp (4)" in msg
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_library_readers_are_found_in_the_installed_libraries(engine):
+def site_packages(engine: str, version: str) -> str:
+    return subprocess.run([engine_python(engine, version), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("engine, version", VERSIONS, ids=VERSION_IDS)
+def test_library_readers_are_found_in_the_installed_libraries(engine, version):
     """Where the engine's virtualenv holds the library, the variable's name is in the file the
     table names: the table cannot claim a reader that does not read it."""
-    site = subprocess.run([engine_python(engine), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = site_packages(engine, version)
     checked, wrong = [], []
     for var, reader in library_readers(engine).items():
         if reader.installed is None:
@@ -199,9 +223,7 @@ def test_every_verifiable_library_reader_is_verified_somewhere():
         reader = {**library_readers("vllm"), **library_readers("sglang")}[var]
         if reader.installed is None:
             continue
-        sites = [subprocess.run([engine_python(e), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-                 for e in reader.engines]
+        sites = [site_packages(e, v) for e in reader.engines for v in SNAPSHOT_VERSIONS[e]]
         if not any((Path(s) / reader.installed).is_file() for s in sites):
             missing.append(f"{var}: {reader.installed} is in no parity virtualenv ({', '.join(reader.engines)})")
     assert missing == []
@@ -209,18 +231,18 @@ def test_every_verifiable_library_reader_is_verified_somewhere():
 
 # --- What data may not pin or pass, from the real engines (issue 23). --------------------------
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_committed_known_env_snapshot_is_what_the_engine_reads(engine):
-    """roles/serving/known_env/<engine>-<version>.txt (what a VLLM_*/SGLANG_* pin is refused against,
-    before any connection) is the checker's env_known of the real engine at the pinned version."""
-    from sparkfleet.model.env_readers import ENGINE_VERSIONS, engine_env_known, known_env_path
+@pytest.mark.parametrize("engine, version", VERSIONS, ids=VERSION_IDS)
+def test_the_committed_known_env_snapshot_is_what_the_engine_reads(engine, version):
+    """roles/serving/known_env/<engine>-<version>.txt (what a VLLM_*/SGLANG_* pin of a profile whose image
+    runs that release is refused against, before any connection) is the checker's env_known of the real
+    engine at that version."""
+    from sparkfleet.model.env_readers import engine_env_known, known_env_path
 
-    output = shipped(engine)[1]
-    assert output["version"] == ENGINE_VERSIONS[engine], f"the parity virtualenv runs {engine} {output['version']}"
-    real, committed = set(output["env_known"]), set(engine_env_known(engine))
+    output = shipped(engine, version)[1]  # the profiles proven against it, or none: env_known all the same
+    real, committed = set(output["env_known"]), set(engine_env_known(engine, version))
     assert (sorted(real - committed), sorted(committed - real)) == ([], []), (
-        f"{known_env_path(engine)} differs from {engine} {output['version']} (read but not listed, listed but not "
-        f"read): write the checker's env_known into it")
+        f"{known_env_path(engine, version)} differs from {engine} {output['version']} (read but not listed, listed "
+        f"but not read): make snapshot ENGINE={engine} VERSION={version} writes the checker's env_known into it")
 
 
 _FLAGS_PROBE = {
@@ -232,11 +254,12 @@ _FLAGS_PROBE = {
 
 
 @cache
-def engine_flags(engine: str) -> frozenset[str]:
+def engine_flags(engine: str, version: str) -> frozenset[str]:
     """Every option string of the engine's own serve parser (vLLM's `vllm serve`, SGLang's launch_server)."""
     code = _FLAGS_PROBE[engine] + "; import json; print(json.dumps(sorted({o for a in p._actions for o in " \
         "a.option_strings})))"
-    out = subprocess.run([engine_python(engine), "-c", code], cwd=CHECKERS, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([engine_python(engine, version), "-c", code], cwd=CHECKERS, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -253,19 +276,36 @@ def _names_a_secret(flag: str) -> bool:
     return words[-1] in ("key", "token", "secret", "password", "passwd") or bool({"secret", "password"} & set(words))
 
 
-def test_every_secret_flag_of_the_engines_is_refused_in_data():
-    """SECRET_FLAGS (refused in serving_extra_args and a profile's extra_args) is every flag of either
-    engine whose name ends in key/token or carries secret/password; an engine flag that is a proper
-    prefix of one (argparse would expand an abbreviation to the secret) is listed as not secret."""
+def _secret_prefixes(flags) -> list[str]:
+    """The engine flags that are a proper prefix of a secret flag (argparse would expand an abbreviation)."""
+    from sparkfleet.model.serving import SECRET_FLAGS
+
+    return sorted(f for f in flags if f not in SECRET_FLAGS and any(s.startswith(f) for s in SECRET_FLAGS))
+
+
+@pytest.mark.parametrize("engine, version", VERSIONS, ids=VERSION_IDS)
+def test_every_secret_flag_of_each_engine_version_is_refused_in_data(engine, version):
+    """SECRET_FLAGS (refused in serving_extra_args and a profile's extra_args) holds every flag of the
+    engine at this version whose name ends in key/token or carries secret/password; an engine flag that is
+    a proper prefix of one is listed as not secret; no other flag is refused."""
     from sparkfleet.model.serving import NOT_SECRET_PREFIXES, SECRET_FLAGS, secret_flag
 
-    flags = engine_flags("vllm") | engine_flags("sglang")
+    flags = engine_flags(engine, version)
+    assert sorted(f for f in flags if _names_a_secret(f) and f not in {*SECRET_FLAGS, *NAMED_LIKE_A_SECRET}) == []
+    assert sorted(set(_secret_prefixes(flags)) - set(NOT_SECRET_PREFIXES)) == []
+    assert [f for f in flags if f not in SECRET_FLAGS and secret_flag(f)] == []
+    assert {"vllm": {"--api-key", "--hf-token"},
+            "sglang": {"--api-key", "--admin-api-key", "--ssl-keyfile-password"}}[engine] <= flags
+
+
+def test_every_listed_secret_flag_is_a_flag_of_some_engine_version():
+    """No stale entry: SECRET_FLAGS, NAMED_LIKE_A_SECRET and NOT_SECRET_PREFIXES are each some flag of
+    a version with a snapshot (the union over SNAPSHOT_VERSIONS)."""
+    from sparkfleet.model.serving import NOT_SECRET_PREFIXES, SECRET_FLAGS
+
+    flags = frozenset().union(*(engine_flags(e, v) for e, v in VERSIONS))
     assert sorted(f for f in flags if _names_a_secret(f)) == sorted({*SECRET_FLAGS, *NAMED_LIKE_A_SECRET})
-    assert sorted(f for f in flags if f not in SECRET_FLAGS and any(s.startswith(f) for s in SECRET_FLAGS)) == \
-        sorted(NOT_SECRET_PREFIXES)
-    assert [f for f in flags if f not in SECRET_FLAGS and secret_flag(f)] == []  # no other flag is refused
-    assert {"--api-key", "--hf-token"} <= engine_flags("vllm")
-    assert {"--api-key", "--admin-api-key", "--ssl-keyfile-password"} <= engine_flags("sglang")
+    assert _secret_prefixes(flags) == sorted(NOT_SECRET_PREFIXES)
 
 
 # --- The tier fails when a profile is broken on purpose, with the engine's own words. ----------
@@ -285,7 +325,7 @@ BROKEN = {
     "tool parser it lacks": ("glm-5.3-flash-exl3", {"tool_call_parser": "glm99"}),
     "reasoning parser it lacks": ("glm-5.3-flash-exl3", {"reasoning_parser": "glm99"}),
     "unknown kv-cache dtype": ("deepseek-v4-flash", {"kv_cache_dtype": "fp7"}),
-    # The field report's recipes set it; vLLM 0.33 does not read it.
+    # The field report's recipes set it; no vLLM with a snapshot (0.32.0 to 0.34.0) reads it.
     "unread env": ("glm-5.3-flash-exl3", {"env_extra": {"VLLM_ENGINE_ITERATION_TIMEOUT_S": "600"}}),
     "undeclared extension": ("glm-5.3-flash-exl3", {"extensions": ()}),
     "needless extension": ("deepseek-v4-flash", {"update": _with_extension("fp8", "--kv-cache-dtype", "fp8")}),
@@ -312,17 +352,24 @@ def _broken_case(label, profile_name, change):
     return profile, case
 
 
+def proven(profile_name: str) -> str:
+    """The engine and release a shipped profile is proven against, as messages name it ("vLLM 0.34.0")."""
+    profile = load_profile(profile_name)
+    return f"{ENGINE_NAME[profile.engine]} {parity_version(profile)}"
+
+
 @cache
-def broken_results(engine: str) -> dict[str, list[str]]:
-    """Every broken case of one engine, through the checker in one run: label -> problems."""
+def broken_results(engine: str, version: str) -> dict[str, list[str]]:
+    """Every broken case proven against one engine release, through the checker in one run: label -> problems."""
     built = {label: _broken_case(label, name, change) for label, (name, change) in BROKEN.items()
-             if load_profile(name).engine == engine}
-    output = run_checker(engine, [case for _, case in built.values()])
+             if load_profile(name).engine == engine and parity_version(load_profile(name)) == version}
+    output = run_checker(engine, version, [case for _, case in built.values()])
     return {label: problems(profile, case, output) for label, (profile, case) in built.items()}
 
 
 def broken(label: str) -> str:
-    found = broken_results(load_profile(BROKEN[label][0]).engine)[label]
+    profile = load_profile(BROKEN[label][0])
+    found = broken_results(profile.engine, parity_version(profile))[label]
     assert len(found) == 1, found
     return found[0]
 
@@ -334,8 +381,10 @@ def test_vllm_refuses_a_misspelt_flag():
 
 def test_vllm_refuses_an_unknown_speculative_method():
     msg = broken("unknown speculative method")
-    assert "--speculative-config method='dflash2'" in msg and "vLLM 0.33.0 refuses it" in msg
-    assert "Input should be" in msg and "'dflash'" in msg  # pydantic's words on vLLM's SpeculativeMethod
+    assert "--speculative-config method='dflash2'" in msg and f"{proven('glm-5.3-flash-exl3')} refuses it" in msg
+    # pydantic's words on vLLM's SpeculativeMethod Literal (0.32.0, 0.33.0), or 0.34.0's own _validate_method's
+    assert ("Input should be" in msg or "Unknown speculative method 'dflash2'. Built-in methods:" in msg), msg
+    assert "'dflash'" in msg
 
 
 def test_vllm_refuses_parsers_it_lacks():
@@ -352,7 +401,7 @@ def test_vllm_refuses_an_unknown_kv_cache_dtype():
 
 def test_an_unread_environment_variable_fails_the_tier():
     msg = broken("unread env")
-    assert "env VLLM_ENGINE_ITERATION_TIMEOUT_S: read by neither vLLM 0.33.0" in msg
+    assert f"env VLLM_ENGINE_ITERATION_TIMEOUT_S: read by neither {proven('glm-5.3-flash-exl3')}" in msg
     msg = broken("sglang unread env")
     assert "env VLLM_HOST_IP: read by neither SGLang" in msg
 
@@ -361,7 +410,7 @@ def test_an_undeclared_recipe_extension_is_refused_and_a_needless_one_too():
     msg = broken("undeclared extension")
     assert "--quantization exl3" in msg and "Invalid quantization method: exl3" in msg
     msg = broken("needless extension")
-    assert "extension 'fp8' is declared but vLLM 0.33.0 accepts" in msg
+    assert f"extension 'fp8' is declared but {proven('deepseek-v4-flash')} accepts" in msg
 
 
 def test_sglang_refuses_a_misspelt_flag():
@@ -404,14 +453,15 @@ def test_sglang_logging_config_silences_the_resolved_arguments_line(tmp_path):
     config = tmp_path / "sglang-logging.json"
     config.write_text(json.dumps(sglang_logging_config()))
     env = {**os.environ, "SGLANG_LOGGING_CONFIG_PATH": str(config)}
-    out = subprocess.run([engine_python("sglang"), "-c", _LOGGING_PROBE], env=env, capture_output=True, text=True,
+    python = engine_python("sglang", parity_version(load_profile("qwen3.8-flash-next")))
+    out = subprocess.run([python, "-c", _LOGGING_PROBE], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "KEY-MUST-NOT-APPEAR" not in out.stderr
     assert "scheduler line stays" in out.stderr and "engine warning stays" in out.stderr
     # Without the config SGLang's default logging prints the line: the probe can fail.
     env.pop("SGLANG_LOGGING_CONFIG_PATH")
-    plain = subprocess.run([engine_python("sglang"), "-c", _LOGGING_PROBE.replace("configure_logger(None)",
+    plain = subprocess.run([python, "-c", _LOGGING_PROBE.replace("configure_logger(None)",
                             "import types; configure_logger(types.SimpleNamespace(log_level='info'))")],
                            env=env, capture_output=True, text=True, timeout=300)
     assert "KEY-MUST-NOT-APPEAR" in plain.stderr, plain.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""Every route of the real engines' HTTP apps, at the pinned versions, asked through the real HAProxy
+"""Every route of the real engines' HTTP apps, at every version with a snapshot (SNAPSHOT_VERSIONS), asked
+through the real HAProxy
 with the head's rendered API-proxy config: without the key each answers 401, but OPEN_PATHS.
 
 vLLM: its own app, built by `vllm serve`'s own code for the head's rendered command line and
@@ -9,8 +10,8 @@ routes its GUARDED_PREFIX leaves open, POST /invocations among them: the reason 
 then every route through the proxy, without the key (401 but OPEN_PATHS) and with it (the app's own
 answer, never the proxy's 401).
 
-SGLang 0.5.23: its parity virtualenv holds what resolving its arguments needs, not its HTTP server's
-packages (tests/parity/sglang.txt), so its route table is read from its own source,
+SGLang: its parity virtualenv holds what resolving its arguments needs, not its HTTP server's
+packages (tests/parity/sglang-<version>.txt), so its route table is read from its own source,
 sglang/srt/entrypoints/http_server.py (every @app.<method>(path) and @app.api_route(path, methods=...)
 decorator); its own key check's verdict on each is its real decision function (sglang/srt/utils/auth.py),
 and each route is asked through the proxy in front of a backend that answers 200.
@@ -28,6 +29,7 @@ import pytest
 from sparkfleet.model.api_proxy import OPEN_PATHS
 from sparkfleet.model.serving import load_profile
 from sparkfleet.config import build_cluster
+from sparkfleet.model.env_readers import SNAPSHOT_VERSIONS
 from tests.parity.test_engine_parity import HERE, PARITY_KEY, engine_python, render
 from tests.proxy_run import ask, free_port, running_proxy, wait_listening
 from tests.unit.helpers import pair
@@ -51,14 +53,15 @@ def is_open(method: str, path: str) -> bool:
     return method in OPEN_PATHS.get(path, ())
 
 
-@pytest.fixture(scope="module")
-def vllm_app():
-    """(routes, port): the real vLLM app for the head's command line, serving on 127.0.0.1:port."""
+@pytest.fixture(scope="module", params=SNAPSHOT_VERSIONS["vllm"])
+def vllm_app(request):
+    """(cluster, routes, port): the real vLLM app at each version for the head's command line, serving on
+    127.0.0.1:port."""
     port = free_port()
     cluster = head_of(VLLM_PROFILE, port)
     case = render(load_profile(VLLM_PROFILE), "spark", "spark-a", cluster)
     assert case["argv"][case["argv"].index("--port") + 1] == str(port)
-    process = subprocess.Popen([engine_python("vllm"), str(HERE / "routes_vllm.py"), str(port)], cwd=HERE,
+    process = subprocess.Popen([engine_python("vllm", request.param), str(HERE / "routes_vllm.py"), str(port)], cwd=HERE,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process.stdin.write(json.dumps({"argv": case["argv"], "env": case["env"]}))
     process.stdin.close()
@@ -66,6 +69,7 @@ def vllm_app():
         line = process.stdout.readline()
         assert line, f"routes_vllm.py printed nothing:\n{process.stderr.read()[-5000:]}"
         table = json.loads(line)
+        assert table["version"] == request.param
         wait_listening(port, 120)
         yield cluster, table, port
     finally:
@@ -77,9 +81,8 @@ def test_vllm_itself_answers_inference_without_the_key(vllm_app):
     """What the engine's own check leaves open, asked directly: the proxy's reason to exist. If vLLM
     starts guarding /invocations itself, this fails and docs/security.md's list must be read again."""
     _, table, port = vllm_app
-    assert table["version"] == "0.33.0"
     open_at_engine = sorted({(m, p) for m, p in table["routes"] if ask(port, m, concrete(p)) != 401})
-    print("\nvLLM 0.33.0 answers without the key:", ", ".join(f"{m} {p}" for m, p in open_at_engine))
+    print(f"\nvLLM {table['version']} answers without the key:", ", ".join(f"{m} {p}" for m, p in open_at_engine))
     assert ("POST", "/invocations") in open_at_engine
     assert ask(port, "POST", "/v1/chat/completions") == 401  # its GUARDED_PREFIX does cover /v1
 
@@ -104,9 +107,9 @@ def test_every_vllm_route_needs_the_key_through_the_proxy(vllm_app):
     assert refused_with_key == [], "refused with the key: " + "; ".join(refused_with_key)
 
 
-def sglang_routes() -> list[tuple[str, str]]:
-    """Every route SGLang's HTTP server declares, from its own source at the pinned version."""
-    python = engine_python("sglang")
+def sglang_routes(version: str) -> list[tuple[str, str]]:
+    """Every route SGLang's HTTP server declares, from its own source at `version`."""
+    python = engine_python("sglang", version)
     site = subprocess.run([python, "-c", "import sglang, os; print(os.path.dirname(sglang.__file__))"],
                           capture_output=True, text=True, check=True).stdout.strip()
     source = Path(site, "srt", "entrypoints", "http_server.py").read_text()
@@ -141,7 +144,7 @@ class Answers200(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def sglang_answers_without_the_key(routes) -> list[tuple[str, str]]:
+def sglang_answers_without_the_key(version: str, routes) -> list[tuple[str, str]]:
     """The routes SGLang's own key check lets through without the key, by its own pure decision
     function (sglang/srt/utils/auth.py decide_request_auth, at the NORMAL level every route without
     an @auth_level has)."""
@@ -150,20 +153,22 @@ def sglang_answers_without_the_key(routes) -> list[tuple[str, str]]:
                "routes = json.load(sys.stdin)\n"
                "print(json.dumps([[m, p] for m, p in routes if decide_request_auth(method=m, path=p, "
                "authorization_header=None, api_key='k' * 16, admin_api_key=None, auth_level=AuthLevel.NORMAL).allowed]))")
-    out = subprocess.run([engine_python("sglang"), "-c", program], input=json.dumps(routes), capture_output=True,
+    out = subprocess.run([engine_python("sglang", version), "-c", program], input=json.dumps(routes), capture_output=True,
                          text=True, check=True)
     return [tuple(r) for r in json.loads(out.stdout)]
 
 
-def test_sglang_itself_answers_a_generation_without_the_key():
-    open_at_engine = sglang_answers_without_the_key(sglang_routes())
-    print("\nSGLang 0.5.23 answers without the key:", ", ".join(f"{m} {p}" for m, p in open_at_engine))
+@pytest.mark.parametrize("version", SNAPSHOT_VERSIONS["sglang"])
+def test_sglang_itself_answers_a_generation_without_the_key(version):
+    open_at_engine = sglang_answers_without_the_key(version, sglang_routes(version))
+    print(f"\nSGLang {version} answers without the key:", ", ".join(f"{m} {p}" for m, p in open_at_engine))
     assert ("GET", "/health_generate") in open_at_engine
     assert ("POST", "/v1/chat/completions") not in open_at_engine
 
 
-def test_every_sglang_route_needs_the_key_through_the_proxy():
-    routes = sglang_routes()
+@pytest.mark.parametrize("version", SNAPSHOT_VERSIONS["sglang"])
+def test_every_sglang_route_needs_the_key_through_the_proxy(version):
+    routes = sglang_routes(version)
     paths = {p for _, p in routes}
     assert len(routes) > 30 and {"/generate", "/v1/chat/completions", "/health_generate"} <= paths
     port = free_port()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from roles.kernel_cache.checks import (
-    GID_NOT_KEYED, compile_changes, generation, group_compile_settings, prewarm_reason, rank_compile_settings,
+    GID_NOT_KEYED, compile_version, compile_changes, generation, group_compile_settings, prewarm_reason, rank_compile_settings,
 )
 from roles.kernel_cache.facts import CacheState, is_generation
 from sparkfleet.model.compile_key import (
@@ -58,12 +58,12 @@ def test_the_key_is_of_what_the_rank_runs(kind, profile):
     for name in RANKS:
         node = c.node(name)
         argv, env = rendered(kind, profile, name)
-        written = compile_settings(p.engine, None, argv, env)
+        written = compile_settings(p.engine, compile_version(p), argv, env)
         assert rank_compile_settings(p, c, node) == written, (kind, profile, name)
         if node.rdma_hca:
             for gid in (GID_NOT_KEYED, 3, 7):
                 env = rank_env(p, c, node, gid)
-                assert compile_settings(p.engine, None, engine_args(p, c, node), env) == written
+                assert compile_settings(p.engine, compile_version(p), engine_args(p, c, node), env) == written
 
 
 def test_a_hashed_variable_named_in_the_table_is_one_vllm_reads():

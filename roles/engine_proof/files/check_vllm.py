@@ -18,11 +18,12 @@ Input on stdin, output on stdout, both JSON:
 
 What runs is vLLM's own code, in the order `vllm serve` runs it before it needs a GPU or weights:
 1. the `vllm serve` subcommand's parser (vllm/entrypoints/cli/serve.py, ServeSubcommand.subparser_init)
-2. validate_parsed_serve_args (vllm/entrypoints/common/cli_args.py)
+2. validate_parsed_serve_args (vllm/entrypoints/common/cli_args.py; 0.32.0: .../launchers/cli_args.py)
 3. AsyncEngineArgs.from_cli_args (vllm/engine/arg_utils.py), and its
    create_structured_outputs_config, which carries --reasoning-parser where the next step reads it
-4. validate_api_server_args (vllm/entrypoints/common/cli_args.py): the tool-call and reasoning
-   parser names registered in this version (ToolParserManager, ReasoningParserManager)
+4. validate_api_server_args (vllm/entrypoints/common/cli_args.py; 0.32.0: .../launchers/launcher.py):
+   the tool-call and reasoning parser names registered in this version (ToolParserManager,
+   ReasoningParserManager)
 5. the config classes that validate what the flags carry, each built from the parsed values:
    CacheConfig (vllm/config/cache.py: --kv-cache-dtype, --gpu-memory-utilization),
    ParallelConfig (vllm/config/parallel.py: TP, PP, nnodes, node rank, master address and port, the
@@ -162,8 +163,15 @@ def config_checks(argv: list[str], ns, engine_args) -> list[Refused]:
             field = fields[key]
             annotation = typing.Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
             flag_value = f"{key}={value!r}"
+            before = len(refusals)
             attempt("--speculative-config", flag_value,
                     lambda a=annotation, v=value: pydantic.TypeAdapter(a).validate_python(v))
+            # Then the class's own "after" validators of that field, which the type alone does not run:
+            # vLLM 0.34.0 types `method` as SpeculativeMethod | str and names the allowed ones in
+            # _validate_method (built in, or registered by a plugin); 0.32.0 and 0.33.0 have none.
+            for validator in SpeculativeConfig.__pydantic_decorators__.field_validators.values():
+                if len(refusals) == before and key in validator.info.fields and validator.info.mode == "after":
+                    attempt("--speculative-config", flag_value, lambda f=validator.func, v=value: f(v))
         if "kv_cache_dtype" in spec and spec["kv_cache_dtype"] is not None:
             attempt("--speculative-config", f"kv_cache_dtype={spec['kv_cache_dtype']!r}",
                     lambda: CacheConfig(cache_dtype=spec["kv_cache_dtype"]))
@@ -175,9 +183,9 @@ def config_checks(argv: list[str], ns, engine_args) -> list[Refused]:
 
 def check(case: dict) -> list[Refused]:
     from vllm.engine.arg_utils import AsyncEngineArgs
-    try:  # vLLM 0.33.0 and later: vllm/entrypoints/common/cli_args.py
+    try:  # vLLM 0.33.0 on: both in one module
         from vllm.entrypoints.common.cli_args import validate_api_server_args, validate_parsed_serve_args
-    except ImportError:  # 0.32.0: vllm/entrypoints/launchers/cli_args.py and launchers/launcher.py
+    except ModuleNotFoundError:  # 0.32.0: the same two functions, in the launcher's modules
         from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
         from vllm.entrypoints.launchers.launcher import validate_api_server_args
 
