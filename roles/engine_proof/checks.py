@@ -18,7 +18,7 @@ from pathlib import Path
 from sparkfleet.keyvalue import key_values
 from sparkfleet.model.api_proxy import OPEN_PATHS
 from sparkfleet.model.engine_advisories import advisories_refused
-from sparkfleet.model.engine import engine_args, env_file_path
+from sparkfleet.model.engine import SGLANG_METRICS, engine_args, env_file_path
 from sparkfleet.model.env_readers import ENGINE_NAMES, ENGINE_PREFIXES, library_readers
 
 FILES = Path(__file__).resolve().parent / "files"
@@ -92,7 +92,16 @@ def proof_request(profile, cluster, rendered: dict[str, dict[str, tuple[str, str
         seen[key] = node.name
         cases.append({"id": f"rank {node.rank} ({node.name})", "node": node.name, "argv": argv, "env": env,
                       "extensions": [{"name": e.name, "flag": e.flag, "value": e.value} for e in profile.extensions]})
-    return {"engine": profile.engine, "cases": cases, "routes_for": cases[0]["id"]}
+    return {"engine": profile.engine, "cases": cases, "routes_for": cases[0]["id"],
+            "metrics": engine_metric_names(profile.engine)}
+
+
+def engine_metric_names(engine: str) -> list[str]:
+    """The engine's metric names sparkfleet reads (the watchdog's progress counters, monitoring's
+    rules and live figures: sparkfleet/model/engine.py SGLANG_METRICS), as the engine's code defines
+    them: prometheus_client adds _total to a counter and _bucket to a histogram's series."""
+    names = SGLANG_METRICS if engine == "vllm" else SGLANG_METRICS.values()
+    return sorted({n.removesuffix("_total").removesuffix("_bucket") for n in names})
 
 
 def request_digest(request: dict) -> str:
@@ -139,6 +148,11 @@ def judge(report: dict, request: dict, group: str, profile, monitoring: bool, im
     # Known-vulnerable releases (sparkfleet/model/engine_advisories.py), for the version the image ships.
     refusals += [f"{group}: {line}; or acknowledge it in serving_engine_advisories_acknowledged with a reason"
                  for line in advisories_refused(engine, version, acknowledged or {})]
+    defined = report.get("metrics_defined")
+    if defined is not None:
+        for metric in sorted(set(request.get("metrics", [])) - set(defined)):
+            refusals.append(f"{group}: {who} defines no metric {metric}, which the watchdog's progress check and "
+                            f"monitoring's rules read; pin an image whose engine does, or keep the image serving now")
     routes = report.get("routes")
     if routes is not None:
         registered = {tuple(r) for r in routes}

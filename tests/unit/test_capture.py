@@ -17,13 +17,6 @@ from tools.replay import replay_plan
 
 LAB_BUNDLE = CAPTURES.parent / "capture-lab.json"
 LAB_INVENTORY = "lab/inventory.py"
-# The bundle was captured before kernel-cache generations were keyed by the compile settings (issue 40
-# item 6): its CacheState records were read without the `key` the deploy now reads with, and its pair
-# is on a generation named by the image alone, which the next deploy warms again (docs/deploy.md,
-# Compile keys). Re-capture after a lab deploy (see above); strict: the replays pass again then, and
-# this marker must go.
-STALE_BUNDLE = pytest.mark.xfail(strict=True, raises=(LookupError, AssertionError),
-                                 reason="capture-lab.json predates compile-keyed kernel-cache generations: re-capture")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +53,6 @@ def test_every_record_goes_through_its_facts_own_parser(lab_bundle):
                 pytest.fail(f"{host}: {record['fact']}({record['kwargs']}) does not parse: {err!r}")
 
 
-@STALE_BUNDLE
 def test_the_plan_replayed_from_the_settled_lab_pair_does_nothing(lab_bundle):
     plans = replay_plan(lab_bundle, LAB_INVENTORY)
     assert set(plans) == {"pair"}
@@ -74,7 +66,6 @@ def test_the_plan_replayed_from_the_settled_lab_pair_does_nothing(lab_bundle):
     assert all(m.total_gib > 0 for m in decisions.memory.values())
 
 
-@STALE_BUNDLE
 def test_a_replayed_node_that_says_otherwise_changes_the_plan(lab_bundle):
     """The replay is the node's word: the worker's rank file sums gone from the bundle make the plan
     restart the pair, as a deploy would on a worker whose files changed."""
@@ -87,7 +78,6 @@ def test_a_replayed_node_that_says_otherwise_changes_the_plan(lab_bundle):
     assert decisions.serving.restart, decisions.serving
 
 
-@STALE_BUNDLE
 def test_a_bundle_without_a_fact_the_deploy_reads_fails_naming_it(lab_bundle):
     bundle = copy.deepcopy(lab_bundle)
     bundle["nodes"]["spark-b"] = [r for r in bundle["nodes"]["spark-b"] if r["fact"] != "roles.preflight.facts.NodeFacts"]

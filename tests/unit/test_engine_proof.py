@@ -146,3 +146,12 @@ def test_the_receipt_names_the_version_the_proof_recorded_for_the_image_it_measu
     assert proven_version(text, IMAGE) == "0.32.0+cpu"
     assert proven_version(text, "sparkfleet-lab/vllm-cpu:other") is None  # another image's record
     assert proven_version(None, IMAGE) is None
+
+
+def test_a_metric_the_watchdog_and_the_rules_read_that_the_image_s_engine_no_longer_defines_is_refused():
+    assert set(REQUEST["metrics"]) == set(REPORT["metrics_defined"])  # the real 0.32.0 defines every one
+    assert "vllm:num_requests_running" in REQUEST["metrics"] and "vllm:generation_tokens" in REQUEST["metrics"]
+    report = copy.deepcopy(REPORT)
+    report["metrics_defined"].remove("vllm:num_requests_running")  # as a release that renamed it answers
+    (refusal,) = judge(report, REQUEST, "pair", LAB, monitoring=False, image=IMAGE).refusals
+    assert "defines no metric vllm:num_requests_running" in refusal
