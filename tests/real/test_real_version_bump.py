@@ -89,3 +89,29 @@ def test_a_bump_across_engine_versions_is_refused_by_the_new_engine_while_the_ol
     assert started_at() != before and started_at().endswith(v4)
     code, text = post("http://127.0.0.1:8000/v1/chat/completions", chat_body(4))
     assert code == "200", text
+
+
+def test_a_compile_relevant_flag_changed_on_the_same_image_warms_a_new_generation_and_production_starts_warm(
+        real_deploy):
+    """Issue 40 item 6 with the real engine: --max-num-seqs is folded into vLLM's compile-cache key
+    (sparkfleet/model/compile_key.py, read in vllm/config/scheduler.py compute_hash at 0.32.0). Added
+    on the same image, the plan names the change, the prewarm warms a new generation, and production
+    starts on it without adding a file on either rank; the flag removed again, the pair is linked back
+    to its earlier generation with no prewarm."""
+    from tests.real.test_real_pair import WORKER, generation_files
+
+    before = on(HEAD, "readlink /var/lib/sparkfleet/kernel-cache/current").strip()
+    changed = deploy("--data", 'serving_extra_args=["--max-num-seqs","128"]', inventory=REAL_INVENTORY)
+    assert changed.returncode == 0, changed.output[-8000:]
+    assert re.search(r"a compile-relevant setting changed: [^\n]*--max-num-seqs", changed.output), changed.output[-8000:]
+    assert "prewarm of generation" in changed.output
+    after = on(HEAD, "readlink /var/lib/sparkfleet/kernel-cache/current").strip()
+    assert after != before and after.split("-")[0] == before.split("-")[0], (before, after)  # same image, new key
+    for host in (HEAD, WORKER):
+        manifest, disk = generation_files(host)
+        assert [f for f in manifest if f.startswith("inductor/")], manifest
+        assert disk == manifest, f"{host}: production compiled into the new generation: {sorted(set(disk) - set(manifest))}"
+    restored = deploy(inventory=REAL_INVENTORY)
+    assert restored.returncode == 0, restored.output[-8000:]
+    assert "prewarm of generation" not in restored.output, restored.output[-8000:]
+    assert on(HEAD, "readlink /var/lib/sparkfleet/kernel-cache/current").strip() == before
