@@ -51,6 +51,8 @@ def group_lines(groups: dict[str, dict]) -> tuple[list[str], int]:
         what = plan.actions()
         changing += bool(what)
         lines.append(f"  {name}: " + ("; ".join(what) if what else f"nothing to do ({plan.standing})"))
+        if plan.engine:  # the engine's version before -> after, and which proof judges it (docs/engines.md)
+            lines.append(f"  {name} engine: {plan.engine}")
     return lines, changing
 
 

@@ -155,3 +155,14 @@ def test_a_metric_the_watchdog_and_the_rules_read_that_the_image_s_engine_no_lon
     report["metrics_defined"].remove("vllm:num_requests_running")  # as a release that renamed it answers
     (refusal,) = judge(report, REQUEST, "pair", LAB, monitoring=False, image=IMAGE).refusals
     assert "defines no metric vllm:num_requests_running" in refusal
+
+
+def test_sparkfleet_plan_prints_each_group_s_engine_line_under_its_actions():
+    from sparkfleet.plan_command import group_lines
+    from sparkfleet.plan_types import GroupPlan
+
+    plan = GroupPlan(group="pair", profile="lab-vllm-cpu", image="i:v4", nodes=["spark-a", "spark-b"], build=True,
+                     engine="vLLM 0.31.0+cpu -> ? (the image is built in this run); judged by the 0.32.0 snapshot")
+    lines, changing = group_lines({"pair": plan.__dict__})
+    assert changing == 1 and lines[1] == ("  pair engine: vLLM 0.31.0+cpu -> ? (the image is built in this run); "
+                                          "judged by the 0.32.0 snapshot")
