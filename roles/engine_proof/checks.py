@@ -19,7 +19,7 @@ from sparkfleet.keyvalue import key_values
 from sparkfleet.model.api_proxy import OPEN_PATHS
 from sparkfleet.model.engine_advisories import advisories_refused
 from sparkfleet.model.engine import SGLANG_METRICS, engine_args, env_file_path
-from sparkfleet.model.env_readers import ENGINE_NAMES, ENGINE_PREFIXES, library_readers
+from sparkfleet.model.env_readers import ENGINE_NAMES, ENGINE_PREFIXES, library_readers, release
 
 FILES = Path(__file__).resolve().parent / "files"
 # The driver and the checkers it imports, shipped to the head together (one directory, read-only
@@ -168,6 +168,12 @@ def judge(report: dict, request: dict, group: str, profile, monitoring: bool, im
     routes_said = f", {len(routes)} routes" if routes is not None else ""
     line = (f"{group}: {who} judged {ranks} distinct rank command line(s){routes_said}: "
             + ("accepted" if not refusals else f"{len(refusals)} refusal(s)"))
+    declared = profile.engine_version
+    if declared and release(declared) != release(version):
+        # Not refused: the image's engine judged the pins itself. But the label is what the checks before
+        # any connection and the compile keys read, so it is named for the data to follow the image.
+        line += (f"; the data says {ENGINE_NAMES[engine]} {declared} (engine_version): set serving_engine_version "
+                 f"= {version} so that the checks before any connection and the compile keys read the image's release")
     return Verdict(engine, version, tuple(refusals), line)
 
 

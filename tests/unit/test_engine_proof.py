@@ -166,3 +166,11 @@ def test_sparkfleet_plan_prints_each_group_s_engine_line_under_its_actions():
     lines, changing = group_lines({"pair": plan.__dict__})
     assert changing == 1 and lines[1] == ("  pair engine: vLLM 0.31.0+cpu -> ? (the image is built in this run); "
                                           "judged by the 0.32.0 snapshot")
+
+
+def test_a_version_label_the_image_contradicts_is_named_with_the_key_to_set_not_refused():
+    previous = load_profile("lab-vllm-cpu", engine_version="0.31.0")
+    verdict = judge(REPORT, REQUEST, "pair", previous, monitoring=False, image=IMAGE)
+    assert verdict.refusals == ()
+    assert "the data says vLLM 0.31.0 (engine_version): set serving_engine_version = 0.32.0+cpu" in verdict.line
+    assert "the data says" not in judge(REPORT, REQUEST, "pair", LAB, monitoring=False, image=IMAGE).line
