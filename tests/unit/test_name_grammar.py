@@ -125,6 +125,7 @@ PROFILE_FIELDS = {
     "model": "brandonmusic/GLM-5.3-Flash-tr3-4bpw",
     "model_revision": "5ab363a8dcf6405955fd5f99671e01a1c9fb124b",
     "served_model_name": "glm-5.3-flash",
+    "engine_version": "0.1.dev20051+g487ecf187",  # names its snapshot file (known_env/<engine>-<release>.txt)
     "kv_cache_dtype": "fp8_ds_mla",
     "quantization": "exl3",
     "tool_call_parser": "glm47",
