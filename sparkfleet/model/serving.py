@@ -512,6 +512,8 @@ class ServingData(BaseModel):
         "release's snapshot; whatever it says, the engine in the built image judges them again before the "
         "pair stops (step 7a), and a label that was not bumped is caught there",
     )
+    _serving_engine_version = field_validator("serving_engine_version")(
+        classmethod(lambda cls, v: v if v is None or release(v) else v))  # a PEP 440 version, else refused here
     serving_tensor_parallel_size: int | None = Field(
         None, ge=1, description="the serving group's TP, replacing the profile's `tensor_parallel_size` (none: the "
         "profile's); with `serving_pipeline_parallel_size`, TP x PP = the group's node count",

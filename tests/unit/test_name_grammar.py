@@ -53,6 +53,7 @@ NODE_KEYS = {
     "serving_profile": ("glm-5.3-flash-exl3", str),
     "serving_recipe_repository": ("https://github.com/MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks.git", str),
     "serving_recipe_commit": ("493cb88fc69f8ba73ac87404f429d763e2739d89", str),
+    "serving_engine_version": ("0.32.0+cpu", str),
     "serving_env_pins": ("NCCL_DEBUG", lambda v: {v: "WARN"}),
     "serving_media_domains": ("images.example.com", lambda v: [v]),
     "weights_source": ("https://mirror.example/models", str),
