@@ -57,8 +57,7 @@ def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stop
     """Step 7a with the real engine: `--disable-log-requests` is a flag of vLLM 0.33.0's parser (the parity
     snapshot's version) and not of 0.32.0's, the version the lab image ships. The deploy stops at the
     in-image proof, quoting vLLM's own message with the group, the rank and the data key; the pair is
-    never stopped (the head's container is the same one, and /health answers 200 throughout), and the
-    next deploy without the flag changes nothing."""
+    never stopped (the head's container is the same one, and /health answers 200 throughout)."""
     import threading
     import urllib.request
 
@@ -87,8 +86,7 @@ def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stop
                      r"unrecognized arguments: --disable-log-requests; change serving_extra_args", run.output), run.output[-5000:]
     assert codes and set(codes) == {200}, codes
     assert on(HEAD, "docker inspect --format '{{.State.StartedAt}}' sparkfleet-head").strip() == started
-    after = deploy(inventory=REAL_INVENTORY)
-    assert after.returncode == 0 and after.changed() == [], after.output[-8000:]
+    # (the next deploy of the unchanged data: tests/real/test_real_version_bump.py's fixed bump, after its own refusal)
 
 
 def test_the_collective_ran_in_the_real_image_across_both_ranks_before_the_engine_started(real_deploy):
