@@ -113,7 +113,9 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert "--> sparkfleet plan: 2 serving group(s), 0 with changes" in run.output
     planned = plan(inventory=FLEET_INVENTORY)  # and `sparkfleet plan` finds nothing to do on any of the four
     assert planned.returncode == 0, planned.output[-4000:]
-    assert "  g1: nothing to do (serving)\n  g2: nothing to do (serving)\n" in planned.output
+    # each group's line, then its engine line (the version, and which proof judges: roles/engine_proof)
+    assert re.search(r"^  g1: nothing to do \(serving\)\n  g1 engine: .*\n  g2: nothing to do \(serving\)\n  g2 engine: ",
+                     planned.output, re.M), planned.output[-3000:]
     assert [h for h in FLEET_HOSTS if f"  {h}: none would run\n" in planned.output] == list(FLEET_HOSTS)
     # The doctor checks every group, a table each, and one verdict for the fleet; status shows the router.
     doctor = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "doctor.py"])

@@ -262,9 +262,13 @@ def run(request: dict) -> dict:
     import vllm
     import vllm.envs
 
+    # In the image (the weights mounted as the units mount them) each case is judged in the environment
+    # its unit gives it. The parity tier has no weights: HF_HUB_OFFLINE=1 there would make vLLM take the
+    # absent model path for a hub repository id and refuse every case for that alone.
+    own = request.get("platform", "spark") == "own"
     results = {}
     for case in request["cases"]:
-        with case_env(case.get("env", {})):
+        with case_env(case.get("env", {}) if own else {}):
             refusals = check(case)
         extensions = case.get("extensions", [])
         errors, accepted = [], set()
