@@ -119,10 +119,19 @@ config: install
 	$(BIN)/sparkfleet config $(INVENTORY)
 
 # What a deploy would do, changing nothing (the deploy's prepare under pyinfra --dry): the plan per
-# group and every operation that would change; exit 0 nothing to do, 2 changes, 1 error.
-plan: install
-	$(NEED_INVENTORY)
-	$(BIN)/sparkfleet plan $(INVENTORY)
+# group and every operation that would change; exit 0 nothing to do, 2 changes, 1 error, as Terraform's
+# `plan -detailed-exitcode`, and `make plan` exits with the same: GNU make folds any failed recipe into
+# its own 2 ("changes" to a script), except in question mode (-q), where a `+` line that exits 1 makes
+# make exit 1, 0 stays 0 and 2 stays 2 (GNU make 4.3, Debian 12's; tests/unit/test_make_plan.py runs
+# this Makefile to prove each). Hence -q for this goal alone, `+` on every line, and the venv installed
+# by a make of its own (-q would only ask whether it is up to date): nothing else changes for `plan`.
+ifneq ($(filter $(MAKECMDGOALS),plan plan-lab),)
+MAKEFLAGS += -q
+endif
+plan:
+	+@[ -n "$(INVENTORY)" ] || { echo "make plan needs INVENTORY=<your inventory> (the lab's: make plan-lab)" >&2; exit 1; }
+	+@env -u MAKEFLAGS -u MFLAGS $(MAKE) -s install || exit 1
+	+@$(BIN)/sparkfleet plan $(INVENTORY)
 
 # Read-only: every guard and check on live machines, one table; changes nothing.
 doctor: install
@@ -147,8 +156,10 @@ rollback: install
 	$(BIN)/pyinfra -y $(INVENTORY) rollback.py
 
 # The same, on the lab's pair.
-plan-lab doctor-lab status-lab:
+doctor-lab status-lab:
 	@$(MAKE) -s $(@:-lab=) INVENTORY=$(LAB_INVENTORY)
+plan-lab:
+	+@$(MAKE) -s plan INVENTORY=$(LAB_INVENTORY)
 
 demo: python-venv install lab-up deploy-lab verify-lab show-lab
 
