@@ -605,14 +605,14 @@ fail_host() { # name message
 
 # waits for the host's PID 1 to appear; sets LEADER[name]
 declare -A LEADER=()
-wait_leader() {
-  local name=$1 end=$((SECONDS + 20)) l npid
+wait_leader() { # bounded by BOOT_TIMEOUT: with the unit and parity tiers beside it, 20 s was not always enough
+  local name=$1 end=$((SECONDS + BOOT_TIMEOUT)) l npid
   while :; do
     npid=$(nspawn_pid "$name")
     l=$(leader_pids "$name")
     if [[ -n $npid && -n $l && $l != *[[:space:]]* ]]; then LEADER[$name]=$l; return 0; fi
     [[ -z $npid ]] && fail_host "$name" "systemd-nspawn exited"
-    ((SECONDS >= end)) && fail_host "$name" "no container PID 1 after 20s"
+    ((SECONDS >= end)) && fail_host "$name" "no container PID 1 after ${BOOT_TIMEOUT}s"
     sleep 0.3
   done
 }
@@ -811,6 +811,11 @@ reconfigure_fabric() { # renderer
 # are installed in every host; exactly one is enabled. Each has its own file for host0 (the
 # management link), so either brings the host up on its own.
 RENDERER_FILE=$RUN_DIR/renderer
+# A switch under way: written before the hosts are powered off, removed once they run the new renderer.
+# An `up` that died in between (a boot slower than its bound on a busy machine, a killed caller) left
+# root filesystems switched, or not, while RENDERER_FILE still names the old renderer; the next `up`
+# finds this file and switches every host again, whichever renderer it asks for, instead of trusting them.
+RENDERER_SWITCH=$RUN_DIR/renderer.switching
 declare -A RENDERER_UNIT=([NetworkManager]=NetworkManager.service [networkd]=systemd-networkd.service)
 
 lab_renderer() {
@@ -930,8 +935,13 @@ cmd_up() {
   mkdir -p "$RUN_DIR" "$LOG_DIR" "$HOSTS_DIR"
   echo "$SIZE" >"$SIZE_FILE" # before any host exists: status and down know what this lab is
   renderer=$(lab_renderer)
-  if [[ -s $RENDERER_FILE && $(<"$RENDERER_FILE") != "$renderer" ]]; then
+  if [[ -e $RENDERER_SWITCH ]]; then
+    say "renderer: the switch to $(<"$RENDERER_SWITCH") did not finish; $renderer now (the hosts are powered off, switched and booted)"
+    echo "$renderer" >"$RENDERER_SWITCH"
+    for name in "${HOSTS[@]}"; do stop_host "$name"; done
+  elif [[ -s $RENDERER_FILE && $(<"$RENDERER_FILE") != "$renderer" ]]; then
     say "renderer: $(<"$RENDERER_FILE") -> $renderer (the hosts are powered off, switched and booted)"
+    echo "$renderer" >"$RENDERER_SWITCH"
     for name in "${HOSTS[@]}"; do stop_host "$name"; done
   fi
   ensure_keypair
@@ -973,6 +983,7 @@ cmd_up() {
   ensure_fabric
   for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
   echo "$renderer" >"$RENDERER_FILE"
+  rm -f "$RENDERER_SWITCH"
   say "renderer: $renderer"
   reconfigure_fabric "$renderer"
   ensure_recipe_repo
@@ -1029,6 +1040,10 @@ cmd_down() {
 
 cmd_status() {
   local name npid leader out ssh_ok sys dock fab l rc=0 ok half dev bridge port
+  if [[ -e $RENDERER_SWITCH ]]; then
+    echo "renderer: the switch to $(<"$RENDERER_SWITCH") did not finish (lab.sh up switches every host again)"
+    rc=1
+  fi
   for name in "${HOSTS[@]}"; do
     npid=$(nspawn_pid "$name")
     leader=$(leader_pids "$name")
