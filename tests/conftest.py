@@ -71,3 +71,25 @@ def pytest_terminal_summary(terminalreporter, config):
     for module, seconds in ranked:
         if seconds >= 1:
             terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+    _deploy_summary(terminalreporter)
+
+
+def _deploy_summary(terminalreporter) -> None:
+    """Where the lab tiers' deploys spend their time: the slowest deploys (which test ran them), and each
+    step's time summed over every deploy of the session (tests/e2e/lab.py DEPLOY_TIMES)."""
+    import sys
+    lab = sys.modules.get("tests.e2e.lab")
+    times = getattr(lab, "DEPLOY_TIMES", None)
+    if not times:
+        return
+    total = sum(d.seconds for d in times)
+    terminalreporter.write_sep("=", f"time per deploy ({len(times)} deploys, {total:.0f} s in all; the 15 slowest)")
+    for d in sorted(times, key=lambda d: -d.seconds)[:15]:
+        terminalreporter.write_line(f"{d.seconds:8.1f} s  {d.test}  ({d.inventory})")
+    steps: dict[str, list[float]] = {}
+    for d in times:
+        for step, seconds in d.steps.items():
+            steps.setdefault(step, []).append(seconds)
+    terminalreporter.write_sep("=", "time per deploy step, summed over every deploy (the 20 largest)")
+    for step, spent in sorted(steps.items(), key=lambda kv: -sum(kv[1]))[:20]:
+        terminalreporter.write_line(f"{sum(spent):8.1f} s  {step}  ({len(spent)} runs, the longest {max(spent):.1f} s)")

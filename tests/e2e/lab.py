@@ -3,6 +3,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +50,53 @@ def run(cmd: list[str], timeout=900, **kw) -> Run:
     return Run(result.returncode, result.stdout)
 
 
+@dataclass
+class DeployTime:
+    """One lab deploy's wall time, and each step's: from its "Starting operation" line to the next
+    (pyinfra runs an operation on every host before it starts the next), "prepare" up to the first."""
+    test: str
+    inventory: str
+    seconds: float
+    steps: dict[str, float]
+
+
+# Every lab deploy of this session, in order: tests/conftest.py prints where the tiers' time goes
+# (per deploy, per step summed over deploys) after the time per module.
+DEPLOY_TIMES: list[DeployTime] = []
+
+
+def _timed(cmd: list[str], timeout=900) -> tuple[Run, dict[str, float], float]:
+    """run(), with the time at which each step of pyinfra's output began."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = threading.Event()
+    timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))  # subprocess.run(timeout=)'s bound
+    timer.start()
+    lines, steps, step, began = [], {}, "prepare", start
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if m := _OP.match(line.rstrip("\n")):
+                now = time.monotonic()
+                steps[step] = steps.get(step, 0.0) + now - began
+                step, began = m["name"], now
+        proc.wait()
+    finally:
+        timer.cancel()
+    end = time.monotonic()
+    steps[step] = steps.get(step, 0.0) + end - began
+    if killed.is_set():
+        raise subprocess.TimeoutExpired(cmd, timeout, output="".join(lines))
+    return Run(proc.returncode, "".join(lines)), steps, end - start
+
+
 def deploy(*extra: str, inventory: str = INVENTORY) -> Run:
     """A lab deploy; one that succeeded must have done exactly what its printed plan said
-    (tests/e2e/plan_conformance.py): every end-to-end test that deploys checks that too."""
-    result = run([str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
+    (tests/e2e/plan_conformance.py): every end-to-end test that deploys checks that too. Its time and
+    each step's are kept in DEPLOY_TIMES."""
+    result, steps, seconds = _timed([str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+    DEPLOY_TIMES.append(DeployTime(test, inventory, seconds, steps))
     if result.returncode == 0:
         problems = plan_conformance.mismatches(result.output, result.changed())
         assert not problems, ("the deploy did not do what its plan printed:\n  " + "\n  ".join(problems)
