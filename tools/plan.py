@@ -104,8 +104,10 @@ def read_facts(state) -> None:
             pass
 
     def compute():
+        # The fleet's two readers one after the other, beside the groups' pass: one more channel on the
+        # router group's nodes, under sshd's MaxSessions (FACT_READERS_AT_ONCE).
         at_once(lambda: quietly(lambda: per_group(state, lambda group: group_facts(state, group))),
-                lambda: quietly(lambda: fleet_key_facts(state)), lambda: quietly(lambda: router_routing(state)))
+                lambda: (quietly(lambda: fleet_key_facts(state)), quietly(lambda: router_routing(state))))
     once_per_fleet(state, "plan-facts", compute)
 
 
