@@ -23,7 +23,9 @@ with refusals_stop_the_run():
 
     # 1b. The plan, per serving group: every role's verdict taken once from the facts read so far
     #     (what is fetched, built, shipped, warmed and restarted, and why), printed once as a table
-    #     before anything runs; every step below executes its slice of it (sparkfleet/decided.py).
+    #     before anything runs; and the fleet's: the turn order, the router's routing (what is routed
+    #     again, drained for a restart; a drain of a model's last routed group refused here) and where
+    #     the fleet's API key is written. Every step below executes its slice (sparkfleet/decided.py).
     decide(state)
 
     # 2. The field report's failure modes, checked before anything changes: memory admission and
@@ -85,8 +87,8 @@ with refusals_stop_the_run():
     # 7c-11, one serving group after the other (roles/rolling): out of the router, the watchdog
     #     paused, kernel caches warmed, units restarted workers first, the watchdog back, the receipt;
     #     then a real request proves the group serves and it is routed again before the next starts.
-    #     First, routing converges: a serving group an earlier run left drained is routed again,
-    #     and a turn that would drain the last routed group of a model is refused (roles/rolling).
+    #     First, routing converges: a serving group an earlier run left drained is routed again
+    #     (the plan's turns, drains and groups routed again: step 1b).
     local.include("roles/rolling/routing_tasks.py")
     for turn in host.loop(turn_order(state)):
         in_turn = {"sparkfleet_turn": turn}  # 'g1', or 'g1+g2' when none serves yet

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkfleet.inventory import current_group
-from sparkfleet.plan_types import GroupPlan
+from sparkfleet.plan_types import FleetPlan, GroupPlan
 from sparkfleet.verdicts import (
-    CachePlan, FabricState, ImagePlan, NodeMemory, PairState, SpeedPlan, WatchdogPlan, WeightsPlan,
+    CachePlan, FabricState, FleetKey, ImagePlan, NodeMemory, PairState, SpeedPlan, WatchdogPlan, WeightsPlan,
 )
 
 _KEY = "_sparkfleet_decisions"
+_FLEET_KEY = "_sparkfleet_fleet_decision"
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,39 @@ class Decisions:
     memory: dict[str, NodeMemory]  # node -> its memory as preflight read it (roles/guards admits against it)
 
 
+@dataclass(frozen=True)
+class FleetDecision:
+    """The fleet's verdicts, taken at step 1b with the groups' from the same facts pass: the turn
+    order, the routing (what is routed again, drained for a restart; a drain of a model's last routed
+    group was refused there) and the fleet key's fate. The rolling, router and key steps read it."""
+    summary: FleetPlan  # what the plan prints and `sparkfleet plan` reads
+    key: FleetKey | None  # roles/router fleet_key.decide: the key (in memory only) and where it is written
+
+    def key_written_on(self, node: str) -> bool:
+        """This run writes the fleet's key into `node`'s key file (a changed key there)."""
+        return self.key is not None and node in self.key.writes
+
+    def drains(self, group: str) -> bool:
+        """`group` is taken out of routing for its restart, and routed again at its turn's end."""
+        return group in self.summary.drain
+
+
 class NotDecided(RuntimeError):
     """A step read the plan before deploy.py's step 1b decided it."""
 
 
-def install(state, decisions: dict[str, Decisions]) -> None:
-    """The composer's (tools/plan.py) one write: every group's decisions, for the run."""
+def install(state, decisions: dict[str, Decisions], fleet: FleetDecision) -> None:
+    """The composer's (tools/plan.py) one write: every group's decisions and the fleet's, for the run."""
     setattr(state, _KEY, dict(decisions))
+    setattr(state, _FLEET_KEY, fleet)
+
+
+def fleet_decision(state) -> FleetDecision:
+    """The fleet's decision (turns, routing, the fleet key)."""
+    found = getattr(state, _FLEET_KEY, None)
+    if found is None:
+        raise NotDecided("the fleet's plan is read before it was decided (deploy.py step 1b, tools/plan.py decide)")
+    return found
 
 
 def fleet_decisions(state) -> dict[str, Decisions]:

@@ -68,6 +68,12 @@ def group_slot(state, key: str):
     return _slot(state, f"slot:{current_group(state)}:{key}")
 
 
+def fleet_slot(state, key: str):
+    """group_slot for what is read once for the whole fleet, whatever the group (the router's routing,
+    the fleet key's files: tools/plan.py fleet_facts)."""
+    return _slot(state, f"slot:fleet:{key}")
+
+
 def active_hosts(state):
     """The active hosts of the current host's serving group (every active host outside a host)."""
 

@@ -8,7 +8,8 @@ changed. Run as a plan (PLAN_DIR_VAR set), step 1b writes the groups' verdicts a
 writes, per host, what each declared operation would do (sparkfleet/plan_ops.py) into that directory.
 
 What it prints after the deploy's own prepare output: per serving group, the plan's verdicts
-(fetch, build, ship, warm, restart and why), then per host every operation that would run, the ones
+(fetch, build, ship, warm, restart and why), then the fleet's (the turn order, the router's routing,
+what is drained or routed again, where the fleet's key is written; nothing for a pair), then per host every operation that would run, the ones
 that run only if an earlier step changes (`_if=` on another operation's result) counted apart.
 
 Exit status, as `terraform plan -detailed-exitcode`: 0 a deploy would change nothing, 2 it would
@@ -25,11 +26,12 @@ from pathlib import Path
 
 from sparkfleet.exit_codes import CHANGES, FAILED as ERROR, OK as NO_CHANGES
 from sparkfleet.plan_ops import ONLY_IF, WOULD_RUN
-from sparkfleet.plan_types import GroupPlan
+from sparkfleet.plan_types import FleetPlan, GroupPlan
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN_DIR_VAR = "SPARKFLEET_PLAN_DIR"  # set by this command only: the deploy runs as a plan, writing here
 GROUPS_FILE = "groups.json"  # step 1b: group -> its verdicts (tools/plan.py write_plan)
+FLEET_FILE = "fleet.json"  # step 1b: the fleet's verdicts (FleetPlan)
 OPS_PREFIX = "operations-"  # the last step: operations-<host>.json, [{"names", "verdict"}] in order
 
 
@@ -85,12 +87,17 @@ def operation_lines(per_host: dict[str, list[dict]]) -> tuple[list[str], int]:
     return lines, running
 
 
-def verdict(groups: dict[str, dict], operations: dict[str, list[dict]]) -> tuple[int, list[str]]:
-    """(exit status, the summary's lines) from what the plan's run wrote: the groups' verdicts and,
-    per host, the operations'."""
+def verdict(groups: dict[str, dict], operations: dict[str, list[dict]],
+            fleet: dict | None = None) -> tuple[int, list[str]]:
+    """(exit status, the summary's lines) from what the plan's run wrote: the groups' verdicts, the
+    fleet's and, per host, the operations'. A fleet-level change (a drain, a route again, a key
+    written) is an operation of its own, counted with them."""
     g_lines, changing_groups = group_lines(groups)
     o_lines, changing_ops = operation_lines(operations)
-    lines = ["--> sparkfleet plan, per serving group:", *g_lines, "--> operations a deploy would run:", *o_lines]
+    f_lines = FleetPlan(**fleet).lines() if fleet else []
+    lines = ["--> sparkfleet plan, per serving group:", *g_lines,
+             *(["--> the fleet:", *f_lines] if f_lines else []),
+             "--> operations a deploy would run:", *o_lines]
     if changing_groups or changing_ops:
         lines.append(f"--> a deploy would change something: {changing_groups} serving group(s) by the plan, "
                      f"{changing_ops} operation(s) would run: exit 2")
@@ -99,13 +106,16 @@ def verdict(groups: dict[str, dict], operations: dict[str, list[dict]]) -> tuple
     return NO_CHANGES, lines
 
 
-def read_plan(directory: Path) -> tuple[dict, dict[str, list[dict]]]:
+def read_plan(directory: Path) -> tuple[dict, dict[str, list[dict]], dict]:
     groups = json.loads((directory / GROUPS_FILE).read_text())
+    # A plan recorded before the fleet's verdicts were written (tests/unit/fixtures/lab-*) has none:
+    # for a pair that prints the same (a pair has nothing fleet-level to print).
+    fleet = json.loads((directory / FLEET_FILE).read_text()) if (directory / FLEET_FILE).exists() else {}
     operations = {path.name[len(OPS_PREFIX):-len(".json")]: json.loads(path.read_text())
                   for path in sorted(directory.glob(f"{OPS_PREFIX}*.json"))}
     if not operations:
         raise ValueError(f"no {OPS_PREFIX}<host>.json written")
-    return groups, operations
+    return groups, operations, fleet
 
 
 def main(inventory: str, extra: list[str] | None = None) -> int:
@@ -124,11 +134,11 @@ def run(inventory: str, extra: list[str] | None = None) -> tuple[int, list[str]]
                   f"changed", file=sys.stderr)
             return ERROR, []
         try:
-            groups, operations = read_plan(Path(tmp))
+            groups, operations, fleet = read_plan(Path(tmp))
         except (ValueError, OSError) as err:
             print(f"sparkfleet plan: no plan to read ({err}); nothing was changed", file=sys.stderr)
             return ERROR, []
-    code, lines = verdict(groups, operations)
+    code, lines = verdict(groups, operations, fleet)
     sys.stdout.flush()
     print("\n".join(lines))
     return code, sorted(operations)

@@ -107,3 +107,39 @@ class WatchdogPlan:
     moves: str | None  # what moves the pair in this run ("the prewarm", "the pair restart"), or None
     running: dict[str, bool]  # node -> its watchdog ran at prepare time
     pause: tuple[str, ...]  # nodes whose watchdog this run stops before the pair moves, head first
+
+
+@dataclass(frozen=True)
+class FleetKey:
+    """roles/router fleet_key.decide: the fleet's one API key behind the router and where it is
+    written. The key is held in the controller's memory for the write's operation body only: it is in
+    no repr, no printed line and no plan file (sparkfleet/plan_types.py FleetPlan carries the nodes)."""
+    source: str  # the node whose key file is the fleet's (the router group's head)
+    key: bytes = field(repr=False)  # the key file's content, as read at prepare (or generated)
+    writes: dict[str, str] = field(default_factory=dict)  # node name -> key file path (re)written with `key`
+    generated: bool = False  # nothing at the source's path: the controller generated the key
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One serving group as the router sees it, and as this run's plan has it (roles/rolling/routes.py)."""
+
+    group: str
+    url: str
+    model: str
+    state: str | None  # routed | unhealthy | draining | drained; None: not in the router's config yet
+    healthy: bool  # its plan's probe: it serves
+    restart: bool  # its plan restarts it (a turn that drains it, when it is routed)
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    """roles/rolling/routes.py decide: the router's routing as read at prepare, and what this run does
+    to it. `last_routed` is refused by the composer (tools/plan.py) before any change."""
+    router: str = ""  # the router node ("": none)
+    states: dict[str, str | None] = field(default_factory=dict)  # group -> its state at the router
+    note: str = ""  # why the routing was not read: the router is not running, or not answering
+    route_again: tuple[str, ...] = ()  # groups put back before any turn
+    drain: tuple[str, ...] = ()  # groups taken out of routing for their restart, in turn order
+    last_routed: dict[str, str] = field(default_factory=dict)  # group -> why its drain is refused
+    accepted: dict[str, str] = field(default_factory=dict)  # the same, with the outage accepted in data

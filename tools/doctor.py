@@ -38,7 +38,7 @@ from sparkfleet.model.monitoring import monitoring_node_name
 from sparkfleet.model.serving import node_profile
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
 from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, per_group
-from tools.plan import group_decisions
+from tools.plan import fleet_key_decision, group_decisions
 
 
 def _checks(state, group) -> list[tuple[str, str, list[str]]]:
@@ -52,7 +52,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
     # The deploy's plan for this group (tools/plan.py: the same facts and verdicts a deploy takes,
     # and `sparkfleet plan` prints); a plan that cannot be taken fails the rows that read it.
     try:
-        planned, no_plan = group_decisions(state, group), None
+        planned, no_plan = group_decisions(state, group, fleet_key_decision(state)), None
     except DeployError as err:
         planned, no_plan = None, str(err)
     try:

@@ -1,15 +1,17 @@
-"""The run's one plan: per serving group, what is fetched, built, shipped, warmed and restarted, and why.
+"""The run's one plan: per serving group, what is fetched, built, shipped, warmed and restarted, and why;
+for the fleet, the turn order, the routing and the fleet key's fate.
 
 decide() is deploy.py's step 1b: it takes every role's verdict once, from facts read at prepare
 (before any operation), composes what only their sum says (whether the pair restarts, what pauses
-the watchdog), prints the table once and installs the result (sparkfleet/decided.py) for every step
-after it to read. Nothing decides again: each role executes its slice. A group whose row says nothing
+the watchdog; the turns, what is drained and routed again), prints the table and the fleet's lines
+once and installs the result (sparkfleet/decided.py) for every step after it to read. Nothing decides again: each role executes its slice. A group whose row says nothing
 is left alone (groups are independent: a change to one group's profile restarts that group only).
 The composer stands above the roles; no role imports it.
 """
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import asdict, replace
 
 from pyinfra import logger
@@ -21,7 +23,10 @@ from roles.fingerprint.facts import EngineVersions
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
 from roles.preflight.checks import preflight_rows
-from roles.router.fleet_key import replaced_on
+from roles.rolling import routes
+from roles.router import fleet_key
+from roles.router.facts import RouterRouting
+from roles.router.node_config import router_node
 from roles.serving import checks as serving_checks
 from roles.serving.api_key import decide_key, head_key_found
 from roles.watchdog import checks as watchdog_checks
@@ -30,10 +35,11 @@ from sparkfleet import decided
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.env_readers import snapshot_version
 from sparkfleet.model.serving import node_profile
-from sparkfleet.once import at_once, group_slot, once_per_fleet, per_group
-from sparkfleet.plan_command import GROUPS_FILE, plan_dir
-from sparkfleet.plan_types import GroupPlan, turn_sequence
-from sparkfleet.verdicts import NodeMemory
+from sparkfleet.inventory import fleet_from_state
+from sparkfleet.once import at_once, fleet_slot, group_slot, once_per_fleet, per_group
+from sparkfleet.plan_command import FLEET_FILE, GROUPS_FILE, plan_dir
+from sparkfleet.plan_types import FleetPlan, GroupPlan, turn_order
+from sparkfleet.verdicts import FleetKey, NodeMemory, RoutingPlan
 
 
 def restart_reasons(cluster, profile, image, fabric, key, weights, caches, serving) -> list[str]:
@@ -85,17 +91,48 @@ FACT_READERS_AT_ONCE = 6
 
 
 def read_facts(state) -> None:
-    """Step 1: every group's facts pass, at once, before preflight's check reads its rows (one of the
-    pass's readers): the two overlap instead of one waiting for the other. Nothing is decided here,
-    and no failure is raised here: a reader's failure stays in its group's slot and is raised where
-    it was before, by preflight's check (its rows) or by decide() (the rest), so that a node which
-    fails preflight is still refused by preflight's table."""
-    def compute():
+    """Step 1: every group's facts pass and the fleet's (the router's routing, the fleet key's files),
+    at once, before preflight's check reads its rows (one of the pass's readers): they overlap
+    instead of one waiting for another. Nothing is decided here, and no failure is raised here: a
+    reader's failure stays in its slot and is raised where it was before, by preflight's check (its
+    rows) or by decide() (the rest), so that a node which fails preflight is still refused by
+    preflight's table."""
+    def quietly(read):
         try:
-            per_group(state, lambda group: group_facts(state, group))
-        except Exception:  # kept in the slot (sparkfleet.once.group_slot): raised again by its next reader
+            read()
+        except Exception:  # kept in the slot (sparkfleet.once.group_slot, fleet_slot): raised again by its next reader
             pass
+
+    def compute():
+        # The fleet's two readers one after the other, beside the groups' pass: one more channel on the
+        # router group's nodes, under sshd's MaxSessions (FACT_READERS_AT_ONCE).
+        at_once(lambda: quietly(lambda: per_group(state, lambda group: group_facts(state, group))),
+                lambda: (quietly(lambda: fleet_key_facts(state)), quietly(lambda: router_routing(state))))
     once_per_fleet(state, "plan-facts", compute)
+
+
+def fleet_key_facts(state) -> fleet_key.KeyFacts | None:
+    """The fleet key's holders as the facts pass read them (roles/router fleet_key.key_facts), once per
+    run; None without a router."""
+    with fleet_slot(state, "fleet-key") as slot:
+        return slot.value if slot.done else slot.fill(fleet_key.key_facts(state, fleet_from_state(state)))
+
+
+def router_routing(state) -> dict | None:
+    """The router's routing as the facts pass read it (roles/router/facts.py RouterRouting: None when
+    its unit is not active, {'error': ...} when it does not answer), once per run; None without a
+    router."""
+    with fleet_slot(state, "router-routing") as slot:
+        if slot.done:
+            return slot.value
+        router = router_node(fleet_from_state(state))
+        return slot.fill(None if router is None else state.inventory.get_host(router.name).get_fact(RouterRouting))
+
+
+def fleet_key_decision(state) -> FleetKey | None:
+    """The fleet key's fate from the facts pass (roles/router fleet_key.decide): decide() takes it once
+    for the run; the doctor and a replay take it for the groups' key verdicts."""
+    return fleet_key.decide(fleet_from_state(state), fleet_key_facts(state), secrets.token_hex(32).encode())
 
 
 def group_facts(state, group) -> dict:
@@ -118,8 +155,6 @@ def _read_group_facts(state, group) -> dict:
     readers = {
         "fabric": lambda: fabric_checks.fabric_facts(state),  # links, files, and the read-only proof
         "key_found": lambda: head_key_found(state, group.head),
-        # The router's verdict (roles/router fleet_key): the fleet's one key replaces this head's.
-        "key_replaced": lambda: replaced_on(state, group.head.name),
         "image": lambda: image_checks.image_facts(state, profile),
         "engine": lambda: engine_versions(state, group.head, profile),
         "weights": lambda: weights_checks.weights_facts(state),
@@ -134,12 +169,13 @@ def _read_group_facts(state, group) -> dict:
     return dict(zip(readers, at_once(*readers.values(), limit=FACT_READERS_AT_ONCE)))
 
 
-def decide_group(facts: dict, group) -> decided.Decisions:
-    """One group's decisions, a pure function of its facts and its validated config: each role's
-    verdict, then what only their sum says (whether the pair restarts, what pauses the watchdog)."""
+def decide_group(facts: dict, group, fleet_key_v: FleetKey | None = None) -> decided.Decisions:
+    """One group's decisions, a pure function of its facts, its validated config and the fleet key's
+    fate (roles/router: the fleet's one key replaces this head's): each role's verdict, then what only
+    their sum says (whether the pair restarts, what pauses the watchdog)."""
     profile = node_profile(group.head)
     fabric = fabric_checks.decide(facts["fabric"], group)
-    key = decide_key(group.head, facts["key_found"], facts["key_replaced"])
+    key = decide_key(group.head, facts["key_found"], fleet_key_v is not None and group.head.name in fleet_key_v.writes)
     image_v = image_checks.decide(facts["image"], group, profile)
     weights_v = weights_checks.decide(facts["weights"], group)
     caches = kernel_cache_checks.decide(facts["caches"], group)
@@ -160,10 +196,10 @@ def decide_group(facts: dict, group) -> decided.Decisions:
                              speed=speed, serving=serving_v, watchdog=watchdog_v, memory=memory)
 
 
-def group_decisions(state, group) -> decided.Decisions:
+def group_decisions(state, group, fleet_key_v: FleetKey | None) -> decided.Decisions:
     """One group's decisions from this run's facts, each role's verdict line printed."""
     facts = group_facts(state, group)
-    d = decide_group(facts, group)
+    d = decide_group(facts, group, fleet_key_v)
     profile = node_profile(group.head)
     logger.info("--> sparkfleet weights: " + weights_checks.summary(d.weights))
     logger.info(f"--> sparkfleet kernel caches ({profile.image_ref}): "
@@ -223,33 +259,64 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
     return lines
 
 
-def write_plan(plans: dict[str, GroupPlan], path: str) -> None:
-    """The plan as JSON for `sparkfleet plan` (sparkfleet/plan_command.py), group -> its verdicts."""
-    with open(path, "w") as out:
+def fleet_plan(turns: list[str], routing: RoutingPlan, key: FleetKey | None) -> FleetPlan:
+    """The fleet's row of the plan: the turn order, the router's verdict and the fleet key's. Pure."""
+    return FleetPlan(turns=list(turns), router=routing.router,
+                     routing={g: state or "not configured yet" for g, state in routing.states.items()},
+                     router_note=routing.note, route_again=list(routing.route_again), drain=list(routing.drain),
+                     outage_accepted=dict(routing.accepted), key_source=key.source if key else "",
+                     key_writes=list(key.writes) if key else [], key_generated=bool(key and key.generated))
+
+
+def fleet_lines(plans: dict[str, GroupPlan], fleet: FleetPlan) -> list[str]:
+    """The fleet's lines under the table: how the restarting groups take their turns, the turn order
+    (a fleet), the router's routing, what this run drains and routes again, and where the key goes."""
+    lines = []
+    restarting = fleet.restarting(plans)
+    if len(restarting) > 1 and any(p.healthy for p in plans.values()):
+        lines.append(f"    rolling: {', then '.join(restarting)} (one group at a time: each out of the router, "
+                     f"upgraded, proven to serve and routed again before the next stops)")
+    elif len(restarting) > 1:
+        lines.append(f"    together: {', '.join(sorted(restarting))} (no group serves yet: none waits for another)")
+    if len(fleet.turns) > 1 or "+" in "".join(fleet.turns):
+        lines.append(f"    turn order: {', then '.join(fleet.turns)}")
+    return lines + fleet.router_lines()
+
+
+def write_plan(plans: dict[str, GroupPlan], fleet: FleetPlan, directory) -> None:
+    """The plan as JSON for `sparkfleet plan` (sparkfleet/plan_command.py): group -> its verdicts, and
+    the fleet's (no key in it: FleetPlan names the nodes a key is written to)."""
+    with open(directory / GROUPS_FILE, "w") as out:
         json.dump({name: asdict(p) for name, p in sorted(plans.items())}, out, indent=1, sort_keys=True)
+    with open(directory / FLEET_FILE, "w") as out:
+        json.dump(asdict(fleet), out, indent=1)  # unsorted: the router's groups in its own order
 
 
 def decide(state) -> dict[str, GroupPlan]:
-    """Step 1b: every group's decisions, once per run, printed as a table before any operation runs and
-    installed for every later step (sparkfleet/decided.py); run as a plan, also written for
-    `sparkfleet plan` to read. Returns the table's rows."""
+    """Step 1b: every group's decisions and the fleet's, once per run, printed before any operation runs
+    and installed for every later step (sparkfleet/decided.py); run as a plan, also written for
+    `sparkfleet plan` to read. A turn that would drain a model's last routed group is refused here,
+    before any host is changed. Returns the table's rows."""
     def compute():
-        decisions = per_group(state, lambda group: group_decisions(state, group))
-        decided.install(state, decisions)
+        fleet = fleet_from_state(state)
+        key = fleet_key_decision(state)  # before the groups': a head whose key is replaced restarts
+        decisions = per_group(state, lambda group: group_decisions(state, group, key))
         plans = {name: d.summary for name, d in decisions.items()}
+        turns = turn_order(plans, list(fleet.groups))
+        routing = routes.decide(fleet, router_routing(state), plans, turns)
+        fleet_v = decided.FleetDecision(summary=fleet_plan(turns, routing, key), key=key)
         changed = sum(p.changes for p in plans.values())
         logger.info(f"--> sparkfleet plan: {len(plans)} serving group(s), {changed} with changes "
                     f"(decided before any change; the roles execute this plan)")
         for line in plan_table(plans):
             logger.info("    " + line)
-        restarting = [name for name in turn_sequence(plans) if plans[name].restart]
-        if len(restarting) > 1 and any(p.healthy for p in plans.values()):
-            logger.info(f"    rolling: {', then '.join(restarting)} (one group at a time: each out of the router, "
-                        f"upgraded, proven to serve and routed again before the next stops)")
-        elif len(restarting) > 1:
-            logger.info(f"    together: {', '.join(restarting)} (no group serves yet: none waits for another)")
+        for line in fleet_lines(plans, fleet_v.summary):
+            logger.info(line)
+        if (refused := routes.refusal(fleet, routing)) is not None:
+            raise refused
+        decided.install(state, decisions, fleet_v)
         if (directory := plan_dir()) is not None:
-            write_plan(plans, str(directory / GROUPS_FILE))
+            write_plan(plans, fleet_v.summary, directory)
         return plans
 
     return once_per_fleet(state, "plan", compute)

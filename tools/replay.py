@@ -6,7 +6,7 @@ from pyinfra.context import ctx_state
 
 from sparkfleet.capture import replay_facts, replay_state
 from sparkfleet.once import per_group
-from tools.plan import decide_group, group_facts
+from tools.plan import decide_group, fleet_key_decision, group_facts
 
 
 def replay_plan(bundle: dict, inventory: str | None = None) -> dict:
@@ -14,4 +14,5 @@ def replay_plan(bundle: dict, inventory: str | None = None) -> dict:
     facts alone: what a deploy of the captured machines would have done when they were captured."""
     state = replay_state(bundle, inventory)
     with replay_facts(bundle), ctx_state.use(state):
-        return per_group(state, lambda group: decide_group(group_facts(state, group), group))
+        key = fleet_key_decision(state)
+        return per_group(state, lambda group: decide_group(group_facts(state, group), group, key))

@@ -1,9 +1,12 @@
-"""One serving group at a time: the order of the turns and what each turn does at its ends.
+"""One serving group at a time: what each turn does at its ends, in the order the plan decided.
 
 deploy.py runs steps 7c-11 (watchdog pause, kernel caches, units, watchdog, receipt) once per
-serving group, in turn order (turn_order). A host's operations are a chain that pyinfra keeps in
-order, and every host defines the barrier operation of every turn (roles/rolling/turn_start.py), so all
-of one group's operations run before the next group's first: with a router in front, a group
+serving group, in the turn order the plan took at step 1b (tools/plan.py, sparkfleet/plan_types.py
+turn_order; read here from sparkfleet/decided.py FleetDecision), as are the drains and the groups
+routed again (roles/rolling/routes.py decide, at step 1b too): nothing here decides either again.
+A host's operations are a chain that pyinfra keeps in order, and every host defines the barrier
+operation of every turn (roles/rolling/turn_start.py), so all of one group's operations run before
+the next group's first: with a router in front, a group
 being upgraded is out of routing while the others serve. A turn ends by proving the group serves
 (a real chat completion through both ranks) and putting it back; a group that does not come back
 fails its head, and the run stops there (config.FAIL_PERCENT = 0): the next group is never
@@ -15,33 +18,19 @@ from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
 
-from roles.rolling.routes import Backend, routing_plan
 from roles.router import control
-from roles.router.control import groups_by_url
-from roles.router.facts import RouterRouting
-from roles.router.node_config import ROUTER_UNIT, backend_url, routed_groups, router_node, served_name
-from sparkfleet.decided import fleet_summary
+from roles.router.node_config import ROUTER_UNIT, backend_url, router_node
+from sparkfleet.decided import fleet_decision, fleet_summary
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
-from sparkfleet.once import once_per_fleet
-from sparkfleet.plan_types import turn_sequence
-from sparkfleet.refusal import Problem, Refusal
+from sparkfleet.plan_types import turn_groups
+
+__all__ = ["turn_groups"]
 
 
 def turn_order(state) -> list[str]:
-    """The turns, in order, each the groups that take it ('g1', or 'g1+g2'): one group per turn while
-    any group serves (the others keep answering during a group's turn), the groups that do not
-    serve first (sparkfleet/plan_types.py turn_sequence); all groups in one turn when none serves yet (a
-    first bring-up keeps nobody waiting for nothing)."""
-    groups = list(fleet_from_state(state).groups)
-    plans = fleet_summary(state)
-    if any(p.healthy for p in plans.values()):
-        planned = turn_sequence(plans)
-        return planned + [g for g in groups if g not in planned]
-    return ["+".join(groups)]
-
-
-def turn_groups(turn: str) -> list[str]:
-    return turn.split("+")
+    """The turns, in order, as the plan decided them (sparkfleet/plan_types.py turn_order), each the
+    groups that take it ('g1', or 'g1+g2' when none serves yet)."""
+    return list(fleet_decision(state).summary.turns)
 
 
 def takes_turn(state, turn: str) -> bool:
@@ -50,16 +39,18 @@ def takes_turn(state, turn: str) -> bool:
     return cluster_from_state(state).node(host.name).serving_group in turn_groups(turn)
 
 
-def router_for(state, group: str):
-    """(router node, the group head's backend URL) when a router routes to `group`, else None."""
-    fleet = fleet_from_state(state)
-    router = router_node(fleet)
-    if router is None or group not in routed_groups(fleet, router):
+def drained_at(state, group: str):
+    """(router node, the group head's backend URL) when the plan takes `group` out of routing for its
+    restart (and routes it again at its turn's end), else None."""
+    if not fleet_decision(state).drains(group):
         return None
-    return router, backend_url(fleet.groups[group].head)
+    fleet = fleet_from_state(state)
+    return router_node(fleet), backend_url(fleet.groups[group].head)
 
 
 def router_active(state, router_name: str) -> bool:
+    """A local gate at a turn's ends, not a verdict: the router's unit was active at prepare (the plan
+    drains through it only then), and is asked again here, as it may have stopped since."""
 
     host = state.inventory.get_host(router_name)
     ok, out = host.run_shell_command(StringCommand(f"systemctl is-active {ROUTER_UNIT}.service"))
@@ -122,43 +113,6 @@ def turns_done(order: list[str]) -> None:
     how = "restarted one at a time" if len(order) > 1 else "restarted together (none was serving)"
     logger.info(f"    serving groups took their turns in this order: {', '.join(order)}; {how}: "
                 f"{', '.join(moved) or 'none'}")
-
-
-def routing_decision(state):
-    """The run's routing plan (roles/rolling/routes.py), once per run, from the router's routing read
-    at prepare and every group's plan; printed, and a drain of a model's last routed group refused
-    here, before any change. None when there is no router, or it is not running or not answering."""
-
-
-    def compute():
-        fleet = fleet_from_state(state)
-        router = router_node(fleet)
-        if router is None:
-            return None
-        table = state.inventory.get_host(router.name).get_fact(RouterRouting)
-        if table is None or "error" in table:
-            logger.info(f"--> sparkfleet router on {router.name}: "
-                        + ("not running; it starts with every group (step 12)" if table is None
-                           else f"not answering ({table['error']}); routing is not checked before the turns"))
-            return None
-        plans = fleet_summary(state)
-        backends = [Backend(name, url, served_name(fleet.groups[name]), table.get(url), plans[name].healthy,
-                            plans[name].restart)
-                    for url, name in groups_by_url(fleet, router).items() if name in plans]
-        plan = routing_plan(backends, [turn_groups(t) for t in turn_order(state)], router.router_outage_accepted)
-        for line in plan.lines(backends, router.name):
-            logger.info(line)
-        if plan.last_routed:
-            raise Refusal(
-                "a turn would take the last routed group of a model out of the router; nothing was changed",
-                [Problem(why, [fleet.groups[group].head.name], key="router_outage_accepted",
-                         fix="bring another group of that model back first (a deploy repairs the groups that do not "
-                             "serve before it drains one that does), or set router_outage_accepted: true (allowed: "
-                             "true, false) to accept the outage")
-                 for group, why in plan.last_routed.items()])
-        return plan
-
-    return once_per_fleet(state, "routing", compute)
 
 
 def route_again(groups: list[tuple[str, str]], timeout_s: float) -> None:

@@ -4,7 +4,7 @@ turn's group): a real request through both ranks proves the group serves, then i
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from roles.rolling.checks import prove_and_undrain, router_for
+from roles.rolling.checks import prove_and_undrain, drained_at
 from roles.serving.api_key import curl_config
 from sparkfleet.chat_request import request_command
 from sparkfleet.decided import decisions
@@ -14,8 +14,8 @@ from sparkfleet.model.serving import node_profile
 node = cluster_from_state(state).node(host.name)
 restart = decisions(state).serving.restart  # the group's plan (tools/plan.py): it stopped and started
 group = node.serving_group
-routed = router_for(state, group)
-router, url = routed if routed else (None, None)
+drained = drained_at(state, group)  # the plan's: drained at its turn's start, routed again here
+router, url = drained if drained else (None, None)
 profile = node_profile(node)
 body = {"model": profile.api_model_name, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 # A real request (both ranks answer it), its HTTP code checked; the key from curl's root-only config.

@@ -10,8 +10,8 @@ router, it is taken out of routing (roles/rolling/turn_end.py puts it back).
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from roles.rolling.checks import drain, previous_came_back, router_for, takes_turn, turn_groups, turn_order
-from sparkfleet.decided import decisions, fleet_summary
+from roles.rolling.checks import drain, drained_at, previous_came_back, takes_turn, turn_groups, turn_order
+from sparkfleet.decided import fleet_summary
 from sparkfleet.inventory import cluster_from_state
 
 turn = host.current_deploy_data["sparkfleet_turn"]  # 'g1', or 'g1+g2' when none serves yet
@@ -31,10 +31,9 @@ python.call(
 )
 
 if mine:
-    restart = decisions(state).serving.restart  # the group's plan (tools/plan.py): it stops and starts
     group = node.serving_group
-    routed = router_for(state, group)
-    router, url = routed if routed else (None, None)
+    drained = drained_at(state, group)  # the plan's: it restarts, and the router routes it (step 1b)
+    router, url = drained if drained else (None, None)
     python.call(
         name=f"Take serving group {group} out of the router (it restarts)",
         function=drain,
@@ -42,5 +41,5 @@ if mine:
         router=router.name if router else None,
         url=url,
         timeout_s=float(node.serving_health_timeout_s),
-        _if=lambda: node.is_head and restart and router is not None,
+        _if=lambda: node.is_head and drained is not None,
     )

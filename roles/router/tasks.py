@@ -1,6 +1,6 @@
 """roles/router: the fleet's one endpoint, smg, on router_node, in front of every serving group that
 serves the router group's model (roles/router/node_config.py); the key is the fleet's
-(roles/router/fleet_key.py, key_tasks.py). Runs after roles/serving: the heads serve by then.
+(roles/router/fleet_key.py, decided at step 1b; key_tasks.py writes it). Runs after roles/serving: the heads serve by then.
 
 On the router node:
 1. python3-venv from the distribution when python3 cannot make a virtualenv with pip;
@@ -28,7 +28,6 @@ from pyinfra.operations.util import any_changed
 
 from roles.router.control import report_routing
 from roles.router.facts import RouterHost
-from roles.router.fleet_key import replaced_on
 from roles.router.node_config import (
     CONTROL_KEY_FILE, ROUTER_CONFIG, ROUTER_UNIT, SFL_ROUTER, UNIT_PATH, WHEEL_DIR, backends, config_text, unit_text,
     venv_dir,
@@ -37,6 +36,7 @@ from roles.router.wheels import fetch, wheel
 from sparkfleet.model.api_key import KEY_TEXT
 from sparkfleet import unchanged
 from sparkfleet.keyfiles import generate_command, problem
+from sparkfleet.decided import fleet_decision
 from sparkfleet.inventory import fleet_from_state
 
 fleet = fleet_from_state(state)
@@ -94,7 +94,7 @@ if node.router_node == node.name:
     systemd.daemon_reload(name=f"Reload systemd ({ROUTER_UNIT} unit changed)", _if=unit.did_change)
     server.shell(name=f"Check {ROUTER_CONFIG} with the program",
                  commands=[f"python3 {SFL_ROUTER} check {ROUTER_CONFIG}"], _if=any_changed(program, config))
-    key_changed = replaced_on(state, node.name)
+    key_changed = fleet_decision(state).key_written_on(node.name)  # the plan's key verdict (step 1b)
     restart = server.shell(
         name=f"Restart {ROUTER_UNIT} (its program, config, unit, installation or a key changed)",
         commands=[f"systemctl restart {ROUTER_UNIT}.service"],

@@ -99,7 +99,7 @@ def head_key_found(state, head) -> str:
 
 def decide_key(head, found: str, replaced: bool) -> str:
     """The head's key verdict, a pure function of what its node holds and whether the fleet's one key
-    replaces it in this run (roles/router, fleet_key.replaced_on: behind a router, a changed key
+    replaces it in this run (roles/router fleet_key.decide, in the plan: behind a router, a changed key
     restarts the group). A key file the deploy must not use stops the deploy there (DeployError: a
     refusal block, nothing changed)."""
     found = "stale" if replaced else found

@@ -1,7 +1,10 @@
 """The plan a deploy printed against the operations it ran: every planned fetch, build, shipment,
 cache warm-up and pair restart happened, on the node the plan names, and none happened that the plan
-did not announce. Read from the deploy's own output, nothing else: the plan table (tools/plan.py,
-printed once before any operation) and pyinfra's per-operation results.
+did not announce; and so for the fleet's actions: every group routed again, taken out of routing
+for its restart and put back, and every fleet key written, as the fleet's lines printed them, the
+groups' turns in the printed order. Read from the deploy's own output, nothing else: the plan table
+and the fleet's lines (tools/plan.py, printed once before any operation) and pyinfra's per-operation
+results.
 
 Used by tests/e2e/lab.py's deploy() on every lab deploy that succeeded, so each end-to-end test that
 deploys also proves that what ran is what was printed."""
@@ -13,6 +16,13 @@ from dataclasses import dataclass, field
 from tools.plan import TABLE_HEADER
 
 _PLAN = re.compile(r"^--> sparkfleet plan: (?P<groups>\d+) serving group\(s\), (?P<changes>\d+) with changes")
+# The fleet's lines under the table (sparkfleet/plan_types.py FleetPlan.router_lines, tools/plan.py fleet_lines).
+_ROUTER = re.compile(r"^--> sparkfleet router on (?P<router>\S+): ")
+_ROUTE_AGAIN = re.compile(r"^routed again before any turn \(an earlier run left them drained; they serve\): (?P<groups>.+)$")
+_DRAIN = re.compile(r"^out of routing for their restart, routed again at their turn's end: (?P<groups>.+)$")
+_KEY = re.compile(r"^the fleet's API key \((?P<source>\S+)'s(?:, generated now)?\) written into the key file of: "
+                  r"(?P<nodes>.+)$")
+_TURNS = re.compile(r"^turn order: (?P<turns>.+)$")
 
 
 @dataclass
@@ -66,6 +76,67 @@ def parse_plan(output: str) -> tuple[int, dict[str, PlannedGroup]] | None:
     return int(m["changes"]), plans
 
 
+@dataclass
+class PlannedFleet:
+    router: str | None = None  # the router node, when the plan printed its line
+    route_again: list[str] = field(default_factory=list)
+    drain: list[str] = field(default_factory=list)
+    key_writes: list[str] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)  # as printed ('g1', 'g1+g2'); [] for a pair
+
+
+def parse_fleet(output: str) -> PlannedFleet:
+    """The fleet's lines the plan printed (none for a pair)."""
+    fleet = PlannedFleet()
+    for line in output.splitlines():
+        text = line.strip()
+        if m := _ROUTER.match(text):
+            fleet.router = m["router"]
+        elif m := _ROUTE_AGAIN.match(text):
+            fleet.route_again = m["groups"].split(", ")
+        elif m := _DRAIN.match(text):
+            fleet.drain = m["groups"].split(", ")
+        elif m := _KEY.match(text):
+            fleet.key_writes = m["nodes"].split(", ")
+        elif m := _TURNS.match(text):
+            fleet.turns = m["turns"].split(", then ")
+    return fleet
+
+
+def _names(changed: list[tuple[str, str]]) -> list[tuple[set[str], str]]:
+    return [(printed_names(op), host) for op, host in changed]
+
+
+def fleet_mismatches(output: str, changed: list[tuple[str, str]], plans: dict[str, PlannedGroup]) -> list[str]:
+    """The fleet's actions a run took against the fleet's lines its plan printed."""
+    fleet, ran, out = parse_fleet(output), _names(changed), []
+
+    def done(host, test) -> bool:
+        return any(h == host and any(test(n) for n in names) for names, h in ran)
+
+    def expect(what, planned, did):
+        if planned != did:
+            out.append(f"fleet: {what}: the plan said {planned}, the run did {did}")
+
+    again = [(names, h) for names, h in ran if any(n.startswith("Route again the serving groups ") for n in names)]
+    expect("groups routed again before any turn", fleet.route_again,
+           [g for names, _ in again for n in names for g in re.findall(r"\((.+)\)$", n)[0].split(", ")])
+    if again and {h for _, h in again} != {fleet.router}:
+        out.append(f"fleet: groups routed again on {sorted({h for _, h in again})}, the router is {fleet.router}")
+    expect("groups taken out of routing for their restart", sorted(fleet.drain),
+           sorted(g for g, p in plans.items()
+                  if done(p.head, lambda n, g=g: n == f"Take serving group {g} out of the router (it restarts)")))
+    written = sorted({h for names, h in ran if any(n.startswith("Write the fleet's API key into ") for n in names)})
+    expect("nodes the fleet's API key was written to", sorted(fleet.key_writes), written)
+    if fleet.turns:  # the groups proven at their turn's end, in the order they ran
+        order = [g for t in fleet.turns for g in t.split("+")]
+        proven = [g for names, h in ran for n in names
+                  if (m := re.fullmatch(r"Prove serving group (\S+) serves, and put it back in the router", n))
+                  for g in [m[1]] if g in plans and h == plans[g].head]
+        expect("the groups' turns, in order", [g for g in order if g in proven], proven)
+    return out
+
+
 def _count(changed: list[tuple[str, str]], host: str, test) -> int:
     return sum(1 for op, h in changed if h == host and test(op))
 
@@ -101,7 +172,7 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
         restarted = [p.head] if _count(changed, p.head, lambda op: op == "Start the head (every worker is up)") else []
         restarted += [w for w in workers if _count(changed, w, lambda op: op == "Restart the workers (workers first)")]
         expect(name, "pair restart (nodes restarted)", p.nodes if p.restart else [], restarted)
-    return out
+    return out + fleet_mismatches(output, changed, plans)
 
 
 _HOST_RUNS = re.compile(r"^  (?P<host>\S+): (?P<n>\d+) operation\(s\) would run:$")

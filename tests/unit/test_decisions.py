@@ -322,7 +322,6 @@ def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", 
     return {
         "fabric": fabric or fabric_facts(cluster),
         "key_found": key,
-        "key_replaced": False,
         "image": image_checks.ImageFacts(ids=ids, pins={"spark-a": [pushed], "spark-b": (pushed, [pushed])}),
         "weights": weights,
         "caches": caches,

@@ -133,3 +133,38 @@ def test_an_operations_commands_are_generated_once_and_closed_at_once():
             ended.append(True)
 
     assert judge([], generated) == WOULD_RUN and ended == [True]
+
+
+def test_a_fleets_plan_prints_its_turns_routing_and_key_after_the_groups_and_a_pairs_prints_none(tmp_path):
+    """Step 1b writes the fleet's verdicts beside the groups' (tools/plan.py write_plan); the summary
+    prints them after every group's lines, which stay together (tests/fleet/test_lab_fleet.py reads
+    each group's line with its engine line under it). The recorded pair's plan has no fleet file:
+    it prints as before."""
+    import json
+
+    from sparkfleet.plan_types import FleetPlan, GroupPlan
+    from tools.plan import write_plan
+
+    groups = {g: GroupPlan(group=g, profile="p", image="i", nodes=[h], healthy=True, engine="vllm 0.32.0 (unchanged)")
+              for g, h in (("g1", "spark-a"), ("g2", "spark-c"))}
+    fleet = FleetPlan(turns=["g1", "g2"], router="spark-a", routing={"g2": "routed", "g1": "drained"},
+                      route_again=["g1"], key_source="spark-a", key_writes=["spark-c"])
+    write_plan(groups, fleet, tmp_path)
+    (tmp_path / "operations-spark-a.json").write_text(json.dumps([]))
+    code, lines = verdict(*read_plan(tmp_path))
+    assert code == NO_CHANGES
+    assert lines[:9] == [
+        "--> sparkfleet plan, per serving group:",
+        "  g1: nothing to do (serving)", "  g1 engine: vllm 0.32.0 (unchanged)",
+        "  g2: nothing to do (serving)", "  g2 engine: vllm 0.32.0 (unchanged)",
+        "--> the fleet:",
+        "  turn order: g1, then g2",
+        "  router on spark-a: g2 routed, g1 drained",  # the router's own order, kept through the file
+        "  routed again before any turn (an earlier run left them drained; they serve): g1",
+    ]
+    assert lines[9] == "  the fleet's API key (spark-a's) written into the key file of: spark-c"
+    assert lines[10] == "--> operations a deploy would run:"
+    _, pair_lines = verdict(*recorded("unchanged"))
+    assert "--> the fleet:" not in pair_lines
+    write_plan({"pair": groups["g1"]}, FleetPlan(turns=["pair"]), tmp_path)
+    assert "--> the fleet:" not in verdict(*read_plan(tmp_path))[1]

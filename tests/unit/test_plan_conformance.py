@@ -3,7 +3,8 @@ applies it to every deploy; here, on output in pyinfra's and the plan's own form
 from pathlib import Path
 
 from tests.e2e.lab import Run
-from tests.e2e.plan_conformance import mismatches, parse_plan
+from tests.e2e.plan_conformance import PlannedFleet, mismatches, parse_plan
+from tests.e2e.plan_conformance import parse_fleet as parse_plan_fleet
 
 PLAN = """\
 --> sparkfleet plan: 2 serving group(s), 2 with changes (decided before any change; the roles execute this plan)
@@ -153,3 +154,99 @@ def test_a_host_planned_under_one_of_an_operations_names_matches_the_operation_p
     assert operations_mismatches(worker_first, changed) == []
     assert operations_mismatches(worker_first, changed[:2]) == [
         "spark-b: planned to run Write /etc/sparkfleet/sparkfleet-worker.env, did not change"]
+
+
+# ------------------------------------------------------------------ the fleet's lines (issue 42 item 1)
+
+def fleet_run(fleet_plan, *ops, restart=("g1", "g2")):
+    """A fleet deploy's output: the table and the fleet's lines as tools/plan.py prints them (its own
+    functions, so the parser is held to the printer), then pyinfra's operation results."""
+    from sparkfleet.plan_types import GroupPlan
+    from tools.plan import fleet_lines, plan_table
+
+    plans = {"g1": GroupPlan(group="g1", profile="glm-5.3-flash-exl3", image="i", nodes=["spark-a", "spark-b"],
+                             restart="g1" in restart, reasons=["x"], healthy=True),
+             "g2": GroupPlan(group="g2", profile="glm-5.3-flash-exl3", image="i", nodes=["spark-c", "spark-d"],
+                             restart="g2" in restart, reasons=["y"], healthy=True)}
+    lines = ["--> sparkfleet plan: 2 serving group(s), 2 with changes (decided before any change; the roles execute "
+             "this plan)", *("    " + line for line in plan_table(plans)), *fleet_lines(plans, fleet_plan)]
+    for name, results in ops:
+        lines.append(f"--> Starting operation: roles/rolling/turn_start.py | {name}")
+        lines += [f"    [{h}] {r}" for h, r in results.items()]
+    return Run(0, "\n".join(lines))
+
+
+def restarted(group, head, worker):
+    return [("Restart the workers (workers first)", {worker: "Success"}),
+            ("Start the head (every worker is up)", {head: "Success"})]
+
+
+def rolled(*groups, drained=(), again=(), keys=()):
+    """The operations of a rolling run: the route-again, then each group's turn in order."""
+    ops = []
+    if again:
+        ops.append((f"Route again the serving groups an earlier run left drained ({', '.join(again)})",
+                    {"spark-b": "Success"}))
+    ops += [("Write the fleet's API key into /etc/sparkfleet/api-key (the router presents one key to every group)",
+             {n: "Success"}) for n in keys]
+    for g in groups:
+        head, worker = {"g1": ("spark-a", "spark-b"), "g2": ("spark-c", "spark-d")}[g]
+        if g in drained:
+            ops.append((f"Take serving group {g} out of the router (it restarts)", {head: "Success"}))
+        ops += restarted(g, head, worker)
+        ops.append((f"Prove serving group {g} serves, and put it back in the router", {head: "Success"}))
+    return ops
+
+
+FLEET = dict(turns=["g2", "g1"], router="spark-b", routing={"g1": "routed", "g2": "drained"}, drain=["g2", "g1"],
+             key_source="spark-a", key_writes=["spark-c"])
+
+
+def test_a_fleet_run_that_took_the_printed_turns_drains_and_key_writes_passes():
+    from sparkfleet.plan_types import FleetPlan
+
+    run = fleet_run(FleetPlan(**FLEET), *rolled("g2", "g1", drained=("g2", "g1"), keys=("spark-c",)))
+    assert "    turn order: g2, then g1" in run.output
+    assert "--> sparkfleet router on spark-b: g1 routed, g2 drained" in run.output
+    fleet = parse_plan_fleet(run.output)
+    assert (fleet.router, fleet.drain, fleet.key_writes, fleet.turns) == ("spark-b", ["g2", "g1"], ["spark-c"],
+                                                                           ["g2", "g1"])
+    assert mismatches(run.output, run.changed()) == []
+
+
+def test_fleet_actions_the_plan_did_not_print_or_printed_and_did_not_take_are_named():
+    from sparkfleet.plan_types import FleetPlan
+
+    # g1 not drained, the key written to spark-d instead of spark-c, g1 routed again unannounced, turns swapped.
+    run = fleet_run(FleetPlan(**FLEET), *rolled("g1", "g2", drained=("g2",), again=("g1",), keys=("spark-d",)))
+    assert mismatches(run.output, run.changed()) == [
+        "fleet: groups routed again before any turn: the plan said [], the run did ['g1']",
+        "fleet: groups taken out of routing for their restart: the plan said ['g1', 'g2'], the run did ['g2']",
+        "fleet: nodes the fleet's API key was written to: the plan said ['spark-c'], the run did ['spark-d']",
+        "fleet: the groups' turns, in order: the plan said ['g2', 'g1'], the run did ['g1', 'g2']",
+    ]
+
+
+def test_a_printed_route_again_must_run_on_the_router():
+    from sparkfleet.plan_types import FleetPlan
+
+    plan = FleetPlan(**{**FLEET, "route_again": ["g1"], "drain": ["g2"]})
+    ops = rolled("g2", drained=("g2",), keys=("spark-c",))
+    good = fleet_run(plan, ("Route again the serving groups an earlier run left drained (g1)", {"spark-b": "Success"}),
+                     *ops, restart=("g2",))
+    assert "routed again before any turn (an earlier run left them drained; they serve): g1" in good.output
+    assert mismatches(good.output, good.changed()) == []
+    elsewhere = fleet_run(plan, ("Route again the serving groups an earlier run left drained (g1)",
+                                 {"spark-a": "Success"}), *ops, restart=("g2",))
+    assert mismatches(elsewhere.output, elsewhere.changed()) == [
+        "fleet: groups routed again on ['spark-a'], the router is spark-b"]
+
+
+def test_a_pair_prints_no_fleet_line_and_is_held_to_none():
+    from sparkfleet.plan_types import FleetPlan, GroupPlan
+    from tools.plan import fleet_lines
+
+    pair = {"pair": GroupPlan(group="pair", profile="p", image="i", nodes=["spark-a", "spark-b"], restart=True)}
+    assert fleet_lines(pair, FleetPlan(turns=["pair"])) == []
+    run = Run(0, (FIXTURES / "lab-first-deploy-output.txt").read_text())
+    assert parse_plan_fleet(run.output) == PlannedFleet()

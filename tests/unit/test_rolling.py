@@ -8,6 +8,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from roles.rolling import checks
 from sparkfleet.config import build_cluster
+from sparkfleet.plan_types import turn_order
 from tests.unit.test_fleet_config import two_pairs
 
 
@@ -28,10 +29,25 @@ def fleet(monkeypatch):
     ({"g1": True, "g2": False}, ["g2", "g1"]),  # g2 is repaired (and routed) before g1, which serves, is drained
     ({"g1": False, "g2": False}, ["g1+g2"]),  # none serves (a first bring-up): one turn for all
 ])
-def test_one_group_per_turn_while_any_serves(monkeypatch, fleet, healthy, turns):
-    monkeypatch.setattr(checks, "fleet_summary", lambda state: plans(**healthy))  # the run's plan, as decided
-    assert checks.turn_order(object()) == turns
+def test_one_group_per_turn_while_any_serves(fleet, healthy, turns):
+    assert turn_order(plans(**healthy), list(fleet.groups)) == turns  # decided once, at step 1b (tools/plan.py)
     assert sorted(g for t in turns for g in checks.turn_groups(t)) == ["g1", "g2"]
+
+
+def test_a_group_with_no_host_in_the_run_still_takes_its_turn_after_the_planned_ones():
+    assert turn_order(plans(g2=True), ["g1", "g2", "g3"]) == ["g2", "g1", "g3"]
+
+
+def test_every_step_reads_the_turns_the_plan_decided():
+    """roles/rolling's turn_order is the fleet decision's, read; it takes none of its own."""
+    from sparkfleet.decided import FleetDecision, NotDecided
+    from sparkfleet.plan_types import FleetPlan
+
+    state = SimpleNamespace()
+    with pytest.raises(NotDecided):
+        checks.turn_order(state)
+    state._sparkfleet_fleet_decision = FleetDecision(summary=FleetPlan(turns=["g2", "g1"]), key=None)
+    assert checks.turn_order(state) == ["g2", "g1"]
 
 
 class Host:

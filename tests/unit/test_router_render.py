@@ -1,5 +1,6 @@
 """roles/router as the deploy renders it: its data keys and their refusals, the backends it routes to,
 its config and unit (no key anywhere), the firewall's router port, the pinned wheels."""
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -222,36 +223,66 @@ def key_state(fleet, contents):
     return state
 
 
+FRESH = b"f" * 64  # what the composer (tools/plan.py) hands decide for a key generated now
+
+
+def key_plan(fleet, contents):
+    """The fleet key's verdict as step 1b takes it: the facts pass's read, then the pure decide."""
+    from roles.router.fleet_key import decide, key_facts
+
+    return decide(fleet, key_facts(key_state(fleet, contents), fleet), FRESH)
+
+
 def test_the_router_groups_heads_key_is_written_where_it_differs_and_only_there():
-    from roles.router.fleet_key import plan, replaced_on
+    from sparkfleet.decided import FleetDecision
+    from sparkfleet.plan_types import FleetPlan
 
     fleet = build_cluster(fleet_hosts())
     key = b"a" * 64
-    state = key_state(fleet, {"spark-a": key, "spark-c": b"c" * 64})
-    found = plan(state)
-    assert found.source == "spark-a" and found.key == key
+    found = key_plan(fleet, {"spark-a": key, "spark-c": b"c" * 64})
+    assert found.source == "spark-a" and found.key == key and not found.generated
     assert found.writes == {"spark-c": "/etc/sparkfleet/api-key", "spark-b": "/etc/sparkfleet/api-key"}
-    assert replaced_on(state, "spark-c") and replaced_on(state, "spark-b") and not replaced_on(state, "spark-a")
-    assert key.decode() not in repr(found)
-    same = key_state(fleet, {"spark-a": key, "spark-b": key, "spark-c": key})
-    assert plan(same).writes == {} and not replaced_on(same, "spark-c")
+    decision = FleetDecision(summary=FleetPlan(), key=found)
+    assert decision.key_written_on("spark-c") and decision.key_written_on("spark-b")
+    assert not decision.key_written_on("spark-a")
+    assert key.decode() not in repr(found) and key.decode() not in repr(decision)
+    same = key_plan(fleet, {"spark-a": key, "spark-b": key, "spark-c": key})
+    assert same.writes == {} and not FleetDecision(summary=FleetPlan(), key=same).key_written_on("spark-c")
 
 
 def test_on_the_first_deploy_the_controller_generates_the_fleets_key_and_writes_it_to_every_target():
-    from roles.router.fleet_key import plan
-
     fleet = build_cluster(fleet_hosts())
-    found = plan(key_state(fleet, {}))
-    assert re.fullmatch("[0-9a-f]{64}", found.key.decode())
+    found = key_plan(fleet, {})
+    assert found.key == FRESH and found.generated
     assert set(found.writes) == {"spark-a", "spark-b", "spark-c"}
 
 
 def test_no_router_or_a_named_key_file_that_is_absent_plans_nothing():
-    from roles.router.fleet_key import plan
-
-    assert plan(key_state(build_cluster(fleet_hosts(router=None)), {"spark-a": b"a" * 64})) is None
+    assert key_plan(build_cluster(fleet_hosts(router=None)), {"spark-a": b"a" * 64}) is None
     named = {n: {"serving_api_key_file": "/etc/sparkfleet/api-key"} for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
-    assert plan(key_state(build_cluster(fleet_hosts(**named)), {})) is None  # roles/serving refuses it at prepare
+    assert key_plan(build_cluster(fleet_hosts(**named)), {}) is None  # roles/serving refuses it at prepare
+
+
+def test_the_fleet_keys_verdict_is_a_pure_function_of_what_the_facts_pass_read():
+    """decide reads no node: the same facts give the same verdict, and the key is in no printed field."""
+    from dataclasses import asdict
+
+    from roles.router.fleet_key import KeyFacts, decide
+    from tools.plan import fleet_plan
+    from sparkfleet.verdicts import RoutingPlan
+
+    fleet = build_cluster(fleet_hosts())
+    key = b"b" * 64
+    facts = KeyFacts(source=key, sha1={"spark-b": hashlib.sha1(key).hexdigest(), "spark-c": None})
+    assert decide(fleet, facts, FRESH) == decide(fleet, facts, b"e" * 64)
+    found = decide(fleet, facts, FRESH)
+    assert found.writes == {"spark-c": "/etc/sparkfleet/api-key"}
+    printed = fleet_plan(["g1", "g2"], RoutingPlan(router="spark-b", note="not running; it starts with every group "
+                                                                              "(step 12)"), found)
+    assert printed.router_lines() == [
+        "--> sparkfleet router on spark-b: not running; it starts with every group (step 12)",
+        "    the fleet's API key (spark-a's) written into the key file of: spark-c"]
+    assert key.decode() not in repr(asdict(printed)) and key.decode() not in repr(facts)
 
 
 def test_a_source_key_file_that_exists_but_cannot_be_read_stops_the_run_and_is_never_replaced():
@@ -259,11 +290,11 @@ def test_a_source_key_file_that_exists_but_cannot_be_read_stops_the_run_and_is_n
     and lock out every client."""
     from pyinfra.api.exceptions import DeployError
 
-    from roles.router.fleet_key import plan
+    from roles.router.fleet_key import key_facts
 
     fleet = build_cluster(fleet_hosts())
     with pytest.raises(DeployError) as err:
-        plan(key_state(fleet, {"spark-a": "a directory", "spark-b": b"a" * 64}))
+        key_facts(key_state(fleet, {"spark-a": "a directory", "spark-b": b"a" * 64}), fleet)
     assert str(err.value).startswith("spark-a: /etc/sparkfleet/api-key exists but cannot be read: it is a directory, "
                                      "not a regular file; it is the fleet's API key"), err.value
     assert "Nothing was changed" in str(err.value)

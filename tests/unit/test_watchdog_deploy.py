@@ -191,7 +191,8 @@ class Deploy:
         # The run's plan as deploy.py's step 1b installs it (sparkfleet/decided.py), on the state the
         # task files read; only the watchdog's slice is read by the files this test runs.
         decided.install(self.state, {"pair": decided.Decisions(summary=None, fabric=None, key="ok", image=None, weights=None, caches=None,
-                                                               speed=None, serving=None, watchdog=plan, memory={})})
+                                                               speed=None, serving=None, watchdog=plan, memory={})},
+                        decided.FleetDecision(summary=None, key=None))
         self.ops = []  # (include index, line, occurrence, host index, Op)
         for module, names in ((files, ("put", "directory")), (server, ("shell",)), (python, ("call",)),
                               (systemd, ("service", "daemon_reload")), (apt, ("packages",))):
