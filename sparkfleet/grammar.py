@@ -133,9 +133,9 @@ def relative_path_problem(value) -> str | None:
     return f"not {RELATIVE_PATH_FORM}"
 
 
-def url_problem(value, schemes=HTTP, user_allowed: bool = False) -> str | None:
+def url_problem(value, schemes=HTTP, user_allowed: bool = False, query_allowed: bool = True) -> str | None:
     """Why `value` is not a URL of `schemes` (None: it is); a user (ssh://git@host) only where allowed, a
-    password never."""
+    password never; a query only where allowed (a webhook's token rides in it)."""
     form = URL_FORM.format(schemes="|".join(schemes))
     if not isinstance(value, str) or not _URL_CHARS.fullmatch(value):
         return f"not {form}"
@@ -151,7 +151,27 @@ def url_problem(value, schemes=HTTP, user_allowed: bool = False) -> str | None:
                 f"its repository, `make config`)")
     if ".." in parts.path.split("/"):
         return f"not {form}"
+    if parts.query and not query_allowed:
+        return (f"not {form}: it carries a query (`?...`), where a webhook's or a remote write's token rides, which "
+                f"data must not hold")
     return None
+
+
+def secret_url_problem(value, schemes=HTTP) -> str | None:
+    """A URL monitoring sends alerts or samples to: no credentials and no query (`url_problem`)."""
+    return url_problem(value, schemes, query_allowed=False)
+
+
+_USERINFO = re.compile(r"(?<=://)[^/?#@]*@")
+_QUERY = re.compile(r"\?[^#]*")
+
+
+def redacted(value):
+    """`value` as a refusal may show it: a URL's user, password and query replaced by `***` (each may be a
+    secret: `https://ghp_...@github.com`, `?token=...`); anything else as it is."""
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    return _QUERY.sub("?***", _USERINFO.sub("***@", value, count=1), count=1)
 
 
 def git_repository_problem(value) -> str | None:
@@ -192,7 +212,7 @@ def _receiver_problems(receivers) -> list[tuple[str, object, str]]:
             for k, v in tree.items():
                 here = f"{where}.{k}"
                 if isinstance(k, str) and (k == "url" or k.endswith("_url")):
-                    why = url_problem(v)
+                    why = secret_url_problem(v)
                     if why:
                         found.append((here, v, why))
                 else:
@@ -222,8 +242,10 @@ NODE_GRAMMARS = {
     "weights_source": (lambda v: None if v == "hub" else (absolute_path_problem(v) if v.startswith("/")
                                                           else url_problem(v)),
                        "write 'hub', an absolute directory of the head, or an http(s) URL without credentials"),
-    "monitoring_remote_write_url": (url_problem, "write the receiver's http(s) URL; credentials go in a file, never in "
-                                    "the URL"),
+    "monitoring_remote_write_url": (lambda v: secret_url_problem(v, ("https",)),
+                                    "write the receiver's https URL (samples and credentials over TLS only); its "
+                                    "credentials go in monitoring_remote_write_password_file or "
+                                    "monitoring_remote_write_credentials_file, never in the URL"),
     "monitoring_gpu_exporter_image": (image_reference_problem, "write the image as `docker pull` takes it, with its "
                                       "tag (nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04)"),
     "drafter_license_acknowledged": (spdx_problem, "spell the license id as the profile's draft_license has it"),
@@ -242,10 +264,12 @@ def node_grammar_problems(node) -> list[Problem]:
         for v in (value if isinstance(value, list) else [value]):
             why = v is not None and problem(v)
             if why:
-                problems.append(Problem(f"key '{key}' = {v!r}: {why}", [node.name], key=key, fix=fix))
+                problems.append(Problem(f"key '{key}' = {redacted(v)!r}: {why}", [node.name], key=key, fix=fix))
     key = "monitoring_alertmanager_receivers"
     for where, value, why in _receiver_problems(node.monitoring_alertmanager_receivers):
-        problems.append(Problem(f"key '{key}'{where} = {value!r}: {why}", [node.name], key=key,
-                                fix="a receiver's name is a plain token; a URL is http(s), its secret in the "
-                                    "setting's *_file form"))
+        problems.append(Problem(f"key '{key}'{where} = {redacted(value)!r}: {why}", [node.name], key=key,
+                                fix="a receiver's name is a plain token; a URL is http(s) with no user, password or "
+                                    "query: a URL that carries a secret goes in a root-only file on the controller, "
+                                    "named by the setting's *_file form (url_file from Alertmanager 0.26.0, "
+                                    "api_url_file)"))
     return problems

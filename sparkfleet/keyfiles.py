@@ -87,12 +87,13 @@ def read_command(path: str) -> str:
             f"if [ $missing = 1 ]; then echo {MISSING}; exit 0; fi; echo \"$e\" >&2; exit 4")
 
 
-def write_command(path: str) -> str:
+def write_command(path: str, group: str = "root", mode: str = "0600") -> str:
     """Shell: stdin (base64: pyinfra ends what it sends with a newline) decoded into `path`, root-only
-    before its first byte, renamed into place."""
+    before its first byte, then given to `group` with `mode` (a daemon's group that reads it), renamed
+    into place."""
     k = shlex.quote(path)
     return (f"set -e; umask 077; mkdir -p -- \"$(dirname -- {k})\"; rm -f -- {k}.new; base64 -d > {k}.new; "
-            f"chown root:root {k}.new; chmod 0600 {k}.new; mv -fT -- {k}.new {k}")
+            f"chown root:{shlex.quote(group)} {k}.new; chmod {shlex.quote(mode)} {k}.new; mv -fT -- {k}.new {k}")
 
 
 class KeyFileError(RuntimeError):
@@ -128,9 +129,11 @@ def read(host, path: str) -> bytes | None:
     return interpret_read(host.name, path, ok, out.stdout, "\n".join(out.stderr_lines))
 
 
-def write(host, path: str, content: bytes) -> None:
-    """`content` into `path` on `host`, root-only from the first byte (stdin, never an argument)."""
-    ok, out = host.run_shell_command(StringCommand(write_command(path)), _stdin=base64.b64encode(content).decode(),
+def write(host, path: str, content: bytes, group: str = "root", mode: str = "0600") -> None:
+    """`content` into `path` on `host`, root-only from the first byte (stdin, never an argument), then
+    root:`group` `mode`."""
+    ok, out = host.run_shell_command(StringCommand(write_command(path, group, mode)),
+                                     _stdin=base64.b64encode(content).decode(),
                                      **connector_arguments(host))
     if not ok:
         error = "\n".join(out.stderr_lines).strip()

@@ -19,7 +19,9 @@ import yaml
 from pyinfra.api import FactBase
 
 from sparkfleet.model.engine import HEAD_UNIT, SGLANG_METRICS, WORKER_UNIT
-from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS, TEXTFILE_DIR, metric_label, monitoring_node_name
+from sparkfleet.model.monitoring import (
+    GPU_EXPORTER_FIELDS, SECRETS_DIR, TEXTFILE_DIR, metric_label, monitoring_node_name, receivers_on_node, secret_path,
+)
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.render import render
 
@@ -73,7 +75,9 @@ def targets(fleet) -> dict[str, list[dict]]:
 
 def prometheus_config_text(fleet) -> str:
     first = fleet.nodes[0]
-    return render("monitoring", PROMETHEUS_CONFIG, node=first, jobs=targets(fleet), rules=RULES)
+    return render("monitoring", PROMETHEUS_CONFIG, node=first, jobs=targets(fleet), rules=RULES, secrets_dir=SECRETS_DIR,
+                  remote_write_password_file=secret_path("remote_write.password_file"),
+                  remote_write_credentials_file=secret_path("remote_write.credentials_file"))
 
 
 def alertmanager_defaults_text(node) -> str:
@@ -83,7 +87,8 @@ def alertmanager_defaults_text(node) -> str:
 def alertmanager_config_text(node) -> str:
     """Alertmanager's configuration: one route that sends every alert, grouped by alert and serving
     group, to each receiver data names (a route per receiver, each `continue`s to the next)."""
-    receivers = yaml.safe_dump(node.monitoring_alertmanager_receivers, default_flow_style=False, sort_keys=True)
+    receivers = yaml.safe_dump(receivers_on_node(node.monitoring_alertmanager_receivers), default_flow_style=False,
+                               sort_keys=True)
     names = [r["name"] for r in node.monitoring_alertmanager_receivers]
     return render("monitoring", ALERTMANAGER_CONFIG, node=node, names=names,
                   receivers=receivers.rstrip("\n").splitlines())

@@ -9,9 +9,10 @@ On every node:
 4. on an RDMA node, the timer that writes its GID index now (sparkfleet-gid-metrics, sfl_gid.sh --now);
 5. on a GPU node, NVIDIA's dcgm-exporter (sparkfleet-gpu-exporter), its fields GB10's, restarted when its
    unit or its fields changed.
-On the monitoring node, the same for `prometheus`: its arguments, the scrape config and the alert
-rules, checked by promtool before Prometheus reads them; reloaded (SIGHUP) when only the config or
-the rules changed, restarted when its arguments did. With monitoring_alertmanager_enabled, the same
+On the monitoring node, the same for `prometheus`: its arguments and the alert rules before the
+package; after it, the secrets data names (copied from the controller, roles/monitoring/secrets.py)
+and the scrape config (0640 root:prometheus), checked by promtool; reloaded (SIGHUP) when only the
+config, the rules or a secret changed, restarted when its arguments did. With monitoring_alertmanager_enabled, the same
 again for `prometheus-alertmanager` after Prometheus (whose package makes the `prometheus` user that
 reads its configuration), its configuration checked by amtool.
 With monitoring_enabled false, nothing is installed; what an earlier deploy installed stays, and the
@@ -20,7 +21,7 @@ firewall closes its ports. An unchanged re-deploy changes nothing.
 from io import StringIO
 
 from pyinfra import host, logger, state
-from pyinfra.operations import server, systemd
+from pyinfra.operations import python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.monitoring.checks import (
@@ -31,7 +32,10 @@ from roles.monitoring.checks import (
     gid_metrics_files, gpu_exporter_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
     textfile_text, upstream_version,
 )
+from roles.monitoring.secrets import GROUP as SECRET_GROUP, MODE as SECRET_MODE, controller_secrets, stale, write_secret
 from sparkfleet import unchanged
+from sparkfleet.model.monitoring import SECRETS_DIR, secret_files
+from sparkfleet.unchanged import ManagedTargets
 from sparkfleet.inventory import fleet_from_state
 from sparkfleet.render import render
 
@@ -104,29 +108,41 @@ if monitor is not None:
 
     # 2. The monitoring node: Prometheus, its targets from the fleet and sparkfleet's rules.
     if node.name == monitor.name:
+        # Every secret data names, read on the controller now (prepare): a file that cannot be used stops here.
+        secrets = controller_secrets(state, node)
         prom_args = unchanged.put(name=f"Write {PROMETHEUS_DEFAULTS}", src=StringIO(prometheus_defaults_text(node)),
                                   dest=PROMETHEUS_DEFAULTS, user="root", group="root", mode="0644")
         unchanged.directory(name="Create /etc/prometheus", path="/etc/prometheus", user="root", group="root",
                             mode="0755")
-        config = unchanged.put(name=f"Write {PROMETHEUS_CONFIG} (targets from the inventory)",
-                               src=StringIO(prometheus_config_text(fleet)), dest=PROMETHEUS_CONFIG, user="root",
-                               group="root", mode="0644")
         rules = unchanged.put(name=f"Write {RULES} (sparkfleet's alerts)", src=StringIO(rules_text(fleet)), dest=RULES,
                               user="root", group="root", mode="0644")
         prom_dropin = _ordered_after_the_firewall(PROMETHEUS_UNIT)
         prom = _install(PROMETHEUS_PACKAGE, node.monitoring_prometheus_version, installed.get(PROMETHEUS_PACKAGE, ""))
+        # After the package, whose postinst makes the prometheus user and group: the scrape config and the
+        # secrets are root's and that group's alone. The package's first start reads its own default config
+        # (scraping localhost) for the moment until the reload below.
+        unchanged.directory(name=f"Create {SECRETS_DIR} (root:{SECRET_GROUP})", path=SECRETS_DIR, user="root",
+                            group=SECRET_GROUP, mode="0750")
+        found = host.get_fact(ManagedTargets, files=tuple(sorted(secrets))) if secrets else {}
+        written = [python.call(name=f"Write {path} (root:{SECRET_GROUP} {SECRET_MODE}, from the controller's "
+                                    f"{secret_files(node)[path][1]})", function=write_secret, path=path)
+                   for path in stale(secrets, (found or {}).get("files", {}))]
+        config = unchanged.put(name=f"Write {PROMETHEUS_CONFIG} (targets from the inventory)",
+                               src=StringIO(prometheus_config_text(fleet)), dest=PROMETHEUS_CONFIG, user="root",
+                               group="prometheus", mode="0640")
         # promtool checks the config and the rules it names: a file Prometheus would refuse stops here.
         server.shell(name=f"Check {PROMETHEUS_CONFIG} and {RULES} with promtool",
                      commands=[f"promtool check config {PROMETHEUS_CONFIG}"],
                      _if=any_changed(config, rules, prom))
         restart = any_changed(prom_args, prom_dropin)
+        restarts = lambda: restart() and not prom.did_change()  # noqa: E731 (the package's start read the args)
         server.shell(name=f"Restart {PROMETHEUS_UNIT} (its arguments changed)",
                      commands=[f"install -d -o prometheus -g prometheus {PROMETHEUS_DATA}",
                                f"systemctl restart {PROMETHEUS_UNIT}.service"],
-                     _if=lambda: restart() and not prom.did_change())
-        server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets or rules changed)",
+                     _if=restarts)
+        server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets, rules or secrets changed)",
                      commands=[f"systemctl reload {PROMETHEUS_UNIT}.service"],
-                     _if=lambda: (config.did_change() or rules.did_change()) and not restart() and not prom.did_change())
+                     _if=lambda: any_changed(config, rules, *written)() and not restarts())
         unchanged.service(name=f"Run {PROMETHEUS_UNIT}, at boot too", service=f"{PROMETHEUS_UNIT}.service",
                           running=True, enabled=True)
 
@@ -134,8 +150,8 @@ if monitor is not None:
     if node.name == monitor.name and node.monitoring_alertmanager_enabled:
         am_args = unchanged.put(name=f"Write {ALERTMANAGER_DEFAULTS}", src=StringIO(alertmanager_defaults_text(node)),
                                 dest=ALERTMANAGER_DEFAULTS, user="root", group="root", mode="0644")
-        # root and the service's group only: the receivers name the team's endpoints (their secrets are in
-        # *_file settings, never in data: sparkfleet/model/monitoring.py ALERTMANAGER_SECRETS)
+        # root and the service's group only: the receivers name the team's endpoints (their secrets are in the
+        # copies step 2 wrote, never in data: sparkfleet/model/monitoring.py ALERTMANAGER_SECRETS)
         am_config = unchanged.put(name=f"Write {ALERTMANAGER_CONFIG} (the receivers)",
                                   src=StringIO(alertmanager_config_text(node)), dest=ALERTMANAGER_CONFIG, user="root",
                                   group="prometheus", mode="0640")
@@ -149,6 +165,7 @@ if monitor is not None:
                      _if=lambda: am_args.did_change() and not am.did_change())
         server.shell(name=f"Reload {ALERTMANAGER_UNIT} (its receivers changed)",
                      commands=[f"systemctl reload {ALERTMANAGER_UNIT}.service"],
-                     _if=lambda: am_config.did_change() and not am_args.did_change() and not am.did_change())
+                     _if=lambda: (am_config.did_change() or any_changed(*written)()) and not am_args.did_change()
+                     and not am.did_change())
         unchanged.service(name=f"Run {ALERTMANAGER_UNIT}, at boot too", service=f"{ALERTMANAGER_UNIT}.service",
                           running=True, enabled=True)

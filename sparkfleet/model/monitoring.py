@@ -13,13 +13,15 @@ versions offered (roles/monitoring/checks.py). The defaults are DGX OS 7's (Ubun
 from pydantic import BaseModel, Field
 
 from sparkfleet.refusal import Problem, shared_key_problems
+from sparkfleet.values import path_problem
 
 # The monitoring stack is the fleet's: one Prometheus, one set of rules, one scrape interval.
 MONITORING_KEYS = (
     "monitoring_enabled", "monitoring_node", "monitoring_node_exporter_version", "monitoring_node_exporter_port",
     "monitoring_node_exporter_collectors", "monitoring_engine_metrics_port", "monitoring_prometheus_version",
     "monitoring_prometheus_port", "monitoring_scrape_interval_s", "monitoring_retention",
-    "monitoring_remote_write_url", "monitoring_alert_rank_down_for_s", "monitoring_alert_fabric_for_s", "monitoring_alert_memory_headroom_gib",
+    "monitoring_remote_write_url", "monitoring_remote_write_username", "monitoring_remote_write_password_file",
+    "monitoring_remote_write_credentials_file", "monitoring_alert_rank_down_for_s", "monitoring_alert_fabric_for_s", "monitoring_alert_memory_headroom_gib",
     "monitoring_alert_kv_cache_usage", "monitoring_alert_kv_cache_for_s", "monitoring_alert_ttft_factor",
     "monitoring_alert_ttft_for_s",
     "monitoring_alert_stall_for_s", "monitoring_gpu_exporter_image", "monitoring_gpu_exporter_port",
@@ -76,19 +78,51 @@ GPU_EXPORTER_FIELDS = (
 # msteams_configs is not among them, so it is not offered.
 ALERTMANAGER_INTEGRATIONS = ("discord", "email", "opsgenie", "pagerduty", "pushover", "slack", "sns", "telegram",
                              "victorops", "webex", "webhook", "wechat")
-# A receiver's settings whose value is a secret, and the setting Alertmanager reads it from a file with
-# instead (None: 0.25.0 reads it inline only). In data a secret would sit in the inventory and its
-# repository, and `make config` would print it: it goes in a root-only file on the monitoring node
-# (root:prometheus, 0640), named by the *_file setting. Each *_file checked with Debian 12's amtool.
+# A receiver's settings whose value is a secret, per integration, each -> the setting Alertmanager reads it
+# from a file with instead and the first release that has that setting; None: no release sparkfleet
+# installs (Debian 12's 0.25.0, Ubuntu 24.04's 0.26.0) reads it from a file. From Alertmanager's
+# config/notifiers.go at v0.25.0 and v0.26.0 (0.26.0 added webhook url_file, pushover user_key_file and
+# token_file, telegram bot_token_file), the 0.25.0 forms each run through Debian 12's amtool
+# (tests/unit/test_monitoring.py). A webhook's `url` is a secret when it carries a token: its query is
+# refused (sparkfleet/grammar.py), a token in its path cannot be told apart, so the docs ask for url_file.
 ALERTMANAGER_SECRETS = {
-    "api_url": "api_url_file",  # slack
-    "auth_password": "auth_password_file",  # email
-    "routing_key": "routing_key_file", "service_key": "service_key_file",  # pagerduty
-    "api_key": "api_key_file",  # opsgenie (victorops: inline only at 0.25.0)
-    "credentials": "credentials_file", "password": "password_file",  # http_config's authorization, basic_auth
-    "auth_secret": None, "bot_token": None, "webhook_url": None, "token": None, "user_key": None,
-    "api_secret": None, "secret_key": None, "client_secret": None,
+    "discord": {"webhook_url": None},
+    "email": {"auth_password": ("auth_password_file", "0.25.0"), "auth_secret": None},
+    "opsgenie": {"api_key": ("api_key_file", "0.25.0")},
+    "pagerduty": {"routing_key": ("routing_key_file", "0.25.0"), "service_key": ("service_key_file", "0.25.0")},
+    "pushover": {"user_key": ("user_key_file", "0.26.0"), "token": ("token_file", "0.26.0")},
+    "slack": {"api_url": ("api_url_file", "0.25.0")},
+    "sns": {},  # its sigv4's secret_key: SIGV4_SECRETS
+    "telegram": {"bot_token": ("bot_token_file", "0.26.0")},
+    "victorops": {"api_key": ("api_key_file", "0.25.0")},
+    "webex": {},  # its token: http_config.authorization.credentials_file
+    "webhook": {"url": ("url_file", "0.26.0")},
+    "wechat": {"api_secret": None},
 }
+# Every integration's http_config (prometheus/common config/http_config.go, v0.38.0 as Alertmanager 0.25.0's
+# go.mod names it to v0.44.0 as 0.26.0's): dotted setting -> its file form (None: inline only). bearer_token
+# is deprecated there in favour of authorization; its file form is the same header, so authorization's is
+# asked for. proxy_connect_header's values (Header, config/config.go at v0.39.0) have no file form.
+HTTP_CONFIG_SECRETS = {
+    "basic_auth.password": "basic_auth.password_file", "authorization.credentials": "authorization.credentials_file",
+    "oauth2.client_secret": "oauth2.client_secret_file", "bearer_token": "authorization.credentials_file",
+    "proxy_connect_header": None,
+}
+# The file settings of an http_config sparkfleet copies from the controller (the same http_config.go): the
+# credentials' forms above, bearer_token's own (deprecated, still read) and the TLS files.
+TLS_FILES = ("tls_config.ca_file", "tls_config.cert_file", "tls_config.key_file")
+HTTP_CONFIG_FILES = ("authorization.credentials_file", "basic_auth.password_file", "oauth2.client_secret_file",
+                     "bearer_token_file", *TLS_FILES)
+# sns_configs' sigv4 (prometheus/common sigv4/sigv4_config.go at sigv4/v0.1.0): secret_key inline only.
+SIGV4_SECRETS = {"sigv4.secret_key": None}
+# Each file form a release lacks: setting -> the first release that reads it (above).
+FILE_SETTING_SINCE = {f: since for settings in ALERTMANAGER_SECRETS.values() for f, since in
+                      (v for v in settings.values() if v)}
+# The monitoring node's directory of the secrets data names (root:prometheus 0750, each file 0640: the
+# Debian and Ubuntu packages run Prometheus and Alertmanager as user prometheus). Each `*_file` of a
+# receiver, and the remote write's password and credentials files, name a root-only file on the
+# controller; the deploy writes its bytes here and the rendered configuration names the copy.
+SECRETS_DIR = "/etc/prometheus/secrets"
 RETENTION = r"^[0-9]+(d|h|w|y)$"
 UPSTREAM_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 
@@ -138,7 +172,22 @@ class MonitoringData(BaseModel):
     )
     monitoring_remote_write_url: str | None = Field(
         None, description="also send every sample to this Prometheus (`remote_write`), e.g. the team's own: an "
-        "http(s) URL without credentials (sparkfleet/grammar.py); none: kept on the monitoring node only"
+        "https URL without credentials or query (sparkfleet/grammar.py: the samples and any credentials go over TLS "
+        "only); none: kept on the monitoring node only"
+    )
+    monitoring_remote_write_username: str | None = Field(
+        None, description="the remote write's basic-auth user (`basic_auth.username`; Prometheus 2.42-2.45 read it "
+        "inline only, so it is no secret); its password in `monitoring_remote_write_password_file`"
+    )
+    monitoring_remote_write_password_file: str | None = Field(
+        None, description="root-only file on the controller (yours, mode 0600) with the remote write's basic-auth "
+        "password; the deploy copies it to the monitoring node (/etc/prometheus/secrets, 0640 root:prometheus) and "
+        "prometheus.yml names the copy (`basic_auth.password_file`), never the password"
+    )
+    monitoring_remote_write_credentials_file: str | None = Field(
+        None, description="root-only file on the controller (yours, mode 0600) with the remote write's bearer token, "
+        "sent as `Authorization: Bearer` (`authorization.credentials_file`); copied as "
+        "`monitoring_remote_write_password_file` is. Not with a password: Prometheus takes one of the two"
     )
     monitoring_alert_rank_down_for_s: int = Field(
         60, ge=0, description="a node's exporter or a head's engine target not answering this long fires "
@@ -226,9 +275,13 @@ class MonitoringData(BaseModel):
         [], description="where alerts go: Alertmanager's own receiver entries, each a `name` and one or more "
         "`<integration>_configs` lists (" + ", ".join(ALERTMANAGER_INTEGRATIONS) + "), e.g. `{\"name\": \"ops\", "
         "\"webhook_configs\": [{\"url\": \"http://10.0.0.5:5001/\"}]}`; every alert, firing and resolved, goes to "
-        "each receiver. No secret in data: a key, password or tokened URL goes in a root-only file on the monitoring "
-        "node, named by the setting's `*_file` form (`api_url_file`, `auth_password_file`, `routing_key_file`, "
-        "`api_key_file`, `http_config.authorization.credentials_file`); refused otherwise. Written to "
+        "each receiver. No secret in data: a key, a password, a token or a tokened URL goes in a root-only file on the "
+        "controller (yours, mode 0600) named by the setting's `*_file` form (`api_url_file`, `auth_password_file`, "
+        "`routing_key_file`, `service_key_file`, `api_key_file`, `http_config.authorization.credentials_file`, "
+        "`http_config.basic_auth.password_file`; from Alertmanager 0.26.0 also `url_file`, `user_key_file`, "
+        "`token_file`, `bot_token_file`); the deploy copies each to the monitoring node (/etc/prometheus/secrets, 0640 "
+        "root:prometheus) and the configuration names the copy. An inline secret, `bearer_token`, a URL with a "
+        "user, password or query, and a setting the pinned release reads inline only are refused. Written to "
         "/etc/prometheus/alertmanager.yml (0640 root:prometheus), checked by amtool"
     )
     monitoring_alertmanager_group_wait_s: int = Field(
@@ -295,6 +348,7 @@ def monitoring_problems(nodes) -> list[Problem]:
             f"the monitoring ports must differ ({', '.join(f'{k}={v}' for k, v in ports.items())})", names,
             key="monitoring_engine_metrics_port", fix="give each its own port"))
     problems += alertmanager_problems(first, names)
+    problems += remote_write_problems(first, names)
     wanted = monitoring_node_name(nodes)
     monitor = next((n for n in nodes if n.name == wanted), None)
     if monitor is None and wanted != first.router_node:  # a router_node not in the inventory: router_problems
@@ -339,25 +393,156 @@ def alertmanager_problems(first, names) -> list[Problem]:
             if not isinstance(r[k], list) or not r[k] or not all(isinstance(c, dict) for c in r[k]):
                 problems.append(Problem(f"{where}: {k} must be a non-empty list of settings", names, key=key,
                                         fix=f"e.g. {k}: [{{...}}], as Alertmanager's configuration names them"))
-        for path, field in _secret_settings({k: r[k] for k in lists}):
-            instead = ALERTMANAGER_SECRETS[field]
-            problems.append(Problem(
-                f"{where}: {path} is a secret in data (the inventory, its repository, `make config`)", names, key=key,
-                fix=f"put it in a root-only file on the monitoring node and name that file in {instead}" if instead else
-                "Alertmanager 0.25 reads it inline only: send to a webhook_configs relay that holds it instead"))
+        for k in lists:
+            for j, c in enumerate(r[k] if isinstance(r[k], list) else []):
+                if isinstance(c, dict):
+                    problems += _secret_problems(first, names, where, f"{k}[{j}]", k.removesuffix("_configs"), c)
+        problems += _file_path_problems(names, where, {k: r[k] for k in lists})
     return problems
 
 
-def _secret_settings(tree, path="") -> list[tuple[str, str]]:
-    """(where, setting) of every setting in `tree` whose value is a secret (ALERTMANAGER_SECRETS)."""
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _secret_problems(first, names, where, at, integration, config) -> list[Problem]:
+    """One integration's settings that hold a secret inline, and file forms its pinned release lacks."""
+    key, version = "monitoring_alertmanager_receivers", first.monitoring_alertmanager_version
+    found = []
+
+    def refuse(setting, instead, why=""):
+        what = f"{where}: {at}.{setting} is a secret in data (the inventory, its repository, `make config`){why}"
+        if instead:
+            fix = (f"put it in a root-only file on the controller (chmod 0600) and name that file in {at}.{instead}: "
+                   f"the deploy copies it to the monitoring node")
+        else:
+            fix = (f"Alertmanager {version} reads it inline only: send to a webhook_configs relay that holds it "
+                   "instead")
+        found.append(Problem(what, names, key=key, fix=fix))
+
+    for setting, form in ALERTMANAGER_SECRETS.get(integration, {}).items():
+        if setting not in config or setting == "url":  # a webhook's url: its query and user (sparkfleet/grammar.py)
+            continue
+        if form and _release(version) < _release(form[1]):
+            refuse(setting, None, f"; {form[0]} first came in Alertmanager {form[1]}")
+        else:
+            refuse(setting, form and form[0])
+    known = _file_forms(integration) | set(TLS_FILES) | {f"http_config.{f}" for f in HTTP_CONFIG_FILES}
+    for setting, _ in file_settings(config):
+        if setting not in known:
+            found.append(Problem(
+                f"{where}: {at}.{setting} is no file setting sparkfleet knows of {integration}_configs", names, key=key,
+                fix=f"use one of {', '.join(sorted(known))} (Alertmanager's config/notifiers.go, prometheus/common's "
+                    "http_config.go), or send to a webhook_configs relay that holds the secret"))
+            continue
+        since = FILE_SETTING_SINCE.get(setting)
+        if since and _release(version) < _release(since):
+            found.append(Problem(
+                f"{where}: {at}.{setting} is not read by Alertmanager {version} (monitoring_alertmanager_version); "
+                f"it first came in {since}", names, key=key,
+                fix=f"set monitoring_alertmanager_version to {since} or later where the OS offers it, or send to a "
+                    "webhook_configs relay that holds the secret"))
+    nested = {"http_config": HTTP_CONFIG_SECRETS, "sigv4": {k.split(".", 1)[1]: v for k, v in SIGV4_SECRETS.items()}}
+    for section, secrets in nested.items():
+        tree = config.get(section)
+        if not isinstance(tree, dict):
+            continue
+        for dotted, instead in secrets.items():
+            parent, _, leaf = dotted.rpartition(".")
+            holder = tree.get(parent) if parent else tree
+            if isinstance(holder, dict) and leaf in holder:
+                refuse(f"{section}.{dotted}", instead and f"{section}.{instead}")
+    return found
+
+
+def _file_forms(integration: str) -> set[str]:
+    return {v[0] for v in ALERTMANAGER_SECRETS.get(integration, {}).values() if v}
+
+
+def _file_path_problems(names, where, tree) -> list[Problem]:
+    """Every `*_file` setting names a file on the controller: an absolute path."""
+    found = []
+    for at, value in file_settings(tree):
+        why = path_problem(value) if isinstance(value, str) else "must be a path"
+        if why:
+            found.append(Problem(f"{where}: {at} = {value!r} {why}", names, key="monitoring_alertmanager_receivers",
+                                 fix="name the root-only file on the controller by its absolute path"))
+    return found
+
+
+def file_settings(tree, path="") -> list[tuple[str, object]]:
+    """(where, value) of every `*_file` setting in `tree` (a receiver's integrations), in order."""
     found = []
     if isinstance(tree, dict):
         for k, v in tree.items():
             here = f"{path}.{k}" if path else str(k)
-            if k in ALERTMANAGER_SECRETS:
-                found.append((here, k))
-            found += _secret_settings(v, here)
+            if isinstance(k, str) and k.endswith("_file") and not isinstance(v, (dict, list)):
+                found.append((here, v))
+            else:
+                found += file_settings(v, here)
     elif isinstance(tree, list):
         for i, v in enumerate(tree):
-            found += _secret_settings(v, f"{path}[{i}]")
+            found += file_settings(v, f"{path}[{i}]")
     return found
+
+
+def remote_write_problems(first, names) -> list[Problem]:
+    """The remote write's credentials: each in a file, a user with its password, one kind of credential, and
+    a URL to send them to."""
+    user, password, token = (first.monitoring_remote_write_username, first.monitoring_remote_write_password_file,
+                             first.monitoring_remote_write_credentials_file)
+    problems = []
+    for key, value in (("monitoring_remote_write_password_file", password),
+                       ("monitoring_remote_write_credentials_file", token)):
+        why = value is not None and path_problem(value)
+        if why:
+            problems.append(Problem(f"key '{key}' = {value!r}: {why}", names, key=key,
+                                    fix="name the root-only file on the controller by its absolute path"))
+    if (user is None) != (password is None):
+        key = "monitoring_remote_write_password_file" if user else "monitoring_remote_write_username"
+        problems.append(Problem(f"key '{key}' is not set while "
+                                f"{'monitoring_remote_write_username' if user else 'monitoring_remote_write_password_file'}"
+                                " is: basic auth takes both", names, key=key, fix="set both, or neither"))
+    if token is not None and (user is not None or password is not None):
+        problems.append(Problem("keys 'monitoring_remote_write_credentials_file' and monitoring_remote_write_username/"
+                                "password_file are both set: Prometheus takes one of basic_auth and authorization",
+                                names, key="monitoring_remote_write_credentials_file",
+                                fix="keep the bearer token file or the user and its password file"))
+    if first.monitoring_remote_write_url is None and (user or password or token):
+        problems.append(Problem("monitoring_remote_write credentials are set but key 'monitoring_remote_write_url' is "
+                                "not: there is nowhere to send them", names, key="monitoring_remote_write_url",
+                                fix="set monitoring_remote_write_url (https), or remove the credentials"))
+    return problems
+
+
+def secret_path(where: str) -> str:
+    """The monitoring node's copy of a secret data names at `where` (`ops.webhook_configs[0].url_file`)."""
+    return f"{SECRETS_DIR}/" + where.replace("[", ".").replace("]", "")
+
+
+def secret_files(node) -> dict[str, tuple[str, str]]:
+    """{path on the monitoring node: (the data key and setting, the controller's file)} of every secret data
+    names for the monitoring stack (the remote write's; the receivers' when Alertmanager is on)."""
+    found = {}
+    for setting in ("password_file", "credentials_file"):
+        value = getattr(node, f"monitoring_remote_write_{setting}")
+        if value and node.monitoring_remote_write_url:
+            found[secret_path(f"remote_write.{setting}")] = (f"monitoring_remote_write_{setting}", value)
+    if node.monitoring_alertmanager_enabled:
+        for r in node.monitoring_alertmanager_receivers:
+            integrations = {k: v for k, v in r.items() if k != "name"}
+            for at, value in file_settings(integrations, r["name"]):
+                found[secret_path(at)] = (f"monitoring_alertmanager_receivers {at}", value)
+    return found
+
+
+def receivers_on_node(receivers: list[dict]) -> list[dict]:
+    """The receivers as the monitoring node's Alertmanager reads them: each `*_file` naming its copy there."""
+    def copy(tree, path):
+        if isinstance(tree, dict):
+            return {k: secret_path(f"{path}.{k}") if isinstance(k, str) and k.endswith("_file")
+                    and not isinstance(v, (dict, list)) else copy(v, f"{path}.{k}") for k, v in tree.items()}
+        if isinstance(tree, list):
+            return [copy(v, f"{path}[{i}]") for i, v in enumerate(tree)]
+        return tree
+    return [{k: (v if k == "name" else copy(v, f"{r['name']}.{k}")) for k, v in r.items()} for r in receivers]

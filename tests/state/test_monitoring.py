@@ -10,6 +10,7 @@ from roles.monitoring.checks import (
     alertmanager_defaults_text, EXPORTER_DEFAULTS, EXPORTER_PACKAGE, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_PACKAGE, RULES, TEXTFILE,
     exporter_defaults_text, gid_metrics_files, gpu_exporter_files, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
 )
+from sparkfleet.model.monitoring import SECRETS_DIR, secret_files
 
 
 @pytest.fixture
@@ -67,7 +68,15 @@ def test_the_monitoring_node_runs_prometheus_with_the_rendered_targets_and_rules
         pytest.skip(f"{monitored.name} is not the monitoring node")
     package = host.package(PROMETHEUS_PACKAGE)
     assert upstream_version(package.version) == monitored.monitoring_prometheus_version, package.version
-    assert host.file(PROMETHEUS_CONFIG).content_string == prometheus_config_text(cluster)
+    config = host.file(PROMETHEUS_CONFIG)
+    assert config.content_string == prometheus_config_text(cluster)
+    # root and the daemon's group only (issue 43 item 6): the remote write's credentials are named there
+    assert (config.user, config.group, config.mode) == ("root", "prometheus", 0o640)
+    secrets = host.file(SECRETS_DIR)
+    assert secrets.is_directory and (secrets.user, secrets.group, secrets.mode) == ("root", "prometheus", 0o750)
+    for path in secret_files(monitored):  # each copy of a controller's secret: root:prometheus 0640
+        copy = host.file(path)
+        assert (copy.user, copy.group, copy.mode) == ("root", "prometheus", 0o640), path
     assert host.file(RULES).content_string == rules_text(cluster)
     assert host.service("prometheus").is_running and host.service("prometheus").is_enabled
     assert host.socket(f"tcp://127.0.0.1:{monitored.monitoring_prometheus_port}").is_listening

@@ -184,3 +184,16 @@ def test_a_hosts_own_sudo_settings_reach_the_direct_commands():
     args = keyfiles.connector_arguments(host)
     assert args["_sudo"] is True and args["_sudo_user"] == "root"
     assert "_stdin" not in args and "_success_exit_codes" not in args
+
+
+def test_a_key_written_for_a_daemon_s_group_is_that_group_s_with_the_mode_asked_and_the_exact_bytes(keydir):
+    """roles/monitoring's secrets: root:prometheus 0640 (here the group nogroup, 65534), the bytes as given."""
+    key = keydir / "secrets" / "ops.webhook_configs.0.url_file"
+    content = b"https://hooks.example/services/T0/B0/" + KEY.encode()
+    done = sh(keyfiles.write_command(str(key), group=NOBODY, mode="0640"),
+              stdin=keyfiles.base64.b64encode(content).decode() + "\n")
+    assert done.returncode == 0, done.stderr
+    info = key.stat()
+    assert key.read_bytes() == content and (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 65534, 0o640)
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700  # a directory it made: umask 077
+    assert KEY not in keyfiles.write_command(str(key), group=NOBODY, mode="0640")

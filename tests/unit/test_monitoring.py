@@ -407,7 +407,9 @@ def test_alertmanager_s_configuration_sends_every_alert_to_each_receiver_and_amt
     config = yaml.safe_load(text)
     assert [r["receiver"] for r in config["route"]["routes"]] == ["ops", "pager"]
     assert all(r["continue"] for r in config["route"]["routes"]) and "matchers" not in str(config["route"])
-    assert config["receivers"] == [WEBHOOK, pager]
+    # each *_file names the monitoring node's copy of the controller's file (tests/unit/test_monitoring_secrets.py)
+    assert config["receivers"] == [WEBHOOK, {"name": "pager", "pagerduty_configs": [
+        {"routing_key_file": "/etc/prometheus/secrets/pager.pagerduty_configs.0.routing_key_file"}]}]
     assert (config["route"]["group_wait"], config["route"]["repeat_interval"]) == ("7s", "3600s")
     # amtool refuses what Alertmanager would: the test above is not one that passes anything
     (tmp_path / "bad.yml").write_text(text.replace("webhook_configs", "webhok_configs"))
@@ -449,11 +451,13 @@ def test_alertmanager_receivers_are_refused_naming_the_key_and_the_allowed_integ
     err = refused(fleet_hosts(**{n: {"monitoring_alertmanager_enabled": True, "monitoring_alertmanager_receivers": [slack]}
                                  for n in EVERY}))
     secret = [p for p in err.problems if "slack_configs[0].api_url is a secret in data" in p]
-    assert secret and secret[0].fix.endswith("name that file in api_url_file") and "xyz" not in str(err), err
+    assert secret and secret[0].fix.endswith("name that file in slack_configs[0].api_url_file: the deploy copies it "
+                                             "to the monitoring node") and "xyz" not in str(err), err
     hook = {"name": "h", "webhook_configs": [{"url": "http://x/", "http_config": {"authorization": {"credentials": "t"}}}]}
     assert any("webhook_configs[0].http_config.authorization.credentials is a secret" in p for p in problems([hook]))
     tg = {"name": "t", "telegram_configs": [{"bot_token": "t", "chat_id": 1}]}
-    assert any(p.fix.startswith("Alertmanager 0.25 reads it inline only") for p in problems([tg]) if "bot_token" in p)
+    assert any(p.fix.startswith("Alertmanager 0.25.0 reads it inline only") for p in
+               problems([tg], monitoring_alertmanager_version="0.25.0") if "bot_token" in p)
     # off, its receivers are not read
     fleet(**{n: {"monitoring_alertmanager_receivers": [{"bad": 1}]} for n in EVERY})
 
