@@ -123,15 +123,19 @@ config: install
 # `plan -detailed-exitcode`, and `make plan` exits with the same: GNU make folds any failed recipe into
 # its own 2 ("changes" to a script), except in question mode (-q), where a `+` line that exits 1 makes
 # make exit 1, 0 stays 0 and 2 stays 2 (GNU make 4.3, Debian 12's; tests/unit/test_make_plan.py runs
-# this Makefile to prove each). Hence -q for this goal alone, `+` on every line, and the venv installed
-# by a make of its own (-q would only ask whether it is up to date): nothing else changes for `plan`.
+# this Makefile to prove each). Hence -q for this goal alone, `+` on its lines, and the venv installed
+# by a make of its own (-q would only ask whether it is up to date). Not under -n: a `+` line runs even
+# then, and `make -n plan` must only print.
 ifneq ($(filter $(MAKECMDGOALS),plan plan-lab),)
+ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
 MAKEFLAGS += -q
+PLAN_EXEC := +
+endif
 endif
 plan:
-	+@[ -n "$(INVENTORY)" ] || { echo "make plan needs INVENTORY=<your inventory> (the lab's: make plan-lab)" >&2; exit 1; }
-	+@env -u MAKEFLAGS -u MFLAGS $(MAKE) -s install || exit 1
-	+@$(BIN)/sparkfleet plan $(INVENTORY)
+	$(PLAN_EXEC)@[ -n "$(INVENTORY)" ] || { echo "make plan needs INVENTORY=<your inventory>, e.g. INVENTORY=inventory.py (the lab's: INVENTORY=$(LAB_INVENTORY), or make plan-lab)" >&2; exit 1; }
+	$(PLAN_EXEC)@env -u MAKEFLAGS -u MFLAGS $(MAKE) -s install || exit 1
+	$(PLAN_EXEC)$(BIN)/sparkfleet plan $(INVENTORY)
 
 # Read-only: every guard and check on live machines, one table; changes nothing.
 doctor: install
@@ -159,7 +163,7 @@ rollback: install
 doctor-lab status-lab:
 	@$(MAKE) -s $(@:-lab=) INVENTORY=$(LAB_INVENTORY)
 plan-lab:
-	+@$(MAKE) -s plan INVENTORY=$(LAB_INVENTORY)
+	$(PLAN_EXEC)@$(MAKE) -s plan INVENTORY=$(LAB_INVENTORY)
 
 demo: python-venv install lab-up deploy-lab verify-lab show-lab
 

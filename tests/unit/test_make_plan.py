@@ -47,3 +47,11 @@ def test_other_targets_keep_makes_own_codes(tmp_path):
     run = make(tmp_path, "config", "INVENTORY=site/inventory.py", rc=1)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "sparkfleet config" in run.stdout
+
+
+def test_make_n_plan_prints_the_plan_command_and_runs_nothing(tmp_path):
+    """A `+` line runs even under -n: the Makefile keeps question mode and `+` off then."""
+    run = make(tmp_path, "-n", "plan", "INVENTORY=site/inventory.py", rc=1)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"{tmp_path}/bin/sparkfleet plan site/inventory.py" in run.stdout.splitlines(), run.stdout
+    assert "sparkfleet plan site/inventory.py" not in run.stdout.replace(f"{tmp_path}/bin/sparkfleet", ""), run.stdout
