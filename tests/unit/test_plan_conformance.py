@@ -223,8 +223,24 @@ def test_fleet_actions_the_plan_did_not_print_or_printed_and_did_not_take_are_na
         "fleet: groups routed again before any turn: the plan said [], the run did ['g1']",
         "fleet: groups taken out of routing for their restart: the plan said ['g1', 'g2'], the run did ['g2']",
         "fleet: nodes the fleet's API key was written to: the plan said ['spark-c'], the run did ['spark-d']",
-        "fleet: the groups' turns, in order: the plan said ['g2', 'g1'], the run did ['g1', 'g2']",
+        "fleet: the groups' turns, in order: the plan said g2, then g1, the run proved g1, g2",
     ]
+
+
+def test_groups_restarted_together_are_proven_in_any_order_but_never_before_an_earlier_turn():
+    """A first deploy restarts every group in one turn ('turn order: g1+g2'): pyinfra proves them in
+    whichever order its operations run (the four-host lab's first run proved g2 first)."""
+    from sparkfleet.plan_types import FleetPlan
+
+    together = FleetPlan(**{**FLEET, "turns": ["g1+g2"], "drain": [], "routing": {}})
+    for order in (("g1", "g2"), ("g2", "g1")):
+        run = fleet_run(together, *rolled(*order, keys=("spark-c",)))
+        assert "    turn order: g1+g2" in run.output
+        assert mismatches(run.output, run.changed()) == [], order
+    apart = FleetPlan(**{**FLEET, "turns": ["g1", "g2"], "drain": []})
+    run = fleet_run(apart, *rolled("g2", "g1", keys=("spark-c",)))
+    assert mismatches(run.output, run.changed()) == [
+        "fleet: the groups' turns, in order: the plan said g1, then g2, the run proved g2, g1"]
 
 
 def test_a_printed_route_again_must_run_on_the_router():
