@@ -15,6 +15,7 @@ import secrets
 from dataclasses import asdict, replace
 
 from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
 
 from roles.fabric import checks as fabric_checks
 from roles.engine_proof.checks import engine_move
@@ -299,6 +300,14 @@ def write_plan(plans: dict[str, GroupPlan], fleet: FleetPlan, directory) -> None
         json.dump(asdict(fleet), out, indent=1)  # unsorted: the router's groups in its own order
 
 
+def refusal(decisions: dict[str, decided.Decisions], fleet, routing: RoutingPlan) -> DeployError | None:
+    """What refuses the run at step 1b, after the plan printed and before any host is changed: a node
+    whose firewall cannot be rendered (roles/firewall: its subnet or the monitoring node's address
+    unread), then a turn that drains a model's last routed group (roles/rolling/routes.py). Pure."""
+    walls = {name: plan for d in decisions.values() for name, plan in d.firewall.items()}
+    return firewall_checks.refusal(walls) or routes.refusal(fleet, routing)
+
+
 def decide(state) -> dict[str, GroupPlan]:
     """Step 1b: every group's decisions and the fleet's, once per run, printed before any operation runs
     and installed for every later step (sparkfleet/decided.py); run as a plan, also written for
@@ -319,12 +328,8 @@ def decide(state) -> dict[str, GroupPlan]:
             logger.info("    " + line)
         for line in fleet_lines(plans, fleet_v.summary):
             logger.info(line)
-        # The refusals of step 1b, after the plan printed and before any host is changed: a node whose
-        # firewall cannot be rendered (roles/firewall), a turn that drains a model's last routed group.
-        for refused in (firewall_checks.refusal({n: p for d in decisions.values() for n, p in d.firewall.items()}),
-                        routes.refusal(fleet, routing)):
-            if refused is not None:
-                raise refused
+        if (refused := refusal(decisions, fleet, routing)) is not None:
+            raise refused
         decided.install(state, decisions, fleet_v)
         if (directory := plan_dir()) is not None:
             write_plan(plans, fleet_v.summary, directory)

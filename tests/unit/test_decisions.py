@@ -315,12 +315,13 @@ def fabric_facts(cluster, mtu=None, sha1=None, others=None, pings=None):
 SUBNET = ManagementSubnet().process(["198.18.0.11/24"])
 
 
-def firewall_facts(cluster, live=None):
-    """roles/firewall's facts of a group: nft installed, the lab's subnet, no monitoring, each node's live
-    table the one data renders (`live`: node -> another marker, '' for no table)."""
+def firewall_facts(cluster, live=None, subnet=SUBNET):
+    """roles/firewall's facts of a group: nft installed, the lab's subnet (`subnet`: '' unread), no
+    monitoring, each node's live table the one data renders (`live`: node -> another marker, '' for no
+    table)."""
     live = live or {}
     return {n.name: firewall_checks.FirewallFacts(
-        live=live.get(n.name, wanted_marker_of(cluster, n, SUBNET, None)), subnet=SUBNET, monitor=None, nft=True)
+        live=live.get(n.name, wanted_marker_of(cluster, n, subnet, None)), subnet=subnet, monitor=None, nft=True)
         for n in cluster.nodes}
 
 
@@ -479,6 +480,20 @@ def test_settled_links_that_drop_jumbo_frames_stop_the_deploy_naming_both_ends_u
     d = decide_group(group_facts(cluster, **settled, fabric=fabric_facts(cluster, pings=dropped),
                                  firewall=firewall_facts(cluster, live={"spark-b": ""})), cluster)
     assert not d.fabric.converged and d.firewall["spark-b"].apply and not d.firewall["spark-a"].apply
+
+
+def test_a_firewall_that_cannot_be_rendered_refuses_the_run_at_step_1b_with_its_own_message(cluster, settled):
+    from roles.firewall.checks import management_problem
+    from sparkfleet.verdicts import RoutingPlan
+    from tools.plan import refusal
+
+    good = decide_group(group_facts(cluster, **settled), cluster)
+    assert refusal({"pair": good}, cluster, RoutingPlan()) is None
+    unread = decide_group(group_facts(cluster, **settled, firewall=firewall_facts(cluster, subnet="")), cluster)
+    refused = refusal({"pair": unread}, cluster, RoutingPlan())
+    assert isinstance(refused, DeployError)
+    assert str(refused) == "\n".join(management_problem(n, "") for n in cluster.nodes)
+    assert str(refused).startswith("spark-a: the management subnet could not be read (no local address matches")
 
 
 def test_a_table_removed_in_this_run_also_lets_failed_pings_wait_for_the_proof_after_it(cluster):
