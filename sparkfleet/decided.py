@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sparkfleet.inventory import current_group
 from sparkfleet.plan_types import FleetPlan, GroupPlan
 from sparkfleet.verdicts import (
-    CachePlan, FabricState, FleetKey, ImagePlan, NodeMemory, PairState, SpeedPlan, WatchdogPlan, WeightsPlan,
+    CachePlan, FabricState, FirewallPlan, FleetKey, ImagePlan, NodeMemory, PairState, SpeedPlan, WatchdogPlan, WeightsPlan,
 )
 
 _KEY = "_sparkfleet_decisions"
@@ -33,6 +33,7 @@ class Decisions:
     serving: PairState  # roles/serving, its restart the composition of every verdict (tools/plan.py)
     watchdog: WatchdogPlan  # roles/watchdog: paused around what moves the pair
     memory: dict[str, NodeMemory]  # node -> its memory as preflight read it (roles/guards admits against it)
+    firewall: dict[str, FirewallPlan]  # node -> roles/firewall: its table applied, removed, nftables installed
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ class GroupPlan:
     healthy: bool = False
     engine: str = ""  # the engine's version before -> after the run, and which proof judges it (roles/engine_proof)
     engine_version: str = ""  # the version this run serves, as read from its image at prepare ("": not built yet)
+    firewall: str = ""  # where the nftables table is applied or removed, and why (roles/firewall); "": nowhere
 
     @property
     def standing(self) -> str:
@@ -29,7 +30,7 @@ class GroupPlan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.fetch or self.build or self.ship or self.warm or self.speed or self.restart)
+        return bool(self.fetch or self.build or self.ship or self.warm or self.speed or self.restart or self.firewall)
 
     def actions(self) -> list[str]:
         """What a deploy would do to this group, and why it restarts: [] when nothing
@@ -37,6 +38,7 @@ class GroupPlan:
         return (([f"fetch {', '.join(self.fetch)}"] if self.fetch else [])
                 + ([f"build {self.image}"] if self.build else [])
                 + ([f"ship {', '.join(self.ship)}"] if self.ship else [])
+                + ([f"change the firewall: {self.firewall}"] if self.firewall else [])
                 + ([f"prove the fabric's speed ({self.speed})"] if self.speed else [])
                 + ([f"warm the kernel caches ({self.warm})"] if self.warm else [])
                 + ([f"restart the group ({'; '.join(self.reasons) or 'no reason recorded'})"] if self.restart else []))

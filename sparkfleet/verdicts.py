@@ -143,3 +143,34 @@ class RoutingPlan:
     drain: tuple[str, ...] = ()  # groups taken out of routing for their restart, in turn order
     last_routed: dict[str, str] = field(default_factory=dict)  # group -> why its drain is refused
     accepted: dict[str, str] = field(default_factory=dict)  # the same, with the outage accepted in data
+
+
+@dataclass(frozen=True)
+class FirewallPlan:
+    """roles/firewall decide: one node's nftables table as this run leaves it, from the facts pass (the
+    management subnet and the monitoring node's address as the node resolves them, the live table's
+    marker, whether nft is installed). `problem` is refused by the composer (tools/plan.py) before any
+    change; the firewall step renders its rules from `subnet` and `monitor` and decides nothing."""
+    enabled: bool  # firewall_enabled: the table is wanted (else it is removed when live)
+    live: str  # the live table's marker ('sparkfleet <sha1>'), '' when there is none
+    want: str = ""  # the marker of the table data renders for the node ('' when disabled)
+    subnet: str | None = None  # the management subnet the API is allowed from by default ('' unread)
+    monitor: str | None = None  # the monitoring node's IPv4 address as the node resolves it ('' unresolved,
+    #                             None without monitoring)
+    problem: str | None = None  # why the run is refused for this node (management subnet, monitor address)
+    install_nft: bool = False  # nft is not on the node: nftables is installed first
+
+    @property
+    def apply(self) -> bool:
+        """The rendered table is applied (one nft transaction): it is not the live one."""
+        return self.enabled and self.live != self.want
+
+    @property
+    def remove(self) -> bool:
+        """firewall_enabled is false and a table is live: it, its unit and its files are removed."""
+        return not self.enabled and bool(self.live)
+
+    @property
+    def changes(self) -> bool:
+        """The node's live table changes in this run (roles/fabric: what may stop a ping before it)."""
+        return self.apply or self.remove

@@ -19,8 +19,7 @@ from roles.docker.checks import DockerInfo, docker_info_problems
 from roles.fabric.checks import node_status, ping_failures
 from sparkfleet.fabric_others import fabric_others, netconfig_problems, renderer_in_effect
 from roles.fingerprint.checks import doctor_rows as fingerprint_rows
-from roles.firewall.checks import management_problem, table_problems, wanted_marker
-from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
+from roles.firewall import checks as firewall_checks
 from roles.guards.run import guard_problems
 from roles.image.checks import ids_differ_message
 from roles.monitoring.checks import listener_problems as monitoring_listeners
@@ -38,7 +37,7 @@ from sparkfleet.model.monitoring import monitoring_node_name
 from sparkfleet.model.serving import node_profile
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_UNIT
 from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, per_group
-from tools.plan import fleet_key_decision, group_decisions
+from tools.plan import fleet_key_decision, group_decisions, group_facts
 
 
 def _checks(state, group) -> list[tuple[str, str, list[str]]]:
@@ -59,6 +58,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         rows.append(("guards", "all", [no_plan] if planned is None else guard_problems(state, planned.serving.files, planned.memory)))
     except DeployError as err:
         rows.append(("guards", "all", [str(err)]))
+    firewall = firewall_rows(state, group)
     links, problems_of = {}, {}
     for name, h in hosts.items():
         links[name], drift, file_current = node_status(h, cluster.node(name))
@@ -71,7 +71,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         problems += ping_failures(h, node, cluster, links)  # each peer, over each half of the port
         rows.append(("fabric", name, problems))
         rows.append(("netconfig", name, *netconfig_row(node, *fabric_others(state)[name])))
-        rows.append(("firewall", name, firewall_problems(fleet_from_state(state), cluster, node, h)))
+        rows.append(("firewall", name, firewall[name]))
         rows.append(("docker", name, docker_info_problems(node, cluster, h.get_fact(DockerInfo))))
         unit = h.get_fact(UnitState, unit=unit_name(node))
         rows.append(("serving", name, [] if is_serving(unit) else [
@@ -120,15 +120,16 @@ def preflight_doctor_rows(node, facts: dict, failures: list[str]) -> list[tuple]
             ("port", node.name, cabled, port_note(facts))]
 
 
-def firewall_problems(fleet, cluster, node, h) -> list[str]:
-    """The live table inet sparkfleet against the one data renders (the marker the deploy compares)."""
-    if not node.firewall_enabled:
-        return []
-    subnet = h.get_fact(ManagementSubnet, address=node.management_address)
-    problem = management_problem(node, subnet)
-    if problem:
-        return [problem]
-    return table_problems(node, h.get_fact(LiveMarker), wanted_marker(fleet, cluster, node, h, subnet))
+def firewall_rows(state, group) -> dict[str, list[str]]:
+    """Each node's live table inet sparkfleet against the one data renders: the firewall's own verdict
+    (roles/firewall decide, as step 1b takes it) on the plan's facts pass, taken apart from the rest
+    of the plan, so a plan another role cannot take still shows the firewall."""
+    try:
+        plans = firewall_checks.decide(group_facts(state, group)["firewall"], group, fleet_from_state(state))
+    except DeployError as err:
+        return {n.name: [f"not checked: {err}"] for n in group.nodes}
+    return {name: [p.problem] if p.problem else firewall_checks.table_problems(group.node(name), p.live, p.want)
+            for name, p in plans.items()}
 
 
 def netconfig_row(node, facts: dict, others) -> tuple[list[str], str]:

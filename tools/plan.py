@@ -15,11 +15,13 @@ import secrets
 from dataclasses import asdict, replace
 
 from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
 
 from roles.fabric import checks as fabric_checks
 from roles.engine_proof.checks import engine_move
 from roles.fabric_speed import checks as fabric_speed_checks
 from roles.fingerprint.facts import EngineVersions
+from roles.firewall import checks as firewall_checks
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
 from roles.preflight.checks import preflight_rows
@@ -154,6 +156,7 @@ def _read_group_facts(state, group) -> dict:
     profile = node_profile(group.head)
     readers = {
         "fabric": lambda: fabric_checks.fabric_facts(state),  # links, files, and the read-only proof
+        "firewall": lambda: firewall_checks.firewall_facts(state),  # live markers, what the rules name
         "key_found": lambda: head_key_found(state, group.head),
         "image": lambda: image_checks.image_facts(state, profile),
         "engine": lambda: engine_versions(state, group.head, profile),
@@ -169,12 +172,15 @@ def _read_group_facts(state, group) -> dict:
     return dict(zip(readers, at_once(*readers.values(), limit=FACT_READERS_AT_ONCE)))
 
 
-def decide_group(facts: dict, group, fleet_key_v: FleetKey | None = None) -> decided.Decisions:
-    """One group's decisions, a pure function of its facts, its validated config and the fleet key's
+def decide_group(facts: dict, group, fleet_key_v: FleetKey | None = None, fleet=None) -> decided.Decisions:
+    """One group's decisions, a pure function of its facts, its validated config (`fleet`: every
+    group's, for what the firewall admits; the group itself by default, a pair) and the fleet key's
     fate (roles/router: the fleet's one key replaces this head's): each role's verdict, then what only
     their sum says (whether the pair restarts, what pauses the watchdog)."""
     profile = node_profile(group.head)
-    fabric = fabric_checks.decide(facts["fabric"], group)
+    firewall_v = firewall_checks.decide(facts["firewall"], group, fleet)
+    # A ping that fails may be stopped by a table this run changes: the fabric's verdict weighs it.
+    fabric = fabric_checks.decide(facts["fabric"], group, firewall_v)
     key = decide_key(group.head, facts["key_found"], fleet_key_v is not None and group.head.name in fleet_key_v.writes)
     image_v = image_checks.decide(facts["image"], group, profile)
     weights_v = weights_checks.decide(facts["weights"], group)
@@ -190,16 +196,16 @@ def decide_group(facts: dict, group, fleet_key_v: FleetKey | None = None) -> dec
     watchdog_v = watchdog_checks.plan_for(group, what_moves_the_pair(caches, serving_v), facts["watchdog_units"])
     moves = engine_move(facts["engine"], profile, serving_v.restart or caches.prewarm, snapshot_version)
     row = replace(summary(group, profile, image_v, weights_v, caches, speed, serving_v), engine=moves.line(profile.engine),
-                  engine_version=moves.after or "")
+                  engine_version=moves.after or "", firewall=firewall_checks.summary(firewall_v))
     return decided.Decisions(summary=row,
                              fabric=fabric, key=key, image=image_v, weights=weights_v, caches=caches,
-                             speed=speed, serving=serving_v, watchdog=watchdog_v, memory=memory)
+                             speed=speed, serving=serving_v, watchdog=watchdog_v, memory=memory, firewall=firewall_v)
 
 
 def group_decisions(state, group, fleet_key_v: FleetKey | None) -> decided.Decisions:
     """One group's decisions from this run's facts, each role's verdict line printed."""
     facts = group_facts(state, group)
-    d = decide_group(facts, group, fleet_key_v)
+    d = decide_group(facts, group, fleet_key_v, fleet_from_state(state))
     profile = node_profile(group.head)
     logger.info("--> sparkfleet weights: " + weights_checks.summary(d.weights))
     logger.info(f"--> sparkfleet kernel caches ({profile.image_ref}): "
@@ -252,6 +258,8 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
             lines.append(f"  {name} proves the fabric's speed: {p.speed}")
         if p.engine:
             lines.append(f"  {name} engine: {p.engine}")
+        if p.firewall:
+            lines.append(f"  {name} firewall: {p.firewall}")
         shown = p.reasons[:reasons_shown]
         more = len(p.reasons) - len(shown)
         if shown:
@@ -292,6 +300,14 @@ def write_plan(plans: dict[str, GroupPlan], fleet: FleetPlan, directory) -> None
         json.dump(asdict(fleet), out, indent=1)  # unsorted: the router's groups in its own order
 
 
+def refusal(decisions: dict[str, decided.Decisions], fleet, routing: RoutingPlan) -> DeployError | None:
+    """What refuses the run at step 1b, after the plan printed and before any host is changed: a node
+    whose firewall cannot be rendered (roles/firewall: its subnet or the monitoring node's address
+    unread), then a turn that drains a model's last routed group (roles/rolling/routes.py). Pure."""
+    walls = {name: plan for d in decisions.values() for name, plan in d.firewall.items()}
+    return firewall_checks.refusal(walls) or routes.refusal(fleet, routing)
+
+
 def decide(state) -> dict[str, GroupPlan]:
     """Step 1b: every group's decisions and the fleet's, once per run, printed before any operation runs
     and installed for every later step (sparkfleet/decided.py); run as a plan, also written for
@@ -312,7 +328,7 @@ def decide(state) -> dict[str, GroupPlan]:
             logger.info("    " + line)
         for line in fleet_lines(plans, fleet_v.summary):
             logger.info(line)
-        if (refused := routes.refusal(fleet, routing)) is not None:
+        if (refused := refusal(decisions, fleet, routing)) is not None:
             raise refused
         decided.install(state, decisions, fleet_v)
         if (directory := plan_dir()) is not None:

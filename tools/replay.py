@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyinfra.context import ctx_state
 
 from sparkfleet.capture import replay_facts, replay_state
+from sparkfleet.inventory import fleet_from_state
 from sparkfleet.once import per_group
 from tools.plan import decide_group, fleet_key_decision, group_facts
 
@@ -15,4 +16,5 @@ def replay_plan(bundle: dict, inventory: str | None = None) -> dict:
     state = replay_state(bundle, inventory)
     with replay_facts(bundle), ctx_state.use(state):
         key = fleet_key_decision(state)
-        return per_group(state, lambda group: decide_group(group_facts(state, group), group, key))
+        return per_group(state, lambda group: decide_group(group_facts(state, group), group, key,
+                                                                 fleet_from_state(state)))

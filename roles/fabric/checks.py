@@ -15,14 +15,11 @@ from pyinfra.facts.files import Sha1File
 
 from roles.fabric.facts import FabricLink, FabricPing, ping_command
 from sparkfleet.fabric_others import OtherConfig, fabric_others
-from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
-from sparkfleet.firewall_rules import wanted_marker_of
-from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.fabric import NETPLAN_FILE, FabricHalf
-from sparkfleet.model.monitoring import monitoring_node_name
 from sparkfleet.once import per_host
 from sparkfleet.render import render, sha1_text
-from sparkfleet.verdicts import FabricState  # noqa: F401 (this role's verdict, on the ground floor)
+from sparkfleet.verdicts import FabricState, FirewallPlan
 
 
 def netplan_text(node) -> str:
@@ -88,15 +85,12 @@ class FabricFacts:
     """What the fabric's verdict reads, per node name, in one pass: each half's live link ({netdev:
     link}), the netplan file's sha1, the other configurations of its netdevs, whether each peer
     answers jumbo frames over each half ({(peer, half): answered}: read-only pings, which the verdict
-    weighs only when nothing else changes), and, when a ping failed, the firewall's live marker with the
-    facts its wanted one is made of (a firewall about to change may be what stops the pings; None:
-    firewall off, or no ping failed)."""
+    weighs only when nothing else changes)."""
 
     links: dict[str, dict[str, dict | None]]
     netplan_sha1: dict[str, str | None]
     others: dict[str, list[OtherConfig]]
     pings: dict[str, dict[tuple[str, int], bool]]
-    firewall: dict[str, tuple[str, str | None, str | None] | None]  # (live marker, subnet, monitor address)
 
 
 def settled(facts: FabricFacts, cluster) -> bool:
@@ -117,16 +111,13 @@ def _ping_failures(facts: FabricFacts, cluster) -> list[str]:
 def fabric_facts(state) -> FabricFacts:
     """At prepare time, every node of the group at once: its links, netplan file and jumbo-frame pings
     to each peer over each half (read-only: a ping that cannot leave fails at once), beside the other
-    configurations of its netdevs; when a ping failed, every node's firewall facts."""
+    configurations of its netdevs."""
     # The other configurations first, as preflight and step 3 read them (fabric_others: once per run;
     # preflight, another reader of the plan's facts pass, may have read them already). Not in each
     # node's chain of reads below: there they cost the no-op deploy a second (bench/noop.py: 5.8 s
     # against 4.8 s). Not at once with those either: the readers already hold several SSH channels per node.
     configs = fabric_others(state)
     cluster = cluster_from_state(state)
-    fleet = fleet_from_state(state)
-    monitor_name = monitoring_node_name(list(fleet.nodes))
-    monitor = fleet.node(monitor_name).management_address if monitor_name else None
 
     def read(h):
         node = cluster.node(h.name)
@@ -136,34 +127,25 @@ def fabric_facts(state) -> FabricFacts:
                  for i, (_, theirs) in enumerate(zip(node.fabric_halves, peer.fabric_halves))}  # half_pairs
         return links, h.get_fact(Sha1File, path=NETPLAN_FILE), pings
 
-    def firewall(h):
-        node = cluster.node(h.name)
-        if not node.firewall_enabled:
-            return None
-        resolved = monitor if monitor is None or is_ipv4(monitor) else h.get_fact(Ipv4Of, hostname=monitor)
-        return h.get_fact(LiveMarker), h.get_fact(ManagementSubnet, address=node.management_address), resolved
-
     read_by_node = per_host(state, read)
     links, sha1s, pings = ({n: r[i] for n, r in read_by_node.items()} for i in range(3))
     others = {n: configs[n][1] for n in read_by_node}
-    # The firewall's facts only matter when a ping failed (a converged run reads none of them here).
-    failed = any(not answered for answers in pings.values() for answered in answers.values())
-    walls = per_host(state, firewall) if failed else {n: None for n in read_by_node}
-    return FabricFacts(links=links, netplan_sha1=sha1s, others=others, pings=pings, firewall=walls)
+    return FabricFacts(links=links, netplan_sha1=sha1s, others=others, pings=pings)
 
 
-def decide(facts: FabricFacts, cluster) -> FabricState:
-    """The fabric's verdict, a pure function of its facts: each node's drift and whether its netplan
-    file is current; converged when nothing changes and the read-only pings passed. Pings that fail
-    stop the deploy here, naming both ends, unless the firewall changes in this run (then the proof
-    runs after roles/firewall applied it: roles/fabric/proof_tasks.py)."""
+def decide(facts: FabricFacts, cluster, firewall: dict[str, FirewallPlan] | None = None) -> FabricState:
+    """The fabric's verdict, a pure function of its facts and the firewall's verdict of this run (node ->
+    its plan, as step 1b took it: roles/firewall decide, handed in by the composer): each node's
+    drift and whether its netplan file is current; converged when nothing changes and the read-only
+    pings passed. Pings that fail stop the deploy here, naming both ends, unless a node's table is
+    applied or removed in this run (then the proof runs after roles/firewall changed it:
+    roles/fabric/proof_tasks.py)."""
     drift = {name: port_drift(cluster.node(name), links) for name, links in facts.links.items()}
     file_current = {name: facts.netplan_sha1[name] == sha1_text(netplan_text(cluster.node(name))) for name in facts.links}
     if not settled(facts, cluster):  # the proof runs after the link is applied again (proof_tasks.py)
         return FabricState(converged=False, drift=drift, file_current=file_current)
     failures = _ping_failures(facts, cluster)
-    if failures and not any(read[0] != wanted_marker_of(cluster, cluster.node(name), *read[1:])
-                            for name, read in facts.firewall.items() if read is not None):
+    if failures and not any(plan.changes for plan in (firewall or {}).values()):
         raise DeployError("\n".join(failures))
     return FabricState(converged=not failures, drift=drift, file_current=file_current)
 

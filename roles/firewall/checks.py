@@ -1,17 +1,25 @@
-"""roles/firewall: the node's ruleset file, its unit and nftables' drop-in, and the checks around them
-(the doctor's row, the monitoring node's address as the node resolves it, the refusals).
+"""roles/firewall: the node's ruleset file, its unit and nftables' drop-in, and the checks around them:
+the reader of the plan's facts pass (firewall_facts), the verdict (decide: a FirewallPlan per node,
+taken once at step 1b), the plan's line, the doctor's row and the refusals.
 
 The rules themselves are rendered on the ground floor (sparkfleet/firewall_rules.py, which says what
 they drop and admit), and the facts read of a node's table and addresses are there too
 (sparkfleet/firewall_facts.py): roles/fabric weighs both when a ping fails.
 """
+from dataclasses import dataclass
 from ipaddress import IPv4Network
 
-from sparkfleet.firewall_facts import Ipv4Of, is_ipv4
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.server import Which
+
+from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
 from sparkfleet.firewall_rules import wanted_marker_of
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.firewall import TABLE
 from sparkfleet.model.monitoring import monitoring_node_name
+from sparkfleet.once import per_host
 from sparkfleet.render import render
+from sparkfleet.verdicts import FirewallPlan
 
 UNIT = "sparkfleet-firewall"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
@@ -57,12 +65,6 @@ def monitor_address(node_host, fleet) -> str | None:
     return address if is_ipv4(address) else node_host.get_fact(Ipv4Of, hostname=address)
 
 
-def wanted_marker(fleet, cluster, node, node_host, subnet: str | None) -> str:
-    """`sparkfleet <digest>`: the marker of the table data renders for this node (LiveMarker's value
-    when the live table is that one)."""
-    return wanted_marker_of(cluster, node, subnet, monitor_address(node_host, fleet))
-
-
 def monitor_problem(node, fleet, monitor: str | None) -> str | None:
     if monitor == "":
         name = monitoring_node_name(list(fleet.nodes))
@@ -79,6 +81,76 @@ def management_problem(node, subnet: str) -> str | None:
                 f"session's); set firewall_api_allowed_networks (e.g. [\"192.168.1.0/24\"]) in data. Nothing was "
                 f"changed.")
     return None
+
+
+@dataclass(frozen=True)
+class FirewallFacts:
+    """What the firewall's verdict reads of one node, in the plan's facts pass: the live table's marker
+    and, with firewall_enabled, the management subnet, the monitoring node's address as the node
+    resolves it and whether nft is installed (None: not read, the firewall is off)."""
+    live: str
+    subnet: str | None = None
+    monitor: str | None = None
+    nft: bool | None = None
+
+
+def firewall_facts(state) -> dict[str, FirewallFacts]:
+    """At prepare time, every node of the group at once, each node's reads one after the other (the
+    facts pass's other readers hold channels on the same connection: tools/plan.py
+    FACT_READERS_AT_ONCE): the facts, classes and arguments, the firewall step read itself before
+    the plan took its verdict, so recorded bundles (sparkfleet/capture.py) answer them."""
+    cluster, fleet = cluster_from_state(state), fleet_from_state(state)
+
+    def read(h) -> FirewallFacts:
+        node = cluster.node(h.name)
+        if not node.firewall_enabled:  # only whether a table is left to remove
+            return FirewallFacts(live=h.get_fact(LiveMarker))
+        subnet = h.get_fact(ManagementSubnet, address=node.management_address)
+        monitor = monitor_address(h, fleet)  # roles/monitoring's Prometheus, or None
+        return FirewallFacts(live=h.get_fact(LiveMarker), subnet=subnet, monitor=monitor,
+                             nft=bool(h.get_fact(Which, command="nft")))
+
+    return per_host(state, read)
+
+
+def decide(facts: dict[str, FirewallFacts], cluster, fleet=None) -> dict[str, FirewallPlan]:
+    """The firewall's verdict per node, a pure function of its facts and the validated config (`fleet`:
+    every group, for the monitoring node; the group itself for a pair): its problem (refused at step
+    1b), the marker data renders, whether the table is applied, removed, and nftables installed."""
+    fleet = fleet if fleet is not None else cluster
+    plans = {}
+    for name, read in facts.items():
+        node = cluster.node(name)
+        if not node.firewall_enabled:
+            plans[name] = FirewallPlan(enabled=False, live=read.live)
+            continue
+        plans[name] = FirewallPlan(
+            enabled=True, live=read.live, want=wanted_marker_of(cluster, node, read.subnet, read.monitor),
+            subnet=read.subnet, monitor=read.monitor, install_nft=not read.nft,
+            problem=management_problem(node, read.subnet) or monitor_problem(node, fleet, read.monitor))
+    return plans
+
+
+def refusal(plans: dict[str, FirewallPlan]) -> DeployError | None:
+    """The refusal of the nodes whose firewall cannot be rendered (each problem's text as the firewall
+    step raised it before the plan took its verdict), or None."""
+    problems = [p.problem for _, p in sorted(plans.items()) if p.problem]
+    return DeployError("\n".join(problems)) if problems else None
+
+
+def summary(plans: dict[str, FirewallPlan]) -> str:
+    """The plan's firewall line for one group ('' when no node's table changes): 'applied on spark-a,
+    spark-b (the live table is not the rendered one)'; read back by tests/e2e/plan_conformance.py."""
+    def nodes(test) -> str:
+        return ", ".join(name for name, p in sorted(plans.items()) if test(p))
+
+    parts = [(f"applied on {names} ({why})") for names, why in (
+        (nodes(lambda p: p.apply and not p.live), "no table live"),
+        (nodes(lambda p: p.apply and p.live), "the live table is not the rendered one"),
+    ) if names]
+    if removed := nodes(lambda p: p.remove):
+        parts.append(f"removed on {removed} (firewall_enabled is false)")
+    return "; ".join(parts)
 
 
 __all__ = ["IPv4Network"]

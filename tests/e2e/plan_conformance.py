@@ -1,6 +1,6 @@
 """The plan a deploy printed against the operations it ran: every planned fetch, build, shipment,
-cache warm-up and pair restart happened, on the node the plan names, and none happened that the plan
-did not announce; and so for the fleet's actions: every group routed again, taken out of routing
+cache warm-up, pair restart and firewall table applied or removed happened, on the node the plan names,
+and none happened that the plan did not announce; and so for the fleet's actions: every group routed again, taken out of routing
 for its restart and put back, and every fleet key written, as the fleet's lines printed them, the
 groups' turns in the printed order. Read from the deploy's own output, nothing else: the plan table
 and the fleet's lines (tools/plan.py, printed once before any operation) and pyinfra's per-operation
@@ -23,6 +23,12 @@ _DRAIN = re.compile(r"^out of routing for their restart, routed again at their t
 _KEY = re.compile(r"^the fleet's API key \((?P<source>\S+)'s(?:, generated now)?\) written into the key file of: "
                   r"(?P<nodes>.+)$")
 _TURNS = re.compile(r"^turn order: (?P<turns>.+)$")
+# A group's firewall line under the table (tools/plan.py plan_table, roles/firewall/checks.py summary):
+# '<group> firewall: applied on a, b (why); removed on c (why)'.
+_FIREWALL = re.compile(r"^(?P<group>\S+) firewall: (?P<what>.+)$")
+_FIREWALL_PART = re.compile(r"^(?P<verb>applied|removed) on (?P<nodes>.+?) \([^()]+\)$")
+APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
+REMOVE = "Remove the nftables table inet sparkfleet (firewall_enabled is false)"
 
 
 @dataclass
@@ -35,6 +41,8 @@ class PlannedGroup:
     ship_models: dict[str, int] = field(default_factory=dict)  # worker -> models it is sent
     warm: str = "-"  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" | "-"
     restart: bool = False
+    firewall_applied: list[str] = field(default_factory=list)  # nodes whose nftables table is applied
+    firewall_removed: list[str] = field(default_factory=list)  # nodes whose table is removed (firewall off)
 
     @property
     def head(self) -> str:
@@ -73,6 +81,16 @@ def parse_plan(output: str) -> tuple[int, dict[str, PlannedGroup]] | None:
                     p.ship_models[node] = int(item.split()[0])
         plans[name] = p
     assert len(plans) == int(m["groups"]), f"{m['groups']} groups announced, {len(plans)} rows read"
+    for row in lines[i + 2 + len(plans):]:  # the groups' lines under the table, up to the first blank
+        if not row.strip():
+            break
+        if (f := _FIREWALL.match(row.strip())) and f["group"] in plans:
+            for part in f["what"].split("; "):
+                part_m = _FIREWALL_PART.match(part)
+                assert part_m, f"a firewall line that does not parse: {row!r}"
+                nodes = part_m["nodes"].split(", ")
+                (plans[f["group"]].firewall_applied if part_m["verb"] == "applied"
+                 else plans[f["group"]].firewall_removed).extend(nodes)
     return int(m["changes"]), plans
 
 
@@ -176,6 +194,10 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
         restarted = [p.head] if _count(changed, p.head, lambda op: op == "Start the head (every worker is up)") else []
         restarted += [w for w in workers if _count(changed, w, lambda op: op == "Restart the workers (workers first)")]
         expect(name, "pair restart (nodes restarted)", p.nodes if p.restart else [], restarted)
+        for what, planned, op in (("firewall table applied on", p.firewall_applied, APPLY),
+                                  ("firewall table removed on", p.firewall_removed, REMOVE)):
+            expect(name, what, sorted(planned),
+                   [n for n in sorted(p.nodes) if _count(changed, n, lambda o, op=op: op in printed_names(o))])
     return out + fleet_mismatches(output, changed, plans)
 
 

@@ -78,6 +78,25 @@ def test_a_replayed_node_that_says_otherwise_changes_the_plan(lab_bundle):
     assert decisions.serving.restart, decisions.serving
 
 
+def test_the_firewall_is_decided_from_the_facts_the_lab_recorded_and_moves_where_a_node_says_so(lab_bundle):
+    """The facts pass's firewall reader asks what the firewall step asked (ManagementSubnet at the
+    management address, LiveMarker, Which nft): the lab's recorded live markers are the tables data
+    renders today, so nothing moves; the worker's table gone from its record, the plan applies it
+    there and names it in the group's line."""
+    decisions = replay_plan(lab_bundle, LAB_INVENTORY)["pair"]
+    assert sorted(decisions.firewall) == ["spark-a", "spark-b"]
+    assert all(p.live == p.want and p.subnet == "198.18.0.0/24" and not p.install_nft and p.problem is None
+               for p in decisions.firewall.values()), decisions.firewall
+    bundle = copy.deepcopy(lab_bundle)
+    marker = [r for r in bundle["nodes"]["spark-b"] if r["fact"] == "sparkfleet.firewall_facts.LiveMarker"]
+    assert marker, "the bundle holds the worker's live marker"
+    marker[0]["stdout"] = []  # `nft list table` found none
+    moved = replay_plan(bundle, LAB_INVENTORY)["pair"]
+    assert moved.firewall["spark-b"].apply and not moved.firewall["spark-a"].apply
+    assert moved.summary.firewall == "applied on spark-b (no table live)"
+    assert moved.summary.actions() == ["change the firewall: applied on spark-b (no table live)"]
+
+
 def test_a_bundle_without_a_fact_the_deploy_reads_fails_naming_it(lab_bundle):
     bundle = copy.deepcopy(lab_bundle)
     bundle["nodes"]["spark-b"] = [r for r in bundle["nodes"]["spark-b"] if r["fact"] != "roles.preflight.facts.NodeFacts"]

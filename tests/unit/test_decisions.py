@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import DeployError
 from roles.fabric import checks as fabric_checks
 from roles.fabric.checks import FabricFacts
 from roles.fabric_speed import checks as fabric_speed_checks
+from roles.firewall import checks as firewall_checks
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
 from roles.kernel_cache.facts import CacheState
@@ -27,6 +28,8 @@ from roles.serving.api_key import decide_key
 from roles.weights import checks as weights_checks
 from roles.weights.facts import ModelCopy
 from sparkfleet.config import build_cluster
+from sparkfleet.firewall_facts import ManagementSubnet
+from sparkfleet.firewall_rules import wanted_marker_of
 from sparkfleet.model.compile_key import settings_key
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import sha1_text
@@ -290,10 +293,10 @@ def test_caches_after_an_older_sparkfleet_the_keyed_generation_is_warmed(cluster
 
 # ------------------------------------------------------------------------------- the group's plan
 
-def fabric_facts(cluster, mtu=None, sha1=None, others=None, pings=None, firewall=None):
+def fabric_facts(cluster, mtu=None, sha1=None, others=None, pings=None):
     """roles/fabric's facts of a group: every half's live link as data says (`mtu`: node -> another
     MTU on its first half), each netplan file as rendered, every ping answered (`pings`: node ->
-    {(peer, half): answered} changes some), the firewall off (`firewall`: node -> its facts)."""
+    {(peer, half): answered} changes some)."""
     mtu, sha1, others, pings = mtu or {}, sha1 or {}, others or {}, pings or {}
     links = {n.name: {h.netdev: {"mtu": mtu.get(n.name, n.fabric_mtu) if i == 0 else n.fabric_mtu, "up": True,
                                  "ipv4": [str(h.address)]} for i, h in enumerate(n.fabric_halves)}
@@ -304,12 +307,26 @@ def fabric_facts(cluster, mtu=None, sha1=None, others=None, pings=None, firewall
         answered[name].update(answers)
     return FabricFacts(links=links,
                        netplan_sha1={n.name: sha1.get(n.name, sha1_text(fabric_checks.netplan_text(n))) for n in cluster.nodes},
-                       others={n.name: others.get(n.name, []) for n in cluster.nodes}, pings=answered,
-                       firewall=firewall or {n.name: None for n in cluster.nodes})
+                       others={n.name: others.get(n.name, []) for n in cluster.nodes}, pings=answered)
+
+
+# The lab pair's management subnet as its ManagementSubnet fact read it (tests/unit/fixtures/capture-lab.json:
+# spark-a's session arrived at 198.18.0.11/24), through the fact's own parser.
+SUBNET = ManagementSubnet().process(["198.18.0.11/24"])
+
+
+def firewall_facts(cluster, live=None, subnet=SUBNET):
+    """roles/firewall's facts of a group: nft installed, the lab's subnet (`subnet`: '' unread), no
+    monitoring, each node's live table the one data renders (`live`: node -> another marker, '' for no
+    table)."""
+    live = live or {}
+    return {n.name: firewall_checks.FirewallFacts(
+        live=live.get(n.name, wanted_marker_of(cluster, n, subnet, None)), subnet=subnet, monitor=None, nft=True)
+        for n in cluster.nodes}
 
 
 def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", fabric=None, weights=None,
-                caches=None, sums=None, proven=True):
+                caches=None, sums=None, proven=True, firewall=None):
     """One group's facts as tools/plan.py group_facts gathers them (each reader's result)."""
     ids = ids if ids is not None else {n.name: IMAGE_ID for n in cluster.nodes}
     profile = node_profile(cluster.head)
@@ -321,6 +338,7 @@ def group_facts(cluster, *, ids=None, health=True, units_active=True, key="ok", 
                 for n, files in rendered.items()}
     return {
         "fabric": fabric or fabric_facts(cluster),
+        "firewall": firewall or firewall_facts(cluster),
         "key_found": key,
         "image": image_checks.ImageFacts(ids=ids, pins={"spark-a": [pushed], "spark-b": (pushed, [pushed])}),
         "weights": weights,
@@ -445,15 +463,59 @@ def test_a_fabric_that_changes_is_not_converged_and_its_pings_do_not_count(clust
     assert not fabric_checks.decide(fabric_facts(cluster, others={"spark-b": [other]}), cluster).converged
 
 
-def test_settled_links_that_drop_jumbo_frames_stop_the_deploy_naming_both_ends_unless_the_firewall_moves(cluster):
+def test_settled_links_that_drop_jumbo_frames_stop_the_deploy_naming_both_ends_unless_the_firewall_moves(cluster, settled):
     dropped = {"spark-a": {("spark-b", 1): False}}  # the twin half, from spark-a
+    still = firewall_checks.decide(firewall_facts(cluster), cluster)  # the plan's slice: no table changes
     with pytest.raises(DeployError) as err:
-        fabric_checks.decide(fabric_facts(cluster, pings=dropped, firewall={
-            n.name: (fabric_checks.wanted_marker_of(cluster, n, "10.0.0.0/24", None), "10.0.0.0/24", None)
-            for n in cluster.nodes}), cluster)
+        fabric_checks.decide(fabric_facts(cluster, pings=dropped), cluster, still)
     assert "fabric: spark-a (enP2p1s0f0np0 mtu 9000) cannot reach spark-b" in str(err.value)
     assert "about half of what the cable carries" in str(err.value)
     # a firewall that changes in this run may be what stops them: the proof runs after it instead
-    moving = {n.name: ("", "10.0.0.0/24", None) for n in cluster.nodes}
-    v = fabric_checks.decide(fabric_facts(cluster, pings=dropped, firewall=moving), cluster)
+    moving = firewall_checks.decide(firewall_facts(cluster, live={"spark-b": ""}), cluster)
+    v = fabric_checks.decide(fabric_facts(cluster, pings=dropped), cluster, moving)
     assert not v.converged and v.drift == {"spark-a": [], "spark-b": []}
+    # the composer hands the fabric the firewall's verdict of the same facts pass
+    with pytest.raises(DeployError, match="cannot reach spark-b"):
+        decide_group(group_facts(cluster, **settled, fabric=fabric_facts(cluster, pings=dropped)), cluster)
+    d = decide_group(group_facts(cluster, **settled, fabric=fabric_facts(cluster, pings=dropped),
+                                 firewall=firewall_facts(cluster, live={"spark-b": ""})), cluster)
+    assert not d.fabric.converged and d.firewall["spark-b"].apply and not d.firewall["spark-a"].apply
+
+
+def test_a_firewall_that_cannot_be_rendered_refuses_the_run_at_step_1b_with_its_own_message(cluster, settled):
+    from roles.firewall.checks import management_problem
+    from sparkfleet.verdicts import RoutingPlan
+    from tools.plan import refusal
+
+    good = decide_group(group_facts(cluster, **settled), cluster)
+    assert refusal({"pair": good}, cluster, RoutingPlan()) is None
+    unread = decide_group(group_facts(cluster, **settled, firewall=firewall_facts(cluster, subnet="")), cluster)
+    refused = refusal({"pair": unread}, cluster, RoutingPlan())
+    assert isinstance(refused, DeployError)
+    assert str(refused) == "\n".join(management_problem(n, "") for n in cluster.nodes)
+    assert str(refused).startswith("spark-a: the management subnet could not be read (no local address matches")
+
+
+def test_a_table_removed_in_this_run_also_lets_failed_pings_wait_for_the_proof_after_it(cluster):
+    """firewall_enabled false with a table still live (an earlier run's): step 3b removes it before the
+    proof of step 3c, so it may be what stops the pings as much as a table applied."""
+    off = build_cluster(pair(**{n: {"firewall_enabled": False} for n in ("spark-a", "spark-b")}))
+    dropped = {"spark-a": {("spark-b", 0): False}}
+    gone = firewall_checks.decide({"spark-a": firewall_checks.FirewallFacts(live=""),
+                                   "spark-b": firewall_checks.FirewallFacts(live="")}, off)
+    with pytest.raises(DeployError, match="cannot reach spark-b"):
+        fabric_checks.decide(fabric_facts(off, pings=dropped), off, gone)
+    left = firewall_checks.decide({"spark-a": firewall_checks.FirewallFacts(live=""),
+                                   "spark-b": firewall_checks.FirewallFacts(live="sparkfleet " + "1" * 40)}, off)
+    assert left["spark-b"].remove and not fabric_checks.decide(fabric_facts(off, pings=dropped), off, left).converged
+
+
+def test_the_groups_plan_carries_each_nodes_firewall_and_its_line(cluster, settled):
+    d = decide_group(group_facts(cluster, **settled), cluster)
+    assert d.summary.firewall == "" and not any(p.changes for p in d.firewall.values())
+    fresh = decide_group(group_facts(cluster, **settled, firewall=firewall_facts(
+        cluster, live={"spark-a": "", "spark-b": "sparkfleet " + "2" * 40})), cluster)
+    assert fresh.summary.firewall == ("applied on spark-a (no table live); applied on spark-b (the live table is "
+                                      "not the rendered one)")
+    assert fresh.summary.actions() == [f"change the firewall: {fresh.summary.firewall}"] and fresh.summary.changes
+    assert not fresh.serving.restart  # a firewall change alone restarts nothing

@@ -170,3 +170,103 @@ def test_a_port_of_one_half_filters_that_netdev_alone():
     text = rules(rules_text(c, c.head, MGMT))
     assert 'tcp dport { 873, 5000, 29501, 29510 } iifname != "enp1s0f0np0" drop' in text
     assert not any("enP2p1s0f0np0" in line for line in text)
+
+
+# --- The verdict, taken once at step 1b (roles/firewall/checks.py decide; issue 42) ------------------
+
+from pyinfra.api.exceptions import DeployError  # noqa: E402
+
+from roles.firewall import checks as firewall_checks  # noqa: E402
+from roles.firewall.checks import FirewallFacts  # noqa: E402
+from sparkfleet.firewall_rules import wanted_marker_of  # noqa: E402
+
+# The lab pair's subnet as its ManagementSubnet fact read it (tests/unit/fixtures/capture-lab.json).
+LAB_SUBNET = ManagementSubnet().process(["198.18.0.11/24"])
+
+
+def read(c, live=None, subnet=LAB_SUBNET, monitor=None, nft=True):
+    """Each node's firewall facts: its live table the one data renders unless `live` says (node -> marker)."""
+    live = live or {}
+    return {n.name: FirewallFacts(live=live.get(n.name, wanted_marker_of(c, n, subnet, monitor)), subnet=subnet,
+                                  monitor=monitor, nft=nft) for n in c.nodes}
+
+
+def test_the_wanted_marker_is_the_one_the_rendered_rules_carry_and_a_live_table_that_is_it_stays():
+    c = both()
+    plans = firewall_checks.decide(read(c), c)
+    for node in c.nodes:
+        plan = plans[node.name]
+        assert plan.want in rules_text(c, node, LAB_SUBNET) and plan.want == f"sparkfleet {digest(c, node, LAB_SUBNET)}"
+        assert not (plan.apply or plan.remove or plan.install_nft) and plan.problem is None
+    assert firewall_checks.summary(plans) == "" and firewall_checks.refusal(plans) is None
+
+
+def test_a_missing_or_other_table_is_applied_and_named_in_the_plans_line_and_nft_installed_where_absent():
+    c = both()
+    plans = firewall_checks.decide(read(c, live={"spark-a": "", "spark-b": "sparkfleet " + "f" * 40}, nft=False), c)
+    assert plans["spark-a"].apply and plans["spark-b"].apply and all(p.install_nft for p in plans.values())
+    assert firewall_checks.summary(plans) == ("applied on spark-a (no table live); applied on spark-b (the live "
+                                              "table is not the rendered one)")
+    fresh = firewall_checks.decide(read(c, live={"spark-a": "", "spark-b": ""}), c)
+    assert firewall_checks.summary(fresh) == "applied on spark-a, spark-b (no table live)"
+
+
+def test_with_the_firewall_off_only_a_live_table_is_removed():
+    c = both(firewall_enabled=False)
+    plans = firewall_checks.decide({"spark-a": FirewallFacts(live="sparkfleet " + "1" * 40),
+                                    "spark-b": FirewallFacts(live="")}, c)
+    assert plans["spark-a"].remove and not plans["spark-a"].apply and plans["spark-a"].changes
+    assert not plans["spark-b"].changes and plans["spark-b"].want == ""
+    assert firewall_checks.summary(plans) == "removed on spark-a (firewall_enabled is false)"
+
+
+def test_a_subnet_or_monitor_address_that_cannot_be_read_is_refused_with_the_steps_own_message():
+    c = both()
+    plans = firewall_checks.decide(read(c, subnet=""), c)
+    assert [plans[n].problem for n in ("spark-a", "spark-b")] == [management_problem(n, "") for n in c.nodes]
+    refused = firewall_checks.refusal(plans)
+    assert isinstance(refused, DeployError) and str(refused) == "\n".join(management_problem(n, "") for n in c.nodes)
+    assert str(refused).startswith("spark-a: the management subnet could not be read")
+    # allowed networks in data: the subnet is not needed
+    assert firewall_checks.refusal(firewall_checks.decide(read(both(firewall_api_allowed_networks=[]), subnet=""),
+                                                          both(firewall_api_allowed_networks=[]))) is None
+    watched = both(monitoring_enabled=True, monitoring_node="spark-b")
+    unresolved = firewall_checks.decide(read(watched, monitor=""), watched)
+    assert unresolved["spark-a"].problem == firewall_checks.monitor_problem(watched.head, watched, "")
+    assert "does not resolve to an IPv4 address on spark-a" in unresolved["spark-a"].problem
+
+
+# --- roles/firewall/tasks.py executes its node's slice --------------------------------------------
+
+FIREWALL_TASKS = ("roles/firewall/tasks.py",)
+APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
+REMOVE = "Remove the nftables table inet sparkfleet (firewall_enabled is false)"
+
+
+def declared(monkeypatch, c, plans):
+    """The operations roles/firewall/tasks.py declares per host for `plans` (the decided slice), as
+    test_watchdog_deploy's recorder sees them: (name, host)."""
+    from tests.unit.test_watchdog_deploy import Deploy
+
+    deploy = Deploy(monkeypatch, c, None, firewall=plans)
+    deploy.run(FIREWALL_TASKS)
+    return [(o.name, c.nodes[h].name) for *_k, h, o in deploy.ops]
+
+
+def test_the_step_applies_the_table_only_where_the_plan_says_and_reads_no_fact(monkeypatch):
+    from tests.unit.test_watchdog_deploy import FakeHost
+
+    asked = []
+    monkeypatch.setattr(FakeHost, "get_fact", lambda self, cls, **kw: asked.append(cls.__name__))
+    c = both()
+    settled = declared(monkeypatch, c, firewall_checks.decide(read(c), c))
+    assert not any(name in (APPLY, REMOVE, "Install nftables") for name, _ in settled)
+    assert ("Write /etc/sparkfleet/firewall.nft", "spark-a") in settled
+    moving = declared(monkeypatch, c, firewall_checks.decide(read(c, live={"spark-b": ""}, nft=False), c))
+    assert [h for name, h in moving if name == APPLY] == ["spark-b"]
+    assert [h for name, h in moving if name == "Install nftables"] == ["spark-a", "spark-b"]
+    assert {"Which", "LiveMarker", "ManagementSubnet", "Ipv4Of"}.isdisjoint(asked), asked
+    off = both(firewall_enabled=False)
+    gone = declared(monkeypatch, off, firewall_checks.decide({"spark-a": FirewallFacts(live=""),
+                                                              "spark-b": FirewallFacts(live="sparkfleet " + "1" * 40)}, off))
+    assert gone == [(REMOVE, "spark-b")]

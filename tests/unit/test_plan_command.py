@@ -168,3 +168,21 @@ def test_a_fleets_plan_prints_its_turns_routing_and_key_after_the_groups_and_a_p
     assert "--> the fleet:" not in pair_lines
     write_plan({"pair": groups["g1"]}, FleetPlan(turns=["pair"]), tmp_path)
     assert "--> the fleet:" not in verdict(*read_plan(tmp_path))[1]
+
+
+def test_a_groups_firewall_change_is_one_of_its_actions_and_makes_the_plan_exit_2(tmp_path):
+    """Step 1b writes the group's firewall line (roles/firewall summary) with its verdicts; `sparkfleet
+    plan` names it among the group's actions, a change (exit 2) whatever the operations say."""
+    import json
+
+    from sparkfleet.plan_types import FleetPlan, GroupPlan
+    from tools.plan import write_plan
+
+    group = GroupPlan(group="pair", profile="p", image="i", nodes=["spark-a", "spark-b"], healthy=True,
+                      firewall="applied on spark-b (no table live)")
+    write_plan({"pair": group}, FleetPlan(turns=["pair"]), tmp_path)
+    (tmp_path / "operations-spark-b.json").write_text(json.dumps([]))
+    code, lines = verdict(*read_plan(tmp_path))
+    assert code == CHANGES
+    assert "  pair: change the firewall: applied on spark-b (no table live)" in lines
+    assert lines[-1].startswith("--> a deploy would change something: 1 serving group(s) by the plan")

@@ -86,10 +86,65 @@ def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
     assert pair.ship_image == {"spark-b"} and pair.ship_models == {"spark-b": 2} and pair.warm == "prewarm"
     assert pair.restart and len(run.changed()) > 20
     assert mismatches(run.output, run.changed()) == []
+    # The lab's hosts kept their tables (every firewall operation 'No changes'): the plan printed no
+    # firewall line. Had it printed one (today's printer), the tables it did not apply are named.
+    output = with_firewall_line(run.output, "pair", "applied on spark-a, spark-b (no table live)")
+    assert parse_plan(output)[1]["pair"].firewall_applied == ["spark-a", "spark-b"]
+    assert mismatches(output, run.changed()) == [
+        "pair: firewall table applied on: the plan said ['spark-a', 'spark-b'], the run did []"]
     # The same run with the worker's restart lost: named.
     without = [(op, h) for op, h in run.changed() if op != "Restart the workers (workers first)"]
     assert mismatches(run.output, without) == [
         "pair: pair restart (nodes restarted): the plan said ['spark-a', 'spark-b'], the run did ['spark-a']"]
+
+
+def with_firewall_line(output: str, group: str, firewall: str) -> str:
+    """`output` with the group's firewall line where tools/plan.py plan_table prints it (after the
+    group's other lines under the table), built by that printer."""
+    from sparkfleet.plan_types import GroupPlan
+    from tools.plan import plan_table
+
+    line = next(l for l in plan_table({group: GroupPlan(group=group, profile="p", image="i", nodes=[], firewall=firewall)})
+                if " firewall: " in l)
+    lines = output.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("--> sparkfleet plan: "))
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    indent = lines[start + 1][:len(lines[start + 1]) - len(lines[start + 1].lstrip())]
+    return "\n".join(lines[:end] + [indent + line] + lines[end:])
+
+
+def test_the_firewall_is_applied_and_removed_where_the_plan_printed_and_nowhere_else():
+    """The firewall's line under the table (tools/plan.py plan_table, its own printer) against the
+    'Apply the nftables table ...' and 'Remove the nftables table ...' operations the run changed."""
+    from sparkfleet.plan_types import GroupPlan
+    from tools.plan import plan_table
+
+    plans = {"g1": GroupPlan(group="g1", profile="p", image="i", nodes=["spark-a", "spark-b"],
+                             firewall="applied on spark-a (no table live); applied on spark-b (the live table is not "
+                                      "the rendered one)"),
+             "g2": GroupPlan(group="g2", profile="p", image="i", nodes=["spark-c", "spark-d"],
+                             firewall="removed on spark-d (firewall_enabled is false)")}
+    head = "--> sparkfleet plan: 2 serving group(s), 2 with changes (decided before any change; the roles execute this plan)"
+    printed = "\n".join([head, *("    " + line for line in plan_table(plans)), ""])
+    assert "      g1 firewall: applied on spark-a (no table live); applied on spark-b" in printed
+    _, parsed = parse_plan(printed)
+    assert parsed["g1"].firewall_applied == ["spark-a", "spark-b"] and parsed["g2"].firewall_removed == ["spark-d"]
+
+    def run(*ops):
+        lines = [printed] + [f"--> Starting operation: roles/firewall/tasks.py | {name}\n    [{h}] Success"
+                             for name, h in ops]
+        return Run(0, "\n".join(lines))
+
+    apply = "Apply the nftables table inet sparkfleet (one transaction)"
+    remove = "Remove the nftables table inet sparkfleet (firewall_enabled is false)"
+    good = run((apply, "spark-a"), (apply, "spark-b"), (remove, "spark-d"))
+    assert mismatches(good.output, good.changed()) == []
+    bad = run((apply, "spark-a"), (apply, "spark-c"), (remove, "spark-c"))
+    assert mismatches(bad.output, bad.changed()) == [
+        "g1: firewall table applied on: the plan said ['spark-a', 'spark-b'], the run did ['spark-a']",
+        "g2: firewall table applied on: the plan said [], the run did ['spark-c']",
+        "g2: firewall table removed on: the plan said ['spark-d'], the run did ['spark-c']",
+    ]
 
 
 def test_a_recorded_unchanged_lab_deploy_planned_nothing_and_changed_nothing():

@@ -185,13 +185,15 @@ class FakeHost:
 
 
 class Deploy:
-    def __init__(self, monkeypatch, cluster, plan: WatchdogPlan, changed=()):
+    def __init__(self, monkeypatch, cluster, plan: WatchdogPlan | None, changed=(), firewall=None):
         self.cluster, self.changed = cluster, set(changed)
         self.state = SimpleNamespace(_sparkfleet_cluster=cluster, ops={})
         # The run's plan as deploy.py's step 1b installs it (sparkfleet/decided.py), on the state the
-        # task files read; only the watchdog's slice is read by the files this test runs.
+        # task files read; only the watchdog's slice (and the firewall's, tests/unit/test_firewall.py) is
+        # read by the files these tests run.
         decided.install(self.state, {"pair": decided.Decisions(summary=None, fabric=None, key="ok", image=None, weights=None, caches=None,
-                                                               speed=None, serving=None, watchdog=plan, memory={})},
+                                                               speed=None, serving=None, watchdog=plan, memory={},
+                                                               firewall=firewall or {})},
                         decided.FleetDecision(summary=None, key=None))
         self.ops = []  # (include index, line, occurrence, host index, Op)
         for module, names in ((files, ("put", "directory")), (server, ("shell",)), (python, ("call",)),
