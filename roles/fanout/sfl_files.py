@@ -37,8 +37,8 @@ Two nodes hold the same files when their manifests are byte-identical.
   --io-timeout S: rsync's --timeout, seconds without data before a stalled peer is given up
   (0: none); the whole command's limit is the caller's (sparkfleet/bounded.py wraps it)
 
-Exit codes: 0 done, 1 verification failed (scrub: a directory swapped or an entry not dropped), 3 not enough free disk (nothing transferred), 2 usage;
-pull and fetch-dir: rsync's own exit code when a transfer fails (a re-run resumes), unless a file
+Exit codes: 0 done, 1 verification failed (scrub: a directory swapped or an entry not dropped),
+3 not enough free disk (nothing transferred), 2 usage; pull and fetch-dir: rsync's own exit code when a transfer fails (a re-run resumes), unless a file
 also failed verification (1).
 """
 import argparse
@@ -336,10 +336,6 @@ def shown(rel):
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SWAPPED = "directory swapped while scrubbed"
 MAX_HOPS = 40  # symlinks followed while judging one (Linux's own limit, path_resolution(7))
-
-
-def _parts(path):
-    return [p for p in path.split("/") if p not in ("", ".")]
 
 
 def resolution(rootfd, base, dir_parts, target):
