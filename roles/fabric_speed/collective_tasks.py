@@ -26,6 +26,7 @@ from sparkfleet.model.engine import IMAGE_VAR, image_pin_path, rank_env
 from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.roce_gid import resolve_gid_index
+from sparkfleet.root_paths import textfile_write_command
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
@@ -87,11 +88,12 @@ def write_record(path: str, key: str) -> None:
     """Operation body on each node: the passed proof's record, with every figure of this run; on the
     head, with monitoring on, the figures as metrics too (SPEED_TEXTFILE)."""
     figures = kept_figures(state, group)
-    writes = [(path, record_text(key, figures))]
+    command = (f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && printf '%s' {shlex.quote(record_text(key, figures))} > "
+               f"{shlex.quote(path)}.tmp && mv {shlex.quote(path)}.tmp {shlex.quote(path)}")
     if node.is_head and node.monitoring_enabled:
-        writes.append((SPEED_TEXTFILE, speed_metrics_text(figures, time.time())))
-    command = " && ".join(f"mkdir -p {shlex.quote(p.rsplit('/', 1)[0])} && printf '%s' {shlex.quote(text)} > "
-                          f"{shlex.quote(p)}.tmp && mv {shlex.quote(p)}.tmp {shlex.quote(p)}" for p, text in writes)
+        # The textfile directory: every directory of it root's alone, the file written through mktemp
+        # (sparkfleet/root_paths.py); a planted symlink fails the step, naming it.
+        command += " && " + textfile_write_command(SPEED_TEXTFILE, speed_metrics_text(figures, time.time()))
     ok, out = host.run_shell_command(StringCommand(command))
     if not ok:
         raise DeployError(f"fabric speed: {node.name}: writing {path} failed: {out.stderr}")

@@ -30,12 +30,15 @@ Two nodes hold the same files when their manifests are byte-identical.
   sfl_files.py scrub DIR [--dry-run]
         print, one line each (kind TAB path), what under DIR is not a regular file or a directory:
         device nodes, fifos, sockets, symlinks that resolve outside DIR, setuid/setgid files; and
-        remove it (--dry-run: only print). Run on every rank before a kernel-cache merge
+        remove it (--dry-run: only print). Run on every rank before a kernel-cache merge, as root,
+        over a tree the engine may still write: the walk goes through directory descriptors and follows
+        no symlink, and a directory swapped while walked is named ("directory swapped while
+        scrubbed"), not entered; the scrub then exits 1 (the tree is still changing)
   --io-timeout S: rsync's --timeout, seconds without data before a stalled peer is given up
   (0: none); the whole command's limit is the caller's (sparkfleet/bounded.py wraps it)
 
-Exit codes: 0 done, 1 verification failed, 3 not enough free disk (nothing transferred), 2 usage;
-pull and fetch-dir: rsync's own exit code when a transfer fails (a re-run resumes), unless a file
+Exit codes: 0 done, 1 verification failed (scrub: a directory swapped or an entry not dropped),
+3 not enough free disk (nothing transferred), 2 usage; pull and fetch-dir: rsync's own exit code when a transfer fails (a re-run resumes), unless a file
 also failed verification (1).
 """
 import argparse
@@ -326,51 +329,185 @@ def shown(rel):
     return rel if rel.isprintable() else ascii(rel)
 
 
+# The scrub runs as root over a tree the engine (another uid, in a container) may still be writing:
+# every call below goes through a directory file descriptor opened without following a symlink, so a
+# directory swapped for a symlink mid-walk leads nowhere outside the tree (issue 43 item 5). A path
+# string from the root is never handed to a call that changes anything.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SWAPPED = "directory swapped while scrubbed"
+MAX_HOPS = 40  # symlinks followed while judging one (Linux's own limit, path_resolution(7))
+
+
+def resolution(rootfd, base, dir_parts, target):
+    """(inside, where) of a symlink in directory dir_parts (components below the tree's root) pointing at
+    `target`: resolved physically, component by component, each symlink met on the way read through the
+    root's descriptor (lstat and readlink only, nothing opened). An absolute target is inside only when
+    it names a path under `base` (the root's real path). `where` is the absolute path it resolves to."""
+    import stat
+
+    stack = list(dir_parts)
+    pending = target.split("/")
+    if target.startswith("/"):
+        if target != base and not target.startswith(base + "/"):
+            return False, os.path.realpath(target)
+        stack, pending = [], target[len(base):].split("/")
+    hops = MAX_HOPS
+    while pending:
+        c = pending.pop(0)
+        if c in ("", "."):
+            continue
+        if c == "..":
+            if not stack:  # above the root: the rest resolves outside (named, physically, for the line only)
+                return False, os.path.realpath(os.path.join(os.path.dirname(base), *pending))
+            stack.pop()
+            continue
+        stack.append(c)
+        rel = "/".join(stack)
+        try:
+            st = os.stat(rel, dir_fd=rootfd, follow_symlinks=False)
+        except OSError:  # absent: the rest is lexical, as realpath's is
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            hops -= 1
+            if hops < 0:
+                return False, "a loop of symlinks"
+            link = os.readlink(rel, dir_fd=rootfd)
+            stack.pop()
+            if link.startswith("/"):
+                if link != base and not link.startswith(base + "/"):
+                    return False, os.path.realpath(os.path.join(link, *pending))
+                stack, pending = [], link[len(base):].split("/") + pending
+            else:
+                pending = link.split("/") + pending
+    return True, os.path.join(base, *stack)
+
+
+def _kind(st, link, where, inside):
+    """What a non-directory entry is, when foreign (None: a regular file or a symlink staying inside)."""
+    import stat
+
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        return None if inside else f"symlink to {link} (resolves to {where}, outside the tree)"
+    if stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
+        kind = "block device" if stat.S_ISBLK(mode) else "character device"
+        return f"{kind} {os.major(st.st_rdev)},{os.minor(st.st_rdev)} mode {stat.S_IMODE(mode):04o}"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return "fifo" if stat.S_ISFIFO(mode) else "socket"
+    return _bits(st, "file")
+
+
+def _bits(st, what):
+    import stat
+
+    mode = st.st_mode
+    if not mode & (stat.S_ISUID | stat.S_ISGID):
+        return None
+    bits = " and ".join(b for b, m in (("setuid", stat.S_ISUID), ("setgid", stat.S_ISGID)) if mode & m)
+    return f"{bits} {what} mode {stat.S_IMODE(mode):04o}"
+
+
+def walk_foreign(root, act, failed):
+    """Yield (kind, path relative to root) of each foreign entry under root, depth first, each
+    directory's names sorted; with `act`, drop it once the consumer has taken the line (a non-directory
+    unlinked from its directory's descriptor, a setuid/setgid directory's bits cleared through its own).
+    A directory is entered only when the descriptor opened for it (O_NOFOLLOW) is the inode its parent
+    listed (st_dev, st_ino); otherwise it is yielded as swapped and not entered. Drops that fail are
+    appended to `failed` ((rel, reason)); nothing outside the tree is ever changed or opened."""
+    import errno
+    import stat
+
+    try:
+        rootfd = os.open(root, DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            yield "not a directory (a symlink or another kind), not entered", "."
+            failed.append((".", "the tree's root is not a directory"))
+            return
+        raise
+    base = os.path.realpath(f"/proc/self/fd/{rootfd}") if os.path.isdir("/proc/self/fd") else os.path.realpath(root)
+
+    def scan(dfd, parts):
+        for name in sorted(os.listdir(dfd)):
+            rel = "/".join(parts + [name])
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(name, DIR_FLAGS, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    yield f"{SWAPPED} (now a symlink or not a directory), not entered", rel
+                    failed.append((rel, SWAPPED))
+                    continue
+                try:
+                    now = os.fstat(sub)
+                    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                        yield f"{SWAPPED} (another directory now), not entered", rel
+                        failed.append((rel, SWAPPED))
+                        continue
+                    kind = _bits(now, "directory")
+                    if kind:
+                        yield kind, rel
+                        if act:
+                            os.fchmod(sub, stat.S_IMODE(now.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                    yield from scan(sub, parts + [name])
+                finally:
+                    os.close(sub)
+                continue
+            link, where, inside = None, None, True
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    link = os.readlink(name, dir_fd=dfd)
+                except OSError:  # gone or replaced since the lstat: judged on the next scrub
+                    continue
+                inside, where = resolution(rootfd, base, parts, link)
+            kind = _kind(st, link, where, inside)
+            if kind:
+                yield kind, rel
+                if act:
+                    # unlinkat(2) removes the entry itself, never what a symlink names; a directory put
+                    # here since the lstat is refused by it (EISDIR) and left, named.
+                    try:
+                        os.unlink(name, dir_fd=dfd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as e:
+                        failed.append((rel, e.strerror))
+
+    try:
+        yield from scan(rootfd, [])
+    finally:
+        os.close(rootfd)
+
+
 def foreign(root):
     """[(kind, path relative to root)] of what under root is neither a regular file nor a directory
     nor a symlink resolving inside root, and of setuid/setgid entries, sorted by path; nothing is
-    followed (a symlink is judged by where it resolves, physically, every link on the way included)."""
-    import stat
-
-    base = os.path.realpath(root)
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root)
-            mode = os.lstat(full).st_mode
-            if stat.S_ISLNK(mode):
-                target = os.path.realpath(full)
-                if target != base and not target.startswith(base + os.sep):
-                    out.append((f"symlink to {os.readlink(full)} (resolves to {target}, outside the tree)", rel))
-            elif stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
-                rdev = os.lstat(full).st_rdev
-                kind = "block device" if stat.S_ISBLK(mode) else "character device"
-                out.append((f"{kind} {os.major(rdev)},{os.minor(rdev)} mode {stat.S_IMODE(mode):04o}", rel))
-            elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-                out.append(("fifo" if stat.S_ISFIFO(mode) else "socket", rel))
-            elif mode & (stat.S_ISUID | stat.S_ISGID):
-                bits = " and ".join(b for b, m in (("setuid", stat.S_ISUID), ("setgid", stat.S_ISGID)) if mode & m)
-                what = "directory" if stat.S_ISDIR(mode) else "file"
-                out.append((f"{bits} {what} mode {stat.S_IMODE(mode):04o}", rel))
-    return sorted(out, key=lambda kr: kr[1])
+    followed (a symlink is judged by where it resolves, physically, every link on the way included),
+    and a directory swapped while walked is named, not entered (walk_foreign)."""
+    return sorted(walk_foreign(root, False, []), key=lambda kr: kr[1])
 
 
 def scrub(a):
-    """Print what foreign() finds under a.dir, one `kind<TAB>path` line each, and drop it: removed,
-    or for a setuid/setgid directory its bits cleared (its contents are judged on their own)."""
-    import stat
-
-    for kind, rel in foreign(a.dir):
+    """Print what under a.dir is foreign, one `kind<TAB>path` line each (walk_foreign's order), and drop
+    it: removed, or for a setuid/setgid directory its bits cleared (its contents are judged on their
+    own). Returns 1, naming them on stderr, when a directory was swapped mid-walk or an entry could
+    not be dropped (the tree is still being changed: not to be merged), else 0."""
+    failed = []
+    for kind, rel in walk_foreign(a.dir, not a.dry_run, failed):
         print(f"{kind}\t{shown(rel)}", flush=True)
-        if a.dry_run:
-            continue
-        full = os.path.join(a.dir, rel)
-        mode = os.lstat(full).st_mode
-        if stat.S_ISDIR(mode):
-            os.chmod(full, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
-        else:
-            os.unlink(full)
+    if failed and not a.dry_run:
+        say(f"{a.dir}: not scrubbed whole: " + "; ".join(f"{shown(rel)}: {why}" for rel, why in failed))
+        return 1
+    return 0
 
 
 def rsync(args, io_timeout=0):
@@ -656,7 +793,7 @@ def main(argv):
     elif a.cmd == "seal":
         finish(a.dir, a.manifest, a.header)
     elif a.cmd == "scrub":
-        scrub(a)
+        return scrub(a)
     elif a.cmd == "verify":
         with open(a.manifest) as f:
             problems = differences(a.dir, checked_manifest(f.read(), a.manifest)[1])

@@ -135,6 +135,73 @@ def metrics_text(fingerprint: dict) -> str:
 FIELDS = ("kernel", "gpu_driver", "cx7_firmware", "docker", "image_id", "engine", "nccl")
 
 
+
+NOT_ROOT_ONLY = "not a root-only directory: refused"
+
+
+def root_only_dir(path):
+    """A descriptor of directory `path`, made when absent one component at a time (mkdir relative to its
+    parent's descriptor, never through a symlink: O_NOFOLLOW), every directory of it from / down owned
+    by root and writable by root alone (a sticky one on the way allowed, as /tmp); otherwise OSError
+    naming the directory (issue 43 item 5; the rules of sparkfleet/root_paths.py)."""
+    import errno
+    import stat
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags)
+    where = ""
+    parts = [p for p in path.split("/") if p]
+    try:
+        for i, name in enumerate(parts):
+            where += "/" + name
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open(name, flags, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise OSError(e.errno, f"{where} is a symlink or not a directory, {NOT_ROOT_ONLY}") from None
+                raise
+            os.close(fd)
+            fd = sub
+            st = os.fstat(fd)
+            last = i == len(parts) - 1
+            if st.st_uid != 0 or (st.st_mode & 0o022 and (not st.st_mode & stat.S_ISVTX or last)):
+                raise OSError(errno.EPERM, f"{where} is owned by uid {st.st_uid} with mode "
+                                           f"{stat.S_IMODE(st.st_mode):o}, {NOT_ROOT_ONLY}")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_textfile(path, text):
+    """`path` holds `text` whole: a new file (O_CREAT|O_EXCL|O_NOFOLLOW, a random name no reader takes
+    for a metrics file) in the root-only directory, renamed over it through that directory's descriptor."""
+    import secrets
+
+    directory, name = os.path.split(path)
+    dfd = root_only_dir(directory)
+    try:
+        tmp = f".{name}.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), 0o644)
+                f.write(text)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--netdev", required=True)
@@ -148,12 +215,8 @@ def main(argv=None) -> int:
     run = subprocess.run(["sh", "-c", fingerprint_command(a.netdev, image or "sparkfleet-no-image:none", a.engine)],
                          capture_output=True, text=True, timeout=120)
     text = metrics_text(parse_fingerprint(run.stdout.splitlines()))
-    tmp = f"{a.textfile}.{os.getpid()}.tmp"
     try:
-        os.makedirs(os.path.dirname(a.textfile), exist_ok=True)
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, a.textfile)
+        write_textfile(a.textfile, text)
     except OSError as err:
         print(f"sfl_fingerprint: could not write {a.textfile}: {err}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ firewall closes its ports. An unchanged re-deploy changes nothing.
 from io import StringIO
 
 from pyinfra import host, logger, state
+from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import python, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -35,6 +36,7 @@ from roles.monitoring.checks import (
 from roles.monitoring.secrets import GROUP as SECRET_GROUP, MODE as SECRET_MODE, controller_secrets, stale, write_secret
 from sparkfleet import unchanged
 from sparkfleet.model.monitoring import SECRETS_DIR, secret_files
+from sparkfleet.root_paths import RootOnlyChain, absent_dir_command, chain_complete, chain_problem, root_only_chain_command
 from sparkfleet.unchanged import ManagedTargets
 from sparkfleet.inventory import fleet_from_state
 from sparkfleet.render import render
@@ -74,7 +76,15 @@ if monitor is not None:
                     f"scrapes {len(jobs['node'])} node exporters and {len(jobs['engine'])} engines")
 
     # 1. Every node: the exporter, its arguments and sparkfleet's facts.
-    unchanged.directory(name=f"Create {TEXTFILE_DIR}", path=TEXTFILE_DIR, user="root", group="root", mode="0755")
+    # The textfile directory: every directory of it root's alone, made component by component when absent
+    # (sparkfleet/root_paths.py), so no other user can swap a path under root's writes there. Read at
+    # prepare: one planted symlink or another user's directory on the way stops the deploy here, naming it.
+    chain = host.get_fact(RootOnlyChain, path=TEXTFILE_DIR)
+    problem = chain_problem(chain, TEXTFILE_DIR)
+    if problem:
+        raise DeployError(f"{host.name}: monitoring: the textfile directory {TEXTFILE_DIR}: {problem}")
+    server.shell(name=f"Create {TEXTFILE_DIR} (every directory of it root's alone)",
+                 commands=[root_only_chain_command(TEXTFILE_DIR)], _if=lambda: not chain_complete(chain))
     facts = unchanged.put(name=f"Write {TEXTFILE} (sparkfleet's facts, for the textfile collector)",
                           src=StringIO(textfile_text(fleet, node)), dest=TEXTFILE, user="root", group="root",
                           mode="0644")
@@ -137,7 +147,7 @@ if monitor is not None:
         restart = any_changed(prom_args, prom_dropin)
         restarts = lambda: restart() and not prom.did_change()  # noqa: E731 (the package's start read the args)
         server.shell(name=f"Restart {PROMETHEUS_UNIT} (its arguments changed)",
-                     commands=[f"install -d -o prometheus -g prometheus {PROMETHEUS_DATA}",
+                     commands=[absent_dir_command(PROMETHEUS_DATA, "prometheus", "prometheus"),
                                f"systemctl restart {PROMETHEUS_UNIT}.service"],
                      _if=restarts)
         server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets, rules or secrets changed)",
@@ -160,7 +170,7 @@ if monitor is not None:
         server.shell(name=f"Check {ALERTMANAGER_CONFIG} with amtool", commands=[f"amtool check-config {ALERTMANAGER_CONFIG}"],
                      _if=any_changed(am_config, am))
         server.shell(name=f"Restart {ALERTMANAGER_UNIT} (its arguments changed)",
-                     commands=[f"install -d -o prometheus -g prometheus {ALERTMANAGER_DATA}",
+                     commands=[absent_dir_command(ALERTMANAGER_DATA, "prometheus", "prometheus"),
                                f"systemctl restart {ALERTMANAGER_UNIT}.service"],
                      _if=lambda: am_args.did_change() and not am.did_change())
         server.shell(name=f"Reload {ALERTMANAGER_UNIT} (its receivers changed)",

@@ -36,7 +36,8 @@ from pyinfra.api.exceptions import DeployError
 from sparkfleet.keyfiles import KeyFileError, read
 from sparkfleet.model.engine_proof import engine_proof_path, proven_version
 from sparkfleet.model.fabric_speed import passed_figures, speed_record_path
-from sparkfleet.model.monitoring import RECEIPT_TEXTFILE, TEXTFILE_DIR
+from sparkfleet.model.monitoring import RECEIPT_TEXTFILE
+from sparkfleet.root_paths import textfile_write_command
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,14 +253,12 @@ def _epoch(taken_at: str | None) -> int:
 
 
 def write_receipt_metrics(host, receipt: dict) -> None:
-    """The receipt's figures into the textfile collector's directory (monitoring on): written beside and
-    moved in, so the exporter never reads half a file."""
-    text = receipt_metrics_text(receipt)
-    tmp = f"{RECEIPT_TEXTFILE}.tmp"
-    host.run_shell_command(StringCommand(f"mkdir -p -m 0755 {TEXTFILE_DIR}"))
-    if not host.put_file(io.BytesIO(text.encode()), tmp):
-        raise DeployError(f"{host.name}: receipt: could not write {tmp}")
-    host.run_shell_command(StringCommand(f"chmod 0644 {tmp} && mv -f {tmp} {RECEIPT_TEXTFILE}"))
+    """The receipt's figures into the textfile collector's directory (monitoring on): written beside
+    (mktemp) and moved in, so the exporter never reads half a file, in a directory every directory of
+    which is root's alone (sparkfleet/root_paths.py: a planted symlink fails the step, naming it)."""
+    ok, out = host.run_shell_command(StringCommand(textfile_write_command(RECEIPT_TEXTFILE, receipt_metrics_text(receipt))))
+    if not ok:
+        raise DeployError(f"{host.name}: receipt: could not write {RECEIPT_TEXTFILE}: {out.stderr}")
 
 
 def receipt_path(node, profile) -> str:

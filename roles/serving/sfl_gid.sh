@@ -48,14 +48,36 @@ IFS=$old_ifs
 [ $# -eq 4 ] || { echo "sfl_gid.sh: $ip is not an IPv4 address" >&2; exit 2; }
 want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$1" "$2" "$3" "$4")
 
-# write_metric NAME INDEX FILE: one gauge of this HCA, replaced whole (the collector never reads half).
+# root_only_dir DIR: DIR made when absent, component by component (mkdir, never -p), every directory of
+# it from / down a real directory owned by root and writable by root alone (a sticky one on the way
+# allowed, as /tmp: others cannot move root's entries in it); a symlink or another user's directory
+# on the way fails naming it, so no other user can swap a path under root's writes (issue 43 item 5;
+# the same rules as sparkfleet/root_paths.py's root_only_chain_command).
+root_only_dir() (
+  IFS=/; d=
+  for c in $1; do
+    [ -n "$c" ] || continue
+    d="$d/$c"
+    if [ -L "$d" ]; then echo "sparkfleet: $d is a symlink, not a root-only directory: refused" >&2; exit 1; fi
+    [ -e "$d" ] || mkdir -m 0755 "$d" || exit 1
+    if [ -L "$d" ] || [ ! -d "$d" ]; then echo "sparkfleet: $d is not a directory: refused" >&2; exit 1; fi
+    owner=$(stat -c %u "$d") && perms=$(stat -c %a "$d") || exit 1
+    if [ "$owner" != 0 ] || { [ $(( 0$perms & 022 )) -ne 0 ] && { [ $(( 0$perms & 01000 )) -eq 0 ] || [ "$d" = "$1" ]; }; }; then
+      echo "sparkfleet: $d is owned by uid $owner with mode $perms, not a root-only directory: refused" >&2; exit 1
+    fi
+  done
+)
+
+# write_metric NAME INDEX FILE: one gauge of this HCA, replaced whole (the collector never reads half):
+# written to a file mktemp made (O_EXCL) in the root-only textfile directory, then renamed over FILE.
 write_metric() {
   [ -n "${SFL_GID_TEXTFILE_DIR:-}" ] || return 0
-  if ! { mkdir -p "$SFL_GID_TEXTFILE_DIR" &&
+  t=
+  if ! { root_only_dir "$SFL_GID_TEXTFILE_DIR" && t=$(mktemp "$SFL_GID_TEXTFILE_DIR/.$3.XXXXXX") &&
     printf '# HELP %s The RoCE v2 GID index of the fabric address on this HCA (%s).\n# TYPE %s gauge\n%s{hca="%s",device="%s"} %s\n' \
-      "$1" "$4" "$1" "$1" "$hca" "$netdev" "$2" >"$SFL_GID_TEXTFILE_DIR/.$3.$$" &&
-    mv -f "$SFL_GID_TEXTFILE_DIR/.$3.$$" "$SFL_GID_TEXTFILE_DIR/$3"; }; then
-    rm -f "$SFL_GID_TEXTFILE_DIR/.$3.$$"
+      "$1" "$4" "$1" "$1" "$hca" "$netdev" "$2" >"$t" && chmod 0644 "$t" &&
+    mv -f "$t" "$SFL_GID_TEXTFILE_DIR/$3"; }; then
+    [ -z "$t" ] || rm -f "$t"
     echo "sparkfleet: could not write $SFL_GID_TEXTFILE_DIR/$3 (the metric only; the start goes on)" >&2
   fi
   return 0

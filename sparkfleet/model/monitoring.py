@@ -41,9 +41,14 @@ MONITORING_KEYS = (
 DEFAULT_COLLECTORS = ("meminfo", "pressure", "netdev", "netclass", "hwmon", "thermal_zone", "systemd", "textfile",
                       "cpu", "loadavg", "filesystem")
 KNOWN_COLLECTORS = DEFAULT_COLLECTORS + ("diskstats", "vmstat", "time", "uname", "stat", "processes", "nvme")
-# The node exporter's textfile directory (Debian's and Ubuntu's default, named in its arguments):
-# roles/monitoring writes sparkfleet.prom there, roles/receipt sparkfleet-receipt.prom on a head.
-TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+# The node exporter's textfile directory (named in its arguments): roles/monitoring writes
+# sparkfleet.prom there, roles/receipt sparkfleet-receipt.prom on a head, the fingerprint, GID, fabric
+# speed and watchdog writers theirs. Not the OS's default /var/lib/prometheus/node-exporter: the
+# packages' postinst chowns /var/lib/prometheus to the prometheus user (Debian 12's
+# prometheus-node-exporter 1.5.0-1+b6), who could rename that directory and plant a symlink where root
+# writes (issue 43 item 5). Every directory of this one, from / down, is root's alone
+# (sparkfleet/root_paths.py checks it where it is made).
+TEXTFILE_DIR = "/var/lib/sparkfleet/textfile"
 RECEIPT_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-receipt.prom"
 # Each node's watchdog rewrites it with every state it saves (roles/watchdog/sfl_watch.py metrics_text).
 WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
