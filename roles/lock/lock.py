@@ -1,9 +1,10 @@
 """One deploy at a time: the controller's side of the deploy lock (the node's: node_lock.py).
 
 A run that changes nodes (deploy.py, and rollback.py through it) takes the lock on every node it
-may change, at prepare, before reading any fact and so before its first change; the lock is
-released when pyinfra disconnects from the node at the end of the run, whether it succeeded or
-failed. The doctor and `make status` only read, and take no lock.
+may change: every host of its --limit, and the router node of a fleet with a router when the limit
+leaves it out (the run drains and routes groups again there: roles/rolling). At prepare, before
+reading any fact and so before its first change; the lock is released when pyinfra disconnects
+from the node at the end of the run, whether it succeeded or failed. The doctor and `make status` only read, and take no lock.
 
 Nodes are locked one after the other in name order, the same order whatever the inventory's,
 so of two runs started together over the same nodes, the one that gets the first node gets them
@@ -102,17 +103,53 @@ def _node(host, action: str, holder: dict | None = None) -> dict:
     return answer
 
 
+def router_outside_limit(state):
+    """The router node's Host when this run may change routing there without it being a host of the
+    run: a fleet with a router (router_node, the same on every node: sparkfleet/model/router.py)
+    whose --limit leaves that node out. A run drains and routes groups again at the router
+    (roles/rolling) whatever its --limit, so that node is changed too. None otherwise: no router,
+    or the router node is in the limit (and locked as a host of the run)."""
+    in_limit = [h for h in state.inventory if state.is_host_in_limit(h)]
+    names = {h.data.get("router_node") for h in in_limit} - {None}
+    if len(names) != 1:  # no router; or nodes disagree, which validation refused before any connection
+        return None
+    name = names.pop()
+    if any(h.name == name for h in in_limit):
+        return None
+    return state.inventory.get_host(name)
+
+
 def hosts_to_lock(state) -> list:
-    """Every host of the run (within --limit), in name order: the order every run locks in."""
-    return sorted((h for h in state.inventory if state.is_host_in_limit(h)), key=lambda h: h.name)
+    """Every host of the run (within --limit), and the router node whenever the run may change
+    routing there from outside the limit (router_outside_limit), in name order: the order every run
+    locks in, so the same refusal and take-over rules hold for the router as for any node."""
+    hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
+    router = router_outside_limit(state)
+    return sorted(hosts + ([router] if router is not None else []), key=lambda h: h.name)
+
+
+def _connected(state, host):
+    """A host outside the limit (the router node) is not connected by pyinfra's connect_all
+    (pyinfra/api/connect.py: only hosts in the limit): connected here, before its lock is asked."""
+    if not getattr(host, "connected", True):
+        try:
+            host.connect(reason="the router node: this run may change its routing", raise_exceptions=True)
+        except Exception as exc:
+            raise Refusal(f"{host.name}: the router node could not be reached to take its deploy lock; nothing "
+                          f"was changed", [Problem(f"{exc}", [host.name], fix="this run may drain and route groups "
+                          "again there: check that the router node is up and reachable (ssh_hostname, ssh_port, "
+                          "ssh_user in the inventory)")]) from exc
+    return host
 
 
 def take_deploy_locks(state, holder: dict | None = None) -> list[str]:
     """Operation-free, at prepare: the lock on every node of the run, in name order; refuses at the
     first node a live run holds, after giving back the ones this run took. The names locked."""
     holder = holder or holder_record()
-    taken = []
+    taken, outside = [], []
     for host in hosts_to_lock(state):
+        if not state.is_host_in_limit(host):
+            outside.append(_connected(state, host))
         answer = _node(host, "take", holder)
         result = answer["result"]
         if result == "refused":
@@ -128,8 +165,13 @@ def take_deploy_locks(state, holder: dict | None = None) -> list[str]:
             logger.warning(f"    [{host.name}] took over the deploy lock of {describe(answer['holder'])}: its SSH "
                            f"session has ended without releasing it (that run was killed or lost its connection); "
                            f"this run repairs whatever it left half done")
-        _release_at_disconnect(host)
         taken.append(host.name)
+    # Released when pyinfra disconnects: a host of the run at its own disconnect; the router node
+    # outside the limit, which pyinfra never disconnects (disconnect_all: only the hosts it
+    # activated), at the disconnect of the run's first host, before that host's own.
+    in_limit = [h for h in hosts_to_lock(state) if state.is_host_in_limit(h)]
+    for i, host in enumerate(in_limit):
+        _release_at_disconnect(host, outside if i == 0 else [])
     return taken
 
 
@@ -138,7 +180,7 @@ def refuse_if_held(state) -> list[str]:
     a live holder refuses, since its nodes are changing under the facts a plan would read. The names read."""
     read = []
     for host in hosts_to_lock(state):
-        answer = _node(host, "show")
+        answer = _node(host if state.is_host_in_limit(host) else _connected(state, host), "show")
         if answer["result"] == "alive":
             raise Refusal(
                 "a deploy holds the deploy lock: its nodes are changing, and a plan read now would be of a half "
@@ -157,14 +199,21 @@ def _release(host) -> str:
         return "failed"
 
 
-def _release_at_disconnect(host) -> None:
+def _release_at_disconnect(host, others=()) -> None:
     """pyinfra disconnects from every host at the end of a run (pyinfra_cli/cli.py, finally:
-    disconnect_all), success or not, while the connection still works: the lock goes first."""
+    disconnect_all), success or not, while the connection still works: the lock goes first, and
+    the locks of `others` (hosts pyinfra does not disconnect) with it, each then disconnected."""
     if getattr(host, "_sparkfleet_releases_lock", False):
         return
     disconnect = host.disconnect
 
     def release_then_disconnect():
+        for other in others:
+            _release(other)
+            try:
+                other.disconnect()
+            except Exception as exc:  # the run is ending; its connection goes with the process
+                logger.warning(f"    [{other.name}] disconnect: {exc}")
         _release(host)
         disconnect()
 
