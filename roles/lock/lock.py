@@ -4,7 +4,8 @@ A run that changes nodes (deploy.py, and rollback.py through it) takes the lock 
 may change: every host of its --limit, and the router node of a fleet with a router when the limit
 leaves it out (the run drains and routes groups again there: roles/rolling). At prepare, before
 reading any fact and so before its first change; the lock is released when pyinfra disconnects
-from the node at the end of the run, whether it succeeded or failed. The doctor and `make status` only read, and take no lock.
+from the node at the end of the run, whether it succeeded or failed. `sparkfleet unlock` breaks
+a lock whose holder's SSH session has ended (break_dead_locks), never a live one. The doctor and `make status` only read, and take no lock.
 
 Nodes are locked one after the other in name order, the same order whatever the inventory's,
 so of two runs started together over the same nodes, the one that gets the first node gets them
@@ -189,6 +190,35 @@ def refuse_if_held(state) -> list[str]:
                          fix="plan again when that run has ended (it releases the lock when it disconnects)")])
         read.append(host.name)
     return read
+
+
+def break_dead_locks(state) -> dict[str, dict]:
+    """`sparkfleet unlock`: on every host of the run (within --limit), in name order, the lock broken
+    when its holder's SSH session is gone (the node program's `break`: the take-over rule, one rule
+    for both), a live holder named and left alone. Prints a line per node; refuses (after every node
+    was asked) when any live holder was found. Host name -> the node's answer."""
+    answers = {}
+    for host in sorted((h for h in state.inventory if state.is_host_in_limit(h)), key=lambda h: h.name):
+        answers[host.name] = answer = _node(host, "break")
+        if answer["result"] == "broken":
+            logger.warning(f"    [{host.name}] broke the deploy lock of {describe(answer['holder'])}: its SSH session "
+                           f"had ended; the next deploy repairs whatever that run left half done")
+        elif answer["result"] == "absent":
+            logger.info(f"    [{host.name}] no deploy lock")
+    live = {name: a["holder"] for name, a in answers.items() if a["result"] == "refused"}
+    if live:
+        raise Refusal(
+            "a live run holds the deploy lock: it was left alone" + (
+                f"; broken elsewhere: {', '.join(n for n, a in answers.items() if a['result'] == 'broken')}"
+                if any(a["result"] == "broken" for a in answers.values()) else ""),
+            [Problem(f"held by {describe(holder)}", [name],
+                     fix=f"its SSH session on the node is alive, so that run may still be changing the node: wait for "
+                         f"it to end. A controller that vanished leaves that session until the node's sshd drops the "
+                         f"connection (TCP keepalive: about two hours); once you know that run is gone, end its session "
+                         f"on {name} (as root: kill {(holder.get('session') or {}).get('pid')}, the sshd pid above) and "
+                         f"unlock again")
+             for name, holder in live.items()])
+    return answers
 
 
 def _release(host) -> str:

@@ -176,7 +176,7 @@ def test_a_plan_reads_the_lock_takes_none_and_is_refused_by_a_live_deploy(tmp_pa
     assert lock.refuse_if_held(state) == ["spark-a", "spark-b"]  # that run has ended: its lock is no obstacle
 
 
-# ------------------------------------------------------------------------------------- the router node
+# ------------------------------------------------------------------ the router node, and `sparkfleet unlock`
 
 class Node(LocalNode):
     """A node of an inventory whose shell is this machine's, its lock file its own (`path`): the real
@@ -273,3 +273,64 @@ def test_the_router_node_outside_the_limit_is_locked_in_name_order_refused_and_r
     finally:
         other.kill()
         other.wait()
+
+
+def test_unlock_breaks_only_a_lock_whose_session_has_ended_by_the_take_over_rule(tmp_path):
+    """The node program's `break` on real lock files: none, a live holder's (left alone, byte for
+    byte), the same once its session has ended (broken, the record printed), a broken record."""
+    path = tmp_path / "run" / "deploy.lock"
+    assert node("break", path) == {"result": "absent", "holder": None}
+    assert not path.parent.exists()  # asking creates nothing
+    holder = {"controller": "laptop-1", "user": "ops", "pid": 4242, "started": "then", "command": "pyinfra"}
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        path.parent.mkdir(mode=0o700)
+        path.write_text(json.dumps({**holder, "session": session_of(other.pid)}) + "\n")
+        text = path.read_text()
+        answer = node("break", path)
+        assert answer["result"] == "refused" and answer["holder"]["pid"] == 4242
+        assert path.read_text() == text
+    finally:
+        other.kill()
+        other.wait()
+    assert node("show", path)["result"] == "gone"
+    answer = node("break", path)
+    assert answer["result"] == "broken" and answer["holder"]["controller"] == "laptop-1" and not path.exists()
+    path.write_text("{not json")
+    assert node("break", path)["result"] == "broken" and not path.exists()
+    # A lock this very session holds (a take from this test's process tree) would be taken back by it
+    # too: the one rule says only "a live session that is not this one" refuses.
+    assert node("take", path, holder)["result"] == "took"
+    assert node("break", path)["result"] == "broken"
+
+
+def test_unlock_names_a_live_holder_leaves_it_and_breaks_the_dead_ones(tmp_path, caplog):
+    from sparkfleet.refusal import Refusal
+
+    inventory = fleet(tmp_path, None, names=("spark-a", "spark-b", "spark-c"))
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_session = session_of(dead.pid)
+    dead.kill()
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        for name, session, pid in (("spark-a", dead_session, 11), ("spark-b", session_of(live.pid), 22)):
+            path = tmp_path / name / "deploy.lock"
+            path.parent.mkdir(mode=0o700)
+            path.write_text(json.dumps({"controller": "laptop-1", "user": "ops", "pid": pid, "started": "then",
+                                        "command": "pyinfra deploy.py", "session": session}))
+        live_text = (tmp_path / "spark-b" / "deploy.lock").read_text()
+        with pytest.raises(Refusal) as refused:
+            lock.break_dead_locks(inventory.state())
+        text = refused.value.block()
+        assert "a live run holds the deploy lock: it was left alone; broken elsewhere: spark-a" in text
+        assert "spark-b: held by ops@laptop-1, pid 22" in text
+        assert not (tmp_path / "spark-a" / "deploy.lock").exists()
+        assert (tmp_path / "spark-b" / "deploy.lock").read_text() == live_text
+        assert "[spark-a] broke the deploy lock of ops@laptop-1, pid 11" in caplog.text
+    finally:
+        live.kill()
+        live.wait()
+    answers = lock.break_dead_locks(inventory.state())  # that run has ended too
+    assert {n: a["result"] for n, a in answers.items()} == {"spark-a": "absent", "spark-b": "broken",
+                                                             "spark-c": "absent"}
