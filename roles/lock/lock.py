@@ -5,7 +5,8 @@ may change: every host of its --limit, and the router node of a fleet with a rou
 leaves it out (the run drains and routes groups again there: roles/rolling). At prepare, before
 reading any fact and so before its first change; the lock is released when pyinfra disconnects
 from the node at the end of the run, whether it succeeded or failed. `sparkfleet unlock` breaks
-a lock whose holder's SSH session has ended (break_dead_locks), never a live one. The doctor and `make status` only read, and take no lock.
+a lock whose holder's SSH session has ended (break_dead_locks), never a live one. The doctor and
+`make status` only read, and take no lock.
 
 Nodes are locked one after the other in name order, the same order whatever the inventory's,
 so of two runs started together over the same nodes, the one that gets the first node gets them
@@ -147,32 +148,38 @@ def take_deploy_locks(state, holder: dict | None = None) -> list[str]:
     """Operation-free, at prepare: the lock on every node of the run, in name order; refuses at the
     first node a live run holds, after giving back the ones this run took. The names locked."""
     holder = holder or holder_record()
-    taken, outside = [], []
-    for host in hosts_to_lock(state):
-        if not state.is_host_in_limit(host):
-            outside.append(_connected(state, host))
-        answer = _node(host, "take", holder)
-        result = answer["result"]
-        if result == "refused":
-            for name in taken:
-                _release(state.inventory.get_host(name))
-            raise Refusal(
-                "another run holds the deploy lock; nothing was changed on any node",
-                [Problem(f"held by {describe(answer['holder'])}", [host.name],
-                         fix="wait for that run to end (it releases the lock when it disconnects); a run that was "
-                             "killed or lost its connection leaves a lock the next run takes over")],
-                "The doctor (pyinfra inventory.py doctor.py) and make status only read, and can run now.")
-        if result == "took_over":
-            logger.warning(f"    [{host.name}] took over the deploy lock of {describe(answer['holder'])}: its SSH "
-                           f"session has ended without releasing it (that run was killed or lost its connection); "
-                           f"this run repairs whatever it left half done")
-        taken.append(host.name)
-    # Released when pyinfra disconnects: a host of the run at its own disconnect; the router node
-    # outside the limit, which pyinfra never disconnects (disconnect_all: only the hosts it
-    # activated), at the disconnect of the run's first host, before that host's own.
-    in_limit = [h for h in hosts_to_lock(state) if state.is_host_in_limit(h)]
-    for i, host in enumerate(in_limit):
-        _release_at_disconnect(host, outside if i == 0 else [])
+    # Released when pyinfra disconnects (_release_at_disconnect): a host of the run at its own
+    # disconnect; the router node outside the limit, which pyinfra never disconnects (disconnect_all:
+    # only the hosts it activated), at the disconnect of the run's first host, before that host's own
+    # (`outside` is read then, so a router locked after that host is in it too).
+    taken, outside, first = [], [], None
+    try:
+        for host in hosts_to_lock(state):
+            in_limit = state.is_host_in_limit(host)
+            answer = _node(host if in_limit else _connected(state, host), "take", holder)
+            result = answer["result"]
+            if result == "refused":
+                raise Refusal(
+                    "another run holds the deploy lock; nothing was changed on any node",
+                    [Problem(f"held by {describe(answer['holder'])}", [host.name],
+                             fix="wait for that run to end (it releases the lock when it disconnects); a run that was "
+                                 "killed or lost its connection leaves a lock the next run takes over (or `sparkfleet "
+                                 "unlock` breaks)")],
+                    "The doctor (pyinfra inventory.py doctor.py) and make status only read, and can run now.")
+            if result == "took_over":
+                logger.warning(f"    [{host.name}] took over the deploy lock of {describe(answer['holder'])}: its SSH "
+                               f"session has ended without releasing it (that run was killed or lost its connection); "
+                               f"this run repairs whatever it left half done")
+            taken.append(host.name)
+            if not in_limit:
+                outside.append(host)
+            else:
+                _release_at_disconnect(host, outside if first is None else ())
+                first = first or host
+    except Exception:  # refused, or a node that could not answer: give back what this run took
+        for name in taken:
+            _release(state.inventory.get_host(name))
+        raise
     return taken
 
 
