@@ -334,3 +334,16 @@ def test_unlock_names_a_live_holder_leaves_it_and_breaks_the_dead_ones(tmp_path,
     answers = lock.break_dead_locks(inventory.state())  # that run has ended too
     assert {n: a["result"] for n, a in answers.items()} == {"spark-a": "absent", "spark-b": "broken",
                                                              "spark-c": "absent"}
+
+
+def test_a_run_stopped_by_a_node_that_cannot_answer_gives_back_every_lock_it_took_the_routers_too(tmp_path):
+    from sparkfleet.refusal import Refusal
+
+    inventory = fleet(tmp_path, "g1-a", limit=["g2-a", "g2-b"])
+    inventory.get_host("g2-b").path = str(tmp_path / "not-a-dir" / "deploy.lock")
+    (tmp_path / "not-a-dir").write_text("a file where the lock's directory should be")  # the take fails there
+    with pytest.raises(Refusal) as refused:
+        lock.take_deploy_locks(inventory.state(), {"controller": "c", "user": "u", "pid": 1, "started": "s",
+                                                   "command": "pyinfra"})
+    assert "g2-b: the deploy lock could not be taken" in refused.value.block()
+    assert not (tmp_path / "g1-a" / "deploy.lock").exists() and not (tmp_path / "g2-a" / "deploy.lock").exists()
