@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy plan-lab doctor-lab status-lab
+.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy unlock plan-lab doctor-lab status-lab
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -32,6 +32,7 @@ help:
 	@echo "make status INVENTORY=...      read-only: probe, ranks, watchdog actions, served commit"
 	@echo "make rollback INVENTORY=...    back to the recipe commit that served last, no rebuild"
 	@echo "make capture INVENTORY=... [OUT=...]  read-only: every fact the deploy reads, per node, in one bundle"
+	@echo "make unlock INVENTORY=... [HOST=...]   break a deploy lock whose holder's SSH session has ended (a live one: left alone)"
 
 # The virtualenv, from pyproject.toml's pinned versions; redone when pyproject.toml changes. What the
 # controller needs and nothing else: no root, no apt (python3 with its venv module is all it takes).
@@ -153,6 +154,11 @@ status: install
 capture: install
 	$(NEED_INVENTORY)
 	$(BIN)/sparkfleet capture $(INVENTORY) $(if $(OUT),--out $(OUT))
+
+# The deploy lock a dead run left, broken where its holder's SSH session has ended (sparkfleet/unlock_command.py).
+unlock: install
+	$(NEED_INVENTORY)
+	$(BIN)/sparkfleet unlock $(INVENTORY) $(if $(HOST),--host $(HOST))
 
 # The commit that served last (the head's history), for this run only; data still names the newer one.
 rollback: install

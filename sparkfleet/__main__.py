@@ -2,7 +2,7 @@
 `deploy INVENTORY` validates, prints the plan, asks once (or takes --yes) and deploys with pyinfra's -y;
 `plan INVENTORY` prints what a deploy would do and changes nothing; `config INVENTORY` prints the validated
 config per host; `capture INVENTORY` writes every fact the deploy and the doctor read, per node, into one
-bundle (read-only); `docs` writes docs/data-keys.md from the config model; `--version`.
+bundle (read-only); `unlock INVENTORY` breaks a deploy lock whose holder's SSH session has ended; `docs` writes docs/data-keys.md from the config model; `--version`.
 
 Every command that acts on machines takes the inventory as its argument: none has a default, so none
 reaches the lab (lab/inventory.py) or any machine unnamed. Exit status: sparkfleet/exit_codes.py."""
@@ -113,6 +113,11 @@ def main(argv=None) -> int:
                              "every node, raw outputs in one bundle (no secret): exit 0 written, 1 not")
     capture.add_argument("inventory", help=example)
     capture.add_argument("--out", help="the bundle's path (default: sparkfleet-capture-<UTC time>.json here)")
+    unlock = sub.add_parser("unlock", help="break the deploy lock a dead run left: only where its holder's SSH "
+                            "session on the node has ended; a live holder is named and left alone: exit 0 none "
+                            "live, 1 a live holder (or unreachable)")
+    unlock.add_argument("inventory", help=example)
+    unlock.add_argument("--host", help="only this host")
     sub.add_parser("docs", help="write docs/data-keys.md from the config model's field descriptions")
     args = parser.parse_args(argv)
 
@@ -130,6 +135,14 @@ def main(argv=None) -> int:
         from sparkfleet import capture as capture_command  # only this command needs it
 
         return capture_command.main(inventory, args.out)
+
+    if args.command == "unlock":
+        from sparkfleet import unlock_command  # only this command needs it
+
+        cluster = validated(inventory)
+        if cluster is None:
+            return FAILED
+        return unlock_command.main(inventory, args.host, list(cluster.as_data()))
 
     if args.command == "plan":
         from sparkfleet import plan_command  # only this command needs it

@@ -19,6 +19,8 @@ Actions, each printing one JSON line {"result": ..., "holder": the record found 
                gone; the record it replaced is printed), refused (a live session holds it)
   release      released (it was this session's), absent, not_ours (left alone)
   show         the record (or null), and whether its session is alive
+  break        `sparkfleet unlock`: broken (its session is gone, by the one rule a take uses to
+               take over: decide()), refused (a live session holds it: left alone), absent
 """
 import fcntl
 import json
@@ -125,7 +127,7 @@ def _write(path: str, record: dict) -> None:
 def main(argv) -> int:
     action, path = argv[0], argv[1]
     directory = os.path.dirname(path)
-    if action == "show" and not os.path.isdir(directory):  # a read creates nothing (sparkfleet plan)
+    if action in ("show", "break") and not os.path.isdir(directory):  # creates nothing (plan, unlock)
         print(json.dumps({"result": "absent", "holder": None}, sort_keys=True))
         return 0
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -146,6 +148,14 @@ def main(argv) -> int:
             result = "released"
         else:
             result = "not_ours"
+    elif action == "break":
+        if current is None:
+            result = "absent"
+        elif decide(current, mine, alive) == "refused":
+            result = "refused"
+        else:
+            os.unlink(path)
+            result = "broken"
     elif action == "show":
         session_of = current.get("session") if isinstance(current, dict) else None
         result = "alive" if session_of is not None and alive(session_of) else ("absent" if current is None else "gone")

@@ -81,7 +81,7 @@ def test_a_usage_error_exits_1_never_2_which_is_a_plans_changes(argv, capsys):
     assert "usage: sparkfleet" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["deploy", "plan", "config", "capture"])
+@pytest.mark.parametrize("command", ["deploy", "plan", "config", "capture", "unlock"])
 def test_a_missing_inventory_file_exits_1_before_pyinfra_starts(command, monkeypatch, tmp_path, capsys):
     runs = Runs(monkeypatch)
     monkeypatch.setattr(capture, "main", lambda *a: pytest.fail("capture ran"))
@@ -212,6 +212,36 @@ def test_a_failed_deploy_exits_1(pyinfra_exit, monkeypatch, tmp_path, capsys):
     assert f"the deploy failed (pyinfra exit {pyinfra_exit})" in capsys.readouterr().err
 
 
+# -------------------------------------------------------------------------------------------- unlock
+
+@pytest.mark.parametrize("argv, pyinfra_exit, code", [
+    ([], 0, OK),  # every dead lock broken, or none
+    (["--host", "spark-b"], 0, OK),
+    ([], 1, FAILED),  # a live holder left alone (unlock.py's refusal), or a node not reached
+])
+def test_unlock_runs_its_pyinfra_run_on_the_host_asked_and_exits_by_its_status(argv, pyinfra_exit, code, monkeypatch,
+                                                                              tmp_path):
+    from sparkfleet import unlock_command
+
+    program, seen = tmp_path / "fake.py", tmp_path / "argv.json"
+    program.write_text(f"import json, sys; open({str(seen)!r}, 'w').write(json.dumps(sys.argv[1:])); "
+                       f"sys.exit({pyinfra_exit})")
+    real = unlock_command.pyinfra_command
+    monkeypatch.setattr(unlock_command, "pyinfra_command",
+                        lambda inv, host: [sys.executable, str(program), *real(inv, host)[1:]])
+    path = inventory(tmp_path)
+    assert main(["unlock", path, *argv]) == code
+    assert json.loads(seen.read_text()) == ["-y", path, "unlock.py", *(["--limit", "spark-b"] if argv else [])]
+
+
+def test_unlock_refuses_an_unknown_host_before_any_connection(monkeypatch, tmp_path, capsys):
+    from sparkfleet import unlock_command
+
+    monkeypatch.setattr(unlock_command, "pyinfra_command", lambda *a: pytest.fail("pyinfra ran"))
+    assert main(["unlock", inventory(tmp_path), "--host", "spark-c"]) == FAILED
+    assert "no host 'spark-c' in" in capsys.readouterr().err
+
+
 def test_pyinfras_statuses_normalised():
     assert [normalised(s) for s in (0, 1, 2, -15)] == [OK, FAILED, FAILED, FAILED]
 
@@ -226,7 +256,7 @@ def make(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-@pytest.mark.parametrize("target", ["deploy", "plan", "config", "doctor", "status", "rollback", "capture"])
+@pytest.mark.parametrize("target", ["deploy", "plan", "config", "doctor", "status", "rollback", "capture", "unlock"])
 def test_a_make_target_acting_on_machines_needs_an_inventory(target):
     result = make("-s", target)
     assert result.returncode != 0
@@ -239,6 +269,7 @@ def test_a_make_target_acting_on_machines_needs_an_inventory(target):
     ("doctor-lab", ".venv/bin/pyinfra -y lab/inventory.py doctor.py"),
     ("status-lab", ".venv/bin/pyinfra -y lab/inventory.py status.py"),
     ("deploy INVENTORY=inventory.py YES=1", ".venv/bin/sparkfleet deploy inventory.py --yes"),
+    ("unlock INVENTORY=inventory.py HOST=spark-b", ".venv/bin/sparkfleet unlock inventory.py --host spark-b"),
 ])
 def test_the_labs_targets_name_the_lab_and_deploy_is_the_front_door(target, command):
     result = make("-n", *target.split())

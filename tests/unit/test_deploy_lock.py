@@ -137,7 +137,7 @@ class LocalNode:
     would run it over SSH (roles/lock/lock.py _node)."""
 
     def __init__(self, name):
-        self.name = name
+        self.name, self.data = name, {}  # data: pyinfra's host.data (no router_node: a pair)
 
     def run_shell_command(self, command):
         from types import SimpleNamespace
@@ -174,3 +174,176 @@ def test_a_plan_reads_the_lock_takes_none_and_is_refused_by_a_live_deploy(tmp_pa
         other.kill()
         other.wait()
     assert lock.refuse_if_held(state) == ["spark-a", "spark-b"]  # that run has ended: its lock is no obstacle
+
+
+# ------------------------------------------------------------------ the router node, and `sparkfleet unlock`
+
+class Node(LocalNode):
+    """A node of an inventory whose shell is this machine's, its lock file its own (`path`): the real
+    node program, as the controller runs it; `data` as pyinfra's host.data; connected or not."""
+
+    def __init__(self, name, path, data=None, connected=True, log=None):
+        super().__init__(name)
+        self.path, self.data, self.connected, self.log = str(path), dict(data or {}), connected, log
+
+    def run_shell_command(self, command):
+        if self.log is not None:
+            self.log.append((self.name, command.get_raw_value().split()[-2 if "take" in command.get_raw_value()
+                                                                          else -1]))
+        if not self.connected:
+            raise AssertionError(f"{self.name}: a command on a host never connected")
+        from pyinfra.api import StringCommand
+
+        return super().run_shell_command(StringCommand(command.get_raw_value().replace(lock.LOCK_PATH, self.path)))
+
+    def connect(self, reason=None, raise_exceptions=False):
+        self.connected = True
+
+    def disconnect(self):
+        self.connected = False
+
+
+class Inventory:
+    def __init__(self, nodes, limit=None):
+        self.nodes, self.limit = nodes, limit
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    def get_host(self, name):
+        return next(n for n in self.nodes if n.name == name)
+
+    def state(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(inventory=self, is_host_in_limit=lambda h: self.limit is None or h.name in self.limit)
+
+
+def fleet(tmp_path, router="spark-r", names=("g1-a", "g1-b", "g2-a", "g2-b", "spark-r"), limit=None, log=None):
+    nodes = [Node(n, tmp_path / n / "deploy.lock", {"router_node": router}, connected=limit is None or n in limit,
+                  log=log) for n in names]
+    return Inventory(nodes, limit)
+
+
+@pytest.mark.parametrize("router, limit, locked", [
+    ("spark-r", None, ["g1-a", "g1-b", "g2-a", "g2-b", "spark-r"]),  # the whole fleet: the router is a host of it
+    ("spark-r", ["g2-b", "g2-a"], ["g2-a", "g2-b", "spark-r"]),  # g2 alone: drained and routed again at spark-r
+    ("g1-a", ["g2-a", "g2-b"], ["g1-a", "g2-a", "g2-b"]),  # the router on another group's head, in name order
+    ("g2-a", ["g2-a", "g2-b"], ["g2-a", "g2-b"]),  # the router node within the limit: locked once
+    (None, ["g2-a", "g2-b"], ["g2-a", "g2-b"]),  # no router: the run cannot change routing
+])
+def test_the_router_node_is_locked_whenever_the_run_may_change_routing(router, limit, locked, tmp_path):
+    state = fleet(tmp_path, router, limit=limit).state()
+    assert [h.name for h in lock.hosts_to_lock(state)] == locked
+
+
+def test_the_router_node_outside_the_limit_is_locked_in_name_order_refused_and_released_like_any(tmp_path):
+    """g2's run locks g1-a (its router node, outside --limit) between nothing and g2-a: name order,
+    connected for it; released, and disconnected, at the run's disconnect. A live run holding the
+    router refuses the run before it locks the rest, and what it took is given back."""
+    holder = {"controller": "laptop-1", "user": "ops", "pid": 4242, "started": "then", "command": "pyinfra"}
+    log = []
+    inventory = fleet(tmp_path, "g1-a", limit=["g2-b", "g2-a"], log=log)
+    state = inventory.state()
+    assert not inventory.get_host("g1-a").connected
+    assert lock.take_deploy_locks(state, holder) == ["g1-a", "g2-a", "g2-b"]
+    assert [name for name, _ in log] == ["g1-a", "g2-a", "g2-b"]  # one take each, in name order
+    router_lock = tmp_path / "g1-a" / "deploy.lock"
+    assert json.loads(router_lock.read_text())["controller"] == "laptop-1"
+    assert not (tmp_path / "g1-b" / "deploy.lock").exists()  # not a host of the run, not the router
+    # pyinfra disconnects the hosts it activated (g2-a, g2-b): the router's lock goes with the first.
+    inventory.get_host("g2-a").disconnect()
+    assert not router_lock.exists() and not inventory.get_host("g1-a").connected
+    assert not (tmp_path / "g2-a" / "deploy.lock").exists()
+    inventory.get_host("g2-b").disconnect()
+    assert not (tmp_path / "g2-b" / "deploy.lock").exists()
+
+    # Another run holds the router node (g1's run, alive now): g2's run is refused there, first.
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        router_lock.parent.mkdir(mode=0o700, exist_ok=True)
+        router_lock.write_text(json.dumps({**holder, "pid": 7, "session": session_of(other.pid)}))
+        second = fleet(tmp_path, "g1-a", limit=["g2-a", "g2-b"])
+        from sparkfleet.refusal import Refusal
+
+        with pytest.raises(Refusal) as refused:
+            lock.take_deploy_locks(second.state(), holder)
+        assert "g1-a: held by ops@laptop-1, pid 7" in refused.value.block()
+        assert not (tmp_path / "g2-a" / "deploy.lock").exists()  # refused at the first node: nothing locked
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_unlock_breaks_only_a_lock_whose_session_has_ended_by_the_take_over_rule(tmp_path):
+    """The node program's `break` on real lock files: none, a live holder's (left alone, byte for
+    byte), the same once its session has ended (broken, the record printed), a broken record."""
+    path = tmp_path / "run" / "deploy.lock"
+    assert node("break", path) == {"result": "absent", "holder": None}
+    assert not path.parent.exists()  # asking creates nothing
+    holder = {"controller": "laptop-1", "user": "ops", "pid": 4242, "started": "then", "command": "pyinfra"}
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        path.parent.mkdir(mode=0o700)
+        path.write_text(json.dumps({**holder, "session": session_of(other.pid)}) + "\n")
+        text = path.read_text()
+        answer = node("break", path)
+        assert answer["result"] == "refused" and answer["holder"]["pid"] == 4242
+        assert path.read_text() == text
+    finally:
+        other.kill()
+        other.wait()
+    assert node("show", path)["result"] == "gone"
+    answer = node("break", path)
+    assert answer["result"] == "broken" and answer["holder"]["controller"] == "laptop-1" and not path.exists()
+    path.write_text("{not json")
+    assert node("break", path)["result"] == "broken" and not path.exists()
+    # A lock this very session holds (a take from this test's process tree) would be taken back by it
+    # too: the one rule says only "a live session that is not this one" refuses.
+    assert node("take", path, holder)["result"] == "took"
+    assert node("break", path)["result"] == "broken"
+
+
+def test_unlock_names_a_live_holder_leaves_it_and_breaks_the_dead_ones(tmp_path, caplog):
+    from sparkfleet.refusal import Refusal
+
+    inventory = fleet(tmp_path, None, names=("spark-a", "spark-b", "spark-c"))
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_session = session_of(dead.pid)
+    dead.kill()
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        for name, session, pid in (("spark-a", dead_session, 11), ("spark-b", session_of(live.pid), 22)):
+            path = tmp_path / name / "deploy.lock"
+            path.parent.mkdir(mode=0o700)
+            path.write_text(json.dumps({"controller": "laptop-1", "user": "ops", "pid": pid, "started": "then",
+                                        "command": "pyinfra deploy.py", "session": session}))
+        live_text = (tmp_path / "spark-b" / "deploy.lock").read_text()
+        with pytest.raises(Refusal) as refused:
+            lock.break_dead_locks(inventory.state())
+        text = refused.value.block()
+        assert "a live run holds the deploy lock: it was left alone; broken elsewhere: spark-a" in text
+        assert "spark-b: held by ops@laptop-1, pid 22" in text
+        assert not (tmp_path / "spark-a" / "deploy.lock").exists()
+        assert (tmp_path / "spark-b" / "deploy.lock").read_text() == live_text
+        assert "[spark-a] broke the deploy lock of ops@laptop-1, pid 11" in caplog.text
+    finally:
+        live.kill()
+        live.wait()
+    answers = lock.break_dead_locks(inventory.state())  # that run has ended too
+    assert {n: a["result"] for n, a in answers.items()} == {"spark-a": "absent", "spark-b": "broken",
+                                                             "spark-c": "absent"}
+
+
+def test_a_run_stopped_by_a_node_that_cannot_answer_gives_back_every_lock_it_took_the_routers_too(tmp_path):
+    from sparkfleet.refusal import Refusal
+
+    inventory = fleet(tmp_path, "g1-a", limit=["g2-a", "g2-b"])
+    inventory.get_host("g2-b").path = str(tmp_path / "not-a-dir" / "deploy.lock")
+    (tmp_path / "not-a-dir").write_text("a file where the lock's directory should be")  # the take fails there
+    with pytest.raises(Refusal) as refused:
+        lock.take_deploy_locks(inventory.state(), {"controller": "c", "user": "u", "pid": 1, "started": "s",
+                                                   "command": "pyinfra"})
+    assert "g2-b: the deploy lock could not be taken" in refused.value.block()
+    assert not (tmp_path / "g1-a" / "deploy.lock").exists() and not (tmp_path / "g2-a" / "deploy.lock").exists()
