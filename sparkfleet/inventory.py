@@ -24,6 +24,9 @@ def sparks(inventory_file: str, *hosts: HostEntry) -> list[HostEntry]:
 
     Inside a pyinfra run the merged data is validated before any connection (sparkfleet.run); a
     name declared twice, which pyinfra would silently merge into one host, is refused there too.
+    The inventory file's directory is the site (the user's data: inventory, group_data/, profiles/):
+    each node's serving_site names it, unless the node's own data does, so the site's
+    profiles/NAME.yaml is found wherever the site is and whichever command reads it.
     """
 
     problems = hosts_problems(hosts, inventory_file)
@@ -32,7 +35,8 @@ def sparks(inventory_file: str, *hosts: HostEntry) -> list[HostEntry]:
         if run is None:
             raise ConfigError(problems, title=f"{inventory_file}: invalid inventory")
         run.inventory_problems.extend(problems)
-    return [(name, dict(data)) for name, data in hosts]
+    site = str(Path(inventory_file).resolve().parent)
+    return [(name, {"serving_site": site, **data}) for name, data in hosts]
 
 
 def load_inventory(inventory_file: str | os.PathLike, cwd: str | None = None,

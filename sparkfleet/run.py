@@ -16,7 +16,7 @@ file, --group-data directories, --data), then initialises its state, then connec
    address tried and the reason, and what happened on the others, instead of pyinfra's bare
    "Over 0% of hosts failed".
 
-Runs whose operations are not sparkfleet's own files (`pyinfra inventory.py exec -- uptime`,
+Runs whose operations are not sparkfleet's own files (`pyinfra site/inventory.py exec -- uptime`,
 `fact`, `debug-inventory`) are left alone: they read no sparkfleet data, and they must work on an
 inventory that is still being fixed.
 """
@@ -172,7 +172,8 @@ class DataSources:
         if where:
             fix = fix or "change it where it is set (from: above)"
         elif problem.key:
-            fix = fix or f"set {problem.key} in group_data/all.py (every node) or in the inventory (one node)"
+            fix = fix or (f"set {problem.key} in your site's group_data/all.py (every node) or in its inventory "
+                             f"(one node)")
         if "roles/serving/profiles/" in problem.detail or ".yaml" in problem.detail:
             fix = "correct the profile file named above, or choose another serving_profile"
         return problem.replace(sources=tuple(sources), fix=fix)

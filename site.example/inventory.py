@@ -1,9 +1,12 @@
-"""Your two DGX Sparks. Edit the addresses, then: pyinfra inventory.py deploy.py
+"""Your two DGX Sparks: the inventory of your site. Edit the addresses, then (from the checkout):
+sparkfleet plan SITE/inventory.py, sparkfleet deploy SITE/inventory.py
 
 ssh_hostname is the management address (how this machine reaches the node); fabric_address is
 the node's address on the CX7 link and fabric_twin_address its twin's (the port's second half), each
 half in a subnet of its own. Rank 0 is the head.
-Shared settings live in group_data/all.py.
+Settings for every node: the shipped defaults are the checkout's group_data/all.py; yours go in
+group_data/all.py beside this file, which pyinfra reads after the checkout's (the later wins).
+Profiles of your own, or your changes to a shipped one: profiles/NAME.yaml beside this file.
 """
 from sparkfleet.inventory import sparks
 
