@@ -47,7 +47,8 @@ def inventory_file(given: str) -> str | None:
     path = Path(given).resolve()
     if not path.is_file():
         print(f"sparkfleet: no inventory file {given!r} (from {os.getcwd()}): name your machines' inventory, "
-              f"e.g. site/inventory.py, your site's (docs/configuration.md; the lab's is {LAB_INVENTORY})", file=sys.stderr)
+              f"e.g. site/inventory.py, your site's (docs/configuration.md; the lab's is {LAB_INVENTORY})",
+              file=sys.stderr)
         return None
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 

@@ -512,8 +512,8 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
 
 class ServingData(BaseModel):
     serving_profile: str = Field(
-        "glm-5.3-flash-exl3", description="the profile the pair serves: a file in `roles/serving/profiles/`, or the site's "
-        "`profiles/` (found first)"
+        "glm-5.3-flash-exl3", description="the profile the pair serves: a file in `roles/serving/profiles/`, or the "
+        "site's `profiles/` (found first)"
     )
     serving_site: str | None = Field(
         None, pattern=r"^/", description="the site directory (the user's data, outside the checkout's tracked "
@@ -639,7 +639,8 @@ def node_profile(node) -> Profile:
                         node.serving_site)
 
 
-SHARED_SERVING_KEYS = ("serving_profile", "serving_site", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args",
+SHARED_SERVING_KEYS = ("serving_profile", "serving_site", "serving_recipe_repository", "serving_recipe_commit",
+                       "serving_extra_args",
                        "serving_engine_version",
                        "serving_engine_advisories_acknowledged",
                        "serving_tensor_parallel_size", "serving_pipeline_parallel_size")
