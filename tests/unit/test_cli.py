@@ -238,7 +238,7 @@ def test_a_make_target_acting_on_machines_needs_an_inventory(target):
     ("plan-lab", ".venv/bin/sparkfleet plan lab/inventory.py"),
     ("doctor-lab", ".venv/bin/pyinfra -y lab/inventory.py doctor.py"),
     ("status-lab", ".venv/bin/pyinfra -y lab/inventory.py status.py"),
-    ("deploy INVENTORY=site/inventory.py YES=1", ".venv/bin/sparkfleet deploy site/inventory.py --yes"),
+    ("deploy INVENTORY=inventory.py YES=1", ".venv/bin/sparkfleet deploy inventory.py --yes"),
 ])
 def test_the_labs_targets_name_the_lab_and_deploy_is_the_front_door(target, command):
     result = make("-n", *target.split())

@@ -4,14 +4,19 @@ drafter licence, which the shipped defaults accept for no one and a site must ch
 
 A site here is a copy of the tracked site.example/, as a user makes theirs. Read through the CLI's own
 path (sparkfleet.__main__) and through `pyinfra -y SITE/inventory.py deploy.py` from the checkout, its
-nodes pointed at loopback listeners that count connections (tests/unit/conftest.py)."""
+nodes pointed at loopback listeners that count connections (tests/unit/conftest.py); and through the
+checkout's inventory.py, the site's front ($SPARKFLEET_SITE, else <checkout>/site), in both ways."""
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sparkfleet.__main__ import main, validated
+from sparkfleet.inventory import SITE_VARIABLE, load_inventory
 from sparkfleet.exit_codes import FAILED, OK
 from sparkfleet.model.serving import PROFILES_DIR, node_profile, profile_names
 from tests.unit.helpers import SITE_EXAMPLE, example_site, run_pyinfra, write_site_data
@@ -155,7 +160,10 @@ def test_the_example_is_tracked_and_a_site_in_the_checkout_is_not(tmp_path):
     paths = ["site/inventory.py", "site/group_data/all.py", "site/profiles/x.yaml"]
     ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True)
     assert ignored.stdout.split() == paths
-    assert not (REPO / "inventory.py").exists()  # no tracked inventory for a user to edit
+    # The root inventory.py is tracked and sparkfleet's: the site's front, with no host of its own to edit.
+    assert "inventory.py" in subprocess.run(["git", "ls-files", "inventory.py"], cwd=REPO, capture_output=True,
+                                            text=True).stdout.split()
+    assert "sparks(" not in (REPO / "inventory.py").read_text()
 
 
 @pytest.mark.parametrize("target, command", [
@@ -177,3 +185,89 @@ def test_the_example_group_data_sets_no_key_the_shipped_defaults_do_not_know():
     text = (SITE_EXAMPLE / "group_data" / "all.py").read_text()
     keys = [line[2:].split(" = ")[0] for line in text.splitlines() if line.startswith("# ") and " = " in line]
     assert keys == ["drafter_license_acknowledged", "deployment_purpose", "serving_profile"]
+
+
+# ------------------------------------------- the checkout's inventory.py: the front of the site
+
+def front_and_site(tmp_path) -> tuple[Path, Path]:
+    """A site that sets keys at every level pyinfra merges: its group_data/all.py (over the shipped
+    defaults), a group file of its inventory's group spark_hosts (over its all.py), a host's own data
+    (over both); returns the checkout's front inventory.py and the site's inventory.py."""
+    site = tmp_path / "site"
+    inventory = example_site(site, choice='drafter_license_acknowledged = "CC-BY-NC-ND-4.0"\n'
+                                          "serving_health_timeout_s = 900\nfabric_mtu = 9000\n"
+                                          "preflight_min_free_disk_gib = 300.0\n")
+    (site / "group_data" / "spark_hosts.py").write_text("serving_health_timeout_s = 950\n")
+    text = inventory.read_text()
+    assert text.count('"ssh_user": "root", "rank": 1,') == 1
+    inventory.write_text(text.replace('"ssh_user": "root", "rank": 1,',
+                                      '"ssh_user": "root", "rank": 1, "preflight_min_free_disk_gib": 400.0,'))
+    return REPO / "inventory.py", inventory
+
+
+def host_data(inventory_file: Path) -> dict:
+    """Every host's merged data and groups as pyinfra builds them from the checkout (the CLI's cwd)."""
+    inventory = load_inventory(inventory_file, cwd=str(REPO))
+    return {host.name: (host.data.dict(), sorted(host.groups)) for host in inventory}
+
+
+def test_the_front_gives_every_host_the_data_the_site_inventory_does(tmp_path, monkeypatch):
+    front, inventory = front_and_site(tmp_path)
+    monkeypatch.setenv(SITE_VARIABLE, str(tmp_path / "site"))
+    through_front, direct = host_data(front), host_data(inventory)
+    assert through_front == direct
+    a, b = direct["spark-a"][0], direct["spark-b"][0]
+    assert a["serving_health_timeout_s"] == b["serving_health_timeout_s"] == 950  # the group file over all.py
+    assert (a["preflight_min_free_disk_gib"], b["preflight_min_free_disk_gib"]) == (300.0, 400.0)  # host over all
+    assert a["drafter_license_acknowledged"] == "CC-BY-NC-ND-4.0" and a["fabric_netdev"] == "enp1s0f0np0"
+    assert a["serving_site"] == b["serving_site"] == str(tmp_path / "site")
+
+
+def test_sparkfleet_config_of_the_front_prints_the_sites_values(tmp_path):
+    front_and_site(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "sparkfleet", "config", "inventory.py", "--host", "spark-b"],
+                            cwd=REPO, capture_output=True, text=True, env={**os.environ,
+                                                                          SITE_VARIABLE: str(tmp_path / "site")})
+    assert result.returncode == OK, result.stderr
+    out = yaml.safe_load(result.stdout)["spark-b"]
+    assert (out["serving_health_timeout_s"], out["preflight_min_free_disk_gib"]) == (950, 400.0)
+    assert out["serving_site"] == str(tmp_path / "site")
+
+
+def test_the_front_without_a_site_names_the_places_looked_at_and_how_to_make_one(tmp_path, monkeypatch, capsys):
+    checkout = tmp_path / "checkout"  # the front looks for site/ beside itself: a checkout without one
+    checkout.mkdir()
+    shutil.copy(REPO / "inventory.py", checkout / "inventory.py")
+    monkeypatch.delenv(SITE_VARIABLE, raising=False)
+    assert main(["config", str(checkout / "inventory.py")]) == FAILED
+    err = capsys.readouterr().err
+    assert f"no site inventory: looked at {SITE_VARIABLE} (not set), then {checkout / 'site' / 'inventory.py'}" in err
+    assert "cp -r site.example site" in err and "Traceback" not in err
+    monkeypatch.setenv(SITE_VARIABLE, str(tmp_path / "nowhere"))
+    assert main(["config", "inventory.py"]) == FAILED
+    assert f"looked at {SITE_VARIABLE}={tmp_path / 'nowhere'} ({tmp_path / 'nowhere' / 'inventory.py'})" in \
+        capsys.readouterr().err
+
+
+def test_pyinfra_with_the_front_reads_the_sites_group_data(tmp_path, listener):
+    ports, accepted = listener
+    write_inventory(tmp_path, ports, site_data='drafter_license_acknowledged = "CC-BY-NC-ND-4.0"\n'
+                                               "fabric_mtu = 90000\n")
+    code, out = run_pyinfra("inventory.py", env={SITE_VARIABLE: str(tmp_path)})
+    assert code != 0 and accepted == []
+    # traced to the site's file, though the front hands it to pyinfra as host data
+    assert "key 'fabric_mtu' = 90000" in out and f"from: {tmp_path / 'group_data' / 'all.py'} line 2" in out
+
+
+def test_pyinfra_with_the_front_and_no_site_is_refused_before_any_connection(tmp_path, listener):
+    ports, accepted = listener
+    code, out = run_pyinfra("inventory.py", env={SITE_VARIABLE: str(tmp_path / "nowhere")})
+    assert code != 0 and accepted == []
+    assert "no site inventory" in out and "cp -r site.example site" in out and "Traceback" not in out
+
+
+def test_pyinfra_with_the_front_reaches_a_valid_sites_hosts(tmp_path, listener):
+    ports, accepted = listener
+    write_inventory(tmp_path, ports)
+    code, _ = run_pyinfra("inventory.py", env={SITE_VARIABLE: str(tmp_path)})
+    assert code != 0 and len(accepted) >= 1  # validated, then connected (the listeners are no SSH servers)
