@@ -1,5 +1,5 @@
 """sparkfleet: take a pair (or a fleet of serving groups) of DGX Sparks to a state proven to serve.
-Run: pyinfra site/inventory.py deploy.py
+Run: pyinfra inventory.py deploy.py
 
 The cluster data was validated before any connection (sparkfleet.run, from config.py); each role
 below reads the same validated model. A refusal at prepare prints one block and stops the run.

@@ -1,4 +1,4 @@
-"""Read-only health check of a deployed pair: pyinfra site/inventory.py doctor.py
+"""Read-only health check of a deployed pair: pyinfra inventory.py doctor.py
 
 Every guard, the fabric (netplan file, live link, jumbo pings to every peer), the firewall (each
 node's live table inet sparkfleet is the one data renders), docker, image IDs, units, the pair's health (the watchdog's probe: a real completion, every rank's processes; never

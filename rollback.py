@@ -1,4 +1,4 @@
-"""Roll the pair back to the recipe commit that served last: pyinfra site/inventory.py rollback.py
+"""Roll the pair back to the recipe commit that served last: pyinfra inventory.py rollback.py
 
 Reads the head's history of what the pair attempted and served (roles/serving/history.py) and runs
 the normal deploy, for this run only, with the commit that served last other than the one data

@@ -1,4 +1,4 @@
-"""Read-only status of the serving pair: pyinfra site/inventory.py status.py (make status)
+"""Read-only status of the serving pair: pyinfra inventory.py status.py (make status)
 
 Per pair: the probe and its latency, each rank's unit, container and uptime, each node's watchdog
 and its last actions, and the recipe commit served (tools/status.py). Defines no operation:

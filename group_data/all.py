@@ -4,7 +4,7 @@ Every key here is validated by the config model (sparkfleet/config.py and sparkf
 an unknown key stops the deploy before any host is touched. Per-node values (rank,
 fabric_address, ssh_hostname) live in the inventory. This file is sparkfleet's, replaced by an
 upgrade: your settings go in your site's group_data/all.py (site.example/, docs/configuration.md), which
-pyinfra reads after this one. `python -m sparkfleet config SITE/inventory.py` prints what each node ends
+pyinfra reads after this one. `python -m sparkfleet config inventory.py` prints what each node ends
 up with. docs/data-keys.md lists every key with its default and meaning.
 """
 

@@ -1,5 +1,6 @@
 """Your two DGX Sparks: the inventory of your site. Edit the addresses, then (from the checkout):
-sparkfleet plan SITE/inventory.py, sparkfleet deploy SITE/inventory.py
+sparkfleet plan inventory.py, sparkfleet deploy inventory.py (the checkout's inventory.py reads this site:
+site/ in the checkout, or $SPARKFLEET_SITE), or name this file itself: sparkfleet plan SITE/inventory.py
 
 ssh_hostname is the management address (how this machine reaches the node); fabric_address is
 the node's address on the CX7 link and fabric_twin_address its twin's (the port's second half), each

@@ -22,7 +22,7 @@ Every key is validated by the config model (`sparkfleet/config.py`, composed of 
 schema in `sparkfleet/model/<role>.py`); an unknown key is refused, naming the closest known one. pyinfra's own keys (`ssh_*`,
 `_sudo`, ...) pass through. The default is the model's; where `group_data/all.py` (the defaults
 shipped for DGX Sparks) sets another value, it is shown beside it, and `lab/group_data/all.py`
-overrides some for the lab. `python -m sparkfleet config site/inventory.py` prints what each node ends
+overrides some for the lab. `python -m sparkfleet config inventory.py` prints what each node ends
 up with. The keys are grouped by the role whose schema declares them.
 """
 

@@ -123,7 +123,7 @@ def take_deploy_locks(state, holder: dict | None = None) -> list[str]:
                 [Problem(f"held by {describe(answer['holder'])}", [host.name],
                          fix="wait for that run to end (it releases the lock when it disconnects); a run that was "
                              "killed or lost its connection leaves a lock the next run takes over")],
-                "The doctor (pyinfra site/inventory.py doctor.py) and make status only read, and can run now.")
+                "The doctor (pyinfra inventory.py doctor.py) and make status only read, and can run now.")
         if result == "took_over":
             logger.warning(f"    [{host.name}] took over the deploy lock of {describe(answer['holder'])}: its SSH "
                            f"session has ended without releasing it (that run was killed or lost its connection); "
