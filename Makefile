@@ -107,7 +107,7 @@ docs: install
 
 # The targets that act on machines name them: none defaults to an inventory, so none reaches the lab
 # (or a pair) unnamed. The lab's own targets (deploy-lab, plan-lab, doctor-lab, status-lab) name it.
-NEED_INVENTORY = @[ -n "$(INVENTORY)" ] || { echo "make $@ needs INVENTORY=<your inventory>, e.g. INVENTORY=inventory.py (the lab's: INVENTORY=$(LAB_INVENTORY))" >&2; exit 2; }
+NEED_INVENTORY = @[ -n "$(INVENTORY)" ] || { echo "make $@ needs INVENTORY=<your inventory>, e.g. INVENTORY=inventory.py, the front of your site (docs/configuration.md; the lab's: INVENTORY=$(LAB_INVENTORY))" >&2; exit 2; }
 
 # The front door (sparkfleet/deploy_command.py): validate, print the plan, ask once (YES=1: deploy the plan
 # without asking), then pyinfra -y deploy.py, any failure stopping the whole run.
@@ -134,7 +134,7 @@ PLAN_EXEC := +
 endif
 endif
 plan:
-	$(PLAN_EXEC)@[ -n "$(INVENTORY)" ] || { echo "make plan needs INVENTORY=<your inventory>, e.g. INVENTORY=inventory.py (the lab's: INVENTORY=$(LAB_INVENTORY), or make plan-lab)" >&2; exit 1; }
+	$(PLAN_EXEC)@[ -n "$(INVENTORY)" ] || { echo "make plan needs INVENTORY=<your inventory>, e.g. INVENTORY=inventory.py, the front of your site (docs/configuration.md; the lab's: INVENTORY=$(LAB_INVENTORY), or make plan-lab)" >&2; exit 1; }
 	$(PLAN_EXEC)@env -u MAKEFLAGS -u MFLAGS $(MAKE) -s install || exit 1
 	$(PLAN_EXEC)$(BIN)/sparkfleet plan $(INVENTORY)
 

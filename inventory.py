@@ -1,16 +1,12 @@
-"""Your two DGX Sparks. Edit the addresses, then: pyinfra inventory.py deploy.py
+"""The front of your site: pyinfra inventory.py deploy.py (or sparkfleet plan|deploy inventory.py).
 
-ssh_hostname is the management address (how this machine reaches the node); fabric_address is
-the node's address on the CX7 link and fabric_twin_address its twin's (the port's second half), each
-half in a subnet of its own. Rank 0 is the head.
-Shared settings live in group_data/all.py.
+sparkfleet's file, replaced by an upgrade: never edit it. Your machines and settings live in your site
+directory (docs/configuration.md): $SPARKFLEET_SITE if set, else site/ in this checkout (cp -r site.example
+site). Its inventory.py declares the nodes; its group_data/*.py set what differs from the shipped
+group_data/all.py; its profiles/NAME.yaml replace or add serving profiles. This file hands the site's hosts
+and groups to pyinfra with the data `pyinfra SITE/inventory.py` would give them (sparkfleet/inventory.py
+site_front), so either form deploys the same thing.
 """
-from sparkfleet.inventory import sparks
+from sparkfleet.inventory import site_front
 
-spark_hosts = sparks(
-    __file__,
-    ("spark-a", {"ssh_hostname": "spark-a.local", "ssh_user": "root", "rank": 0, "fabric_address": "10.77.77.1/30",
-                 "fabric_twin_address": "10.77.78.1/30"}),
-    ("spark-b", {"ssh_hostname": "spark-b.local", "ssh_user": "root", "rank": 1, "fabric_address": "10.77.77.2/30",
-                 "fabric_twin_address": "10.77.78.2/30"}),
-)
+globals().update(site_front(__file__))

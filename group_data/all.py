@@ -2,8 +2,10 @@
 
 Every key here is validated by the config model (sparkfleet/config.py and sparkfleet/model/);
 an unknown key stops the deploy before any host is touched. Per-node values (rank,
-fabric_address, ssh_hostname) live in the inventory. `python -m sparkfleet config inventory.py`
-prints what each node ends up with. docs/data-keys.md lists every key with its default and meaning.
+fabric_address, ssh_hostname) live in the inventory. This file is sparkfleet's, replaced by an
+upgrade: your settings go in your site's group_data/all.py (site.example/, docs/configuration.md), which
+pyinfra reads after this one. `python -m sparkfleet config inventory.py` prints what each node ends
+up with. docs/data-keys.md lists every key with its default and meaning.
 """
 
 # --- roles/fabric: the ConnectX-7 link ---------------------------------------------------------
@@ -57,10 +59,13 @@ preflight_min_free_disk_gib = 200.0
 preflight_min_mem_total_gib = 100.0
 
 # --- roles/guards: the field report's failure modes ---------------------------------------------
-# The shipped profile's DFlash2 drafter is CC-BY-NC-ND-4.0 (research/eval only), as in the report's
-# benchmarking; a production pair uses the MTP variant and deployment_purpose = "production".
+# The shipped profile's DFlash2 drafter is licensed CC-BY-NC-ND-4.0: non-commercial use only, no
+# derivatives. sparkfleet accepts no licence on your behalf: until your site's group_data sets
+# drafter_license_acknowledged = "CC-BY-NC-ND-4.0" (you accept those terms: research or evaluation), a
+# profile with that drafter is refused before any host is touched. A commercial pair sets
+# deployment_purpose = "production" and serves the MTP variant (profile glm-5.3-flash-exl3-mtp).
 deployment_purpose = "research"
-drafter_license_acknowledged = "CC-BY-NC-ND-4.0"
+drafter_license_acknowledged = None
 
 # --- roles/host: host settings a pair needs to stay up --------------------------------------------
 # The kernel's free-memory reserve is not pinned: the field's pair (vm.min_free_kbytes=1048576,
@@ -75,6 +80,10 @@ host_vm_watermark_scale_factor = None
 serving_api_key_file = None
 # Vision profiles: hostnames the engine may fetch image/video URLs from; []: none (data: URLs only).
 serving_media_domains = []
+# The site directory (your inventory, group_data/, profiles/: docs/configuration.md): sparks() sets it on
+# each node to the inventory file's directory, so a site's profiles/NAME.yaml replaces the shipped one
+# wherever the site lives. None here: an inventory without sparks() has no site profiles.
+serving_site = None
 
 # --- roles/monitoring: node exporter everywhere, Prometheus with sparkfleet's alerts on one node ---
 # Prometheus runs on monitoring_node (None: the router node, else the first group's head), on its

@@ -47,7 +47,8 @@ def inventory_file(given: str) -> str | None:
     path = Path(given).resolve()
     if not path.is_file():
         print(f"sparkfleet: no inventory file {given!r} (from {os.getcwd()}): name your machines' inventory, "
-              f"e.g. inventory.py (the lab's is {LAB_INVENTORY})", file=sys.stderr)
+              f"e.g. inventory.py, the front of your site (docs/configuration.md; the lab's is {LAB_INVENTORY})",
+              file=sys.stderr)
         return None
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
                            "confirmed, bad usage), 2 plan only: a deploy would change something")
     parser.add_argument("-V", "--version", action=Version)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    example = f"inventory file of the machines, e.g. inventory.py (the lab's: {LAB_INVENTORY})"
+    example = (f"inventory file of the machines: inventory.py (the front of your site: $SPARKFLEET_SITE, else site/) "
+               f"or SITE/inventory.py (the lab's: {LAB_INVENTORY})")
     deploy = sub.add_parser(
         "deploy", help="validate, print the plan, ask once (or --yes), then deploy with pyinfra -y: any failure "
         "stops the whole run; exit 0 deployed or nothing to change, 1 not",

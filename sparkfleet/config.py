@@ -534,6 +534,11 @@ def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) 
     return problems
 
 
+def head_license(profile) -> str:
+    """The licence id of the profile's drafter, as the profile spells it."""
+    return profile.speculative.draft_license if profile.speculative else ""
+
+
 def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
     """The guards that need no facts: the drafter license gate, the head's ports, refused settings in
     what every rank would run. The same functions the deploy's guards run (sparkfleet/model/guard_rules.py)."""
@@ -544,7 +549,12 @@ def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
     gate = license_gate(profile, head.deployment_purpose, head.drafter_license_acknowledged)
     if gate:
         key = "deployment_purpose" if head.deployment_purpose == "production" else "drafter_license_acknowledged"
-        problems.append(Problem(f"key '{key}' = {getattr(head, key)!r}: {gate}", [head.name], key=key))
+        # The choice is the user's: made in the site's data, never in the checkout's shipped defaults.
+        site_data = f"{head.serving_site}/group_data/all.py" if head.serving_site else "your site's group_data/all.py"
+        choice = (f"drafter_license_acknowledged = {head_license(profile)!r}" if key == "drafter_license_acknowledged"
+                  else "serving_profile = a profile whose drafter is not non-commercial")
+        problems.append(Problem(f"key '{key}' = {getattr(head, key)!r}: {gate}", [head.name], key=key,
+                                fix=f"make the choice in {site_data}: {choice}"))
     # (what, port, the data key that sets it): everything that listens on the head must differ.
     ports = [("docker_registry_port", head.docker_registry_port, "docker_registry_port"),
              ("fanout_rsync_port", head.fanout_rsync_port, "fanout_rsync_port"),

@@ -236,7 +236,7 @@ def _receiver_problems(receivers) -> list[tuple[str, object, str]]:
 # files are sparkfleet/values.py's (absolute, normalised, confined); the profile's fields are the
 # Profile model's (sparkfleet/model/serving.py).
 NODE_GRAMMARS = {
-    "serving_profile": (token_problem, "name a file of roles/serving/profiles/ without .yaml"),
+    "serving_profile": (token_problem, "name a file of roles/serving/profiles/ or the site's profiles/, without .yaml"),
     "serving_recipe_repository": (git_repository_problem, "write the clone URL (https://host/owner/repo.git) or an "
                                   "absolute path; a private repository's credentials go in the head's git config"),
     "weights_source": (lambda v: None if v == "hub" else (absolute_path_problem(v) if v.startswith("/")

@@ -97,6 +97,12 @@ class _Lines:
         return anywhere
 
 
+# The site fronts loaded in this process (sparkfleet.inventory.site_front): the front inventory file
+# (resolved) -> the site's pyinfra Inventory and inventory file, so a key the front hands over as host
+# data is traced to where the site sets it (its inventory or its group_data), not to the front.
+SITE_FRONTS: dict[str, tuple[Any, str]] = {}
+
+
 @dataclass
 class DataSources:
     """Which layer of pyinfra's merged host data a value came from, as pyinfra merges them:
@@ -147,6 +153,9 @@ class DataSources:
                 return f"--data {key}={shown!r}" if shown != inv.get_override_data()[key] else f"--data {raw[-1]}"
             return f"--data {raw[-1]}" if raw else "the command line"
         if key in inv.get_host_data(host_name):
+            site = SITE_FRONTS.get(str(Path(self.inventory_file).resolve())) if self.inventory_file else None
+            if site is not None:  # the root inventory.py: the host's data is the site's, merged
+                return DataSources(site[0], site[1], self.cwd).of(host_name, key)
             return self._inventory_source(key, host_name)
         host = inv.get_host(host_name, None)
         for group in reversed(list(getattr(host, "groups", []) or [])):
@@ -172,7 +181,8 @@ class DataSources:
         if where:
             fix = fix or "change it where it is set (from: above)"
         elif problem.key:
-            fix = fix or f"set {problem.key} in group_data/all.py (every node) or in the inventory (one node)"
+            fix = fix or (f"set {problem.key} in your site's group_data/all.py (every node) or in its inventory "
+                             f"(one node)")
         if "roles/serving/profiles/" in problem.detail or ".yaml" in problem.detail:
             fix = "correct the profile file named above, or choose another serving_profile"
         return problem.replace(sources=tuple(sources), fix=fix)
@@ -183,16 +193,16 @@ def validate_inventory(inventory, sources: DataSources, extra_problems: Iterable
     source of each value. Used before connecting (the CLI) and by load_cluster (tests, config printer)."""
     names = [h.name for h in inventory]
     where = _display(sources.inventory_file, sources.cwd) if sources.inventory_file else "the inventory"
-    if not names:
+    problems = list(extra_problems)
+    if not names and not problems:  # (with problems: the inventory said why it has none, e.g. no site)
         raise Refusal(
             f"{where}: the inventory has no hosts; a sparkfleet inventory declares every node, e.g. "
             f"spark_hosts = sparks(__file__, (\"spark-a\", {{\"ssh_hostname\": ..., \"rank\": 0, "
             f"\"fabric_address\": ...}}), ...)", footer=NOTHING_CHANGED,
         )
-    problems = list(extra_problems)
     cluster = None
     try:
-        cluster = build_cluster([(h.name, h.data.dict()) for h in inventory])
+        cluster = build_cluster([(h.name, h.data.dict()) for h in inventory]) if names else None
     except ConfigError as err:
         problems += [as_problem(p, names) for p in err.problems]
     if problems:

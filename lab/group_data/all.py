@@ -17,7 +17,9 @@ serving_health_timeout_s = 120
 serving_drop_caches = False
 # The lab machine's hard RLIMIT_MEMLOCK (8 MiB here) cannot be raised from inside it.
 serving_ulimit_memlock = "8388608"
-# The lab serves the shipped profile (DFlash2 drafter, CC-BY-NC-ND-4.0) for evaluation only.
+# The lab is a site of its own (this group_data beside lab/inventory.py) and makes the licence choice the
+# shipped defaults leave to each site: it serves the shipped profile (DFlash2 drafter, CC-BY-NC-ND-4.0:
+# non-commercial, no derivatives) to test sparkfleet itself, which is evaluation, not commercial use.
 deployment_purpose = "research"
 drafter_license_acknowledged = "CC-BY-NC-ND-4.0"
 

@@ -33,7 +33,7 @@ from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.docker import registry_address
 from sparkfleet.model.engine import engine_args, env_file_path, image_pin_path
-from sparkfleet.model.serving import FULL_SHA, PROFILES_DIR, load_profile, node_profile, profile_names
+from sparkfleet.model.serving import FULL_SHA, load_profile, node_profile, profile_names, profile_path
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.refusal import Problem, Refusal
 from sparkfleet.verdicts import ImagePlan  # noqa: F401 (this role's verdict, on the ground floor)
@@ -52,7 +52,7 @@ def commit_problem(node, profile, resolved: str | None) -> Problem | None:
     if node.serving_recipe_commit:
         key, where = "serving_recipe_commit", "data"
     else:
-        key, where = "recipe.commit", f"{PROFILES_DIR / profile.name}.yaml"
+        key, where = "recipe.commit", str(profile_path(profile.name, node.serving_site))
     if set(commit) == {"0"}:
         return Problem(
             f"key '{key}' = {commit!r} is a placeholder: profile {profile.name} ships no recipe commit",
@@ -167,10 +167,10 @@ def check_exact_drift(src: str, new: str, image: str, launcher: str, launcher_ar
         raise DeployError(stop_message(new, launcher, image, lines, stops))
 
 
-def other_profile_images(local: list[str], profile, registry: str) -> list[str]:
-    """Local images (plain and registry-tagged) of every shipped profile but the served one."""
+def other_profile_images(local: list[str], profile, registry: str, site_dir: str | None = None) -> list[str]:
+    """Local images (plain and registry-tagged) of every profile (shipped, and the site's) but the served one."""
 
-    repos = {load_profile(n).image for n in profile_names()} - {profile.image}
+    repos = {load_profile(n, site_dir=site_dir).image for n in profile_names(site_dir)} - {profile.image}
     repos |= {f"{registry}/{r}" for r in repos}
     return [ref for ref in local if ref.rsplit(":", 1)[0] in repos]
 

@@ -200,7 +200,7 @@ python.call(
 
 # 7. Other profiles' images stay for switching back, unless data says to prune them.
 stale = (
-    other_profile_images(local_images, profile, registry_address(cluster))
+    other_profile_images(local_images, profile, registry_address(cluster), node.serving_site)
     if node.serving_prune_other_profiles
     else []
 )

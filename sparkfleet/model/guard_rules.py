@@ -9,6 +9,12 @@ GIB = 1024**3
 
 # Licenses that forbid commercial use (SPDX ids, case-insensitive prefix match).
 NON_COMMERCIAL = ("CC-BY-NC",)
+# What each licence forbids, in words a refusal can name (creativecommons.org/licenses: NC, ND, SA).
+LICENSE_TERMS = {
+    "CC-BY-NC-ND-4.0": "non-commercial use only, no derivatives",
+    "CC-BY-NC-SA-4.0": "non-commercial use only, derivatives under the same licence",
+    "CC-BY-NC-4.0": "non-commercial use only",
+}
 
 
 def memory_admission(name: str, utilization: float, mem_total_gib: float, free_gib: float, headroom_gib: float = 0.0,
@@ -24,9 +30,9 @@ def memory_admission(name: str, utilization: float, mem_total_gib: float, free_g
     return (
         f"memory: {utilization:.2f} x {mem_total_gib:.2f} GiB = {needed:.2f} GiB needed{extra}, "
         f"{free_gib:.2f} GiB free on {name}; lower gpu_memory_utilization in "
-        f"roles/serving/profiles/{profile}.yaml (a profile's field: no data key overrides it; edit the file, or a "
-        f"copy of it under a new name that serving_profile then names), or free memory (see the largest consumers "
-        f"above)"
+        f"roles/serving/profiles/{profile}.yaml (a profile's field: no data key overrides it; copy the file to your "
+        f"site's profiles/{profile}.yaml, which replaces the shipped one, and lower it there), or free memory (see "
+        f"the largest consumers above)"
     )
 
 
@@ -104,8 +110,12 @@ def license_gate(profile, purpose: str, acknowledged: str | None) -> str | None:
             f"drafter_license_acknowledged: {license_id}"
         )
     if (acknowledged or "").strip().upper() != license_id.upper():
+        terms = LICENSE_TERMS.get(license_id.upper(), "non-commercial")
         return (
-            f"license: profile {profile.name} uses drafter {spec.draft_model} under {license_id}; for research set "
-            f"drafter_license_acknowledged: {license_id} (found {acknowledged!r})"
+            f"license: profile {profile.name} uses drafter {spec.draft_model} under {license_id} ({terms}); "
+            f"sparkfleet accepts no licence on your behalf (found {acknowledged!r}). Allowed: "
+            f"drafter_license_acknowledged: {license_id} in your site's data (you accept its terms, deployment_purpose "
+            f"research), or deployment_purpose: production with a drafter under no such licence (e.g. profile "
+            f"{profile.name}-mtp)"
         )
     return None

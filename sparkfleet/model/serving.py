@@ -463,18 +463,36 @@ def _sglang_problems(p: Profile) -> list[str]:
 ENGINE_RULES = {"vllm": _vllm_problems, "sglang": _sglang_problems}
 
 
-def profile_names() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+def site_profiles_dir(site_dir: str | None) -> Path | None:
+    """The site's own profiles (SITE/profiles/), or None without a site."""
+    return Path(site_dir) / "profiles" if site_dir else None
+
+
+def profile_names(site_dir: str | None = None) -> list[str]:
+    """The shipped profiles' names, and the site's (a site's NAME.yaml replaces the shipped NAME.yaml)."""
+    dirs = [PROFILES_DIR, *filter(None, [site_profiles_dir(site_dir)])]
+    return sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+
+
+def profile_path(name: str, site_dir: str | None = None) -> Path:
+    """The file of profile `name`: the site's profiles/NAME.yaml when there is one (the user's own, or a
+    shipped profile changed by the user without editing a tracked file), else the shipped one."""
+    site = site_profiles_dir(site_dir)
+    if site is not None and (site / f"{name}.yaml").is_file():
+        return site / f"{name}.yaml"
+    return PROFILES_DIR / f"{name}.yaml"
 
 
 def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(), parallel: dict | None = None,
-                 engine_version: str | None = None) -> Profile:
+                 engine_version: str | None = None, site_dir: str | None = None) -> Profile:
     """The named profile, validated; recipe_overrides (from node data) replace recipe fields,
     extra_args (node data) follow the profile's and parallel (the group's TP and PP, node data)
-    replaces the profile's sizes before validation (so every engine rule sees them)."""
-    path = PROFILES_DIR / f"{name}.yaml"
-    if name not in profile_names():
-        raise ValueError(f"no profile {name!r}; profiles: {', '.join(profile_names())}")
+    replaces the profile's sizes before validation (so every engine rule sees them). site_dir (node
+    data serving_site): its profiles/NAME.yaml is read instead of the shipped one."""
+    path = profile_path(name, site_dir)
+    if name not in profile_names(site_dir):
+        where = f" (shipped, and the site's {site_profiles_dir(site_dir)})" if site_dir else ""
+        raise ValueError(f"no profile {name!r}; profiles{where}: {', '.join(profile_names(site_dir))}")
     data, node = profile_file.read(path)  # a YAML error names the file, line and column
     if not isinstance(data, dict):
         raise ValueError(f"profile {name!r} ({path} line 1): the file must be a mapping of profile fields, found "
@@ -494,7 +512,14 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
 
 class ServingData(BaseModel):
     serving_profile: str = Field(
-        "glm-5.3-flash-exl3", description="the profile the pair serves: a file in `roles/serving/profiles/`"
+        "glm-5.3-flash-exl3", description="the profile the pair serves: a file in `roles/serving/profiles/`, or the "
+        "site's `profiles/` (found first)"
+    )
+    serving_site: str | None = Field(
+        None, pattern=r"^/", description="the site directory (the user's data, outside the checkout's tracked "
+        "files): its `profiles/NAME.yaml` is served instead of the shipped `roles/serving/profiles/NAME.yaml`. "
+        "sparks() sets it to the inventory file's directory; none: the shipped profiles only",
+        json_schema_extra={"set_in": "inventory (sparks() sets it)"},
     )
     serving_recipe_repository: str | None = Field(
         None, description="override of the profile's recipe repository (a mirror; the lab's own)"
@@ -610,10 +635,12 @@ def node_profile(node) -> Profile:
     parallel = {field: value for field, value in (("tensor_parallel_size", node.serving_tensor_parallel_size),
                                                    ("pipeline_parallel_size", node.serving_pipeline_parallel_size))
                 if value is not None}
-    return load_profile(node.serving_profile, overrides, node.serving_extra_args, parallel, node.serving_engine_version)
+    return load_profile(node.serving_profile, overrides, node.serving_extra_args, parallel, node.serving_engine_version,
+                        node.serving_site)
 
 
-SHARED_SERVING_KEYS = ("serving_profile", "serving_recipe_repository", "serving_recipe_commit", "serving_extra_args",
+SHARED_SERVING_KEYS = ("serving_profile", "serving_site", "serving_recipe_repository", "serving_recipe_commit",
+                       "serving_extra_args",
                        "serving_engine_version",
                        "serving_engine_advisories_acknowledged",
                        "serving_tensor_parallel_size", "serving_pipeline_parallel_size")

@@ -18,6 +18,32 @@ SHARED = {
 }
 
 
+# A site's choice on the shipped profile's drafter licence: the shipped defaults make none (they refuse
+# that profile until a site does), so a valid site in these tests makes it, as a user's must.
+LICENSE_ACKNOWLEDGED = {"drafter_license_acknowledged": "CC-BY-NC-ND-4.0"}
+LICENSE_CHOICE = 'drafter_license_acknowledged = "CC-BY-NC-ND-4.0"\n'
+SITE_EXAMPLE = Path(__file__).resolve().parents[2] / "site.example"
+
+
+def write_site_data(site: Path, text: str = LICENSE_CHOICE) -> Path:
+    """The site's group_data/all.py (beside its inventory: pyinfra reads it after the checkout's)."""
+    (site / "group_data").mkdir(parents=True, exist_ok=True)
+    path = site / "group_data" / "all.py"
+    path.write_text(text)
+    return path
+
+
+def example_site(site: Path, choice: str = LICENSE_CHOICE) -> Path:
+    """A copy of the tracked site.example at `site`, as a user makes theirs (cp -r), with `choice`
+    added to its group_data/all.py; returns its inventory file."""
+    import shutil
+
+    shutil.copytree(SITE_EXAMPLE, site)
+    data = site / "group_data" / "all.py"
+    data.write_text(data.read_text() + choice)
+    return site / "inventory.py"
+
+
 def pair(**overrides_by_host):
     """Two valid nodes; overrides_by_host={"spark-b": {"rank": 0}} changes one host's data."""
     hosts = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.helpers import run_pyinfra
+from tests.unit.helpers import run_pyinfra, write_site_data
 from tests.unit.test_inventory_refusal import write_inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,8 +56,7 @@ def test_a_non_root_ssh_user_without_sudo_is_refused_and_with_sudo_is_taken(tmp_
 
 def test_a_wrong_value_in_a_group_file_that_is_not_all_py(tmp_path, listener):
     ports, accepted = listener
-    inv = sparks_inventory(tmp_path, ports)
-    (tmp_path / "group_data").mkdir()
+    inv = sparks_inventory(tmp_path, ports)  # with the site's group_data/all.py (its licence choice)
     # the group of the inventory's host list (spark_hosts): pyinfra merges it, sparkfleet validates it
     (tmp_path / "group_data" / "spark_hosts.py").write_text('# the pair\nnetplan_renderer = "wicked"\n')
     out = refused(run_pyinfra(inv), accepted)
@@ -249,7 +248,9 @@ def test_an_unreachable_host_is_named_with_the_address_tried_and_the_reason(tmp_
 
 
 def local_run(tmp_path, refuse_at):
-    """A sparkfleet deploy file on @local (no SSH), the other node left out with --limit."""
+    """A sparkfleet deploy file on @local (no SSH), the other node left out with --limit; tmp_path is
+    the site, whose group_data makes the licence choice."""
+    write_site_data(tmp_path)
     inv = tmp_path / "local.py"
     inv.write_text(textwrap.dedent("""\
         hosts = [

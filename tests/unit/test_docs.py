@@ -8,6 +8,7 @@ import pytest
 
 from sparkfleet import datadoc
 from sparkfleet.config import DATA_FIELDS
+from tests.unit.helpers import LICENSE_ACKNOWLEDGED, SITE_EXAMPLE, write_site_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -226,13 +227,15 @@ def test_every_default_a_document_quotes_is_the_models(document):
 
 
 def rendered_alerts(**data) -> dict[str, dict]:
-    """The alert rules as roles/monitoring renders them for the shipped inventory with `data` on top."""
+    """The alert rules as roles/monitoring renders them for the example site's inventory (its licence
+    choice made in the test's data) with `data` on top."""
     import yaml
 
     from roles.monitoring.checks import rules_text
     from sparkfleet.inventory import load_cluster
 
-    fleet = load_cluster(ROOT / "inventory.py", cwd=str(ROOT), overrides={"monitoring_enabled": True, **data})
+    fleet = load_cluster(SITE_EXAMPLE / "inventory.py", cwd=str(ROOT),
+                         overrides={"monitoring_enabled": True, **LICENSE_ACKNOWLEDGED, **data})
     return {rule["alert"]: rule for group in yaml.safe_load(rules_text(fleet))["groups"] for rule in group["rules"]}
 
 
@@ -270,11 +273,13 @@ INVENTORY_EXAMPLE = re.compile(r"^```python\n(.*?sparks\(.*?)^```", re.M | re.S)
 
 def test_the_inventory_examples_are_valid_against_the_shipped_defaults(tmp_path):
     """Each inventory a document shows (a python block calling sparks()), written as the file it shows
-    beside the checkout's group_data/all.py, passes the checks a deploy runs before any connection."""
+    in a site whose group_data makes the licence choice alone (the shipped defaults make none), passes
+    the checks a deploy runs before any connection with the checkout's group_data/all.py under it."""
     from sparkfleet.inventory import load_cluster
 
     examples = [(doc, m[1]) for doc in DOCUMENTS for m in INVENTORY_EXAMPLE.finditer(doc.read_text())]
     assert any(doc.name == "fleet.md" for doc, _ in examples), "docs/fleet.md's example inventory was not found"
+    write_site_data(tmp_path)
     for i, (doc, code) in enumerate(examples):
         inventory = tmp_path / f"inventory_{i}.py"
         inventory.write_text(code)

@@ -10,11 +10,17 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.unit.helpers import LICENSE_CHOICE, example_site, write_site_data
+
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
-def write_inventory(tmp_path, ports, a="", b="") -> Path:
+def write_inventory(tmp_path, ports, a="", b="", site_data: str | None = LICENSE_CHOICE) -> Path:
+    """A site in tmp_path: its inventory of two nodes at the listeners' ports and, unless site_data is
+    None, its group_data/all.py (by default the licence choice alone)."""
+    if site_data is not None:
+        write_site_data(tmp_path, site_data)
     inv = tmp_path / "inventory.py"
     inv.write_text(textwrap.dedent(f"""\
         from sparkfleet.inventory import sparks
@@ -59,14 +65,16 @@ def test_a_valid_inventory_does_try_to_connect(tmp_path, listener):
     assert len(accepted) >= 1
 
 
-def test_config_printer_shows_merged_data_per_host():
+def test_config_printer_shows_merged_data_per_host(tmp_path):
+    inventory = example_site(tmp_path / "site")  # the tracked example as a user copies it, the choice made
     result = subprocess.run(
-        [sys.executable, "-m", "sparkfleet", "config", "inventory.py", "--host", "spark-b"],
+        [sys.executable, "-m", "sparkfleet", "config", str(inventory), "--host", "spark-b"],
         cwd=REPO, capture_output=True, text=True, check=True,
     )
     assert result.stdout.startswith("spark-b:\n  name: spark-b\n  rank: 1\n")
-    assert "fabric_mtu: 9000" in result.stdout  # from group_data/all.py
+    assert "fabric_mtu: 9000" in result.stdout  # from the checkout's group_data/all.py
     assert "fabric_address: 10.77.77.2/30" in result.stdout  # from the inventory
+    assert "drafter_license_acknowledged: CC-BY-NC-ND-4.0" in result.stdout  # from the site's group_data/all.py
 
 
 def test_config_printer_refuses_bad_data(tmp_path):
