@@ -17,6 +17,8 @@ from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
+from sparkfleet.model.monitoring import TEXTFILE_DIR
+from sparkfleet.root_paths import RootOnlyChain
 from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
 from roles.monitoring.checks import PACKAGES, InstalledVersions, monitoring_node
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
@@ -114,3 +116,4 @@ if node.is_head:
     host.get_fact(HeadHealth, port=profile.port)
 if node.monitoring_enabled:
     host.get_fact(InstalledVersions, packages=PACKAGES)
+    host.get_fact(RootOnlyChain, path=TEXTFILE_DIR)  # roles/monitoring: the textfile directory's chain
