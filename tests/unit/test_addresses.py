@@ -10,6 +10,7 @@ import re
 import pytest
 
 from roles.api_proxy.checks import config_text as proxy_config_text
+from roles.firewall import checks as firewall_checks
 from roles.monitoring.checks import (
     exporter_defaults_text, gpu_exporter_files, monitoring_node, prometheus_config_text, targets,
 )
@@ -84,7 +85,8 @@ def test_every_rendered_config_names_addresses_only(resolver):
     assert backends(fleet, router) == ["http://192.168.1.11:8000", "http://192.168.1.13:8000"]
     scraped = [t["address"].rsplit(":", 1)[0] for job in targets(fleet).values() for t in job]
     assert scraped and all(IPV4.match(a) for a in scraped), scraped
-    monitor_ip = fleet.node(monitor.name).management_address
+    monitor_ip = firewall_checks.monitor_address(fleet)
+    assert monitor_ip == fleet.node(monitor.name).management_address and IPV4.match(monitor_ip)
     rendered = {"router.json": router_config_text(fleet, router), "router unit": unit_text(fleet, router),
                 "prometheus.yml": prometheus_config_text(fleet)}
     for n in fleet.nodes:
@@ -97,6 +99,8 @@ def test_every_rendered_config_names_addresses_only(resolver):
         assert f"--web.listen-address={n.management_address}:" in exporter_defaults_text(n)
     for what, text in rendered.items():
         assert ".lan.example" not in text, f"{what} names a host by name"
+    for n in fleet.nodes:
+        assert f"ip saddr != {monitor_ip} drop" in rendered[f"{n.name} firewall"]
     assert "192.168.1.11:9100" in rendered["prometheus.yml"]
 
 
