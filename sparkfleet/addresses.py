@@ -117,8 +117,9 @@ def pin(name: str, data: Mapping[str, Any], accept_mdns: bool, node_names: set[s
             "here, and never on a node")
     if is_mdns(given) and not accept_mdns:
         return Problem(
-            f"{what} is an mDNS name: any host on the LAN can answer for it (one spoofed answer would receive the "
-            f"fleet key and live prompts); {uses}", [name], key=KEY,
+            f"{what} is an mDNS name: any host on the LAN can answer for it, and the router's backends, the scrape "
+            f"targets and the firewall would trust the address it gave (one spoofed answer would receive the fleet "
+            f"key and live prompts)", [name], key=KEY,
             fix=f"give the node's management IPv4 address as ssh_hostname, or set {MDNS_KEY} = True for this node to "
                 f"accept the controller's one answer, pinned for the run and printed in the plan (with "
                 f"ssh_strict_host_key_checking = 'yes')")
