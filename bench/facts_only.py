@@ -19,8 +19,8 @@ from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
 from sparkfleet.model.monitoring import TEXTFILE_DIR
 from sparkfleet.root_paths import RootOnlyChain
-from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
-from roles.monitoring.checks import PACKAGES, InstalledVersions, monitoring_node
+from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
+from roles.monitoring.checks import PACKAGES, InstalledVersions
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
@@ -41,7 +41,7 @@ from sparkfleet.model.serving import FULL_SHA, node_profile
 from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import profile_models
 from roles.weights.facts import ModelCopy
-from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.compile_key import settings_key
 from sparkfleet.model.image import history_path
 from sparkfleet.model.weights import model_dir
@@ -66,10 +66,7 @@ host.get_fact(SpeedRecord, path=record_path(node))
 if node.fabric_speed_link_test != "off":  # roles/fabric_speed: the test's program
     host.get_fact(Which, command=node.fabric_speed_link_test)
 if node.firewall_enabled:
-    host.get_fact(ManagementSubnet, address=node.management_address)
-    monitor = monitoring_node(fleet_from_state(state))
-    if monitor is not None and not is_ipv4(monitor.management_address):  # as roles/firewall resolves it
-        host.get_fact(Ipv4Of, hostname=monitor.management_address)
+    host.get_fact(ManagementSubnet, address=node.management_address)  # (the monitoring node's address: pinned, no fact)
     host.get_fact(Which, command="nft")
 host.get_fact(LiveMarker)
 host.get_fact(Which, command="dockerd")

@@ -37,6 +37,13 @@ fabric_speed_busbw_bars_gbytes = {512: 17.28, 1024: 18.676, 2048: 20.419, 4096: 
 fabric_speed_max_buffer_mib = 2048
 fabric_speed_headroom_gib = 8.0
 
+# --- the management address (sparkfleet/addresses.py): what the router, Prometheus and the firewall name
+# Each node's ssh_hostname is an IP address, or a name resolved once on the controller and pinned. An
+# mDNS name (*.local) is refused: any host on the LAN can answer for it, and the answer decides where the
+# fleet key and live prompts go. True (per node, with ssh_strict_host_key_checking = "yes") accepts the
+# controller's one answer; giving the address is better.
+management_resolve_mdns_once = False
+
 # --- roles/firewall: nftables table inet sparkfleet (SSH is never filtered) ------------------------
 firewall_enabled = True
 # Who may reach the head's API port; None: the management subnet (the connected subnet of the

@@ -30,6 +30,7 @@ from sparkfleet.model.guards import GuardsData
 from sparkfleet.model.host import HostData
 from sparkfleet.model.image import ImageData
 from sparkfleet.model.kernel_cache import KernelCacheData
+from sparkfleet.model.management import ManagementData
 from sparkfleet.model.monitoring import MonitoringData, monitoring_problems
 from sparkfleet.model.preflight import PreflightData
 from sparkfleet.model.receipt import ReceiptData
@@ -39,6 +40,7 @@ from sparkfleet.model.serving import SECRET_BEARING_KEYS, ServingData, node_prof
 from sparkfleet.model.watchdog import WatchdogData, watchdog_problems
 from sparkfleet.model.weights import WeightsData
 from sparkfleet.refusal import Problem, Refusal, as_problem
+from sparkfleet import addresses
 from sparkfleet.grammar import node_grammar_problems
 from sparkfleet.values import node_value_problems
 
@@ -74,7 +76,8 @@ class GroupData(BaseModel):
 
 
 class NodeConfig(GroupData, MonitoringData, EngineProofData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
-                 FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData):
+                 FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData,
+                 ManagementData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.
@@ -87,8 +90,20 @@ class NodeConfig(GroupData, MonitoringData, EngineProofData, FabricSpeedData, Ap
         "ranks are 0..N-1 without gaps",
     )
     management_address: str = Field(
-        description="Address used to reach the node over SSH (pyinfra `ssh_hostname`, else the name)."
+        description="The node's management IP address: what the router's backends, the scrape targets and the "
+        "firewall name (sparkfleet/addresses.py). `ssh_hostname` (else the inventory name) when it is an IP "
+        "literal, else the one IPv4 address it resolved to on the controller, once, before any connection."
     )
+    management_given: str = Field(
+        description="The management address as the inventory gives it: `ssh_hostname`, else the inventory name."
+    )
+
+    @property
+    def management_how(self) -> str:
+        """How management_address was decided: given, resolved on the controller, or pyinfra's @local."""
+        if self.name == addresses.LOCAL_CONNECTOR and self.management_given == self.name:
+            return addresses.CONNECTOR
+        return addresses.GIVEN if addresses.is_ip_literal(self.management_given) else addresses.RESOLVED
 
     @property
     def is_head(self) -> bool:
@@ -118,7 +133,8 @@ class NodeConfig(GroupData, MonitoringData, EngineProofData, FabricSpeedData, Ap
 
 
 # Keys a user may set in data, with their schema entry (used for errors and the README check).
-DATA_FIELDS = {k: f for k, f in NodeConfig.model_fields.items() if k not in ("name", "management_address")}
+DERIVED = ("name", "management_address", "management_given")
+DATA_FIELDS = {k: f for k, f in NodeConfig.model_fields.items() if k not in DERIVED}
 
 
 def _describe_allowed(key: str) -> str:
@@ -217,7 +233,7 @@ class ClusterConfig(BaseModel):
 
     def find(self, name_or_address: str) -> NodeConfig | None:
         for n in self.nodes:
-            if name_or_address in (n.name, n.management_address):
+            if name_or_address in (n.name, n.management_address, n.management_given):
                 return n
         return None
 
@@ -226,7 +242,7 @@ class ClusterConfig(BaseModel):
 
     def as_data(self) -> dict[str, dict[str, Any]]:
         """The merged, validated settings per node, as plain data (for printing)."""
-        identity = ("name", "rank", "management_address")
+        identity = ("name", "rank", "management_address", "management_given")
         out = {}
         for n in sorted(self.nodes, key=lambda n: n.rank):
             dumped = n.model_dump(mode="json")
@@ -489,8 +505,9 @@ def _fabric_problems(nodes: list[NodeConfig], groups: dict[str, list[NodeConfig]
 
 
 def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) -> list[Problem]:
-    """Every node is reached at its own management address, which is neither another node's name
-    nor on the fabric (the deploy reconfigures that link: SSH over it would be cut)."""
+    """Every node is reached at its own management address (two names resolving to one address are one
+    machine), which is not on the fabric (the deploy reconfigures that link: SSH over it would be cut).
+    Another node's name as ssh_hostname is refused before resolving (sparkfleet/addresses.py pin)."""
     problems: list[Problem] = []
     by_target: dict[tuple[str, Any], list[str]] = {}
     for n in nodes:
@@ -498,40 +515,38 @@ def _management_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any]) 
     for (address, port), names in by_target.items():
         if len(names) > 1:
             problems.append(Problem(
-                f"key 'ssh_hostname' = {address!r} (port {port}) on {len(names)} nodes; each node needs its own "
-                f"management address", names, key="ssh_hostname",
+                f"key 'ssh_hostname' = {address!r} (port {port}) on {len(names)} nodes{_as_given(nodes, names, address)}; "
+                f"each node needs its own management address", names, key="ssh_hostname",
                 fix="set each node's ssh_hostname (or ssh_port) to the machine it names",
             ))
-    names = {n.name for n in nodes}
     fabric_ips = {h.ip: n for n in nodes for h in n.fabric_halves}
     for n in nodes:
-        if n.management_address in names and n.management_address != n.name:
-            problems.append(Problem(
-                f"key 'ssh_hostname' = {n.management_address!r} is the name of node {n.management_address}; a "
-                f"node's management address must not be another node's name", [n.name],
-                key="ssh_hostname",
-            ))
-        try:
-            ip = ip_address(n.management_address)
-        except ValueError:
-            continue  # a DNS name or an ssh_config alias
+        ip = ip_address(n.management_address)  # an IP literal: given, or resolved once (sparkfleet/addresses.py)
+        shown = (n.management_address if n.management_given == n.management_address
+                 else f"{n.management_given!r} (resolved to {n.management_address} on the controller)")
         owner = fabric_ips.get(str(ip))
         subnets = {h.address.network for m in nodes for h in m.fabric_halves}
         if owner is not None:
             problems.append(Problem(
-                f"key 'ssh_hostname' = {n.management_address} is {owner.name}'s fabric_address; the management "
+                f"key 'ssh_hostname' = {shown} is {owner.name}'s fabric_address; the management "
                 f"address must be off the fabric (the deploy reconfigures that link)",
                 [n.name], key="ssh_hostname",
                 fix="use the node's management-network address for ssh_hostname",
             ))
         elif any(ip in net for net in subnets):
             problems.append(Problem(
-                f"key 'ssh_hostname' = {n.management_address} is in the fabric subnet "
+                f"key 'ssh_hostname' = {shown} is in the fabric subnet "
                 f"{', '.join(sorted(str(s) for s in subnets if ip in s))}; the management address must be off the fabric (the deploy "
                 f"reconfigures that link)", [n.name], key="ssh_hostname",
                 fix="use the node's management-network address for ssh_hostname",
             ))
     return problems
+
+
+def _as_given(nodes: list[NodeConfig], names: list[str], address: str) -> str:
+    """' (spark-a: spark-a.lan, ...)' when a name resolved to the shared address, else nothing."""
+    given = {n.name: n.management_given for n in nodes if n.name in names and n.management_given != address}
+    return f" ({', '.join(f'{k}: {v}' for k, v in given.items())} resolved to it on the controller)" if given else ""
 
 
 def head_license(profile) -> str:
@@ -602,9 +617,11 @@ def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConf
     problems: list[Problem] = []
     nodes: list[NodeConfig] = []
     ssh_ports: dict[str, Any] = {}
+    hosts = [(name, data) for name, data in hosts]
+    names = {name for name, _ in hosts}
     for name, data in hosts:
         own = {k: v for k, v in data.items() if not is_pyinfra_key(k)}
-        for reserved in ("name", "management_address"):
+        for reserved in DERIVED:
             if reserved in own:
                 problems.append(Problem(
                     f"key '{reserved}' is derived (from the inventory name and ssh_hostname) and cannot be set in "
@@ -613,12 +630,21 @@ def build_cluster(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> ClusterConf
                 own.pop(reserved)
         problems.extend(_login_problems(name, data))
         own["name"] = name
-        own["management_address"] = str(data.get("ssh_hostname") or name)
+        own["management_given"] = str(data.get("ssh_hostname") or name)
+        own["management_address"] = own["management_given"]  # the IP literal once pinned, below
         ssh_ports[name] = data.get("ssh_port")
         try:
-            nodes.append(NodeConfig.model_validate(own))
+            node = NodeConfig.model_validate(own)
         except ValidationError as err:
             problems.extend(_node_problems(name, err))
+            continue
+        # Before any connection and once per process: a name is resolved here, on the controller, and
+        # every template renders the address it gave (sparkfleet/addresses.py).
+        pinned = addresses.pin(name, data, node.management_resolve_mdns_once, names)
+        if isinstance(pinned, Problem):
+            problems.append(pinned)
+        else:
+            nodes.append(node.model_copy(update={"management_address": pinned.address}))
     if not problems:
         problems.extend(_cluster_problems(nodes, ssh_ports))
     if problems:

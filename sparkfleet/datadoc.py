@@ -27,8 +27,9 @@ up with. The keys are grouped by the role whose schema declares them.
 """
 
 FOOTER = """
-Derived, not settable: `name` (the inventory name) and `management_address` (`ssh_hostname`, else
-the name).
+Derived, not settable: `name` (the inventory name), `management_given` (`ssh_hostname`, else the
+name) and `management_address` (an IP address: `management_given` when it is one, else the one IPv4
+address it resolved to on the controller; see [Addresses, not names](security.md#addresses-not-names)).
 """
 
 

@@ -1,8 +1,9 @@
 """What a node says of its firewall and of the addresses its rules name, read as facts: the live
 table's marker (LiveMarker), the management subnet the API is allowed from by default
-(ManagementSubnet), the monitoring node's address as the node resolves it (Ipv4Of, when is_ipv4
-says it is a name). roles/firewall reads them to apply its table, roles/fabric when a jumbo-frame
-ping fails (does the firewall change in this run?), the doctor for its firewall row."""
+(ManagementSubnet). No node resolves a name for its rules: the monitoring node's address is pinned
+on the controller (sparkfleet/addresses.py). roles/firewall reads them to apply its table,
+roles/fabric when a jumbo-frame ping fails (does the firewall change in this run?), the doctor for
+its firewall row."""
 import shlex
 from ipaddress import ip_address, ip_interface
 
@@ -26,16 +27,6 @@ class ManagementSubnet(FactBase):
         if not text:
             return ""
         return str(ip_interface(text).network)
-
-
-class Ipv4Of(FactBase):
-    """The first IPv4 address `hostname` resolves to on the node (getent ahostsv4), or ''."""
-
-    def command(self, hostname: str) -> str:
-        return f"getent ahostsv4 {shlex.quote(hostname)} | awk 'NR == 1 {{print $1}}' || true"
-
-    def process(self, output):
-        return "".join(output).strip()
 
 
 def is_ipv4(text: str) -> bool:

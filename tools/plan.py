@@ -33,7 +33,7 @@ from roles.serving import checks as serving_checks
 from roles.serving.api_key import decide_key, head_key_found
 from roles.watchdog import checks as watchdog_checks
 from roles.weights import checks as weights_checks
-from sparkfleet import decided
+from sparkfleet import addresses, decided
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.env_readers import snapshot_version
 from sparkfleet.model.serving import node_profile
@@ -267,6 +267,15 @@ def plan_table(plans: dict[str, GroupPlan], reasons_shown: int = 4) -> list[str]
     return lines
 
 
+def management_lines(fleet) -> list[str]:
+    """Every node's management address as validation pinned it on the controller, and how (given, or the
+    name resolved there once): what the router's backends, the scrape targets and the firewall name
+    (sparkfleet/addresses.py). Printed before the table, so the operator sees where the key and the
+    prompts go."""
+    return ["--> sparkfleet management addresses (rendered into the router's backends, the scrape targets and "
+            "the firewall; no node resolves a name):"] + [f"    {line}" for line in addresses.plan_lines(fleet.nodes)]
+
+
 def fleet_plan(turns: list[str], routing: RoutingPlan, key: FleetKey | None) -> FleetPlan:
     """The fleet's row of the plan: the turn order, the router's verdict and the fleet key's. Pure."""
     return FleetPlan(turns=list(turns), router=routing.router,
@@ -322,6 +331,8 @@ def decide(state) -> dict[str, GroupPlan]:
         routing = routes.decide(fleet, router_routing(state), plans, turns)
         fleet_v = decided.FleetDecision(summary=fleet_plan(turns, routing, key), key=key)
         changed = sum(p.changes for p in plans.values())
+        for line in management_lines(fleet):
+            logger.info(line)
         logger.info(f"--> sparkfleet plan: {len(plans)} serving group(s), {changed} with changes "
                     f"(decided before any change; the roles execute this plan)")
         for line in plan_table(plans):

@@ -12,7 +12,7 @@ from ipaddress import IPv4Network
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import Which
 
-from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet, is_ipv4
+from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet, is_ipv4
 from sparkfleet.firewall_rules import wanted_marker_of
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.firewall import TABLE
@@ -55,23 +55,21 @@ def table_problems(node, live: str, want: str) -> list[str]:
     return []
 
 
-def monitor_address(node_host, fleet) -> str | None:
-    """The monitoring node's IPv4 address as `node_host` resolves its management address (an address
-    is itself), '' when it does not resolve; None when monitoring is off."""
+def monitor_address(fleet) -> str | None:
+    """The monitoring node's management address, as validation pinned it on the controller (an IP literal:
+    sparkfleet/addresses.py; no node resolves a name for its firewall); None when monitoring is off."""
     name = monitoring_node_name(list(fleet.nodes))
-    if name is None:
-        return None
-    address = fleet.node(name).management_address
-    return address if is_ipv4(address) else node_host.get_fact(Ipv4Of, hostname=address)
+    return None if name is None else fleet.node(name).management_address
 
 
 def monitor_problem(node, fleet, monitor: str | None) -> str | None:
-    if monitor == "":
+    """The exporters' rule admits an IPv4 source (the table's `ip saddr`): a monitoring node given an IPv6
+    management address is refused."""
+    if monitor is not None and not is_ipv4(monitor):
         name = monitoring_node_name(list(fleet.nodes))
-        return (f"{node.name}: the monitoring node {name}'s management address "
-                f"{fleet.node(name).management_address!r} does not resolve to an IPv4 address on {node.name}: the "
-                "exporters' rule admits that address only (key 'monitoring_node'; set its ssh_hostname to its "
-                "address, or monitoring_enabled = False)")
+        return (f"{node.name}: the monitoring node {name}'s management address {monitor!r} is not an IPv4 address: "
+                "the exporters' rule admits an IPv4 address only (key 'monitoring_node'; set its ssh_hostname to "
+                "its IPv4 address, or monitoring_enabled = False)")
     return None
 
 
@@ -86,8 +84,9 @@ def management_problem(node, subnet: str) -> str | None:
 @dataclass(frozen=True)
 class FirewallFacts:
     """What the firewall's verdict reads of one node, in the plan's facts pass: the live table's marker
-    and, with firewall_enabled, the management subnet, the monitoring node's address as the node
-    resolves it and whether nft is installed (None: not read, the firewall is off)."""
+    and, with firewall_enabled, the management subnet and whether nft is installed (None: not read, the
+    firewall is off); beside them, not read of the node, the monitoring node's address pinned on the
+    controller (monitor_address)."""
     live: str
     subnet: str | None = None
     monitor: str | None = None
@@ -106,7 +105,7 @@ def firewall_facts(state) -> dict[str, FirewallFacts]:
         if not node.firewall_enabled:  # only whether a table is left to remove
             return FirewallFacts(live=h.get_fact(LiveMarker))
         subnet = h.get_fact(ManagementSubnet, address=node.management_address)
-        monitor = monitor_address(h, fleet)  # roles/monitoring's Prometheus, or None
+        monitor = monitor_address(fleet)  # roles/monitoring's Prometheus (pinned, not read), or None
         return FirewallFacts(live=h.get_fact(LiveMarker), subnet=subnet, monitor=monitor,
                              nft=bool(h.get_fact(Which, command="nft")))
 

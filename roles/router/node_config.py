@@ -7,9 +7,9 @@ http://<head's management address>:<its profile's port>. The management address,
 groups cabled back to back share no fabric (each cable is its own subnet, and each node's firewall
 takes only its own group's fabric addresses on the fabric netdev), while every head's API already
 listens on all addresses and is reached from the management network (firewall_api_allowed_networks,
-by default the management subnet the router node is on). The address is the inventory's
-ssh_hostname: the router node must be able to resolve it (an IP address, or a name in DNS; not an
-alias only the controller's ssh_config knows).
+by default the management subnet the router node is on). The address is an IP literal, pinned on the
+controller before any connection (sparkfleet/addresses.py): the router node resolves no name, so no
+LAN host that answers for one receives the fleet key or the prompts.
 """
 import json
 

@@ -140,8 +140,8 @@ class MonitoringData(BaseModel):
     )
     monitoring_node: str | None = Field(
         None, description="the inventory name of the node that runs Prometheus; none: `router_node` when there is "
-        "one, else the first serving group's head. The exporters admit its management address (`ssh_hostname`, "
-        "resolved on each node when it is a name) only"
+        "one, else the first serving group's head. The exporters admit its management address only (an IP "
+        "address: `ssh_hostname`, or the one address it resolved to on the controller; no node resolves it)"
     )
     monitoring_node_exporter_version: str = Field(
         "1.7.0", pattern=UPSTREAM_VERSION,

@@ -8,7 +8,7 @@ import pytest
 
 from sparkfleet.model.serving import node_profile
 from roles.firewall.checks import NFTABLES_DROPIN, nftables_dropin_text, rules_path
-from sparkfleet.firewall_facts import Ipv4Of, LiveMarker, ManagementSubnet
+from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
 from sparkfleet.firewall_rules import api_networks, digest, fabric_ports, rules_text
 from sparkfleet.model.monitoring import monitoring_node_name
 
@@ -19,15 +19,10 @@ def subnet_of(host, node) -> str:
 
 
 def monitor_of(host, cluster) -> str | None:
-    """The monitoring node's IPv4 address as this node resolves it (roles/monitoring), or None."""
+    """The monitoring node's management address as validation pinned it on the controller (roles/firewall
+    monitor_address: no node resolves it), or None."""
     name = monitoring_node_name(list(cluster.nodes))
-    if name is None:
-        return None
-    address = cluster.node(name).management_address
-    try:
-        return str(ip_address(address))
-    except ValueError:
-        return Ipv4Of().process(host.check_output(Ipv4Of().command(address)).splitlines())
+    return None if name is None else cluster.node(name).management_address
 
 
 def test_the_live_table_is_the_one_data_renders(host, node, cluster):

@@ -75,3 +75,37 @@ def promtool() -> str:
 def amtool() -> str:
     """amtool's path, from the OS's Alertmanager package (`make promtool` caches it beside promtool)."""
     return _prometheus_tool("amtool")
+
+
+@pytest.fixture(autouse=True)
+def _addresses_resolved_afresh(monkeypatch):
+    """sparkfleet/addresses.py resolves a name once per process: each test starts with nothing pinned."""
+    from sparkfleet import addresses
+
+    monkeypatch.setattr(addresses, "_RESOLVED", {})
+
+
+@pytest.fixture
+def resolver(monkeypatch):
+    """resolver({name: [IPv4 addresses]}) makes the controller's resolver (socket.getaddrinfo, as
+    sparkfleet/addresses.py calls it) answer from that table, any other name unknown, with no /etc/hosts
+    or DNS involved; returns the list of names asked, in order. It answers IPv4 queries only: any
+    other family asked fails the test."""
+    import socket
+
+    asked = []
+
+    def install(answers):
+        def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+            assert family == socket.AF_INET, f"the management address is IPv4: asked family {family!r}"
+            asked.append(host)
+            if host not in answers:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            # One entry per socket type, as a real resolver gives without `type`: duplicates to fold.
+            return [(socket.AF_INET, kind, 6, "", (address, 0))
+                    for address in answers[host] for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)]
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        return asked
+
+    return install

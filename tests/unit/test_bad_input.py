@@ -106,6 +106,11 @@ def test_a_check_that_needs_only_data_runs_before_connecting(tmp_path, listener)
     ("", ', "ssh_hostname": "10.77.77.1"', "spark-b: key 'ssh_hostname' = 10.77.77.1 is spark-a's fabric_address"),
     # a management address that is another node's name
     ('', ', "ssh_hostname": "spark-a"', "spark-b: key 'ssh_hostname' = 'spark-a' is the name of node spark-a"),
+    # a name is resolved once on the controller (here by its /etc/hosts): its address is the machine
+    ('', ', "ssh_hostname": "localhost", "ssh_port": PORT_A', "spark-a, spark-b: key 'ssh_hostname' = '127.0.0.1' "
+     "(port PORT_A) on 2 nodes (spark-b: localhost resolved to it on the controller)"),
+    # an mDNS name, which any LAN host can answer: refused before it is resolved
+    ('', ', "ssh_hostname": "spark-b.local"', "spark-b: key 'ssh_hostname' = 'spark-b.local' is an mDNS name"),
 ])
 def test_addresses_and_names_that_must_be_unique_name_both_hosts(tmp_path, listener, a, b, message):
     ports, accepted = listener

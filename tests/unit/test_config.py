@@ -34,9 +34,11 @@ def test_defaults_fill_keys_not_given():
     assert node.gpu_expected is True
 
 
-def test_management_address_falls_back_to_the_name():
+def test_management_address_falls_back_to_the_name_resolved_on_the_controller(resolver):
+    resolver({"spark-a": ["192.168.1.11"]})
     hosts = pair(**{"spark-a": {"ssh_hostname": DELETE}})
-    assert build_cluster(hosts).node("spark-a").management_address == "spark-a"
+    node = build_cluster(hosts).node("spark-a")
+    assert (node.management_given, node.management_address) == ("spark-a", "192.168.1.11")
 
 
 def test_ranks_are_sorted_whatever_the_inventory_order():
@@ -56,7 +58,7 @@ def test_no_rank_zero_is_refused():
 
 
 def test_rank_gap_is_refused_naming_host_and_missing_rank():
-    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 3, "fabric_address": "10.77.77.3/29",
+    hosts = pair(**{"spark-c": {**SSH, **SHARED, "ssh_hostname": "10.0.0.13", "rank": 3, "fabric_address": "10.77.77.3/29",
                                 "fabric_twin_address": "10.77.78.3/29"}})
     hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29"),
                   "fabric_twin_address": d["fabric_twin_address"].replace("/30", "/29"), "fabric_topology": "switch"})
@@ -66,7 +68,7 @@ def test_rank_gap_is_refused_naming_host_and_missing_rank():
 
 
 def test_duplicate_worker_rank_is_refused():
-    hosts = pair(**{"spark-c": {**SSH, **SHARED, "rank": 1, "fabric_address": "10.77.77.3/29",
+    hosts = pair(**{"spark-c": {**SSH, **SHARED, "ssh_hostname": "10.0.0.13", "rank": 1, "fabric_address": "10.77.77.3/29",
                                 "fabric_twin_address": "10.77.78.3/29"}})
     hosts = [(n, {**d, "fabric_address": d["fabric_address"].replace("/30", "/29"),
                   "fabric_twin_address": d["fabric_twin_address"].replace("/30", "/29")}) for n, d in hosts]

@@ -220,7 +220,7 @@ def test_with_the_firewall_off_only_a_live_table_is_removed():
     assert firewall_checks.summary(plans) == "removed on spark-a (firewall_enabled is false)"
 
 
-def test_a_subnet_or_monitor_address_that_cannot_be_read_is_refused_with_the_steps_own_message():
+def test_a_subnet_that_cannot_be_read_or_a_monitor_address_not_ipv4_is_refused_with_the_steps_own_message():
     c = both()
     plans = firewall_checks.decide(read(c, subnet=""), c)
     assert [plans[n].problem for n in ("spark-a", "spark-b")] == [management_problem(n, "") for n in c.nodes]
@@ -230,10 +230,17 @@ def test_a_subnet_or_monitor_address_that_cannot_be_read_is_refused_with_the_ste
     # allowed networks in data: the subnet is not needed
     assert firewall_checks.refusal(firewall_checks.decide(read(both(firewall_api_allowed_networks=[]), subnet=""),
                                                           both(firewall_api_allowed_networks=[]))) is None
+    # The monitoring node's address is the one validation pinned on the controller, never a node's own
+    # resolution; the exporters' rule admits IPv4 only, so an IPv6 management address is refused.
     watched = both(monitoring_enabled=True, monitoring_node="spark-b")
-    unresolved = firewall_checks.decide(read(watched, monitor=""), watched)
-    assert unresolved["spark-a"].problem == firewall_checks.monitor_problem(watched.head, watched, "")
-    assert "does not resolve to an IPv4 address on spark-a" in unresolved["spark-a"].problem
+    assert firewall_checks.monitor_address(watched) == "10.0.0.12"
+    assert firewall_checks.refusal(firewall_checks.decide(read(watched, monitor="10.0.0.12"), watched)) is None
+    watching = {"monitoring_enabled": True, "monitoring_node": "spark-b"}
+    six = build_cluster(pair(**{"spark-a": watching, "spark-b": {**watching, "ssh_hostname": "fd00::12"}}))
+    monitor = firewall_checks.monitor_address(six)
+    unresolved = firewall_checks.decide(read(six, monitor=monitor), six)
+    assert unresolved["spark-a"].problem == firewall_checks.monitor_problem(six.head, six, "fd00::12")
+    assert "the monitoring node spark-b's management address 'fd00::12' is not an IPv4 address" in unresolved["spark-a"].problem
 
 
 # --- roles/firewall/tasks.py executes its node's slice --------------------------------------------
