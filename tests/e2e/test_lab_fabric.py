@@ -145,8 +145,10 @@ def test_the_twins_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_d
 def iperf3(client: str, server: str, netdev: str, client_ip: str, server_ip: str, seconds: int = 2) -> dict:
     """One iperf3 run from client to server over one half, both ends bound to that half's addresses:
     the figure, and the bytes the client's netdev sent meanwhile (what proves the path)."""
-    on(server, f"iperf3 --server --one-off --daemon --bind {server_ip} --port 5299")
-    time.sleep(0.5)
+    # The client starts once the server listens (a state, not a time: --daemon returns before the
+    # socket is bound, and a client sent at once under CI's load met 'Connection refused').
+    on(server, f"iperf3 --server --one-off --daemon --bind {server_ip} --port 5299 && "
+               "for i in $(seq 100); do ss -Hltn 'sport = :5299' | grep -q . && exit 0; sleep 0.1; done; exit 1")
     before = int(on(client, f"cat /sys/class/net/{netdev}/statistics/tx_bytes"))
     out = on(client, f"iperf3 --client {server_ip} --bind {client_ip} --port 5299 --time {seconds} --json")
     after = int(on(client, f"cat /sys/class/net/{netdev}/statistics/tx_bytes"))
