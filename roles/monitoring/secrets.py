@@ -28,8 +28,9 @@ def controller_file_problem(host: str, what: str, path: str, found: os.stat_resu
     """Why the controller's file `path` (data's `what`) cannot be the secret's source: `found` is its
     os.stat, None when nothing is there, or the error reading it; `uid` the user running the deploy."""
     if found is None:
+        # install -D: the named file's directory may not exist yet; -D makes only the missing ones.
         return (f"{host}: {what} names {path}, which does not exist on the controller; create it readable by you "
-                f"alone (install -m 0600 /dev/stdin {path} < secret.txt). Nothing was changed.")
+                f"alone (install -D -m 0600 /dev/stdin {path} < secret.txt). Nothing was changed.")
     if isinstance(found, str):
         return f"{host}: {what} names {path}, which cannot be read on the controller: {found}. Nothing was changed."
     if not stat.S_ISREG(found.st_mode):

@@ -66,8 +66,11 @@ def problem(node, found: str) -> str | None:
     """A refusal for a key file the deploy must not use (None when it can go on)."""
     path = key_file(node)
     if found == "missing" and not generated(node):
+        # install -D: the file's directory may not exist yet (a fresh node has no /etc/sparkfleet); -D
+        # makes only the missing ones and changes no existing directory's mode, and the file is 0600
+        # from its creation (the deploy makes serving_dir 0700 itself).
         return (f"{node.name}: serving_api_key_file {path} does not exist; create it root-only "
-                f"(install -m 0600 /dev/stdin {path} < key.txt) or remove serving_api_key_file from data to "
+                f"(install -D -m 0600 /dev/stdin {path} < key.txt) or remove serving_api_key_file from data to "
                 f"have sparkfleet generate {node.serving_dir}/api-key. Nothing was changed.")
     return key_file_problem(node.name, "serving_api_key_file", path, found, KEY_TEXT)
 

@@ -1,18 +1,23 @@
 """The real vLLM across the two lab hosts, from sparkfleet's own units: the deploy, its second run, the
 state checks, a chat completion with the key, every route of the real app without it, the ranks on
-the fabric, the benchmark receipt, and the prewarm's compile cache as production loads it.
+the fabric, docs/first-pair.md's OpenAI-client example, the benchmark receipt, and the prewarm's
+compile cache as production loads it.
 
 One deploy (tests/real/conftest.py), then read-only checks of what it left; the drills that restart
 the pair are tests/real/test_real_watchdog.py, after these.
 """
 import datetime as dt
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
 from sparkfleet.model.api_proxy import OPEN_PATHS
+from tests.doc_examples import client_example
 from tests.e2e.lab import REPO, deploy, on, state_checks
 from tests.state.test_serving import plain_ipv4
 from tests.real.conftest import REAL_INVENTORY, SERVED
@@ -147,6 +152,27 @@ def test_a_chat_completion_with_the_key_returns_tokens_from_both_ranks(real_depl
     assert not [p for p in peers if p[1].startswith("198.18.0.11:") and not p[1].endswith(":22")
                 and not p[0].endswith(":9100")], peers
     assert on(WORKER, "ip -o link show enp1s0f0np0").split("mtu ")[1].split()[0] == "9000"
+
+
+def test_the_first_pair_doc_s_client_example_gets_a_completion_from_the_real_pair(real_deploy, tmp_path):
+    """docs/first-pair.md's OpenAI-client example, run as the page tells a user to (`python`, the
+    official `openai` client pyproject.toml pins, the three variables it exports, the key copied from
+    the head into a 0600 file): the API proxy on the head's management address answers it with text
+    from the served model. No deploy of its own: the pair real_deploy left."""
+    key_file = tmp_path / "api-key"
+    descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # 0600 before the key is in it
+    with os.fdopen(descriptor, "w") as out:
+        out.write(on(HEAD, "cat /etc/sparkfleet/api-key"))
+    script = tmp_path / "client.py"
+    script.write_text(client_example())
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}  # reached directly
+    env.update(SPARKFLEET_API_URL="http://198.18.0.11:8000/v1",  # spark-a's ssh_hostname, the profile's port
+               SPARKFLEET_MODEL=SERVED, SPARKFLEET_API_KEY_FILE=str(key_file))
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-5000:]
+    model, _, text = run.stdout.partition("\n")
+    assert model == SERVED, run.stdout
+    assert text.strip(), f"the completion has no text: {run.stdout!r}"
 
 
 def routes_of_the_real_app() -> list[tuple[str, str]]:
