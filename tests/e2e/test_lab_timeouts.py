@@ -69,7 +69,8 @@ def test_a_fetch_that_never_answers_stops_at_its_limit_the_pair_serves_and_a_rer
     line = next((ln for ln in run.output.splitlines() if "stopped after" in ln), None)
     assert line is not None, run.output
     assert "spark-a" in line and step in line and f"({source})" in line, line
-    assert f"stopped after {LIMIT} s (weights_fetch_timeout_s)" in line and "a re-run resumes" in line, line
+    assert f"stopped after {LIMIT} s, its limit; log: ssh root@" in line and "key: weights_fetch_timeout_s" in line, line
+    assert "/var/lib/sparkfleet/logs/weights-fetch-" in line and "a re-run resumes" in line, line
     # The run stopped at the fetch: nothing after it ran, on either node.
     assert not any(op.startswith("Send ") for op, _, _ in run.results()), run.output
     assert took < 300, f"the stopped deploy took {took:.0f} s"
