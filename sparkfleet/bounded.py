@@ -55,8 +55,10 @@ def bounded(command: str, *, step: str, host: str, limit_s: int, key: str, resum
     it composes with other commands. The command's own status passes through; at the limit: cleanup,
     one line naming step, host, limit and key on stderr, and timeout's status (124 or 137). With
     `advice`, any other failure prints its line too (failed_message). With `log_file`, the command's
-    stdout and stderr go to that file (mode 0600; its directory made 0700 when missing), and on a
-    failure its last lines go to stderr before the line.
+    stdout and stderr go to that file (mode 0600; its directory made 0700 when missing); on a
+    failure its last lines go to stderr before the line, and the line is appended to the file, so the
+    log the line names says how the step ended even when the command printed nothing (a client
+    stopped at its limit while it waited for a first byte).
 
     A 137 is taken as the limit only when the limit has passed (a command the kernel's OOM killer
     ended also exits 137, and must not be reported as slow)."""
@@ -65,21 +67,22 @@ def bounded(command: str, *, step: str, host: str, limit_s: int, key: str, resum
         raise ValueError(f"{key}: a limit of {limit_s!r} s; it must be a whole number of seconds >= 1")
     q = shlex.quote
     after = f"{cleanup}; " if cleanup else ""
-    start, into, tail = "", "", ""
+    start, into, tail, say = "", "", "", " >&2"
     if log_file:
         # Root-only: the directory when it is made, the file whatever mode an earlier run left it in.
         start = f"mkdir -p -m 0700 {q(posixpath.dirname(log_file))}; : > {q(log_file)}; chmod 0600 {q(log_file)}; "
         into = f" >{q(log_file)} 2>&1"
         tail = f"tail -n {LOG_TAIL_LINES} {q(log_file)} >&2; "
+        say = f" | tee -a {q(log_file)} >&2"  # the line ends the log too (after its tail was printed)
     failed = ""
     if advice is not None:
         before, _, rest = failed_message(step, host, advice).partition(EXIT_STATUS)
-        failed = f'elif [ "$sfl_rc" -ne 0 ]; then {tail}printf \'%s%s%s\\n\' {q(before)} "$sfl_rc" {q(rest)} >&2; '
+        failed = f'elif [ "$sfl_rc" -ne 0 ]; then {tail}printf \'%s%s%s\\n\' {q(before)} "$sfl_rc" {q(rest)}{say}; '
     elif tail:
         failed = f'elif [ "$sfl_rc" -ne 0 ]; then {tail}'
     return (
         f"( {start}sfl_t0=$(date +%s); timeout --kill-after={KILL_AFTER_S} {limit} sh -c {q(command)}{into}; sfl_rc=$?; "
         f'if [ "$sfl_rc" -eq 124 ] || {{ [ "$sfl_rc" -eq 137 ] && [ $(( $(date +%s) - sfl_t0 )) -ge {limit} ]; }}; then '
-        f"{tail}{after}printf '%s\\n' {q(timeout_message(step, host, limit, key, resume, advice))} >&2; {failed}fi; "
+        f"{tail}{after}printf '%s\\n' {q(timeout_message(step, host, limit, key, resume, advice))}{say}; {failed}fi; "
         f'exit "$sfl_rc" )'
     )

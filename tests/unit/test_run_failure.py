@@ -111,14 +111,26 @@ def test_a_log_file_keeps_the_output_root_only_and_its_tail_is_printed_on_failur
     done, _ = sh(bounded(command, step="s", host="h", limit_s=20, key="image_build_timeout_s", advice=ADVICE,
                          log_file=str(log)), os.environ)
     assert done.returncode == 2 and done.stdout == ""
-    assert log.read_text().splitlines() == [f"line {i}" for i in range(50)]
-    assert oct(log.parent.stat().st_mode & 0o777) == "0o700" and oct(log.stat().st_mode & 0o777) == "0o600"
     err = done.stderr.splitlines()
     assert err[:-1] == [f"line {i}" for i in range(20, 50)]  # the last LOG_TAIL_LINES lines
     assert err[-1].startswith("sparkfleet: h: ") and "failed (exit status 2)" in err[-1]
+    # The log keeps the whole output, then the same line: it says how the step ended.
+    assert log.read_text().splitlines() == [f"line {i}" for i in range(50)] + [err[-1]]
+    assert oct(log.parent.stat().st_mode & 0o777) == "0o700" and oct(log.stat().st_mode & 0o777) == "0o600"
     done, _ = sh(bounded("echo fine", step="s", host="h", limit_s=20, key="image_build_timeout_s", advice=ADVICE,
                          log_file=str(log)), os.environ)
     assert (done.returncode, done.stderr, log.read_text()) == (0, "", "fine\n")  # the last run's log
+
+
+def test_a_command_stopped_at_its_limit_before_printing_anything_leaves_a_log_that_says_so(tmp_path):
+    # As a fetch from a source that accepts the connection and never answers: nothing printed, then TERM.
+    log = tmp_path / "logs" / "fetch.log"
+    done, took = sh(bounded("sleep 30", step="Fetch m", host="spark-a", limit_s=1, key="weights_fetch_timeout_s",
+                            advice=ADVICE, log_file=str(log)), os.environ)
+    assert done.returncode == 124 and took < 10
+    [line] = log.read_text().splitlines()  # not empty: the operator who reads the log named learns why
+    assert line == sparkfleet_line(done.stderr) and "stopped after 1 s, its limit" in line
+    assert parts(line)["key"] == "weights_fetch_timeout_s"
 
 
 # --- Each long shell step of a deploy, rendered from data and run with its tool failing -------------
