@@ -448,3 +448,45 @@ def test_no_note_when_nothing_was_paused_or_it_was_started_again():
     partly = stopped_run({("spark-a", PAUSE_STEPS[0]): True, ("spark-b", PAUSE_STEPS[1]): True,
                           ("spark-b", START_STEPS[0]): True})
     assert "stays paused on spark-a:" in partly
+
+
+# --- The lab reads the five parts back from a deploy's output (tests/e2e/lab.py Run.failures) ----------
+
+def test_the_lab_reads_both_forms_back_as_pyinfra_prints_them():
+    from sparkfleet.refusal import refusal_block
+    from tests.e2e.lab import Run
+
+    step = "Push sparkfleet/x:c to the fabric registry"
+    done, _ = sh(bounded("echo 'dial tcp: connection refused' >&2; exit 1", step=step, host="spark-a", limit_s=20,
+                         key="image_push_timeout_s", advice=ADVICE), os.environ)
+    line = sparkfleet_line(done.stderr)
+    pulled = RunFailure(host="spark-b", waited_for="docker pull of r from the head's registry over the fabric",
+                        what="pulling r failed", log="ssh root@10.0.0.12 'journalctl -u docker -n 200 --no-pager'",
+                        key="docker_registry_port", next_step="check that spark-b reaches the registry; then re-deploy")
+    # As the run prints them: a failed shell command's stderr under "[host] ", an operation body's
+    # RunFailed as its block (sparkfleet/run.py _OperationRefusalLog), then the stop summary.
+    output = "\n".join([
+        f"--> Starting operation: {step}", "    [spark-a] dial tcp: connection refused", f"    [spark-a] {line}",
+        "    [spark-a] Error: executed 0/1 commands", "",
+        "--> " + refusal_block(RunFailed(pulled, f"Error response from daemon: connection refused\n{line}")), "",
+        "--> sparkfleet: the run stopped at 'Pull': spark-b failed (the error is above)"])
+    for text in (output, "\n".join(f"\x1b[31m{ln}\x1b[0m" for ln in output.splitlines())):  # coloured or not
+        run = Run(1, text)
+        first, block, tail = run.failures()
+        assert (first.form, first.host, first.waited_for, first.what, first.key) == (
+            "line", "spark-a", f'"{step}"', "failed (exit status 1)", "docker_registry_port")
+        assert (first.log, first.next_step) == (ADVICE.log, ADVICE.next_step)
+        assert block == lab_failure(pulled, "block")
+        assert tail == first  # the shell step's line, again in the block's log tail
+        assert run.failure("spark-b", "docker_registry_port") == block
+        assert run.failure("spark-a", "docker_registry_port") == first
+    with pytest.raises(AssertionError, match="no failure of spark-a naming key docker_registry_port as a block"):
+        Run(1, output).failure("spark-a", "docker_registry_port", form="block")
+    with pytest.raises(AssertionError, match="no failure of spark-b naming key serving_profile"):
+        Run(1, output).failure("spark-b", "serving_profile")
+
+
+def lab_failure(f: RunFailure, form: str):
+    from tests.e2e.lab import Failure
+
+    return Failure(f.host, f.waited_for, f.what, f.log, f.key, f.next_step, form)
