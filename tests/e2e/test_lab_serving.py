@@ -242,12 +242,13 @@ BLOCK = "sfl_test_refuse"  # an nftables table of this test's own: sparkfleet's 
 
 
 def refuse_outgoing(host: str, port: int) -> None:
-    """Every TCP connection `host` opens to `port` refused at once (a reset: "connection refused", no
-    timeout to wait out), as when the service there is down. Docker's pulls and pushes and the
-    engines' rendezvous run in the host's network namespace, so its output hook sees them."""
+    """Every new TCP connection `host` opens to `port` refused at once (its SYN answered by a reset:
+    "connection refused", no timeout to wait out), as when the service there is down; connections
+    already open are left alone (the serving pair's own, until the deploy restarts it). Docker's pulls
+    and pushes and the engines' rendezvous run in the host's network namespace: its output hook sees them."""
     on(host, f"nft add table inet {BLOCK} && nft add chain inet {BLOCK} out "
              f"'{{ type filter hook output priority 0; policy accept; }}' && "
-             f"nft add rule inet {BLOCK} out tcp dport {port} reject with tcp reset")
+             f"nft add rule inet {BLOCK} out 'tcp dport {port} tcp flags & (syn | ack) == syn reject with tcp reset'")
 
 
 def allow_outgoing(host: str) -> None:
