@@ -67,7 +67,7 @@ class Run:
                 for (label, name), text in zip(_BLOCK_LABELS, labelled):
                     assert text.startswith(f"  {label}:"), f"a failure block's line is not its {label!r}: {text!r}"
                     fields[name] = text.split(":", 1)[1].strip()
-                assert len(fields) == len(_BLOCK_LABELS), f"a failure block cut short:\n" + "\n".join(labelled)
+                assert len(fields) == len(_BLOCK_LABELS), "a failure block cut short:\n" + "\n".join(labelled)
                 found.append(Failure(m["host"], what=m["what"], form="block", **fields))
         return found
 
