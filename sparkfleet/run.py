@@ -14,7 +14,8 @@ file, --group-data directories, --data), then initialises its state, then connec
    a traceback; any other exception keeps pyinfra's traceback.
 3. When a host cannot be reached or fails, the run ends with one block naming the host, the
    address tried and the reason, and what happened on the others, instead of pyinfra's bare
-   "Over 0% of hosts failed".
+   "Over 0% of hosts failed"; when the run had paused watchdogs it did not start again, that block
+   ends saying where they stay paused until the next successful deploy, and how to check.
 
 Runs whose operations are not sparkfleet's own files (`pyinfra inventory.py exec -- uptime`,
 `fact`, `debug-inventory`) are left alone: they read no sparkfleet data, and they must work on an
@@ -39,6 +40,7 @@ from pyinfra.context import ctx_host, ctx_state
 from sparkfleet.model.serving import SECRET_BEARING_KEYS, withhold_secrets
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.refusal import Problem, Refusal, as_problem, block, is_expected, merge_hosts, refusal_block
+from sparkfleet.watchdog_handover import PAUSE_STEPS, START_STEPS, paused_note
 
 REPO = Path(__file__).resolve().parent.parent
 NOTHING_CHANGED = "Nothing was changed: no host was contacted."
@@ -226,6 +228,10 @@ class RunContext:
     connect_errors: dict[str, str] = field(default_factory=dict)
     failed_ops: dict[str, list[str]] = field(default_factory=dict)
     printed: set[str] = field(default_factory=set)
+    # (host, op hash, "pause" or "start") of each watchdog pause and start that ended well, and the
+    # nodes whose watchdogs a failed prewarm started again itself (sparkfleet/watchdog_handover.py).
+    watchdog_ops: list[tuple[Any, str, str]] = field(default_factory=list)
+    watchdogs_resumed: set[str] = field(default_factory=set)
 
     @property
     def inventory_file(self) -> str | None:
@@ -314,6 +320,14 @@ class _Recorder(BaseStateCallback):
         reason = error.args[0] if getattr(error, "args", None) else str(error)
         self.run.connect_errors[host.name] = str(reason)
 
+    def operation_host_success(self, state, host, op_hash, retry_count=0):
+        # Called for an operation whose _if was false too (no command ran): watchdogs_left_paused
+        # reads whether it changed anything once the run ends.
+        names = state.get_op_meta(op_hash).names
+        for kind, steps in (("pause", PAUSE_STEPS), ("start", START_STEPS)):
+            if names & set(steps):
+                self.run.watchdog_ops.append((host, op_hash, kind))
+
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
         names = ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
         self.run.failed_ops.setdefault(host.name, []).append(names)
@@ -324,6 +338,17 @@ def _address(host) -> str:
     user = data.get("ssh_user")
     port = data.get("ssh_port") or 22
     return f"ssh {user + '@' if user else ''}{data.get('ssh_hostname') or host.name} port {port}"
+
+
+def watchdogs_left_paused(state, run: RunContext) -> list[str]:
+    """Nodes whose watchdog this run paused (a pause that ran a command: pyinfra's OperationMeta
+    did_change, pyinfra/api/operation.py) and neither started again nor saw a failed prewarm start."""
+    ran: dict[str, list[str]] = {"pause": [], "start": []}
+    for host, op_hash, kind in run.watchdog_ops:
+        meta = state.get_op_data_for_host(host, op_hash).operation_meta
+        if meta.is_complete() and meta.did_change():
+            ran[kind].append(host.name)
+    return [n for n in ran["pause"] if n not in ran["start"] and n not in run.watchdogs_resumed]
 
 
 def stop_summary(state, run: RunContext, error: BaseException) -> str:
@@ -345,10 +370,12 @@ def stop_summary(state, run: RunContext, error: BaseException) -> str:
         )
     ops = list(dict.fromkeys(op for h in failed for op in run.failed_ops.get(h.name, [])))
     at = ", ".join(repr(o) for o in ops) or "an operation"
+    addresses = {h.name: h.data.get("ssh_hostname") or h.name for h in state.inventory}
+    note = paused_note(watchdogs_left_paused(state, run), addresses)
     return block(
         f"the run stopped at {at}: {', '.join(h.name for h in failed)} failed (the error is above)", (),
         "Operations before it were applied; nothing after it ran on any host"
-        + (f" ({', '.join(others)} did not fail)." if others else "."),
+        + (f" ({', '.join(others)} did not fail)." if others else ".") + (f"\n{note}" if note else ""),
     )
 
 

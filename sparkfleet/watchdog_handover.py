@@ -3,9 +3,19 @@ stop interrupted, clears a give-up, counts its restarts afresh), then the watchd
 deploy's end does it on every node whose watchdog it stopped or found stopped (roles/watchdog/tasks.py);
 a failed prewarm whose previous production serves again does it for the watchdogs it paused itself
 (roles/kernel_cache: resume_watchdogs). roles/watchdog/checks.py says when the deploy pauses them."""
+from typing import Iterable, Mapping
+
 from pyinfra.api.exceptions import DeployError
 
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
+from sparkfleet.run_failure import on_node
+
+# The deploy's operations that pause the watchdogs (roles/watchdog/pause_tasks.py, step 7c) and start
+# them again (roles/watchdog/tasks.py, step 10): sparkfleet/run.py watches for them by these names to
+# say, when a run stops between the two, where the watchdogs stay paused (paused_note).
+PAUSE_STEPS = (f"Pause the head's {WATCH_UNIT} (the deploy moves the pair)",
+               f"Pause the workers' {WATCH_UNIT} (the deploy moves the pair)")
+START_STEPS = (f"Start the workers' {WATCH_UNIT}", f"Start the head's {WATCH_UNIT} (every worker's runs)")
 
 
 def start_command() -> str:
@@ -33,4 +43,27 @@ def resume_watchdogs(run, cluster, paused) -> str | None:
     except DeployError as exc:
         return (f"{WATCH_UNIT} stays stopped ({str(exc).splitlines()[0]}); the next deploy starts it "
                 f"(or: systemctl start {WATCH_UNIT})")
+    _resumed([n.name for n in order])
     return f"{WATCH_UNIT} watches it again on {', '.join(n.name for n in order)}"
+
+
+def _resumed(names: list[str]) -> None:
+    """Tell this run's end (sparkfleet/run.py) that these watchdogs watch again: not paused any more."""
+    from sparkfleet.run import current_run  # (sparkfleet.run imports this module)
+
+    run = current_run()
+    if run is not None:
+        run.watchdogs_resumed.update(names)
+
+
+def paused_note(paused: Iterable[str], addresses: Mapping[str, str]) -> str | None:
+    """The last lines of a run that stopped after pausing the watchdogs of `paused` (node names, in the
+    order paused), None when it left none paused. `addresses`: node -> where ssh reaches it."""
+    names = list(dict.fromkeys(paused))
+    if not names:
+        return None
+    checks = "\n".join(f"    {on_node(addresses.get(n, n), f'systemctl status {WATCH_UNIT}')}" for n in names)
+    return (f"{WATCH_UNIT} stays paused on {', '.join(names)}: this deploy stopped it before moving the pair and "
+            f"stopped before starting it again. Nothing restarts a hung pair there until the next successful "
+            f"deploy, which hands the pair over and starts it (a reboot starts it too: it stays enabled; "
+            f"`make doctor` fails until then). Check it (inactive means paused):\n{checks}")

@@ -20,7 +20,7 @@ from roles.guards.exact_drift import (
     recorder_run,
     stop_message,
 )
-from roles.image.commands import pull_command
+from roles.image.commands import pull_command, registry_of
 from roles.image.facts import (  # noqa: F401 (pin_of: callers of this module read the pin with it)
     DockerImageId,
     ImagePin,
@@ -36,6 +36,7 @@ from sparkfleet.model.engine import engine_args, env_file_path, image_pin_path
 from sparkfleet.model.serving import FULL_SHA, load_profile, node_profile, profile_names, profile_path
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.refusal import Problem, Refusal
+from sparkfleet.run_failure import Advice, RunFailed, RunFailure, journal, on_node
 from sparkfleet.verdicts import ImagePlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 
@@ -226,12 +227,33 @@ def push_image(local: str, remote: str, push: str) -> None:
     ok, out = host.run_shell_command(StringCommand(f"docker tag {shlex.quote(local)} {shlex.quote(remote)} && {push}"))
     text = f"{out.stdout}\n{out.stderr}"
     if not ok:
-        raise DeployError(f"{host.name}: pushing {remote} failed:\n{text}")
+        raise RunFailed(push_failure(cluster_from_state(state).node(host.name), remote), text)
     digest = pushed_digest(text)
     if digest is None:
         raise DeployError(f"{host.name}: `docker push {remote}` printed no manifest digest:\n{text[-2000:]}")
     pushed_digests(state)[remote] = digest
     logger.info(f"    [{host.name}] pushed {remote} as {digest}")
+
+
+def push_failure(head, remote: str) -> RunFailure:
+    """The head's push to the fabric registry failed (not at its limit: bounded() says that one)."""
+    return RunFailure(
+        host=head.name, waited_for=f"docker push of {remote} to the head's registry", what=f"pushing {remote} failed",
+        log=journal(head.management_address, "docker-registry"), key="docker_registry_port",
+        next_step=(f"read the docker output below and the registry's log; check that the registry runs and "
+                   f"listens on {registry_of(remote)} ({on_node(head.management_address, 'systemctl status docker-registry')}); "
+                   f"then re-deploy (a re-run pushes only the layers the registry lacks)"))
+
+
+def pull_failure(cluster, node, ref: str) -> RunFailure:
+    """A worker's pull from the head's registry (or its tag and pin after it) failed."""
+    return RunFailure(
+        host=node.name, waited_for=f"docker pull of {ref} from the head's registry over the fabric",
+        what=f"pulling {ref} failed", log=journal(node.management_address, "docker"), key="docker_registry_port",
+        next_step=(f"check that {node.name} reaches the registry on {cluster.head.name}'s fabric address "
+                   f"({on_node(node.management_address, f'curl -sS http://{registry_of(ref)}/v2/')} answers {{}}) "
+                   f"and that it runs there ({on_node(cluster.head.management_address, 'systemctl status docker-registry')}); "
+                   f"then re-deploy (a re-run pulls only the layers this node lacks)"))
 
 
 def pull_by_digest(remote: str, local: str, pin: str) -> None:
@@ -253,7 +275,7 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
                f"{{ [ -d {where} ] || mkdir -p -m 0700 {where}; }} && {repin_command(node, ref)}")
     ok, out = host.run_shell_command(StringCommand(command))
     if not ok:
-        raise DeployError(f"{host.name}: pulling {ref} failed:\n{out.stderr or out.stdout}")
+        raise RunFailed(pull_failure(cluster, node, ref), out.stderr or out.stdout)
     logger.info(f"    [{host.name}] pulled {ref}; its unit runs that digest ({pin})")
 
 
@@ -371,8 +393,14 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
     for ref in base_images(text, build_args):
         q = shlex.quote(ref)
         fmt = shlex.quote("{{json .RepoDigests}}\t{{.Id}}")
+        address = cluster_from_state(state).node(host.name).management_address
         pull = bounded(f"docker pull --quiet {q} >&2", step=RECORD_BASE_STEP, host=host.name, limit_s=pull_limit_s,
-                       key="image_pull_timeout_s", resume="a re-run pulls only the layers the head lacks")
+                       key="image_pull_timeout_s", resume="a re-run pulls only the layers the head lacks",
+                       advice=Advice(
+                           log=journal(address, "docker"), key="serving_recipe_commit",
+                           next_step=f"check that {host.name} reaches the registry of {ref} (the recipe's FROM at "
+                                     f"serving_recipe_commit {commit[:12]}): {on_node(address, f'docker pull {q}')}; "
+                                     f"a re-run pulls only the layers the head lacks"))
         out = sh(f"docker image inspect --format {fmt} {q} 2>/dev/null || {{ {pull} && "
                  f"docker image inspect --format {fmt} {q}; }}", f"resolving base image {ref}")
         digests_json, _, image_id = out.strip().partition("\t")

@@ -11,6 +11,7 @@ which enter no cache key), and the fixed warm-up set until no rank's cache grows
 the union (the head pulls what it lacks from each worker, each worker pulls the head's), and
 each rank writes its own manifest, which must equal the head's before production starts.
 """
+import dataclasses
 import json
 import shlex
 import time
@@ -37,6 +38,7 @@ from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm
 from sparkfleet.model.serving import node_profile
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.render import render
+from sparkfleet.run_failure import RunFailed, RunFailure, on_node
 from sparkfleet.watchdog_handover import resume_watchdogs
 from sparkfleet.verdicts import CachePlan  # noqa: F401 (this role's verdict, on the ground floor)
 
@@ -294,6 +296,59 @@ class _Nodes:
         return out
 
 
+def prewarm_log(node) -> str:
+    """Where a rank keeps its last prewarm engine's log (root-only): the container is removed after the
+    prewarm, however it ends, so its log is copied here first (save_prewarm_log_command)."""
+    return f"{node.preflight_data_dir}/logs/prewarm.log"
+
+
+PREWARM_LOG_LINES = 5000  # the engine's start-up and the warm-up; the end, where an error is, kept
+
+
+def save_prewarm_log_command(node) -> str:
+    """Copy the prewarm container's log to prewarm_log(node), root-only (an engine may log its
+    arguments); nothing when there is no container."""
+    log = shlex.quote(prewarm_log(node))
+    return (f"mkdir -p -m 0700 $(dirname {log}) && : > {log} && chmod 0600 {log} && "
+            f"docker logs --tail {PREWARM_LOG_LINES} {PREWARM_CONTAINER} > {log} 2>&1 || true")
+
+
+def _read_prewarm_log(node) -> str:
+    return on_node(node.management_address, f"tail -n 200 {prewarm_log(node)}")
+
+
+def prewarm_stopped_failure(node, status: str, timeout: int) -> RunFailure:
+    return RunFailure(
+        host=node.name, waited_for=f"the prewarm pair's /health to answer 200 (up to {timeout} s)",
+        what=f"the prewarm engine stopped ({status}) before the pair was up", log=_read_prewarm_log(node),
+        key="serving_profile",
+        next_step=("read the rank's prewarm log for why its engine exited (out of memory, NCCL, a model that does "
+                   "not load); it runs production's command line, so fix it in the profile (serving_profile) or "
+                   "the node, then re-deploy"))
+
+
+def prewarm_health_failure(head, timeout: int, code: str) -> RunFailure:
+    return RunFailure(
+        host=head.name, waited_for=f"the prewarm pair's /health to answer 200 (up to {timeout} s)",
+        what=f"prewarm pair not healthy after {timeout} s (last /health: {code or 'no answer'})",
+        log=_read_prewarm_log(head), key="kernel_cache_prewarm_timeout_s",
+        next_step=(f"read the head's prewarm log: if the engine was still loading or compiling, raise "
+                   f"kernel_cache_prewarm_timeout_s (now {timeout}); an engine error is fixed in the profile or "
+                   f"the node; then re-deploy (the prewarm starts again)"))
+
+
+def warmup_failure(head, label: str, answer: str) -> RunFailure:
+    key = "kernel_cache_prewarm_long_prompt_words" if label.startswith("long prefill") else "serving_profile"
+    return RunFailure(
+        host=head.name, waited_for=f"warm-up request '{label}' to answer 200",
+        what=f"warm-up request '{label}' answered {answer or 'nothing'}", log=_read_prewarm_log(head), key=key,
+        next_step=(f"read the head's prewarm log for the engine's answer; "
+                   + ("lower kernel_cache_prewarm_long_prompt_words if the prompt exceeds max_model_len, "
+                      if key != "serving_profile" else
+                      "the request follows the profile (tool_call_parser, vision): correct serving_profile's file, ")
+                   + "then re-deploy"))
+
+
 def _prewarm(nodes: _Nodes, profile) -> None:
 
     cluster = nodes.cluster
@@ -316,9 +371,10 @@ def _prewarm(nodes: _Nodes, profile) -> None:
                 status = nodes.run(node.name, f"docker inspect --format '{{{{.State.Status}}}}' {PREWARM_CONTAINER} 2>/dev/null || echo gone", "inspect", check=False).strip()
                 if status != "running":
                     logs = nodes.run(node.name, f"docker logs --tail 30 {PREWARM_CONTAINER} 2>&1 || true", "logs", check=False)
-                    raise DeployError(f"{node.name}: the prewarm engine stopped ({status}) before the pair was up:\n{logs}")
+                    raise RunFailed(prewarm_stopped_failure(node, status, timeout), logs)
             if elapsed > timeout:
-                raise DeployError(f"{head.name}: prewarm pair not healthy after {timeout} s (last /health: {code or 'no answer'})")
+                logs = nodes.run(head.name, f"docker logs --tail 30 {PREWARM_CONTAINER} 2>&1 || true", "logs", check=False)
+                raise RunFailed(prewarm_health_failure(head, timeout, code), logs)
             if elapsed - last >= 15:
                 logger.info(f"    [{head.name}] prewarm: waiting for /health ({code or 'no answer'}, {elapsed:.0f} s of {timeout} s)")
                 last = elapsed
@@ -329,7 +385,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
             for label, body in requests:
                 ok, out = nodes.hosts[head.name].run_shell_command(StringCommand(request_command(profile.port, body, curl_config(head))))
                 if not ok or out.stdout.strip() != "200":
-                    raise DeployError(f"{head.name}: warm-up request '{label}' answered {out.stdout.strip() or 'nothing'}: {out.stderr[-500:]}")
+                    raise RunFailed(warmup_failure(head, label, out.stdout.strip()), out.stderr[-500:])
             after = nodes.counts()
             grown = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
             logger.info(
@@ -343,8 +399,9 @@ def _prewarm(nodes: _Nodes, profile) -> None:
             logger.warning(f"    [{head.name}] caches still grew after {head.kernel_cache_prewarm_max_rounds} rounds; merging what there is")
     finally:
         report_compile_log(nodes, profile)
-        for node in (head, *workers):
-            nodes.run(node.name, f"docker stop --time=30 {PREWARM_CONTAINER} >/dev/null 2>&1; docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping the prewarm container", check=False)
+        for node in (head, *workers):  # each rank's log kept (prewarm_log) before its container goes
+            nodes.run(node.name, f"docker stop --time=30 {PREWARM_CONTAINER} >/dev/null 2>&1; {save_prewarm_log_command(node)}; "
+                                 f"docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping the prewarm container", check=False)
 
 
 def compile_log_command(engine: str) -> str | None:
@@ -391,14 +448,19 @@ def commit_of(image: str) -> str | None:
 
 def prewarm_failure_message(failure: str, restored: str | None, problem: str | None) -> str:
     """What a failed prewarm leaves: the failure, then whether the previous production serves again."""
+    return f"{failure}\n{prewarm_outcome(restored, problem)}"
+
+
+def prewarm_outcome(restored: str | None, problem: str | None) -> str:
+    """Whether the previous production serves again after a failed prewarm, and what to do."""
     if restored:
         return (
-            f"{failure}\nThe previous production is serving again: {restored}. Nothing was lost: "
+            f"The previous production is serving again: {restored}. Nothing was lost: "
             f"fix the cause and re-deploy (the new generation is warmed from the start), or `make rollback` "
             f"to stay on the commit that served last."
         )
     return (
-        f"{failure}\nRestarting the previous production failed too: {problem}\nThe pair is NOT serving. "
+        f"Restarting the previous production failed too: {problem}\nThe pair is NOT serving. "
         f"Re-deploy (or `make rollback`) to bring it back."
     )
 
@@ -479,11 +541,12 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str, settings: dict[str, 
     # Union: the head takes what only a worker compiled, then every worker takes the head's whole set.
     for worker in cluster.workers:
         step = f"Pull {worker.name}'s kernel cache {gen} onto {head.name}"  # bounded: fanout_rsync_timeout_s
-        nodes.run(head.name, rsync_pull_command(head, url(worker), f"{head.kernel_cache_dir}/{gen}/", step, "--ignore-existing"),
+        nodes.run(head.name, rsync_pull_command(head, url(worker), f"{head.kernel_cache_dir}/{gen}/", step, "--ignore-existing",
+                                                source=worker),
                   f"pulling {worker.name}'s cache")
     for worker in cluster.workers:
         step = f"Pull {head.name}'s kernel cache {gen} onto {worker.name}"
-        nodes.run(worker.name, rsync_pull_command(worker, url(head), f"{worker.kernel_cache_dir}/{gen}/", step),
+        nodes.run(worker.name, rsync_pull_command(worker, url(head), f"{worker.kernel_cache_dir}/{gen}/", step, source=head),
                   "pulling the head's cache")
     manifests = {}
     for node in (head, *cluster.workers):
@@ -583,6 +646,10 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
                 root = shlex.quote(node.kernel_cache_dir)
                 nodes.run(node.name, f"cd {root} && [ \"$(readlink current)\" != {gen} ] && rm -rf {gen} {gen}.manifest; true",
                           "removing the unwarmed generation", check=False)
+            if isinstance(exc, RunFailed):  # the five parts kept; what the prewarm left said after them
+                said = dataclasses.replace(exc.failure, what=f"the prewarm of kernel-cache generation {gen} "
+                                                             f"({profile.image_ref}) failed: {exc.failure.what}")
+                raise RunFailed(said, exc.output, note=prewarm_outcome(restored, problem)) from None
             raise DeployError(prewarm_failure_message(failure, restored, problem)) from None
     for node in cluster.nodes:
         old = expire.get(node.name)

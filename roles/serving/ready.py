@@ -13,7 +13,55 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.guards.kv_budget import engine_kv_tokens
 from roles.serving.facts import health_command
+from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.engine import WORKER_UNIT
+from sparkfleet.run_failure import RunFailed, RunFailure, journal
+
+
+def _node(name: str):
+    """The config model's node `name` (its management address: where the operator's ssh goes)."""
+    return cluster_from_state(state).node(name)
+
+
+def container_failure(node, unit: str, timeout_s: int) -> RunFailure:
+    return RunFailure(
+        host=node.name, waited_for=f"{unit}'s container to run (up to {timeout_s} s after its start)",
+        what=f"{unit} container not running after {timeout_s} s", log=journal(node.management_address, unit),
+        key="serving_profile",
+        next_step=(f"read the unit's log for why docker did not start the engine (the image, a mount, the GPU "
+                   f"runtime); fix it, or choose another serving_profile, then re-deploy (the pair restarts)"))
+
+
+def health_failure(node, unit: str, timeout_s: int, code: str) -> RunFailure:
+    return RunFailure(
+        host=node.name, waited_for=f"the head's /health to answer 200 (up to {timeout_s} s)",
+        what=f"/health not 200 after {timeout_s} s (last: {code or 'no answer'})",
+        log=journal(node.management_address, unit), key="serving_health_timeout_s",
+        next_step=(f"read the head's log: an engine error (out of memory, NCCL, a model that does not load) is "
+                   f"fixed in data or the profile, then re-deploy (the pair restarts); if it was still loading, "
+                   f"raise serving_health_timeout_s (now {timeout_s})"))
+
+
+def worker_lost_failure(node, head: str, before: str, now: str, elapsed: float) -> RunFailure:
+    return RunFailure(
+        host=node.name, waited_for=f"the head's /health while the pair started (the worker's container: {before})",
+        what=(f"the worker's engine exited while the pair was starting ({elapsed:.0f} s into the head's start; its "
+              f"container: {before} -> {now}); {head} cannot finish starting without it"),
+        log=journal(node.management_address, WORKER_UNIT), key="serving_profile",
+        next_step=(f"read the worker's log for why its engine exited (out of memory, NCCL, the fabric); fix it "
+                   f"(the profile: serving_profile, or the node), then re-deploy: a re-run restarts the pair"))
+
+
+def kv_failure(node, unit: str, tokens: int, max_model_len: int) -> RunFailure:
+    profile = node.serving_profile
+    return RunFailure(
+        host=node.name, waited_for=f"the engine's KV cache to hold max_model_len {max_model_len} tokens",
+        what=f"the engine's KV cache holds {tokens} tokens < max_model_len {max_model_len}",
+        log=journal(node.management_address, unit), key="serving_profile",
+        next_step=(f"one long request would not fit: lower max_model_len or raise gpu_memory_utilization in "
+                   f"roles/serving/profiles/{profile}.yaml (a profile's fields: no data key overrides them; copy the "
+                   f"file to your site's profiles/{profile}.yaml, which replaces the shipped one, and change it "
+                   f"there), or set serving_profile to one that fits; then re-deploy"))
 
 
 def wait_for_container(unit: str, timeout_s: int = 120) -> None:
@@ -26,7 +74,7 @@ def wait_for_container(unit: str, timeout_s: int = 120) -> None:
             return
         time.sleep(2)
     _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 20 --no-pager"))
-    raise DeployError(f"{host.name}: {unit} container not running after {timeout_s} s:\n{log.stdout}")
+    raise RunFailed(container_failure(_node(host.name), unit, timeout_s), log.stdout)
 
 
 def engine_kv_log_command(unit: str) -> str:
@@ -46,10 +94,7 @@ def check_engine_kv(host, unit: str, max_model_len: int) -> None:
     if tokens is None:
         logger.info(f"    [{host.name}] the engine logged no 'GPU KV cache size'; KV budget not verified")
     elif tokens < max_model_len:
-        raise DeployError(
-            f"{host.name}: the engine's KV cache holds {tokens} tokens < max_model_len {max_model_len}; "
-            f"one long request would not fit (lower max_model_len or raise gpu_memory_utilization)"
-        )
+        raise RunFailed(kv_failure(cluster_from_state(state).node(host.name), unit, tokens, max_model_len))
     else:
         logger.info(f"    [{host.name}] engine KV cache {tokens} tokens >= max_model_len {max_model_len}")
 
@@ -120,11 +165,8 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
             now = seen(peer)
             if worker_lost(at_start[name], now):
                 _, log = peer.run_shell_command(StringCommand(f"journalctl -u {WORKER_UNIT} -n 30 --no-pager -o cat"))
-                raise DeployError(
-                    f"{name}: the worker's engine exited while the pair was starting (its container: "
-                    f"{at_start[name]} -> {now}), {elapsed:.0f} s into the head's start; the head cannot finish "
-                    f"starting without it (a vLLM head waits for a lost worker, deaf to SIGTERM). A re-run "
-                    f"restarts the pair. The worker's last lines:\n{log.stdout}")
+                # (A vLLM head waits for a lost worker, deaf to SIGTERM: the wait ends here instead.)
+                raise RunFailed(worker_lost_failure(_node(name), host.name, at_start[name], now, elapsed), log.stdout)
         ok, out = host.run_shell_command(StringCommand(health_command(port)))
         code = out.stdout.strip() if ok else "no answer"
         if code == "200":
@@ -139,4 +181,4 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
             last_report = elapsed
         time.sleep(3)
     _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 30 --no-pager"))
-    raise DeployError(f"{host.name}: /health not 200 after {timeout_s} s (last: {code}):\n{log.stdout}")
+    raise RunFailed(health_failure(_node(host.name), unit, timeout_s, code), log.stdout)

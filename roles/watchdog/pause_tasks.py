@@ -11,7 +11,7 @@ from pyinfra.operations import server
 
 from roles.watchdog.checks import node_steps, stop_command
 from sparkfleet.decided import decisions
-from sparkfleet.model.watchdog import WATCH_UNIT
+from sparkfleet.watchdog_handover import PAUSE_STEPS
 from sparkfleet.inventory import cluster_from_state
 
 cluster = cluster_from_state(state)
@@ -21,12 +21,12 @@ on_head, pause = node.is_head, node_steps(node, plan).pause
 
 # Defined on every host, gated by _if, so that pyinfra orders the head's before the workers'.
 server.shell(
-    name=f"Pause the head's {WATCH_UNIT} (the deploy moves the pair)",
+    name=PAUSE_STEPS[0],  # (sparkfleet/run.py finds the pause by this name)
     commands=[stop_command()],
     _if=lambda: on_head and pause,
 )
 server.shell(
-    name=f"Pause the workers' {WATCH_UNIT} (the deploy moves the pair)",
+    name=PAUSE_STEPS[1],
     commands=[stop_command()],
     _if=lambda: not on_head and pause,
 )

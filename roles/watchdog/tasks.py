@@ -26,7 +26,7 @@ from sparkfleet.model.serving import node_profile
 from roles.watchdog.checks import check_config_command, node_steps, stop_command
 from roles.watchdog.node_config import UNIT_PATH, unit_text, watch_config_text
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
-from sparkfleet.watchdog_handover import hand_over_command, start_command
+from sparkfleet.watchdog_handover import START_STEPS, hand_over_command, start_command
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 
@@ -86,12 +86,12 @@ server.shell(
     _if=lambda: steps.hand_over,
 )
 server.shell(
-    name=f"Start the workers' {WATCH_UNIT}",
+    name=START_STEPS[0],  # (sparkfleet/run.py finds the start by this name)
     commands=[start_command()],
     _if=lambda: not on_head and enabled and (steps.start or changed()),
 )
 server.shell(
-    name=f"Start the head's {WATCH_UNIT} (every worker's runs)",
+    name=START_STEPS[1],
     commands=[start_command()],
     _if=lambda: on_head and enabled and (steps.start or changed()),
 )

@@ -17,6 +17,7 @@ from sparkfleet.model.serving import node_profile, profile_models  # noqa: F401 
 from sparkfleet.model.weights import model_dir
 from roles.weights.facts import ModelCopy
 from sparkfleet.bounded import bounded
+from sparkfleet.run_failure import Advice, on_node
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.verdicts import WeightsPlan  # noqa: F401 (this role's verdict, on the ground floor)
@@ -145,11 +146,26 @@ def fetch_command(node, profile, model: str, revision: str) -> str:
     by weights_fetch_timeout_s (sparkfleet/bounded.py). Every form resumes on a re-run: HTTP with
     ranges from the partial file, a directory with rsync's partial dir, the hub client from its
     incomplete files; the manifest is written (atomically) only once every file is in place."""
+    log = weights_log(node, "fetch", model)
+    source = node.weights_source
+    reach = ("the Hugging Face hub, with a token that may read the model when it is gated (weights_hf_token_file "
+             f"{node.weights_hf_token_file})" if source == "hub" else source)
     return bounded(
         _fetch(node, profile, model, revision), step=fetch_step(node, model, revision), host=node.name,
         limit_s=node.weights_fetch_timeout_s, key="weights_fetch_timeout_s",
-        cleanup=f"docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1" if node.weights_source == "hub" else None,
+        cleanup=f"docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1" if source == "hub" else None,
+        log_file=log,
+        advice=Advice(
+            log=on_node(node.management_address, f"tail -n 200 {log}"), key="weights_source",
+            next_step=f"check that {node.name} reaches {reach} and holds {model} at {revision}, and the free space "
+                      f"the log names (weights_free_margin_gib); a re-run resumes from what arrived"),
     )
+
+
+def weights_log(node, what: str, model: str) -> str:
+    """The node's log of its last fetch or pull of `model` (root-only, overwritten by the next):
+    <preflight_data_dir>/logs/weights-<what>-<model, / as -->.log."""
+    return f"{node.preflight_data_dir}/logs/weights-{what}-{model.replace('/', '--')}.log"
 
 
 def _fetch(node, profile, model: str, revision: str) -> str:
@@ -193,5 +209,11 @@ def pull_command(cluster, node, model: str) -> str:
         f"--streams {node.fanout_streams} --bwlimit {node.fanout_bwlimit_kib} "
         f"--margin-gib {node.weights_free_margin_gib:g} --io-timeout {node.fanout_rsync_io_timeout_s}"
     )
+    log = weights_log(node, "pull", model)
     return bounded(command, step=pull_step(model), host=node.name, limit_s=node.fanout_rsync_timeout_s,
-                   key="fanout_rsync_timeout_s")
+                   key="fanout_rsync_timeout_s", log_file=log,
+                   advice=Advice(
+                       log=on_node(node.management_address, f"tail -n 200 {log}"), key="fanout_rsync_port",
+                       next_step=f"check that the head's rsync daemon runs and answers on {head.fabric_ip}:"
+                                 f"{head.fanout_rsync_port} ({on_node(head.management_address, 'systemctl status sparkfleet-rsyncd')}) "
+                                 f"and {node.name}'s free space (the log names it); a re-run resumes from what arrived"))

@@ -1,6 +1,7 @@
 """Drive the lab from tests and benchmarks: deploy, state checks, commands on a lab host."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -25,10 +26,57 @@ _OP = re.compile(r"^--> Starting operation: (?:\S+ \| )*(?P<name>.*?)\s*$")  # e
 _RESULT = re.compile(r"^\s*\[(?P<host>[^\]]+)\] (?P<result>Success|No changes|Error.*)\s*$")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A run-time failure as the deploy prints it (sparkfleet/run_failure.py), in either of its two forms:
+# a shell step's one line (failure_line; pyinfra puts "[host] " before it, a block's log tail "| "), or
+# an operation body's block (RunFailure.block: a title, then four labelled lines).
+_FAILURE_LINE = re.compile(r'sparkfleet: (?P<host>[^:\s]+): (?P<waited>"[^"]*"|.+?): (?P<what>.+?); '
+                           r"log: (?P<log>ssh root@\S+ .+?); key: (?P<key>[a-z0-9_]+); next: (?P<next>.+)$")
+_BLOCK_TITLE = re.compile(r"sparkfleet: (?P<host>[^:\s]+): (?P<what>.+)$")
+_BLOCK_LABELS = (("waited for", "waited_for"), ("log", "log"), ("key", "key"), ("next", "next_step"))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One run-time failure's five parts as the run printed them: where, what was waited for (and what
+    happened instead), the log command, the data key, the next step; `form`: "line" or "block"."""
+    host: str
+    waited_for: str
+    what: str
+    log: str
+    key: str
+    next_step: str
+    form: str
+
+
 @dataclass
 class Run:
     returncode: int
     output: str
+
+    def failures(self) -> list[Failure]:
+        """Every run-time failure printed, in order (a block's log tail may repeat a shell step's line)."""
+        lines = [_ANSI.sub("", line) for line in self.output.splitlines()]
+        found = []
+        for i, line in enumerate(lines):
+            if m := _FAILURE_LINE.search(line):
+                found.append(Failure(m["host"], m["waited"], m["what"], m["log"], m["key"], m["next"], "line"))
+            elif (m := _BLOCK_TITLE.search(line)) and lines[i + 1:i + 2] and lines[i + 1].startswith("  waited for:"):
+                labelled = lines[i + 1:i + 1 + len(_BLOCK_LABELS)]
+                fields = {}
+                for (label, name), text in zip(_BLOCK_LABELS, labelled):
+                    assert text.startswith(f"  {label}:"), f"a failure block's line is not its {label!r}: {text!r}"
+                    fields[name] = text.split(":", 1)[1].strip()
+                assert len(fields) == len(_BLOCK_LABELS), "a failure block cut short:\n" + "\n".join(labelled)
+                found.append(Failure(m["host"], what=m["what"], form="block", **fields))
+        return found
+
+    def failure(self, host: str, key: str, form: str | None = None) -> Failure:
+        """The first failure printed for `host` naming data key `key` (of that form); the output when none."""
+        found = [f for f in self.failures() if f.host == host and f.key == key and form in (None, f.form)]
+        assert found, (f"no failure of {host} naming key {key}{f' as a {form}' if form else ''}; printed: "
+                       f"{self.failures()}\n{self.output[-8000:]}")
+        return found[0]
 
     def results(self) -> list[tuple[str, str, str]]:
         """(operation, host, 'Success' | 'No changes' | 'Error...') for every operation result printed."""
@@ -123,6 +171,48 @@ def on(host: str, command: str, check=True) -> str:
     if check and result.returncode != 0:
         raise AssertionError(f"{host}: `{command}` failed ({result.returncode}): {result.stdout}{result.stderr}")
     return result.stdout
+
+
+def management_address(host: str) -> str:
+    """Where the lab's ssh reaches `host` (lab.sh writes SSH_CONFIG): its management address."""
+    name = None
+    for line in SSH_CONFIG.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["Host"]:
+            name = words[1]
+        elif words[:1] == ["HostName"] and name == host:
+            return words[1]
+    raise AssertionError(f"{host} is not in {SSH_CONFIG}")
+
+
+_LOG_FILE = re.compile(r"^(?:cat|tail -n \d+) (?P<path>/\S+)$")
+
+
+def read_failure_log(failure: Failure, host: str | None = None) -> str:
+    """Run the log command a failure printed, exactly as printed (`ssh root@<address> '<command>'`, the
+    operator's ssh given the lab's key and known hosts), and return what it shows. It must reach
+    `host` (the failing node unless said), show something, and a log file it names must be
+    root-only (0600) there."""
+    host = host or failure.host
+    result = run_printed(failure.log, host)
+    assert result.returncode == 0, f"{failure.log} failed ({result.returncode}): {result.stdout}{result.stderr}"
+    shown = result.stdout.strip()
+    assert shown and not shown.startswith("-- No entries --"), f"{failure.log} shows nothing"
+    if m := _LOG_FILE.match(shlex.split(failure.log)[2]):
+        assert on(host, f"test -s {m['path']} && stat -c %a {m['path']}").strip() == "600", m["path"]
+    return result.stdout
+
+
+def run_printed(command: str, host: str) -> subprocess.CompletedProcess:
+    """A command sparkfleet printed for the operator (`ssh root@<address> '<command>'`), run as printed
+    (the operator's ssh given the lab's key and known hosts); it must be the one that reaches `host`."""
+    argv = shlex.split(command)
+    assert len(argv) == 3 and argv[0] == "ssh", f"not one ssh command: {command}"
+    assert argv[1] == f"root@{management_address(host)}", f"{command} does not reach {host}"
+    return subprocess.run(
+        ["ssh", "-i", str(LAB_STATE / "id_ed25519"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+         "-o", f"UserKnownHostsFile={LAB_STATE / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes", *argv[1:]],
+        capture_output=True, text=True, timeout=120)
 
 
 def fabric_rx_bytes(host: str) -> int:

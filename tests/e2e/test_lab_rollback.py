@@ -1,7 +1,9 @@
 """Rollback means the last good commit, on the lab: a bump to v2 whose prewarm fails leaves v1
 serving (the kernel caches linked back, the units restarted worker-first, /health awaited) and the
 deploy fails naming the prewarm; `make rollback` (rollback.py) then returns to v1, the commit that
-served last, with nothing rebuilt; after v2 did serve, rollback returns to v1 as well.
+served last, with nothing rebuilt; after v2 did serve, rollback returns to v1 as well. The failed
+prewarm says its five parts (the rank, the wait, the command that shows the rank's kept prewarm log,
+the key, the next step), and the watchdogs it paused watch the restored pair again.
 
 Runs alone after `make lab-reset` (its first deploy brings the pair up) or after the other lab
 modules; it leaves the pair serving v1 as the inventory's data says.
@@ -10,7 +12,7 @@ import re
 
 import pytest
 
-from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, on, run, running_tag
+from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, deploy, on, read_failure_log, run, running_tag
 
 pytestmark = pytest.mark.lab
 
@@ -93,6 +95,19 @@ def test_a_failed_prewarm_leaves_v1_serving_and_rollback_stays_there():
     assert re.search(f"the prewarm of kernel-cache generation {keyed(generation_of('spark-a', V2))} "
                      + re.escape(f"({IMAGE}:{V2}) failed"), out), out
     assert "the prewarm engine stopped" in out, out
+    # The five parts: the rank whose engine exited (either may be seen first), the wait, the command
+    # that shows that rank's prewarm log (kept before its container was removed), the key, the next step.
+    [stopped] = [f for f in failed.failures() if f.form == "block"]
+    assert stopped.host in HOSTS and stopped.key == "serving_profile", stopped
+    assert "failed: the prewarm engine stopped (" in stopped.what and stopped.what.endswith("before the pair was up")
+    assert stopped.waited_for == "the prewarm pair's /health to answer 200 (up to 120 s)"  # the lab's timeout
+    assert stopped.log.endswith(" 'tail -n 200 /var/lib/sparkfleet/logs/prewarm.log'"), stopped.log
+    assert "fix it in the profile (serving_profile) or the node, then re-deploy" in stopped.next_step
+    assert "SFL_STANDIN_JIT_MS" in read_failure_log(stopped)  # the engine's own refusal, on that rank
+    # The watchdogs this run paused (step 7c) watch the restored pair again: no note says they stay paused.
+    assert "sparkfleet-watchdog watches it again on spark-b, spark-a" in out and "stays paused" not in out, out
+    for host in HOSTS:
+        assert on(host, "systemctl is-active sparkfleet-watchdog", check=False).strip() == "active", host
     assert re.search(re.escape(f"The previous production is serving again: {IMAGE}:{V1} (recipe {V1}) on kernel-cache generation ")
                      + keyed(generation_of('spark-a', V1)) + re.escape("; restarted spark-b then spark-a; /health 200"), out), out
     assert "Traceback" not in out

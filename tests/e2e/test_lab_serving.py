@@ -1,16 +1,22 @@
 """The lab pair end to end: serving through the stand-in, repair after a hand-stopped container (and
 the benchmark receipt that restart leaves, shown by `make status`), and a recipe bump that rebuilds
-once, ships only new layers over the fabric, restarts worker-first.
+once, ships only new layers over the fabric, restarts worker-first; the run-time failures no other
+lab module provokes (the head's /health wait, the image push and pull) each say their five parts,
+and a re-run lands the change.
 
 Runs after test_lab_fabric.py (same lab, pair already deployed by it).
 """
 
 import json
+import re
 import secrets
+import time
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, fabric_rx_bytes, on, pause_watchdogs, plan, run, running_tag, state_checks
+from sparkfleet.model.serving import load_profile
+from tests.e2e.lab import HOSTS, REPO, deploy, fabric_rx_bytes, management_address, on, pause_watchdogs, plan, \
+    read_failure_log, run, run_printed, running_tag, state_checks
 from tests.e2e.plan_conformance import operations_mismatches
 
 pytestmark = pytest.mark.lab
@@ -227,6 +233,154 @@ def run_pyinfra(entry, *extra):
 
 def run_rollback(*extra):
     return run_pyinfra("rollback.py", *extra)
+
+
+REGISTRY = "198.19.77.1:5000"  # the head's fabric address and docker_registry_port (the default)
+MASTER_PORT = load_profile("glm-5.3-flash-exl3").master_port  # the head's rendezvous port, every rank dials it
+HEALTH_LIMIT = 10  # serving_health_timeout_s's floor (sparkfleet/model/serving.py: ge=10)
+BLOCK = "sfl_test_refuse"  # an nftables table of this test's own: sparkfleet's firewall never touches it
+
+
+def refuse_outgoing(host: str, port: int) -> None:
+    """Every new TCP connection `host` opens to `port` refused at once (its SYN answered by a reset:
+    "connection refused", no timeout to wait out), as when the service there is down; connections
+    already open are left alone (the serving pair's own, until the deploy restarts it). Docker's pulls
+    and pushes and the engines' rendezvous run in the host's network namespace: its output hook sees them."""
+    on(host, f"nft add table inet {BLOCK} && nft add chain inet {BLOCK} out "
+             f"'{{ type filter hook output priority 0; policy accept; }}' && "
+             f"nft add rule inet {BLOCK} out 'tcp dport {port} tcp flags & (syn | ack) == syn reject with tcp reset'")
+
+
+def allow_outgoing(host: str) -> None:
+    on(host, f"nft delete table inet {BLOCK} 2>/dev/null || true")
+
+
+def watchdog(host: str) -> str:
+    return on(host, "systemctl is-active sparkfleet-watchdog", check=False).strip()
+
+
+def wait_models(timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while '"id": "glm-5.3-flash"' not in on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 5 "
+                                                      "http://127.0.0.1:8000/v1/models || true", check=False):
+        assert time.monotonic() < deadline, f"the pair did not serve within {timeout_s} s"
+        time.sleep(1)
+
+
+def test_a_health_wait_a_push_and_a_pull_that_fail_say_their_five_parts_and_a_rerun_lands_the_change():
+    """Issue 45 item 5: each failure provoked on the node, fast (a refused connection; the one wait that
+    can only time out, /health, at its floor), says the host, what was waited for, the log command
+    (run as printed, on that node), the key and the next step. Four deploys and a restoring one:
+    1. a rotated API key restarts the pair (nothing else: test_the_api_needs_the_key_...), the worker
+       refused the head's rendezvous port: /health never 200; the run had paused the watchdogs
+       (step 7c) and says they stay paused, and they do;
+    2. a change that needs a new image (v2, pinned as the bump above), the head's connections to its
+       own registry refused: the push fails, after the build;
+    3. the same, the worker's connections to the registry refused: the push passes, the pull fails,
+       and the check the next step prints shows why;
+    4. the same, nothing refused: v2 lands, and the watchdogs run again;
+    then v1 again (finally, whatever failed), as the module's other tests expect."""
+    v1, v2 = COMMITS["v1"], COMMITS["v2"]
+    pinned = ("--data", f"serving_recipe_commit={v2}", "--data", 'serving_env_pins={"KV_SLOTMAP_PIN": "1"}')
+    # A backstop only: refused connections fail in seconds; were docker to retry, 60 s, not an hour.
+    backstop = ("--data", "image_push_timeout_s=60", "--data", "image_pull_timeout_s=60")
+    head_at, worker_at = management_address("spark-a"), management_address("spark-b")
+    assert [watchdog(h) for h in HOSTS] == ["active", "active"], "the watchdogs must run for step 1's pause"
+    try:
+        # 1. The head's /health.
+        on("spark-a", f"printf '%s\\n' health-drill-{secrets.token_hex(12)} > /etc/sparkfleet/api-key")
+        refuse_outgoing("spark-b", MASTER_PORT)
+        try:
+            unhealthy = deploy("--data", f"serving_health_timeout_s={HEALTH_LIMIT}")
+        finally:
+            allow_outgoing("spark-b")
+        assert unhealthy.returncode != 0, unhealthy.output
+        assert ("Start the head (every worker is up)", "spark-a") in unhealthy.changed()
+        health = unhealthy.failure("spark-a", "serving_health_timeout_s", form="block")
+        assert health.what.startswith(f"/health not 200 after {HEALTH_LIMIT} s (last: "), health
+        assert health.waited_for == f"the head's /health to answer 200 (up to {HEALTH_LIMIT} s)"
+        assert health.log == f"ssh root@{head_at} 'journalctl -u sparkfleet-head -n 200 --no-pager'"
+        assert f"raise serving_health_timeout_s (now {HEALTH_LIMIT})" in health.next_step, health.next_step
+        read_failure_log(health)
+        # It stopped between the watchdogs' pause and their start: it says so last, and it is so.
+        assert "sparkfleet-watchdog stays paused on spark-a, spark-b: this deploy stopped it" in unhealthy.output
+        for host in HOSTS:
+            assert f"    ssh root@{management_address(host)} 'systemctl status sparkfleet-watchdog'" in unhealthy.output
+        assert [watchdog(h) for h in HOSTS] == ["inactive", "inactive"]
+        wait_models()  # the worker, let through, joins the head: the pair serves on the new key
+
+        # 2. The push.
+        remove_v2_images()  # built and shipped again (the bump above left v2 on both nodes)
+        refuse_outgoing("spark-a", int(REGISTRY.rsplit(":", 1)[1]))
+        try:
+            started = time.monotonic()
+            unpushed = deploy(*pinned, *backstop)
+            took = time.monotonic() - started
+        finally:
+            allow_outgoing("spark-a")
+        assert unpushed.returncode != 0, unpushed.output
+        assert (f"Build {IMAGE}:{v2} on the head", "spark-a") in unpushed.changed()
+        remote = f"{REGISTRY}/{IMAGE}:{v2}"
+        pushing = unpushed.failure("spark-a", "docker_registry_port", form="block")
+        assert pushing.what == f"pushing {remote} failed" and pushing.waited_for == f"docker push of {remote} to the head's registry"
+        assert pushing.log == f"ssh root@{head_at} 'journalctl -u docker-registry -n 200 --no-pager'"
+        assert f"listens on {REGISTRY} (ssh root@{head_at} 'systemctl status docker-registry')" in pushing.next_step
+        read_failure_log(pushing)
+        # Under the block, docker's words and the push's own line: refused, not stopped at its limit.
+        line = unpushed.failure("spark-a", "docker_registry_port", form="line")
+        assert line.waited_for == f'"Push {IMAGE}:{v2} to the fabric registry"' and line.what.startswith("failed (exit status")
+        assert "connection refused" in unpushed.output
+        assert not [op for op, _ in unpushed.changed() if op.startswith(("Pull", "Prewarm", "Restart", "Start"))]
+        assert "stays paused" not in unpushed.output  # it paused nothing (the images come before step 7c)
+        print(f"\nrefused push: the deploy stopped after {took:.1f} s")
+
+        # 3. The pull.
+        refuse_outgoing("spark-b", int(REGISTRY.rsplit(":", 1)[1]))
+        try:
+            unpulled = deploy(*pinned, *backstop)
+            pulling = unpulled.failure("spark-b", "docker_registry_port", form="block")
+            reach = re.search(r"\((ssh root@\S+ 'curl -sS http://[^']+/v2/') answers \{\}\)", pulling.next_step)
+            assert reach, pulling.next_step
+            assert run_printed(reach[1], "spark-b").returncode != 0  # the check it prints shows the cause ...
+        finally:
+            allow_outgoing("spark-b")
+        assert run_printed(reach[1], "spark-b").stdout.strip() == "{}"  # ... and its end
+        assert unpulled.returncode != 0, unpulled.output
+        changed = unpulled.changed()
+        assert (f"Push {IMAGE}:{v2} to the fabric registry", "spark-a") in changed
+        assert (f"Build {IMAGE}:{v2} on the head", "spark-a") not in changed  # the first run's build kept
+        assert pulling.what.startswith(f"pulling {REGISTRY}/{IMAGE}@sha256:") and pulling.what.endswith(" failed")
+        assert pulling.waited_for.startswith(f"docker pull of {REGISTRY}/{IMAGE}@sha256:")
+        assert pulling.log == f"ssh root@{worker_at} 'journalctl -u docker -n 200 --no-pager'"
+        assert f"(ssh root@{head_at} 'systemctl status docker-registry')" in pulling.next_step
+        read_failure_log(pulling)
+        line = unpulled.failure("spark-b", "docker_registry_port", form="line")
+        assert line.waited_for == f'"Pull {IMAGE}:{v2} from the head"' and line.what.startswith("failed (exit status")
+        assert not [op for op, _ in changed if op.startswith(("Prewarm", "Restart", "Start"))], changed
+        assert running_tag("spark-b", "sparkfleet-worker") == f"{IMAGE}:{v1}"
+
+        # 4. The re-run the next steps ask for lands the change.
+        landed = deploy(*pinned)
+        assert landed.returncode == 0, landed.output
+        assert (f"Pull {IMAGE}:{v2} from the head", "spark-b") in landed.changed()
+        assert (f"Build {IMAGE}:{v2} on the head", "spark-a") not in landed.changed()
+        for host, container in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker")):
+            assert running_tag(host, container) == f"{IMAGE}:{v2}"
+        assert '"id": "glm-5.3-flash"' in models()
+        assert [watchdog(h) for h in HOSTS] == ["active", "active"]  # found stopped, started at its end
+    finally:
+        for host in HOSTS:
+            allow_outgoing(host)
+        # Back to v1 (from v2, KV_SLOTMAP_PIN 1 -> 0 unpinned: acknowledged, as test_lab_rollback.py does).
+        back = deploy("--data", 'recipe_drift_acknowledged=["KV_SLOTMAP_PIN"]')
+        assert back.returncode == 0, back.output
+        for host, container in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker")):
+            assert running_tag(host, container) == f"{IMAGE}:{v1}"
+
+
+def remove_v2_images():
+    for host in HOSTS:
+        on(host, f"docker image rm {IMAGE}:{COMMITS['v2']} {REGISTRY}/{IMAGE}:{COMMITS['v2']} >/dev/null 2>&1 || true")
 
 
 def test_a_unit_of_the_other_role_is_removed():

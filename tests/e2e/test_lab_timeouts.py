@@ -1,5 +1,6 @@
 """Every external command bounded, in the lab: a weights source that accepts connections and never
-answers stops the deploy at weights_fetch_timeout_s, naming the step, the host, the limit and the key;
+answers stops the deploy at weights_fetch_timeout_s, with the five parts of a run-time failure (the
+host, the step, the log command, which shows the head's fetch log, the key to raise, the next step);
 the pair keeps serving; a plain re-deploy succeeds and the one after it changes nothing.
 
 Runs in the lab's order after the serving tests (same lab, pair deployed by them or by this module's
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from sparkfleet.model.serving import load_profile
-from tests.e2e.lab import deploy, on
+from tests.e2e.lab import deploy, management_address, on, read_failure_log
 
 pytestmark = pytest.mark.lab
 
@@ -65,11 +66,18 @@ def test_a_fetch_that_never_answers_stops_at_its_limit_the_pair_serves_and_a_rer
     took = time.monotonic() - start
     assert run.returncode != 0, run.output
     assert held, "the head never connected to the black hole: the fetch did not run"
-    step = f"Fetch {MODEL} at "
-    line = next((ln for ln in run.output.splitlines() if "stopped after" in ln), None)
-    assert line is not None, run.output
-    assert "spark-a" in line and step in line and f"({source})" in line, line
-    assert f"stopped after {LIMIT} s (weights_fetch_timeout_s)" in line and "a re-run resumes" in line, line
+    # The five parts, in the one line the bounded fetch printed on the head.
+    stopped = run.failure("spark-a", "weights_fetch_timeout_s", form="line")
+    assert stopped.waited_for.startswith(f'"Fetch {MODEL} at ') and stopped.waited_for.endswith(f'({source})"')
+    assert stopped.what == f"stopped after {LIMIT} s, its limit"
+    log = f"/var/lib/sparkfleet/logs/weights-fetch-{MODEL.replace('/', '--')}.log"
+    assert stopped.log == f"ssh root@{management_address('spark-a')} 'tail -n 200 {log}'", stopped.log
+    assert "a re-run resumes" in stopped.next_step and "raise weights_fetch_timeout_s" in stopped.next_step
+    # The log it names is on the head, root-only, and says why, though the client printed nothing.
+    shown = read_failure_log(stopped)
+    assert shown.splitlines()[-1].endswith(f"stopped after {LIMIT} s, its limit; log: {stopped.log}; "
+                                           f"key: weights_fetch_timeout_s; next: {stopped.next_step}"), shown
+    assert "stays paused" not in run.output  # the fetch comes before the watchdogs are paused (step 7c)
     # The run stopped at the fetch: nothing after it ran, on either node.
     assert not any(op.startswith("Send ") for op, _, _ in run.results()), run.output
     assert took < 300, f"the stopped deploy took {took:.0f} s"

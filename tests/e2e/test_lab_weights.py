@@ -1,8 +1,9 @@
 """Weights fetched once and fanned out, kernel caches warmed and identical on every rank, in the lab.
 
 The lab's models (lab/model) come from the bridge over HTTP; the stand-in engine writes JIT cache
-entries per request shape, different on each rank, so the merge is real. Runs after the serving
-tests (same lab, pair deployed).
+entries per request shape, different on each rank, so the merge is real. A fan-out cut mid-transfer
+says its five parts (the worker, the step, the command that shows its pull log, the key, the next
+step). Runs after the serving tests (same lab, pair deployed).
 """
 import re
 import subprocess
@@ -11,7 +12,8 @@ import time
 import pytest
 
 from sparkfleet.model.serving import load_profile
-from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, fabric_rx_bytes, on, plan, state_checks
+from tests.e2e.lab import BIN, INVENTORY, REPO, Run, deploy, fabric_rx_bytes, management_address, on, plan, \
+    read_failure_log, state_checks
 from tests.e2e.lab import run as run_cmd
 from tests.e2e.plan_conformance import operations_mismatches
 
@@ -112,6 +114,17 @@ def test_an_interrupted_fan_out_resumes_instead_of_restarting():
     finally:
         first.kill()
     assert first.returncode != 0, output
+    # The cut pull's five parts, in the one line it printed on the worker.
+    cut = Run(first.returncode, output).failure("spark-b", "fanout_rsync_port", form="line")
+    assert cut.waited_for == f'"Send {MODEL} to the workers over the fabric"'
+    assert cut.what.startswith("failed (exit status ") and not cut.what.startswith("failed (exit status 0)"), cut
+    pull_log = f"/var/lib/sparkfleet/logs/weights-pull-{MODEL.replace('/', '--')}.log"
+    assert cut.log == f"ssh root@{management_address('spark-b')} 'tail -n 200 {pull_log}'", cut.log
+    assert "answers on 198.19.77.1:" in cut.next_step, cut.next_step  # the head's rsync daemon, on the fabric
+    assert f"(ssh root@{management_address('spark-a')} 'systemctl status sparkfleet-rsyncd')" in cut.next_step
+    assert cut.next_step.endswith("a re-run resumes from what arrived"), cut.next_step
+    assert read_failure_log(cut).splitlines()[-1].endswith(f"; next: {cut.next_step}")  # the log ends with the line
+    assert "stays paused" not in output  # the fan-out comes before the watchdogs are paused (step 7c)
     kept = int(on("spark-b", f"du -sb --apparent-size {WEIGHTS} | cut -f1"))
     assert kept >= total // 3, f"the interrupted transfer kept only {kept} bytes"
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
     wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
-from tests.e2e.lab import Run, deploy, on, pause_watchdogs
+from tests.e2e.lab import Run, deploy, management_address, on, pause_watchdogs, read_failure_log
 from tests.real.conftest import REAL_INVENTORY, SERVED, record_drill
 
 pytestmark = pytest.mark.lab
@@ -293,6 +293,17 @@ def test_a_deploy_whose_worker_dies_while_the_pair_starts_stops_at_once_and_says
     assert run.returncode != 0, run.output[-5000:]
     assert "spark-b: the worker's engine exited while the pair was starting" in run.output, run.output[-5000:]
     assert took < 120, f"the deploy took {took:.0f} s to stop after the worker died"
+    # The five parts: the worker, what the deploy was waiting for, the worker's journal (as printed, run
+    # against the worker), the key, the next step.
+    lost = run.failure(WORKER, "serving_profile", form="block")
+    assert lost.what.startswith("the worker's engine exited while the pair was starting (") and \
+        f"{HEAD} cannot finish starting without it" in lost.what, lost
+    assert lost.waited_for.startswith("the head's /health while the pair started (the worker's container: "), lost
+    assert lost.log == f"ssh root@{management_address(WORKER)} 'journalctl -u sparkfleet-worker -n 200 --no-pager'"
+    assert lost.next_step.endswith("then re-deploy: a re-run restarts the pair"), lost.next_step
+    read_failure_log(lost)
+    # The watchdogs were stopped by hand before the run, so it paused none and says none stays paused.
+    assert "stays paused" not in run.output, run.output[-5000:]
     report(capsys, f"deploy, worker killed during the pair's start-up: the deploy stopped {took:.1f} s later, naming it",
            "worker killed during a deploy's restart", took,
            first_line(run.output, "the worker's engine exited while the pair was starting"))

@@ -284,3 +284,31 @@ def test_a_refusal_inside_an_operation_is_one_block_and_the_run_says_where_it_st
     assert "--> sparkfleet: @local: recipe a510aeb64931 -> 0a1b2c3d4e5f, launch defaults (start.sh): CG_ESTIMATE" in out
     assert ("--> sparkfleet: the run stopped at \"Check the recipe's launch defaults against the served commit\": "
             "@local failed") in out
+
+
+@pytest.mark.parametrize("mode", ["shell-failure", "run-failure"])
+def test_a_run_time_failure_is_read_back_by_the_lab_as_pyinfra_prints_it(tmp_path, mode):
+    """What the lab's tests assert on (tests/e2e/lab.py Run.failures) read from pyinfra's own output:
+    a shell step's line under its host's prefix, an operation body's block."""
+    from tests.e2e.lab import Run
+
+    code, out = local_run(tmp_path, mode)
+    assert code == 1 and "Traceback" not in out, out
+    run = Run(code, out)
+    if mode == "shell-failure":
+        assert "]  dial tcp 10.77.77.1:5000: connect: connection refused\n" in out, out  # docker's words, under the host
+        [f] = run.failures()
+        assert (f.form, f.host, f.waited_for, f.what) == ("line", "@local", '"Push x to the fabric registry"',
+                                                          "failed (exit status 1)")
+        assert (f.log, f.key, f.next_step) == ("ssh root@127.0.0.1 'journalctl -u docker-registry -n 200 --no-pager'",
+                                               "docker_registry_port", "check that the registry runs")
+    else:
+        [f] = run.failures()
+        assert (f.form, f.host, f.what, f.key) == ("block", "@local", "/health not 200 after 10 s (last: 503)",
+                                                   "serving_health_timeout_s")
+        assert f.waited_for == "the head's /health to answer 200 (up to 10 s)"
+        assert f.log == "ssh root@127.0.0.1 'journalctl -u sparkfleet-head -n 200 --no-pager'"
+        assert f.next_step == "read the head's log; if it was still loading, raise serving_health_timeout_s (now 10)"
+        assert "    | ERROR CUDA out of memory" in out
+    assert run.failure("@local", f.key) == f
+    assert "the run stopped at" in out and "stays paused" not in out

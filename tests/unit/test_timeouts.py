@@ -193,7 +193,8 @@ def test_a_fetch_stopped_mid_file_leaves_no_manifest_and_a_rerun_resumes_from_wh
 def limit_of(command: str) -> str:
     """'<seconds> (<key>)' of a bounded command: its timeout's limit and the key its message names."""
     seconds = command.split("timeout --kill-after=30 ", 1)[1].split(" ", 1)[0]
-    key = command.rsplit(" s (", 1)[1].split(")", 1)[0]
+    line = command.split(f" stopped after {seconds} s, its limit; log: ", 1)[1]
+    key = line.split("; key: ", 1)[1].split(";", 1)[0]
     return f"{seconds} ({key})"
 
 
@@ -202,7 +203,7 @@ def test_the_weights_fetch_carries_its_limit_in_every_form(source):
     c = cluster(weights_source=source, weights_fetch_timeout_s=123, fanout_rsync_io_timeout_s=45)
     cmd = fetch_command(c.head, load_profile("glm-5.3-flash-exl3"), "org/m", "abc")
     assert limit_of(cmd) == "123 (weights_fetch_timeout_s)"
-    assert f'sparkfleet: spark-a: "Fetch org/m at abc on the head ({source})" stopped after 123 s' in cmd
+    assert f'sparkfleet: spark-a: "Fetch org/m at abc on the head ({source})": stopped after 123 s' in cmd
     if source == "/srv/models":
         assert "fetch-dir /srv/models/org/m" in cmd and "--io-timeout 45" in cmd
 
@@ -220,7 +221,7 @@ def test_a_worker_pull_carries_the_transfer_limit_and_rsyncs_io_timeout():
     c = cluster(fanout_rsync_timeout_s=900, fanout_rsync_io_timeout_s=45)
     cmd = pull_command(c, c.node("spark-b"), "org/m")
     assert limit_of(cmd) == "900 (fanout_rsync_timeout_s)" and "--io-timeout 45" in cmd
-    assert 'sparkfleet: spark-b: "Send org/m to the workers over the fabric" stopped after 900 s' in cmd
+    assert 'sparkfleet: spark-b: "Send org/m to the workers over the fabric": stopped after 900 s' in cmd
 
 
 def test_the_image_steps_carry_their_limits():
@@ -232,7 +233,7 @@ def test_the_image_steps_carry_their_limits():
     assert limit_of(fetch) == "11 (image_git_fetch_timeout_s)" and "git fetch --quiet --tags origin" in fetch
     build = build_command(head, profile, "/var/lib/sparkfleet/recipes/x")
     assert limit_of(build) == "22 (image_build_timeout_s)" and f"docker build --quiet -f {profile.recipe.dockerfile}" in build
-    assert f'"Build {profile.image_ref} on the head" stopped after 22 s' in build
+    assert f'"Build {profile.image_ref} on the head": stopped after 22 s' in build
     assert limit_of(push_command(head, profile, "10.77.77.1:5000/x:y")) == "33 (image_push_timeout_s)"
     pull = image_pull(worker, profile, "10.77.77.1:5000/x:y")
     assert limit_of(pull) == "44 (image_pull_timeout_s)" and "docker pull 10.77.77.1:5000/x:y" in pull
