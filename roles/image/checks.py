@@ -366,8 +366,13 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
     registry digest and image ID."""
 
 
-    def sh(command: str, what: str) -> str:
-        ok, out = host.run_shell_command(StringCommand(command))
+    interval = cluster_from_state(state).node(host.name).progress_interval_s
+
+    def sh(command: str, what: str, progress: str | None = None) -> str:
+        """`command` on the head; with `progress`, that step's progress while it runs (a base image's
+        pull can be tens of GiB: docker's filesystem growing, sparkfleet/progress.py)."""
+        ok, out = (run_with_progress(host, StringCommand(command), step=progress, interval=interval,
+                                     probe=docker_used_probe()) if progress else host.run_shell_command(StringCommand(command)))
         if not ok:
             raise DeployError(f"{host.name}: {what} failed:\n{out.stderr or out.stdout}")
         return out.stdout
@@ -380,7 +385,7 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
         pull = bounded(f"docker pull --quiet {q} >&2", step=RECORD_BASE_STEP, host=host.name, limit_s=pull_limit_s,
                        key="image_pull_timeout_s", resume="a re-run pulls only the layers the head lacks")
         out = sh(f"docker image inspect --format {fmt} {q} 2>/dev/null || {{ {pull} && "
-                 f"docker image inspect --format {fmt} {q}; }}", f"resolving base image {ref}")
+                 f"docker image inspect --format {fmt} {q}; }}", f"resolving base image {ref}", f"Pull base image {ref}")
         digests_json, _, image_id = out.strip().partition("\t")
         line = base_record_line(ref, json.loads(digests_json or "[]") or [], image_id.strip())
         lines.append(line)

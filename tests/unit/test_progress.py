@@ -95,7 +95,7 @@ def test_the_bound_still_stops_a_hung_step_and_the_done_line_says_it_failed(tmp_
     assert result.returncode == 124 and time.monotonic() - began < 10
     assert '"Fetch m" stopped after 1 s (weights_fetch_timeout_s)' in result.stderr
     # nothing in the directory: 0 B landed, and still a line each interval
-    assert all(re.search(r": \d+ s, 0 B \(0 B/s\)$", line) for line in lines[:-1]) and len(lines) >= 3, lines
+    assert all(re.search(r": \d+ s, 0 B \(0 B/s\)$", line) for line in lines[:-1]) and len(lines) >= 2, lines
     assert DONE_LINE.match(lines[-1])[2] == " (failed)", lines
 
 
