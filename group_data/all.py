@@ -115,3 +115,9 @@ monitoring_alert_ttft_factor = 2.0
 monitoring_gpu_exporter_image = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"
 # A busy GB10 runs at 2400-2500 MHz; capped by its power supply (USB-PD) or by heat, at 500-850 MHz.
 monitoring_alert_gpu_clock_mhz = 1400
+
+# --- sparkfleet/progress.py: progress of the long steps while they run ------------------------------
+# A cold image build or hub fetch on a Spark takes up to an hour: every this many seconds such a step
+# prints its bytes and rate (or the engine's phase), and `done in` when it ends; a step faster than this
+# prints nothing. 30 s: a line often enough to see a transfer move, rare enough not to drown the plan.
+progress_interval_s = 30

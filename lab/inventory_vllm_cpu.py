@@ -10,6 +10,8 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   about two minutes; a warm one under one);
 - monitoring is on (roles/monitoring; the stand-ins serve no /metrics), scraping every 5 s, with
   Alertmanager notifying one webhook on the head's loopback (ALERT_WEBHOOK; tests/real listens there);
+- progress lines every 10 s (progress_interval_s; docs/deploy.md#progress-of-long-steps), so that the
+  tier's first deploy shows each long step's progress for tests/real to read;
 - the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
   inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
   lab's one run of it. Its one bar is a floor at 64 MiB (0.05 GB/s, about 400 Mbit/s) a working link
@@ -37,6 +39,9 @@ _real = {
     "fabric_speed_collective": True,
     "fabric_speed_busbw_bars_gbytes": {64: 0.05},
     "fabric_speed_max_buffer_mib": 64,
+    # A line of progress every 10 s, not 30: the lab's real steps (prewarm ~80 s, build and push ~100 s
+    # each when the image is new) then print several each, and tests/real/test_real_pair.py reads them.
+    "progress_interval_s": 10,
     # roles/monitoring against the real engine's /metrics (the stand-ins serve none): Prometheus on the
     # head, scraping every 5 s so that tests/real sees a stopped worker's alert within a minute.
     "monitoring_enabled": True,

@@ -33,6 +33,7 @@ from sparkfleet.model.kernel_cache import KernelCacheData
 from sparkfleet.model.management import ManagementData
 from sparkfleet.model.monitoring import MonitoringData, monitoring_problems
 from sparkfleet.model.preflight import PreflightData
+from sparkfleet.model.progress import ProgressData
 from sparkfleet.model.receipt import ReceiptData
 from sparkfleet.model.router import RouterData, router_problems
 from sparkfleet.model.serving_group import serving_problems
@@ -77,7 +78,7 @@ class GroupData(BaseModel):
 
 class NodeConfig(GroupData, MonitoringData, EngineProofData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData,
-                 ManagementData):
+                 ManagementData, ProgressData):
     """One node's validated settings (the union of every role's schema)."""
 
     # strict: a number written as text ('9000'), a boolean as 'yes' or 1, is refused, not converted.

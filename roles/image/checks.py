@@ -33,8 +33,10 @@ from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.docker import registry_address
 from sparkfleet.model.engine import engine_args, env_file_path, image_pin_path
+from sparkfleet.model.image import REGISTRY_ROOT
 from sparkfleet.model.serving import FULL_SHA, load_profile, node_profile, profile_names, profile_path
 from sparkfleet.once import active_hosts, per_host
+from sparkfleet.progress import docker_used_probe, fs_used_probe, run_with_progress
 from sparkfleet.refusal import Problem, Refusal
 from sparkfleet.run_failure import Advice, RunFailed, RunFailure, journal, on_node
 from sparkfleet.verdicts import ImagePlan  # noqa: F401 (this role's verdict, on the ground floor)
@@ -219,12 +221,15 @@ def pushed_digests(state) -> dict[str, str]:
     return state.__dict__.setdefault("_sparkfleet_pushed", {})
 
 
-def push_image(local: str, remote: str, push: str) -> None:
+def push_image(local: str, remote: str, push: str, *, step: str, interval: int) -> None:
     """Operation body (head): tag the local build `local` as `remote` in the fabric registry, push it
     (`push`, bounded), and keep the manifest digest the push printed: what every worker pulls and runs
-    (pull_by_digest), so a push under the same tag after this one changes nothing a worker gets."""
+    (pull_by_digest), so a push under the same tag after this one changes nothing a worker gets. While
+    it runs, `step`'s progress every `interval` s (sparkfleet/progress.py)."""
 
-    ok, out = host.run_shell_command(StringCommand(f"docker tag {shlex.quote(local)} {shlex.quote(remote)} && {push}"))
+    ok, out = run_with_progress(  # progress: the registry's filesystem growing (sparkfleet/progress.py)
+        host, StringCommand(f"docker tag {shlex.quote(local)} {shlex.quote(remote)} && {push}"), step=step,
+        interval=interval, probe=fs_used_probe(REGISTRY_ROOT))
     text = f"{out.stdout}\n{out.stderr}"
     if not ok:
         raise RunFailed(push_failure(cluster_from_state(state).node(host.name), remote), text)
@@ -256,7 +261,7 @@ def pull_failure(cluster, node, ref: str) -> RunFailure:
                    f"then re-deploy (a re-run pulls only the layers this node lacks)"))
 
 
-def pull_by_digest(remote: str, local: str, pin: str) -> None:
+def pull_by_digest(remote: str, local: str, pin: str, *, step: str) -> None:
     """Operation body (a worker, after the head's push_image): pull the manifest the head pushed by its
     digest (<registry>/<repo>@digest; Docker checks the content against it), tag it with the plain
     name `local`, and write the pin file `pin` its unit runs it from."""
@@ -273,7 +278,8 @@ def pull_by_digest(remote: str, local: str, pin: str) -> None:
     where = q(node.serving_dir)  # roles/serving's directory (0700), made here on a first deploy
     command = (f"{pull_command(node, profile, ref)} && docker tag {q(ref)} {q(local)} && "
                f"{{ [ -d {where} ] || mkdir -p -m 0700 {where}; }} && {repin_command(node, ref)}")
-    ok, out = host.run_shell_command(StringCommand(command))
+    ok, out = run_with_progress(host, StringCommand(command), step=step, interval=node.progress_interval_s,
+                                probe=docker_used_probe())  # progress: docker's filesystem growing
     if not ok:
         raise RunFailed(pull_failure(cluster, node, ref), out.stderr or out.stdout)
     logger.info(f"    [{host.name}] pulled {ref}; its unit runs that digest ({pin})")
@@ -382,8 +388,13 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
     registry digest and image ID."""
 
 
-    def sh(command: str, what: str) -> str:
-        ok, out = host.run_shell_command(StringCommand(command))
+    interval = cluster_from_state(state).node(host.name).progress_interval_s
+
+    def sh(command: str, what: str, progress: str | None = None) -> str:
+        """`command` on the head; with `progress`, that step's progress while it runs (a base image's
+        pull can be tens of GiB: docker's filesystem growing, sparkfleet/progress.py)."""
+        ok, out = (run_with_progress(host, StringCommand(command), step=progress, interval=interval,
+                                     probe=docker_used_probe()) if progress else host.run_shell_command(StringCommand(command)))
         if not ok:
             raise DeployError(f"{host.name}: {what} failed:\n{out.stderr or out.stdout}")
         return out.stdout
@@ -402,7 +413,7 @@ def record_base_images(src: str, commit: str, dockerfile: str, build_args: dict,
                                      f"serving_recipe_commit {commit[:12]}): {on_node(address, f'docker pull {q}')}; "
                                      f"a re-run pulls only the layers the head lacks"))
         out = sh(f"docker image inspect --format {fmt} {q} 2>/dev/null || {{ {pull} && "
-                 f"docker image inspect --format {fmt} {q}; }}", f"resolving base image {ref}")
+                 f"docker image inspect --format {fmt} {q}; }}", f"resolving base image {ref}", f"Pull base image {ref}")
         digests_json, _, image_id = out.strip().partition("\t")
         line = base_record_line(ref, json.loads(digests_json or "[]") or [], image_id.strip())
         lines.append(line)

@@ -26,9 +26,10 @@ from roles.image.commands import (
 )
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
 from sparkfleet.decided import decisions
+from sparkfleet.progress import docker_used_probe, progress_command
 from sparkfleet.image_pin import repin_command
 from sparkfleet.model.docker import registry_address
-from sparkfleet.model.image import REGISTRY_DROPIN, history_path
+from sparkfleet.model.image import REGISTRY_DROPIN, REGISTRY_ROOT, history_path
 from sparkfleet.model.engine import image_pin_path, pinned_env
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from sparkfleet import unchanged
@@ -102,7 +103,8 @@ if on_head:
         apt.packages(name="Install the image registry", packages=["docker-registry"], update=True, cache_time=3600)
     registry_config = unchanged.put(
         name="Write the registry config (fabric address only)",
-        src=StringIO(render("image", "/etc/docker/registry/config.yml", address=registry_address(cluster))),
+        src=StringIO(render("image", "/etc/docker/registry/config.yml", address=registry_address(cluster),
+                        root=REGISTRY_ROOT)),
         dest="/etc/docker/registry/config.yml",
         mode="0644",
     )
@@ -139,7 +141,9 @@ python.call(
 )
 server.shell(
     name=build_step(profile),
-    commands=[build_command(node, profile, src)],  # bounded: image_build_timeout_s
+    # bounded: image_build_timeout_s; its progress: docker's filesystem growing (sparkfleet/progress.py)
+    commands=[progress_command(build_command(node, profile, src), step=build_step(profile),
+                               interval=node.progress_interval_s, probe=docker_used_probe())],
     _if=lambda: on_head and head_id is None,
 )
 
@@ -168,6 +172,8 @@ python.call(
     local=profile.image_ref,
     remote=registry_ref(cluster, profile),
     push=push_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_push_timeout_s
+    step=push_step(profile),
+    interval=node.progress_interval_s,
     _if=lambda: on_head and not in_sync,
 )
 
@@ -179,6 +185,7 @@ python.call(
     remote=registry_ref(cluster, profile),
     local=profile.image_ref,
     pin=image_pin_path(node),
+    step=pull_step(profile),
     _if=lambda: not on_head and node.name in plan.ship,
 )
 

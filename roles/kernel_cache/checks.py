@@ -37,6 +37,7 @@ from sparkfleet.model.fanout import SFL_FILES
 from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm_env
 from sparkfleet.model.serving import node_profile
 from sparkfleet.once import active_hosts, per_host
+from sparkfleet.progress import phase_text, watched
 from sparkfleet.render import render
 from sparkfleet.run_failure import RunFailed, RunFailure, on_node
 from sparkfleet.watchdog_handover import resume_watchdogs
@@ -356,11 +357,12 @@ def _prewarm(nodes: _Nodes, profile) -> None:
     # The production pair stops first (head first); prewarm ranks start workers first, like production.
     for node in (head, *workers):
         nodes.run(node.name, f"systemctl stop {unit_name(node)}.service 2>/dev/null; docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping serving")
-    try:
+
+    def warm() -> None:
         for node in (*workers, head):
             nodes.run(node.name, prewarm_command(profile, cluster, node), "starting the prewarm container")
         timeout = head.kernel_cache_prewarm_timeout_s
-        start, last = time.monotonic(), 0.0
+        start = time.monotonic()
         while True:
             elapsed = time.monotonic() - start
             code = nodes.run(head.name, health_command(profile.port), "health", check=False).strip()
@@ -375,10 +377,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
             if elapsed > timeout:
                 logs = nodes.run(head.name, f"docker logs --tail 30 {PREWARM_CONTAINER} 2>&1 || true", "logs", check=False)
                 raise RunFailed(prewarm_health_failure(head, timeout, code), logs)
-            if elapsed - last >= 15:
-                logger.info(f"    [{head.name}] prewarm: waiting for /health ({code or 'no answer'}, {elapsed:.0f} s of {timeout} s)")
-                last = elapsed
-            time.sleep(3)
+            time.sleep(3)  # its progress: phase() every progress_interval_s, below
         requests = warmup_requests(profile, head.kernel_cache_prewarm_long_prompt_words)
         before = nodes.counts()
         for round_no in range(1, head.kernel_cache_prewarm_max_rounds + 1):
@@ -397,6 +396,16 @@ def _prewarm(nodes: _Nodes, profile) -> None:
             before = after
         else:
             logger.warning(f"    [{head.name}] caches still grew after {head.kernel_cache_prewarm_max_rounds} rounds; merging what there is")
+
+    def phase() -> str:
+        """The prewarm engine's phase, its log's last line, and the head's /health (sparkfleet/progress.py)."""
+        log = nodes.run(head.name, f"docker logs --tail 40 {PREWARM_CONTAINER} 2>&1", "logs", check=False)
+        code = nodes.run(head.name, health_command(profile.port), "health", check=False).strip()
+        return f"{phase_text(log) or 'no log line yet'} (/health: {code or 'no answer'})"
+
+    try:
+        # Every progress_interval_s while the pair starts and warms, the phase; `done in` at the end.
+        watched(warm, phase, label=f"{head.name}: prewarm", interval=head.progress_interval_s, emit=logger.info)
     finally:
         report_compile_log(nodes, profile)
         for node in (head, *workers):  # each rank's log kept (prewarm_log) before its container goes

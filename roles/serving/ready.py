@@ -15,6 +15,7 @@ from roles.guards.kv_budget import engine_kv_tokens
 from roles.serving.facts import health_command
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.engine import WORKER_UNIT
+from sparkfleet.progress import Ticker, phase_text
 from sparkfleet.run_failure import RunFailed, RunFailure, journal
 
 
@@ -141,6 +142,12 @@ def worker_lost(before: str, now: str) -> bool:
     return now != before or not now.startswith("true ")
 
 
+def engine_log_tail_command(unit: str) -> str:
+    """The last lines the unit's current run logged (its InvocationID: engine_kv_log_command says why)."""
+    return (f"id=$(systemctl show -p InvocationID --value {unit}); [ -n \"$id\" ] && "
+            f"journalctl _SYSTEMD_INVOCATION_ID=\"$id\" -n 40 --no-pager -o cat")
+
+
 def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,
                     curl_config: str | None = None, key_file: str | None = None, workers: tuple[str, ...] = ()) -> None:
     """Operation body: poll the head's /health with progress, bounded; then prove the API key is
@@ -157,28 +164,35 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
         return out.stdout.strip() if ok else "unreachable"
 
     at_start = {name: seen(peer) for name, peer in peers.items()}
-    start = time.monotonic()
-    last_report = 0.0
+    # Every progress_interval_s, the engine's own phase: its log's last line (sparkfleet/progress.py).
+    ticker = Ticker(f"{host.name}: start of {unit}", cluster_from_state(state).node(host.name).progress_interval_s,
+                    logger.info)
+    start = ticker.start
     code = ""
-    while (elapsed := time.monotonic() - start) < timeout_s:
-        for name, peer in peers.items():
-            now = seen(peer)
-            if worker_lost(at_start[name], now):
-                _, log = peer.run_shell_command(StringCommand(f"journalctl -u {WORKER_UNIT} -n 30 --no-pager -o cat"))
-                # (A vLLM head waits for a lost worker, deaf to SIGTERM: the wait ends here instead.)
-                raise RunFailed(worker_lost_failure(_node(name), host.name, at_start[name], now, elapsed), log.stdout)
-        ok, out = host.run_shell_command(StringCommand(health_command(port)))
-        code = out.stdout.strip() if ok else "no answer"
-        if code == "200":
-            key = f" (API key: root-only file {key_file} on {host.name})" if key_file else ""
-            logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}{key}")
-            if curl_config:
-                check_api_key(host, port, curl_config)
-            check_engine_kv(host, unit, max_model_len)
-            return
-        if elapsed - last_report >= 15:
-            logger.info(f"    [{host.name}] waiting for /health: {code or 'no answer'} ({elapsed:.0f} s of {timeout_s} s)")
-            last_report = elapsed
-        time.sleep(3)
-    _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 30 --no-pager"))
-    raise RunFailed(health_failure(_node(host.name), unit, timeout_s, code), log.stdout)
+    try:
+        while (elapsed := time.monotonic() - start) < timeout_s:
+            for name, peer in peers.items():
+                now = seen(peer)
+                if worker_lost(at_start[name], now):
+                    _, log = peer.run_shell_command(StringCommand(f"journalctl -u {WORKER_UNIT} -n 30 --no-pager -o cat"))
+                    # (A vLLM head waits for a lost worker, deaf to SIGTERM: the wait ends here instead.)
+                    raise RunFailed(worker_lost_failure(_node(name), host.name, at_start[name], now, elapsed), log.stdout)
+            ok, out = host.run_shell_command(StringCommand(health_command(port)))
+            code = out.stdout.strip() if ok else "no answer"
+            if code == "200":
+                ticker.done()
+                key = f" (API key: root-only file {key_file} on {host.name})" if key_file else ""
+                logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}{key}")
+                if curl_config:
+                    check_api_key(host, port, curl_config)
+                check_engine_kv(host, unit, max_model_len)
+                return
+            if ticker.due():
+                _, log = host.run_shell_command(StringCommand(engine_log_tail_command(unit)))
+                ticker.report(f"{phase_text(log.stdout) or 'no log line yet'} (/health: {code or 'no answer'}, "
+                              f"limit {timeout_s} s)")
+            time.sleep(3)
+        _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 30 --no-pager"))
+        raise RunFailed(health_failure(_node(host.name), unit, timeout_s, code), log.stdout)
+    finally:
+        ticker.done(ok=False)  # once: a success printed its own done line already (Ticker.done)

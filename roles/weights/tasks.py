@@ -12,6 +12,8 @@ from pyinfra.operations import server
 
 from sparkfleet.decided import decisions
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.weights import model_dir
+from sparkfleet.progress import dir_bytes_probe, progress_command
 from roles.weights.checks import fetch_command, fetch_step, profile_models, pull_command, pull_step
 from sparkfleet.inventory import cluster_from_state
 
@@ -25,12 +27,16 @@ for model, revision in profile_models(profile):
     # 1. Once, on the head, from the configured source (free disk checked before the first byte).
     server.shell(
         name=fetch_step(node, model, revision),
-        commands=[fetch_command(node, profile, model, revision)] if on_head else [],
+        commands=[progress_command(  # its progress: the model's directory growing (sparkfleet/progress.py)
+            fetch_command(node, profile, model, revision), step=fetch_step(node, model, revision),
+            interval=node.progress_interval_s, probe=dir_bytes_probe(model_dir(node, model)))] if on_head else [],
         _if=lambda model=model: on_head and model in plan.fetch,
     )
     # 2. Then to every worker over the fabric; defined on every host so it runs after the fetch.
     server.shell(
         name=pull_step(model),
-        commands=[] if on_head else [pull_command(cluster, node, model)],
+        commands=[] if on_head else [progress_command(  # progress: bytes landed in the model's directory
+            pull_command(cluster, node, model), step=pull_step(model), interval=node.progress_interval_s,
+            probe=dir_bytes_probe(model_dir(node, model)))],
         _if=lambda model=model: not on_head and (model, node.name) in plan.pull,
     )

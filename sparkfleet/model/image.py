@@ -7,6 +7,9 @@ from pydantic import BaseModel, Field
 
 # The head's registry unit, retried until the fabric address binds (templates beside this file).
 REGISTRY_DROPIN = "/etc/systemd/system/docker-registry.service.d/50-sparkfleet.conf"
+# Where the head's registry keeps what is pushed to it (its config's storage root; the Debian
+# package's own): the push's progress is this filesystem growing (sparkfleet/progress.py).
+REGISTRY_ROOT = "/var/lib/docker-registry"
 
 
 class ImageData(BaseModel):

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from sparkfleet.model.api_proxy import OPEN_PATHS
+from sparkfleet.progress import BYTES_FIGURE, read_progress
 from tests.doc_examples import client_example
 from tests.e2e.lab import REPO, deploy, on, state_checks
 from tests.state.test_serving import plain_ipv4
@@ -45,6 +46,39 @@ def chat_body(max_tokens: int = 16) -> dict:
             "temperature": 0, "ignore_eos": True}
 
 
+PROGRESS_INTERVAL_S = 10  # lab/inventory_vllm_cpu.py's progress_interval_s
+BYTES_STEPS = ("Build ", "Push ", "Pull ", "Fetch ", "Send ")  # roles/image, roles/weights: bytes and a rate
+PHASE_STEPS = ("prewarm", "start of ")  # roles/kernel_cache, roles/serving: the engine's phase
+
+
+def assert_progress(output: str) -> None:
+    """The first deploy's long steps printed their progress while they ran (sparkfleet/progress.py,
+    docs/deploy.md#progress-of-long-steps): each step that took at least an interval a done line and,
+    before it, a line per interval or so (bytes and a rate, or the engine's phase with /health); none
+    failed; and the prewarm, which this deploy always runs (conftest.py removes the caches) and which
+    takes ~80 s here, is among them. Only the done lines decide which steps must show progress: how
+    long the build or the push take depends on docker's layer cache, and on the machine's load."""
+    steps = read_progress(output)
+    tail = output[-8000:]
+    for (host, step), seen in steps.items():
+        done, ticks = seen["done"], seen["ticks"]
+        assert done is not None, f"{host}: {step}: progress lines {ticks} but no done line:\n{tail}"
+        took, failed = done
+        assert not failed, f"{host}: {step}: done (failed) in a deploy that succeeded:\n{tail}"
+        # at least one line per two intervals (a step of 10-19 s may end before its first probe answers;
+        # each probe's own time under the CI's load stretches the spacing)
+        assert len(ticks) >= took // (2 * PROGRESS_INTERVAL_S), (host, step, done, ticks)
+        assert [s for s, _ in ticks] == sorted(s for s, _ in ticks) and all(s <= took for s, _ in ticks), (host, step, ticks)
+        if step.startswith(BYTES_STEPS):
+            assert all(BYTES_FIGURE.match(what) for _, what in ticks), (host, step, ticks)
+        elif step.startswith(PHASE_STEPS):
+            assert all("(/health: " in what for _, what in ticks), (host, step, ticks)
+        else:
+            raise AssertionError(f"{host}: {step}: progress from a step sparkfleet/progress.py does not know")
+    if not os.environ.get("SFL_REAL_KEEP_CACHES"):  # conftest.py: then the deploy changes nothing
+        assert (HEAD, "prewarm") in steps, f"the prewarm printed no progress ({sorted(steps)}):\n{tail}"
+
+
 def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     run, _ = real_deploy
     assert "sparkfleet serving lab-vllm-cpu" in run.output
@@ -54,6 +88,7 @@ def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     assert re.search(r"engine proof: pair: vLLM 0\.32\.0\+cpu \(in sparkfleet-lab/vllm-cpu:\w+\) judged 2 distinct "
                      r"rank command line\(s\), \d+ routes: accepted", run.output), run.output[-8000:]
     assert "pair engine: vLLM " in run.output  # the plan's line: the version, and which proof judges it
+    assert_progress(run.output)
     again = deploy(inventory=REAL_INVENTORY)
     assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
 
