@@ -308,7 +308,7 @@ def test_a_failed_push_names_the_registrys_journal_and_port(monkeypatch):
     image_body(monkeypatch, "spark-a", {"docker push": (False, "Get http://10.77.77.1:5000/v2/: connection refused")})
     with pytest.raises(RunFailed) as err:
         image_checks.push_image(local="sparkfleet/x:c", remote="10.77.77.1:5000/sparkfleet/x:c",
-                                push="docker push 10.77.77.1:5000/sparkfleet/x:c")
+                                push="docker push 10.77.77.1:5000/sparkfleet/x:c", step="Push", interval=30)
     b = block_of(err)
     assert b["title"] == "sparkfleet: spark-a: pushing 10.77.77.1:5000/sparkfleet/x:c failed"
     assert b["log"] == "ssh root@10.0.0.11 'journalctl -u docker-registry -n 200 --no-pager'"
@@ -321,7 +321,7 @@ def test_a_failed_pull_names_the_workers_docker_journal_and_how_to_reach_the_reg
     remote = f"10.77.77.1:5000/{PROFILE.image}:{PROFILE.recipe.commit}"
     monkeypatch.setattr(image_checks, "pushed_digests", lambda state: {remote: "sha256:" + "1" * 64})
     with pytest.raises(RunFailed) as err:
-        image_checks.pull_by_digest(remote=remote, local=PROFILE.image_ref, pin="/x/pin")
+        image_checks.pull_by_digest(remote=remote, local=PROFILE.image_ref, pin="/x/pin", step="Pull")
     b = block_of(err)
     assert b["title"].startswith("sparkfleet: spark-b: pulling 10.77.77.1:5000/") and b["key"] == "docker_registry_port"
     assert b["log"] == "ssh root@10.0.0.12 'journalctl -u docker -n 200 --no-pager'"
