@@ -40,7 +40,7 @@ from pyinfra.context import ctx_host, ctx_state
 from sparkfleet.model.serving import SECRET_BEARING_KEYS, withhold_secrets
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.refusal import Problem, Refusal, as_problem, block, is_expected, merge_hosts, refusal_block
-from sparkfleet.watchdog_handover import PAUSE_STEPS, START_STEPS, paused_note
+from sparkfleet.watchdog_handover import PAUSE_STEPS, START_STEPS, paused_note, resumed_on
 
 REPO = Path(__file__).resolve().parent.parent
 NOTHING_CHANGED = "Nothing was changed: no host was contacted."
@@ -348,7 +348,8 @@ def watchdogs_left_paused(state, run: RunContext) -> list[str]:
         meta = state.get_op_data_for_host(host, op_hash).operation_meta
         if meta.is_complete() and meta.did_change():
             ran[kind].append(host.name)
-    return [n for n in ran["pause"] if n not in ran["start"] and n not in run.watchdogs_resumed]
+    resumed = run.watchdogs_resumed | resumed_on(state)
+    return [n for n in ran["pause"] if n not in ran["start"] and n not in resumed]
 
 
 def stop_summary(state, run: RunContext, error: BaseException) -> str:

@@ -6,6 +6,7 @@ a failed prewarm whose previous production serves again does it for the watchdog
 from typing import Iterable, Mapping
 
 from pyinfra.api.exceptions import DeployError
+from pyinfra.context import ctx_state
 
 from sparkfleet.model.watchdog import SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
 from sparkfleet.run_failure import on_node
@@ -47,13 +48,21 @@ def resume_watchdogs(run, cluster, paused) -> str | None:
     return f"{WATCH_UNIT} watches it again on {', '.join(n.name for n in order)}"
 
 
+# Where a run keeps the nodes whose watchdogs it started again outside step 10 (a failed prewarm's own
+# hand-over): on pyinfra's state, which sparkfleet/run.py reads at the run's end (resumed_on). Kept
+# there, not on run.py's RunContext, so this module needs nothing from run.py (which imports it).
+RESUMED_ATTR = "_sparkfleet_watchdogs_resumed"
+
+
 def _resumed(names: list[str]) -> None:
     """Tell this run's end (sparkfleet/run.py) that these watchdogs watch again: not paused any more."""
-    from sparkfleet.run import current_run  # (sparkfleet.run imports this module)
+    if ctx_state.isset():
+        ctx_state.get().__dict__.setdefault(RESUMED_ATTR, set()).update(names)
 
-    run = current_run()
-    if run is not None:
-        run.watchdogs_resumed.update(names)
+
+def resumed_on(state) -> set[str]:
+    """The nodes whose watchdogs this run started again outside step 10 (_resumed)."""
+    return set(getattr(state, RESUMED_ATTR, ()) or ())
 
 
 def paused_note(paused: Iterable[str], addresses: Mapping[str, str]) -> str | None:

@@ -490,3 +490,16 @@ def lab_failure(f: RunFailure, form: str):
     from tests.e2e.lab import Failure
 
     return Failure(f.host, f.waited_for, f.what, f.log, f.key, f.next_step, form)
+
+
+def test_watchdogs_a_failed_prewarm_started_again_are_not_named_paused():
+    """watchdog_handover keeps them on pyinfra's state (no import of sparkfleet.run: no circle);
+    run.py's end reads them there."""
+    from pyinfra.context import ctx_state
+    from sparkfleet import watchdog_handover
+
+    st = SimpleNamespace()
+    with ctx_state.use(st):
+        watchdog_handover._resumed(["spark-b", "spark-a"])
+    assert watchdog_handover.resumed_on(st) == {"spark-a", "spark-b"}
+    assert watchdog_handover.resumed_on(SimpleNamespace()) == set()
