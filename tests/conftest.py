@@ -38,7 +38,12 @@ def pytest_addoption(parser):
                      help="run the engine-parity tier against the real engines (builds their virtualenvs once)")
 
 
+# Runs first in a session (the README's path brings the fresh lab's pair up: tests/e2e/test_lab_first_pair.py).
+FIRST = ("tests", "e2e", "test_lab_first_pair.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: Path(str(item.fspath)).relative_to(REPO).parts != FIRST)  # stable: the rest keep their order
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO).parts
         if parts[:2] == ("tests", "state") and not config.getoption("hosts"):

@@ -113,10 +113,10 @@ class DeployTime:
 DEPLOY_TIMES: list[DeployTime] = []
 
 
-def _timed(cmd: list[str], timeout=900) -> tuple[Run, dict[str, float], float]:
+def _timed(cmd: list[str], timeout=900, env: dict | None = None) -> tuple[Run, dict[str, float], float]:
     """run(), with the time at which each step of pyinfra's output began."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     killed = threading.Event()
     timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))  # subprocess.run(timeout=)'s bound
     timer.start()
@@ -138,11 +138,14 @@ def _timed(cmd: list[str], timeout=900) -> tuple[Run, dict[str, float], float]:
     return Run(proc.returncode, "".join(lines)), steps, end - start
 
 
-def deploy(*extra: str, inventory: str = INVENTORY) -> Run:
+def deploy(*extra: str, inventory: str = INVENTORY, front_door: bool = False, env: dict | None = None) -> Run:
     """A lab deploy; one that succeeded must have done exactly what its printed plan said
     (tests/e2e/plan_conformance.py): every end-to-end test that deploys checks that too. Its time and
-    each step's are kept in DEPLOY_TIMES."""
-    result, steps, seconds = _timed([str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
+    each step's are kept in DEPLOY_TIMES. front_door: through `sparkfleet deploy INVENTORY --yes` (the
+    README's way: validate, plan, then pyinfra -y), not pyinfra itself; env: the run's environment."""
+    cmd = ([str(BIN / "sparkfleet"), "deploy", inventory, "--yes", *extra] if front_door
+           else [str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
+    result, steps, seconds = _timed(cmd, env=env)
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
     DEPLOY_TIMES.append(DeployTime(test, inventory, seconds, steps))
     if result.returncode == 0:

@@ -5,7 +5,8 @@ power cut, a worker dying during the start-up) run against the real vLLM: tests/
 This one stays on the stand-in because its repair deploy ships the whole image again (3 GB for the
 real engine, a few MB here) and it proves the watchdog's own give-up logic, which no engine decides.
 
-Runs first on a fresh lab (its fixture deploys the pair), or on any deployed lab.
+Runs on any lab (its fixture deploys the pair: on `make test`'s fresh lab, after
+tests/e2e/test_lab_first_pair.py brought it up through the README's path).
 """
 import json
 import time
