@@ -139,3 +139,11 @@ def test_an_engine_port_beyond_loopback_and_a_missing_listener_are_both_found():
     # a row's port comes from data: the same sockets with api_proxy_engine_port moved leave 18000 unexplained
     moved = replace(context, ports={**context.ports, "api_proxy_engine_port": 18001})
     assert any(s.port == engine.port for s in compare(sockets, rows, moved).unexplained)
+
+
+def test_a_head_s_listener_on_a_worker_is_explained_by_no_row():
+    capture = next(c for c in CAPTURES if capture_header(c.read_text())["role"] == "worker")
+    context = context_of(capture)
+    sockets = parse_ss(capture.read_text())
+    api = Socket("tcp", "0.0.0.0", 8000, ("haproxy",))  # the API proxy left on a node that is no head
+    assert compare(sockets + [api], table_rows(), context).unexplained == [api]
