@@ -8,6 +8,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from sparkfleet.listeners import parse_ss
 from sparkfleet.model.api_proxy import OPEN_PATHS, PROXY_USER
 from sparkfleet.model.engine import KEY_PROXY_FILE
 from sparkfleet.model.serving import node_profile
@@ -66,15 +67,8 @@ class Listeners(FactBase):
         return "ss -Hltnp 2>/dev/null || true"
 
     def process(self, output):
-        sockets = []
-        for line in output:
-            fields = line.split()
-            if len(fields) < 4 or ":" not in fields[3]:
-                continue
-            address, port = fields[3].rsplit(":", 1)
-            program = line.split('(("', 1)[1].split('"', 1)[0] if '(("' in line else "?"
-            sockets.append((address.strip("[]"), int(port), program))
-        return sockets
+        # sparkfleet/listeners.py: the one parser of ss's listeners (the listener table's test reads it too)
+        return [(s.address, s.port, s.process) for s in parse_ss(output)]
 
 
 def listener_problems(node, sockets, proxy_active: bool) -> list[str]:

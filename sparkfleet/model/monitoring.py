@@ -150,8 +150,8 @@ class MonitoringData(BaseModel):
         "deploy stops before installing, naming the versions offered"
     )
     monitoring_node_exporter_port: int = Field(
-        9100, ge=1024, le=65535, description="the node exporter's port on every node (every address; the firewall "
-        "admits the monitoring node only)"
+        9100, ge=1024, le=65535, description="the node exporter's port on every node, on its management address only "
+        "(roles/monitoring's --web.listen-address; the firewall admits the monitoring node only)"
     )
     monitoring_node_exporter_collectors: list[str] = Field(
         list(DEFAULT_COLLECTORS), min_length=1,

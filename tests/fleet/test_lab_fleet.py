@@ -132,6 +132,19 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert re.search(r"^plan\s+g1\s+ok$", doctor.output, re.M) and re.search(r"^plan\s+g2\s+ok$", doctor.output, re.M)
 
 
+def test_d2_every_listening_socket_of_the_four_hosts_is_a_row_of_the_listener_table():
+    """docs/security.md's listener table against `ss -ltnup` on each of the four hosts while the fleet
+    serves (tests/listeners.py): spark-a is g1's head and the router node (no monitoring node: the lab's
+    fleet runs without monitoring), spark-c g2's head, spark-b and spark-d workers."""
+    from sparkfleet.inventory import load_cluster
+    from tests.listeners import check_host, host_context
+
+    cluster = load_cluster(REPO / FLEET_INVENTORY, cwd=str(REPO))
+    assert "router node" in host_context(cluster, "spark-a").roles
+    found = {host: check_host(on(host, "ss -ltnup"), cluster, host) for host in FLEET_HOSTS}
+    assert not any(found.values()), "\n".join(f"{h}:\n{d}" for h, d in found.items() if d)
+
+
 def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_routing():
     fleet_key = key()
     assert chat(ROUTER, None)[0] == 401  # refused by the router itself

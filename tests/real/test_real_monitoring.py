@@ -142,6 +142,19 @@ def test_the_engine_s_metrics_port_serves_metrics_alone_and_the_exporters_answer
     assert code is None, f"the lab machine reached spark-b's exporter ({code})"
 
 
+def test_every_listening_socket_of_both_hosts_is_a_row_of_the_listener_table(real_deploy):
+    """docs/security.md's listener table against `ss -ltnup` on each host (tests/listeners.py): every
+    socket is a row of that host's roles, and every fixed port a row requires there is held. Before the
+    drills below (their webhook catcher is a test's own listener)."""
+    from sparkfleet.inventory import load_cluster
+    from tests.listeners import check_host
+    from tests.real.conftest import REAL_INVENTORY
+
+    cluster = load_cluster(REPO / REAL_INVENTORY, cwd=str(REPO))
+    found = {host: check_host(on(host, "ss -ltnup"), cluster, host) for host in (HEAD, WORKER)}
+    assert not any(found.values()), "\n".join(f"{h}:\n{d}" for h, d in found.items() if d)
+
+
 def urllib_code(url: str):
     """The HTTP status `url` answers from this machine, or None when it is not reached."""
     import urllib.error

@@ -2,13 +2,13 @@
 alone on the profile's port, the engine on loopback only, no request without the key answered but
 GET /health, and no local user but root and the proxy reaching the engine's own port."""
 import json
-import re
 import shlex
 
 import pytest
 
 from roles.api_proxy.checks import UNIT, UNIT_PATH, config_path, config_text, unit_text
 from roles.serving.api_key import authed_curl
+from sparkfleet.listeners import parse_ss
 from tests.state.limits import request_bound_s
 
 # Inference and other routes the real engines answer without a key of their own (vLLM 0.33.0:
@@ -43,11 +43,8 @@ def test_the_proxy_runs_with_the_rendered_config_and_unit(host, head):
 def listeners(host) -> dict[int, set[tuple[str, str]]]:
     """port -> {(address, program)} of every listening TCP socket on the node."""
     out: dict[int, set] = {}
-    for line in host.check_output("ss -Hltnp").splitlines():
-        fields = line.split()
-        address, port = fields[3].rsplit(":", 1)
-        program = re.search(r'\(\("([^"]+)"', line)
-        out.setdefault(int(port), set()).add((address.strip("[]"), program[1] if program else "?"))
+    for s in parse_ss(host.check_output("ss -Hltnp")):  # the doctor's parser (sparkfleet/listeners.py)
+        out.setdefault(s.port, set()).add((s.address, s.process))
     return out
 
 
