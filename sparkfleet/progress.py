@@ -244,6 +244,10 @@ def run_with_progress(host, command, *, step: str, interval: float, probe: str, 
     from pyinfra import logger
     from pyinfra.api import StringCommand
 
+    # pyinfra's `host` in an operation body is a context proxy whose value is local to the greenlet that
+    # set it (pyinfra/context.py LocalContextObject, a gevent.local): read from the probe's own greenlet it
+    # is unset, and every probe failed (a push's and a pull's lines carried no figure). The host itself.
+    host = host._get_module() if getattr(host, "_get_module", None) and host._get_module() is not None else host
     probe_arguments = {k: v for k, v in arguments.items() if k not in _STEP_ONLY}
 
     def measure():

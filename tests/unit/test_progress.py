@@ -221,3 +221,35 @@ def test_under_pyinfra_without_v_the_lines_reach_the_terminal_and_the_status_is_
     assert failing.returncode != 0, out
     assert re.search(rf"{re.escape(at)} done in \d+ s \(failed\)$", out, re.M), out
     assert read_progress(out)["@local", "Fetch m"]["done"][1] is True
+
+
+def test_an_operation_body_s_context_host_is_probed_as_itself_from_the_probe_s_thread():
+    """push_image and pull_by_digest hand run_with_progress pyinfra's `host`, a context proxy local to
+    the greenlet (or thread) that set it: the probe, in a thread of its own, must reach the host itself.
+    (Through the proxy every probe failed: the lab's push printed its elapsed time with no bytes.)"""
+    import threading as _threading
+    from types import SimpleNamespace
+
+    from pyinfra import host as context_host
+    from pyinfra.context import ctx_host
+
+    calls = []
+
+    class Node:
+        name = "spark-a"
+
+        def run_shell_command(self, command, **_):
+            calls.append((_threading.current_thread().name, str(command)))
+            if "df " in str(command):
+                return True, SimpleNamespace(stdout=f"{1024 * len(calls)}\n", stderr="")
+            time.sleep(0.7)  # the step: long enough for probes at 0.2 s
+            return True, SimpleNamespace(stdout="pushed\n", stderr="")
+
+    lines = []
+    node = Node()
+    with ctx_host.use(node):
+        ok, out = progress.run_with_progress(context_host, "docker push x", step="Push x", interval=0.2,
+                                             probe=progress.fs_used_probe("/var/lib/docker-registry"))
+    assert ok and out.stdout == "pushed\n"
+    probes = [c for c in calls if "df " in c[1]]
+    assert probes and all(thread.startswith("progress ") for thread, _ in probes), calls
