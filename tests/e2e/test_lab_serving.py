@@ -303,7 +303,8 @@ def test_a_health_wait_a_push_and_a_pull_that_fail_say_their_five_parts_and_a_re
         assert f"raise serving_health_timeout_s (now {HEALTH_LIMIT})" in health.next_step, health.next_step
         read_failure_log(health)
         # It stopped between the watchdogs' pause and their start: it says so last, and it is so.
-        assert "sparkfleet-watchdog stays paused on spark-a, spark-b: this deploy stopped it" in unhealthy.output
+        assert "sparkfleet-watchdog stays paused on spark-a, spark-b: this deploy stopped it" in unhealthy.output, \
+            unhealthy.output[-6000:]
         for host in HOSTS:
             assert f"    ssh root@{management_address(host)} 'systemctl status sparkfleet-watchdog'" in unhealthy.output
         assert [watchdog(h) for h in HOSTS] == ["inactive", "inactive"]
