@@ -312,6 +312,13 @@ def _refuse_before_connecting(run: RunContext, inventory) -> None:
 
 # --- during the run: record failures, print refusals as blocks --------------------------------------
 
+def step_name(op_name: str) -> str:
+    """An operation's own name: pyinfra names an operation of an included file "<file> | <name>" (the
+    lab's run printed "roles/watchdog/pause_tasks.py | Pause the head's sparkfleet-watchdog ..."), so
+    the name a role gave it is what follows the last " | "."""
+    return op_name.rsplit(" | ", 1)[-1]
+
+
 class _Recorder(BaseStateCallback):
     def __init__(self, run: RunContext):
         self.run = run
@@ -323,7 +330,7 @@ class _Recorder(BaseStateCallback):
     def operation_host_success(self, state, host, op_hash, retry_count=0):
         # Called for an operation whose _if was false too (no command ran): watchdogs_left_paused
         # reads whether it changed anything once the run ends.
-        names = state.get_op_meta(op_hash).names
+        names = {step_name(n) for n in state.get_op_meta(op_hash).names}
         for kind, steps in (("pause", PAUSE_STEPS), ("start", START_STEPS)):
             if names & set(steps):
                 self.run.watchdog_ops.append((host, op_hash, kind))

@@ -427,7 +427,8 @@ def stopped_run(ops: dict, resumed=()):
         current_stage=run_module.StateStage.Execute, get_op_meta=op_meta.__getitem__,
         get_op_data_for_host=lambda h, op: host_ops[(h.name, op)])
     for i, ((name, step), changed) in enumerate(ops.items()):
-        op_meta[str(i)] = SimpleNamespace(names={step})
+        # as pyinfra names an operation of an included file (pyinfra/api/operation.py: f"{host.current_deploy_name} | {name}")
+        op_meta[str(i)] = SimpleNamespace(names={f"roles/watchdog/pause_tasks.py | {step}"})
         host_ops[(name, str(i))] = SimpleNamespace(operation_meta=Meta(changed))
         recorder.operation_host_success(st, hosts[name], str(i))
     run.watchdogs_resumed.update(resumed)
