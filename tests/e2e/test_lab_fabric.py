@@ -61,9 +61,10 @@ def renderer(request):
 
 def on_dgx_os_renderer_only(renderer: str) -> None:
     """Tests whose subject is not the renderer (the twin's drift, each half's path, the speed proof's
-    drill) run once, under NetworkManager (DGX OS's renderer): under networkd they would prove the same
-    code again, for 55 s of CI's hour. The renderer's own behaviour (write, apply, repair, take over,
-    reboot) runs under both."""
+    drill: 55 s of CI's hour under networkd; a peer dropping jumbo frames, read by a ping whatever
+    configured the link, and the memory preflight, two deploys refused before any change) run once,
+    under NetworkManager (DGX OS's renderer): under networkd they would prove the same code again. The
+    renderer's own behaviour (write, apply, repair, take over, reboot) runs under both."""
     if renderer != "NetworkManager":
         pytest.skip("renderer-independent: run under NetworkManager, DGX OS's renderer")
 
@@ -205,7 +206,8 @@ def test_a_throttled_half_stops_the_deploy_naming_it_and_a_failed_proof_runs_aga
     assert deploy().changed() == []
 
 
-def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends():
+def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends(renderer):
+    on_dgx_os_renderer_only(renderer)
     rule = "INPUT -i enp1s0f0np0 -p icmp -m length --length 1500:65535 -j DROP"
     on("spark-b", f"iptables -I {rule}")
     try:
@@ -217,7 +219,8 @@ def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends():
     assert run.changed() == []
 
 
-def test_preflight_failure_stops_the_deploy_before_any_change():
+def test_preflight_failure_stops_the_deploy_before_any_change(renderer):
+    on_dgx_os_renderer_only(renderer)
     run = deploy("--data", "preflight_min_mem_total_gib=100000")
     assert run.returncode != 0
     assert "preflight failed, nothing was changed" in run.output
