@@ -12,7 +12,8 @@ import pytest
 
 from roles.fabric.facts import ping_command
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
-from tests.e2e.lab import HOSTS, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
+from tests.e2e.lab import BIN, HOSTS, INVENTORY, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
+from tests.e2e.lab import run as run_cmd
 
 pytestmark = pytest.mark.lab
 
@@ -61,9 +62,10 @@ def renderer(request):
 
 def on_dgx_os_renderer_only(renderer: str) -> None:
     """Tests whose subject is not the renderer (the twin's drift, each half's path, the speed proof's
-    drill) run once, under NetworkManager (DGX OS's renderer): under networkd they would prove the same
-    code again, for 55 s of CI's hour. The renderer's own behaviour (write, apply, repair, take over,
-    reboot) runs under both."""
+    drill: 55 s of CI's hour under networkd; a peer dropping jumbo frames, read by a ping whatever
+    configured the link, and the memory preflight, two deploys refused before any change) run once,
+    under NetworkManager (DGX OS's renderer): under networkd they would prove the same code again. The
+    renderer's own behaviour (write, apply, repair, take over, reboot) runs under both."""
     if renderer != "NetworkManager":
         pytest.skip("renderer-independent: run under NetworkManager, DGX OS's renderer")
 
@@ -100,7 +102,7 @@ def test_second_deploy_changes_nothing():
     assert run.changed() == [], run.output
 
 
-def test_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_deploy():
+def test_mtu_set_by_hand_is_caught_by_state_checks_and_the_doctor_and_repaired_by_a_deploy(renderer):
     on("spark-b", "ip link set enp1s0f0np0 mtu 1500")
     checks = fabric_checks()
     assert checks.returncode != 0
@@ -111,6 +113,14 @@ def test_mtu_set_by_hand_is_caught_by_state_checks_and_repaired_by_a_deploy():
     assert "spark-b: enp1s0f0np0 mtu 1500, want 9000" in checks.output
     # spark-a's own settings are right, but its jumbo pings to spark-b now fail too, naming spark-b.
     assert "spark-a -> spark-b (198.19.77.2)" in checks.output
+    if renderer == "NetworkManager":  # the doctor reads the link and pings, whatever configured it: once
+        # `make doctor` names the broken link, and leaves it as it is (read-only); the deploy below repairs it.
+        doctor = run_cmd([str(BIN / "pyinfra"), "-y", INVENTORY, "doctor.py"])
+        assert doctor.returncode != 0
+        assert "fabric      spark-b    FAIL spark-b: mtu 1500 (want 9000)" in doctor.output, doctor.output
+        assert "cannot reach spark-b at 198.19.77.2 (enp1s0f0np0 mtu 1500)" in doctor.output, doctor.output
+        assert doctor.results() == []
+        assert on("spark-b", "cat /sys/class/net/enp1s0f0np0/mtu").strip() == "1500"
 
     run = deploy()
     assert run.returncode == 0, run.output
@@ -205,7 +215,8 @@ def test_a_throttled_half_stops_the_deploy_naming_it_and_a_failed_proof_runs_aga
     assert deploy().changed() == []
 
 
-def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends():
+def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends(renderer):
+    on_dgx_os_renderer_only(renderer)
     rule = "INPUT -i enp1s0f0np0 -p icmp -m length --length 1500:65535 -j DROP"
     on("spark-b", f"iptables -I {rule}")
     try:
@@ -217,7 +228,8 @@ def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends():
     assert run.changed() == []
 
 
-def test_preflight_failure_stops_the_deploy_before_any_change():
+def test_preflight_failure_stops_the_deploy_before_any_change(renderer):
+    on_dgx_os_renderer_only(renderer)
     run = deploy("--data", "preflight_min_mem_total_gib=100000")
     assert run.returncode != 0
     assert "preflight failed, nothing was changed" in run.output

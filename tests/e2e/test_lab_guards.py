@@ -43,20 +43,8 @@ def test_the_doctor_passes_on_a_healthy_pair_and_changes_nothing():
     assert "sparkfleet doctor (read-only)" in result.output and "checks passed" in result.output
     assert re.search(r"^plan\s+pair\s+ok$", result.output, re.M), result.output  # a deploy would do nothing
     assert result.results() == []
-
-
-def test_the_doctor_names_a_broken_link_and_leaves_it_as_it_is():
-    on("spark-b", "ip link set enp1s0f0np0 mtu 1500")
-    try:
-        result = doctor()
-        assert result.returncode != 0
-        assert "fabric      spark-b    FAIL spark-b: mtu 1500 (want 9000)" in result.output
-        assert "cannot reach spark-b at 198.19.77.2 (enp1s0f0np0 mtu 1500)" in result.output
-        assert result.results() == []
-        assert on("spark-b", "cat /sys/class/net/enp1s0f0np0/mtu").strip() == "1500"  # read-only
-    finally:
-        assert deploy().returncode == 0
-    assert doctor().returncode == 0
+    # The doctor naming a broken link and leaving it as it is: tests/e2e/test_lab_fabric.py's MTU drift,
+    # where spark-b's link is broken by hand anyway and a deploy repairs it (here that repair was a deploy more).
 
 
 def test_an_engine_kv_cache_below_max_model_len_fails_verification_with_the_numbers():

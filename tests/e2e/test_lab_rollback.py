@@ -77,11 +77,16 @@ def serving_v1():
     assert first.returncode == 0, first.output
     serves(V1)
     yield
-    back = deploy(*ACK)
-    assert back.returncode == 0, back.output
-    serves(V1)
+    # The tests end rolled back to v1, where a plain deploy has nothing to do: that deploy alone, then.
+    # A test that stopped on v2 leaves a bump a plain deploy refuses (KV_SLOTMAP_PIN 1 -> 0), or
+    # something to change: v1 again, acknowledged, and the plain deploy once more.
     plain = deploy()
+    if plain.returncode != 0 or plain.changed():
+        back = deploy(*ACK)
+        assert back.returncode == 0, back.output
+        plain = deploy()
     assert plain.returncode == 0 and plain.changed() == [], plain.output
+    serves(V1)
     remove_v2_images()  # test_lab_serving.py builds and ships v2 itself
 
 

@@ -1,7 +1,8 @@
 """Every external command bounded, in the lab: a weights source that accepts connections and never
 answers stops the deploy at weights_fetch_timeout_s, with the five parts of a run-time failure (the
 host, the step, the log command, which shows the head's fetch log, the key to raise, the next step);
-the pair keeps serving; a plain re-deploy succeeds and the one after it changes nothing.
+the pair keeps serving; a plain re-deploy succeeds and leaves nothing to change (the one after it, when it
+repaired something, changes nothing).
 
 Runs in the lab's order after the serving tests (same lab, pair deployed by them or by this module's
 first fixture).
@@ -89,7 +90,8 @@ def test_a_fetch_that_never_answers_stops_at_its_limit_the_pair_serves_and_a_rer
 
     run = deploy()
     assert run.returncode == 0, run.output
-    run = deploy()
-    assert run.returncode == 0, run.output
+    if run.changed():  # the re-deploy repaired something: the one after it must find nothing left
+        run = deploy()  # (one that changed nothing has shown that already: another would show it again)
+        assert run.returncode == 0, run.output
     assert run.changed() == []
     assert f'"id": "{SERVED}"' in on("spark-a", MODELS)

@@ -94,6 +94,14 @@ class Client:
     def failures(self):
         return [r for r in self.results if r[0] != 200]
 
+    def wait_results(self, count: int, timeout: float = 150) -> None:
+        """Until the loop has the outcome of `count` requests (a state, not a time: how many it sent
+        depends on the machine's load); AssertionError after `timeout` (a request's own bound, 120 s, and more)."""
+        deadline = time.monotonic() + timeout
+        while len(self.results) < count:
+            assert time.monotonic() < deadline, f"{len(self.results)} of {count} requests done in {timeout} s"
+            time.sleep(0.2)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def fleet():
@@ -167,7 +175,7 @@ def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_
 
     pause_watchdogs(FLEET_HOSTS)  # they would repair the group under the test
     with Client(fleet_key) as client:
-        time.sleep(2)
+        client.wait_results(1)  # the loop runs before the fault
         on("spark-d", "systemctl stop sparkfleet-worker")
         # g2's head finds its worker gone at the next request's step timeout (10 s here), its engine
         # dies, /health fails, and the router takes g2 out: within a minute.
@@ -175,7 +183,7 @@ def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_
         while routing().get(G2) == "routed" and time.monotonic() < deadline:
             time.sleep(2)
         gone = routing()
-        time.sleep(5)  # the endpoint keeps answering from g1
+        client.wait_results(max(10, len(client.results) + 5))  # the endpoint keeps answering from g1: 5 more
     assert gone == {G1: "routed", G2: "unhealthy"} or gone.get(G2) != "routed", gone
     assert gone[G1] == "routed"
     assert len(client.results) >= 10 and client.failures() == [], client.results

@@ -41,6 +41,21 @@ def wait_for(expr: str, timeout: float = 60) -> list[dict]:
         time.sleep(2)
 
 
+def wait_scraped(times: int = 2, timeout: float = 60) -> None:
+    """Until Prometheus has scraped every target `times` times from now on (a rate over what just ran
+    needs two samples after it): a state, not a time (a loaded machine scrapes late). The window counted
+    is whole seconds since this call, so no sample before it is counted."""
+    began = time.monotonic()
+    while True:
+        window = int(time.monotonic() - began)
+        if window >= 1:
+            counts = query(f"min(count_over_time(up[{window}s]))")
+            if counts and float(counts[0]["value"][1]) >= times:
+                return
+        assert time.monotonic() - began < timeout, f"Prometheus did not scrape every target {times} times in {timeout} s"
+        time.sleep(1)
+
+
 def test_prometheus_scrapes_every_target_and_all_are_up(real_deploy):
     result = wait_for('count(up == 1) == 3')
     up = {(r["metric"]["job"], r["metric"]["node"]): r["value"][1] for r in query("up")}
@@ -356,7 +371,7 @@ def test_the_dashboard_is_drawn_from_the_live_prometheus(real_deploy, tmp_path):
     from tools.dashboard_plot import fetch, svg
 
     load_like_the_receipt(rounds=1)  # requests in the window, whatever ran before this test
-    time.sleep(11)  # two scrapes (every 5 s) after them: a rate needs both
+    wait_scraped(2)  # two scrapes after them: a rate needs both
     end = float(on(HEAD, "date +%s"))
     start = max(real_deploy[1] - 300, end - 3600)
     panels = fetch(query_range, {"$group": ".*", "$fabric": "enp1s0f0np0|enP2p1s0f0np0"}, start, end, 15)
