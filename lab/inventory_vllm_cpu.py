@@ -12,6 +12,10 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   Alertmanager notifying one webhook on the head's loopback (ALERT_WEBHOOK; tests/real listens there);
 - progress lines every 10 s (progress_interval_s; docs/deploy.md#progress-of-long-steps), so that the
   tier's first deploy shows each long step's progress for tests/real to read;
+- the weights arrive at an uplink's pace, not this machine's: the hub fetch through the model server's
+  /uplink/320/ (lab/model/serve.py: 320 KiB/s) and the fan-out capped at 320 KiB/s (fanout_bwlimit_kib),
+  so that the real model's 4.3 MiB take about 14 s each way and print their bytes and rate like a
+  Spark's 164 GiB (the stand-in pair's modules fetch at full speed);
 - the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
   inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
   lab's one run of it. Its one bar is a floor at 64 MiB (0.05 GB/s, about 400 Mbit/s) a working link
@@ -42,6 +46,9 @@ _real = {
     # A line of progress every 10 s, not 30: the lab's real steps (prewarm ~80 s, build and push ~100 s
     # each when the image is new) then print several each, and tests/real/test_real_pair.py reads them.
     "progress_interval_s": 10,
+    # An uplink's pace for the fetch and the fan-out (see above): 4.3 MiB at 320 KiB/s, about 14 s each.
+    "weights_source": "http://198.18.0.1:8089/uplink/320",
+    "fanout_bwlimit_kib": 320,
     # roles/monitoring against the real engine's /metrics (the stand-ins serve none): Prometheus on the
     # head, scraping every 5 s so that tests/real sees a stopped worker's alert within a minute.
     "monitoring_enabled": True,

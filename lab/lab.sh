@@ -878,7 +878,7 @@ wheelhouse() {
 }
 
 # Small deterministic stand-ins for every profile's model (lab/model/make-models.py), served as
-# http://198.18.0.1:8089/<model id>/ with <model id>.manifest beside each.
+# http://198.18.0.1:8089/<model id>/ with <model id>.manifest beside each (lab/model/serve.py).
 ensure_models() {
   local here; here=$(dirname "$SELF")
   mkdir -p "$MODELS_DIR"
@@ -892,7 +892,8 @@ ensure_models() {
     return 0
   fi
   # 9>&-: the server must not inherit (and so hold) the lab's lock.
-  setsid python3 -m http.server "$MODELS_PORT" --bind "$BRIDGE_IP" --directory "$MODELS_DIR" \
+  # lab/model/serve.py: http.server's file serving, plus /uplink/<KiB/s>/ (an uplink's rate, in data).
+  setsid python3 "$here/model/serve.py" "$MODELS_DIR" --bind "$BRIDGE_IP" --port "$MODELS_PORT" \
     >"$LOG_DIR/models-http.log" 2>&1 9>&- </dev/null &
   echo $! >"$MODELS_PID"
   say "models: http://$BRIDGE_IP:$MODELS_PORT/ ($(wc -l <"$LOG_DIR/models.log") models from lab/model)"

@@ -51,7 +51,7 @@ BYTES_STEPS = ("Build ", "Push ", "Pull ", "Fetch ", "Send ")  # roles/image, ro
 PHASE_STEPS = ("prewarm", "start of ")  # roles/kernel_cache, roles/serving: the engine's phase
 
 
-def assert_progress(output: str) -> None:
+def assert_progress(output: str, changed: list[tuple[str, str]]) -> None:
     """The first deploy's long steps printed their progress while they ran (sparkfleet/progress.py,
     docs/deploy.md#progress-of-long-steps): each step that took at least an interval a done line and,
     before it, a line per interval or so (bytes and a rate, or the engine's phase with /health); none
@@ -77,6 +77,13 @@ def assert_progress(output: str) -> None:
             raise AssertionError(f"{host}: {step}: progress from a step sparkfleet/progress.py does not know")
     if not os.environ.get("SFL_REAL_KEEP_CACHES"):  # conftest.py: then the deploy changes nothing
         assert (HEAD, "prewarm") in steps, f"the prewarm printed no progress ({sorted(steps)}):\n{tail}"
+    # The weights, when this deploy moved them (a fresh lab: tiny-llama is the real pair's alone), at the
+    # inventory's uplink pace (~14 s each way): the fetch and the fan-out each printed bytes and a rate.
+    for op, host in changed:
+        if op.startswith(("Fetch sparkfleet-lab/tiny-llama ", "Send sparkfleet-lab/tiny-llama ")):
+            seen = steps.get((host, op))
+            assert seen and seen["ticks"], f"{host}: {op}: no progress line ({sorted(steps)}):\n{tail}"
+            print(f"\n  {host}: {op}: {seen['ticks'][-1][1]}, done in {seen['done'][0]} s")
 
 
 def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
@@ -88,7 +95,7 @@ def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     assert re.search(r"engine proof: pair: vLLM 0\.32\.0\+cpu \(in sparkfleet-lab/vllm-cpu:\w+\) judged 2 distinct "
                      r"rank command line\(s\), \d+ routes: accepted", run.output), run.output[-8000:]
     assert "pair engine: vLLM " in run.output  # the plan's line: the version, and which proof judges it
-    assert_progress(run.output)
+    assert_progress(run.output, run.changed())
     again = deploy(inventory=REAL_INVENTORY)
     assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
 
