@@ -25,7 +25,7 @@ from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.facts import CacheState, is_generation
 from roles.kernel_cache.warmup import warmup_requests
 from roles.serving.api_key import curl_config, key_file
-from roles.serving.ready import wait_for_health
+from roles.serving.ready import POLL_S, wait_for_health
 from roles.serving.facts import health_command
 from roles.serving.history import history_file, record_command
 from sparkfleet.chat_request import request_command
@@ -377,7 +377,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
             if elapsed > timeout:
                 logs = nodes.run(head.name, f"docker logs --tail 30 {PREWARM_CONTAINER} 2>&1 || true", "logs", check=False)
                 raise RunFailed(prewarm_health_failure(head, timeout, code), logs)
-            time.sleep(3)  # its progress: phase() every progress_interval_s, below
+            time.sleep(POLL_S)  # its progress: phase() every progress_interval_s, below
         requests = warmup_requests(profile, head.kernel_cache_prewarm_long_prompt_words)
         before = nodes.counts()
         for round_no in range(1, head.kernel_cache_prewarm_max_rounds + 1):
@@ -507,7 +507,7 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
                             "inspect", check=False).strip() != "running":
                 if time.monotonic() > deadline:
                     raise DeployError(f"{node.name}: {unit} container not running 120 s after its restart")
-                time.sleep(2)
+                time.sleep(POLL_S)
         nodes.run(head.name, f"systemctl restart {unit_name(head)}.service", f"restarting {unit_name(head)}")
         wait_for_health(
             unit=unit_name(head), port=profile.port, timeout_s=head.serving_health_timeout_s,

@@ -19,6 +19,12 @@ from sparkfleet.progress import Ticker, phase_text
 from sparkfleet.run_failure import RunFailed, RunFailure, journal
 
 
+# Seconds between two polls of a rank's container or of the head's /health, each one short command over
+# the deploy's open SSH connection: a pair that is up is seen within a second, not up to 3 s later (every
+# restart waits once for each; the lab's `make test` restarts a pair about 60 times).
+POLL_S = 1.0
+
+
 def _node(name: str):
     """The config model's node `name` (its management address: where the operator's ssh goes)."""
     return cluster_from_state(state).node(name)
@@ -73,7 +79,7 @@ def wait_for_container(unit: str, timeout_s: int = 120) -> None:
         ok, out = host.run_shell_command(StringCommand(f"docker inspect --format '{{{{.State.Status}}}}' {unit}"))
         if ok and out.stdout.strip() == "running":
             return
-        time.sleep(2)
+        time.sleep(POLL_S)
     _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 20 --no-pager"))
     raise RunFailed(container_failure(_node(host.name), unit, timeout_s), log.stdout)
 
@@ -191,7 +197,7 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
                 _, log = host.run_shell_command(StringCommand(engine_log_tail_command(unit)))
                 ticker.report(f"{phase_text(log.stdout) or 'no log line yet'} (/health: {code or 'no answer'}, "
                               f"limit {timeout_s} s)")
-            time.sleep(3)
+            time.sleep(POLL_S)
         _, log = host.run_shell_command(StringCommand(f"journalctl -u {unit} -n 30 --no-pager"))
         raise RunFailed(health_failure(_node(host.name), unit, timeout_s, code), log.stdout)
     finally:
