@@ -47,10 +47,13 @@ def outside(command: str, check=False) -> subprocess.CompletedProcess:
 
 
 class _Outside:
-    """The third machine as tcp_open's host: its command run by bash in the namespace."""
+    """The third machine as tcp_open's host (testinfra's check_output: stdout, or an error when the
+    command fails): its command run by bash in the namespace."""
     @staticmethod
-    def run(command: str) -> subprocess.CompletedProcess:
-        return outside(f"bash -c {shlex.quote(command)}")
+    def check_output(command: str) -> str:
+        result = outside(f"bash -c {shlex.quote(command)}")
+        assert result.returncode == 0, f"the third machine: `{command}` failed ({result.returncode}): {result.stderr}"
+        return result.stdout.rstrip("\r\n")
 
 
 def reached(ip: str, ports) -> set[int]:
