@@ -265,7 +265,9 @@ def http_get(url, dest_file, offset=0):
     with urllib.request.urlopen(req, timeout=60) as r:
         mode = "ab" if offset and r.status == 206 else "wb"  # 200: the server ignored the range
         with open(dest_file, mode) as f:
-            shutil.copyfileobj(r, f, 8 * 1024 * 1024)
+            # 1 MiB reads: each lands in the file as it arrives, so the deploy's progress probe (the model
+            # directory's bytes) sees a slow file grow, not appear whole at its end
+            shutil.copyfileobj(r, f, 1024 * 1024)
 
 
 def fetch_http(a):
