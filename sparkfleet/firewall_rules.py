@@ -22,8 +22,8 @@ from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render, sha1_text
 
 # Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
-# engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
-# engine answers without the key (sparkfleet/model/api_proxy.py); they go through the proxy like the LAN.
+# engine's own processes) and the API proxy's workers. The engine holds no key (the proxy checks it),
+# so anyone else on the head would reach every route it serves; they go through the proxy like the LAN.
 ENGINE_PORT_USERS = ("root", PROXY_USER)
 
 
