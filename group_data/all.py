@@ -110,9 +110,10 @@ monitoring_alert_memory_pressure = 0.6
 monitoring_alert_memory_pressure_for_s = 30
 # Time to first token p95 over this many times the last benchmark receipt's, for 10 minutes.
 monitoring_alert_ttft_factor = 2.0
-# GPU nodes (gpu_expected): NVIDIA's dcgm-exporter, the release reported live on a Spark, with only the DCGM
-# fields that report on GB10 (utilization, SM clock, temperature, power, energy, XID, PCIe replays).
-monitoring_gpu_exporter_image = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"
+# GPU nodes (gpu_expected): NVIDIA's dcgm-exporter, the release reported live on a Spark, pinned by the digest
+# NVIDIA's GPU Operator pairs with its tag (sparkfleet/model/monitoring.py GPU_EXPORTER_IMAGE), with only the
+# DCGM fields that report on GB10 (utilization, SM clock, temperature, power, energy, XID, PCIe replays).
+monitoring_gpu_exporter_image = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04@sha256:ecb867c5787e44f1889b257e6c03b07748689a7b293c8f1affb1d4cb449b235c"
 # A busy GB10 runs at 2400-2500 MHz; capped by its power supply (USB-PD) or by heat, at 500-850 MHz.
 monitoring_alert_gpu_clock_mhz = 1400
 

@@ -35,8 +35,8 @@ from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render, sha1_text
 
 # Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
-# engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
-# engine answers without the key (sparkfleet/model/api_proxy.py); they go through the proxy like the LAN.
+# engine's own processes) and the API proxy's workers. The engine holds no key (the proxy checks it),
+# so anyone else on the head would reach every route it serves; they go through the proxy like the LAN.
 ENGINE_PORT_USERS = ("root", PROXY_USER)
 # Who may open a connection to the fabric's services and to any fabric address: root alone. Every real
 # client is root's: the engines' ranks and the speed proof's collective (containers on the host's

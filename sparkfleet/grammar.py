@@ -64,9 +64,9 @@ IMAGE_REFERENCE = re.compile(
 IMAGE_NAME_MAX = 255
 IMAGE_PATH_FORM = ("a Docker image name: path components of lower-case letters and digits joined by . _ __ or -, "
                    "separated by / (distribution/reference)")
-IMAGE_REFERENCE_FORM = ("a Docker image reference `[registry[:port]/]name:tag[@sha256:<64 hex>]`: name components of "
-                        "lower-case letters and digits joined by . _ __ or -, a tag of [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} "
-                        "(distribution/reference)")
+IMAGE_REFERENCE_FORM = ("a Docker image reference `[registry[:port]/]name[:tag][@sha256:<64 hex>]`: name components of "
+                        "lower-case letters and digits joined by . _ __ or -, a tag of [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}, "
+                        "a digest of sha256: and 64 lower-case hex digits (distribution/reference)")
 
 # A URL's characters: RFC 3986's unreserved and reserved ones and `%`, less ' $ ( ) * ! (a shell's or
 # a template's quotes and substitutions): percent-encode those. No space, quote, backquote or newline.
@@ -246,8 +246,9 @@ NODE_GRAMMARS = {
                                     "write the receiver's https URL (samples and credentials over TLS only); its "
                                     "credentials go in monitoring_remote_write_password_file or "
                                     "monitoring_remote_write_credentials_file, never in the URL"),
-    "monitoring_gpu_exporter_image": (image_reference_problem, "write the image as `docker pull` takes it, with its "
-                                      "tag (nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04)"),
+    "monitoring_gpu_exporter_image": (image_reference_problem, "write the image as `docker pull` takes it, pinned by "
+                                      "its digest (nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04@sha256:"
+                                      "<64 hex>), or with its tag"),
     "drafter_license_acknowledged": (spdx_problem, "spell the license id as the profile's draft_license has it"),
     "router_node": (token_problem, "name a node of the inventory"),
     "monitoring_node": (token_problem, "name a node of the inventory"),

@@ -44,9 +44,11 @@ from sparkfleet.plan_types import FleetPlan, GroupPlan, turn_order
 from sparkfleet.verdicts import FleetKey, NodeMemory, RoutingPlan
 
 
-def restart_reasons(cluster, profile, image, fabric, key, weights, caches, serving) -> list[str]:
+def restart_reasons(cluster, profile, image, fabric, weights, caches, serving) -> list[str]:
     """Why the pair restarts: a TP pair is one thing, so a change any role sees moves both ranks
-    (head stopped first, workers started first). Pure: every input is a role's verdict."""
+    (head stopped first, workers started first). Pure: every input is a role's verdict. A new or
+    changed API key is none of them: the engine holds no key (the API proxy checks it and reloads,
+    roles/api_proxy), so a rotation leaves the pair serving."""
     reasons = []
     if image.head_id is None or not image.same_everywhere:
         reasons.append(f"image {profile.image_ref} is new or differs between nodes")
@@ -55,8 +57,6 @@ def restart_reasons(cluster, profile, image, fabric, key, weights, caches, servi
         if fabric.drift[name] or not fabric.file_current[name]:
             reasons.append(f"{name}: the fabric link is reconfigured "
                            f"({'; '.join(fabric.drift[name]) or 'its netplan file changed'})")
-    if key != "ok":  # the head's engine reads the key only when it starts
-        reasons.append(f"{cluster.head.name}: the API key is new or changed")
     if weights.fetch:  # the engine loaded the old files; the pair serves what the manifests say
         reasons.append(f"new weights on the head: {', '.join(weights.fetch)}")
     if caches.prewarm:
@@ -186,7 +186,7 @@ def decide_group(facts: dict, group, fleet_key_v: FleetKey | None = None, fleet=
     weights_v = weights_checks.decide(facts["weights"], group)
     caches = kernel_cache_checks.decide(facts["caches"], group)
     own = serving_checks.decide(facts["serving"], group)
-    reasons = restart_reasons(group, profile, image_v, fabric, key, weights_v, caches, own)
+    reasons = restart_reasons(group, profile, image_v, fabric, weights_v, caches, own)
     serving_v = replace(own, restart=bool(reasons), reasons=tuple(reasons))
     memory = {node.name: NodeMemory(total_gib=row.get("mem_total_gib", 0.0), available_gib=row.get("mem_available_gib", 0.0))
               for node, row, _ in facts["preflight"]}

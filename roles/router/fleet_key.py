@@ -13,11 +13,11 @@ stdin (no files.put: `--diff` would print it), into the key file of every other 
 the router node wherever theirs differs (roles/router/key_tasks.py, before
 roles/serving/api_key_tasks.py). A head whose key file is replaced counts as a changed key
 (roles/serving/api_key.py decide_key, told so by tools/plan.py from this verdict): its derived files
-are rewritten and its group restarts once. On the first deploy (no key anywhere) the controller
+are rewritten and its API proxy reloads; its group keeps serving (the engine holds no key). On the first deploy (no key anywhere) the controller
 generates it (32 random bytes, hex, as the head would) and writes it to the router group's head too.
 Only a key file with nothing at its path counts as absent: one that exists but cannot be read stops
-the deploy at prepare naming the host, the path and the error (a new key would restart every group
-and lock every client out).
+the deploy at prepare naming the host, the path and the error (a new key would lock every client
+out).
 
 What is compared is the sha1 of each key file (pyinfra's Sha1File fact), never the key.
 """

@@ -14,7 +14,7 @@ key_plan = fleet_decision(state).key
 path = key_plan.writes.get(host.name) if key_plan is not None else None
 if path:
     logger.info(f"--> sparkfleet router: {host.name} gets the fleet's API key ({key_plan.source}'s) in {path} "
-                f"(root-only); what reads it there restarts once")
+                f"(root-only); what reads it there takes it once: a head's API proxy reloads, the router restarts")
     python.call(
         name=f"Write the fleet's API key into {path} (the router presents one key to every group)",
         function=write_fleet_key,

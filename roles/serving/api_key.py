@@ -3,12 +3,11 @@
 The key never passes through pyinfra (no fact returns it, no command carries it): the head reads
 the key file and writes, in serving_dir, each mode 0600 root (the one reader on the controller is the
 benchmark receipt, roles/receipt/receipt.py, over SFTP into memory, then its load generator's stdin):
-  api-key.env   VLLM_API_KEY=<key>            vLLM's --env-file (vllm/envs.py VLLM_API_KEY)
-  api-key.yaml  api-key: "<key>"              SGLang's --config (mounted read-only; SGLang reads the key
-                                              from --api-key only, sglang/srt/server_args.py)
   api-key.curl  header = "Authorization: Bearer <key>"   curl -K for every probe that asks the API
   api-key.haproxy  Bearer <key>               the API proxy's pattern file (roles/api_proxy: HAProxy's
                                               master reads it as root at start and reload)
+The engine gets no key: the API proxy checks it in front of the engine (sparkfleet/model/engine.py
+ENGINE_HTTP_HOST). RETIRED_FILES, the engine's key files an earlier sparkfleet wrote, are removed.
 With no serving_api_key_file in data, the key file is <serving_dir>/api-key, generated on the first
 deploy from 32 bytes of /dev/urandom (64 hex digits).
 """
@@ -17,11 +16,18 @@ import shlex
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import DeployError
 
-from sparkfleet.model.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE
+from sparkfleet.model.engine import KEY_CURL_FILE, KEY_PROXY_FILE
 from sparkfleet.model.api_key import KEY_PATTERN, KEY_TEXT, generated, key_file  # noqa: F401 (this role's API)
 from sparkfleet.keyfiles import generate_command
 from sparkfleet.keyfiles import problem as key_file_problem
 from sparkfleet.keyfiles import state_command as key_file_state
+
+
+# The engine's own key files, which sparkfleet wrote in serving_dir until the engine stopped getting
+# the key: vLLM's second --env-file (VLLM_API_KEY=<key>) and SGLang's --config (api-key: "<key>").
+# Nothing reads them now; a copy of the key left there is one reader too many, so the deploy removes
+# them (their presence makes the key's state stale).
+RETIRED_FILES = ("api-key.env", "api-key.yaml")
 
 
 def curl_config(node) -> str:
@@ -31,19 +37,23 @@ def curl_config(node) -> str:
 def _derived(node) -> list[tuple[str, str]]:
     d = node.serving_dir
     return [
-        (f"{d}/{KEY_ENV_FILE}", "VLLM_API_KEY=%s\\n"),
-        (f"{d}/{KEY_YAML_FILE}", 'api-key: \\"%s\\"\\n'),
         (f"{d}/{KEY_CURL_FILE}", 'header = \\"Authorization: Bearer %s\\"\\n'),
         (f"{d}/{KEY_PROXY_FILE}", "Bearer %s\\n"),
     ]
 
 
+def retired(node) -> list[str]:
+    """The retired files' paths on `node`; never the key file itself, wherever data puts it."""
+    return [path for path in (f"{node.serving_dir}/{name}" for name in RETIRED_FILES) if path != key_file(node)]
+
+
 def state_command(node) -> str:
     """One line: missing | unreadable <why> | owner <user> <mode> | format | stale | ok. Never the key.
     Only a path with nothing at it is missing (sparkfleet/keyfiles.py): a key file that cannot be read
-    is refused, never replaced by a new key."""
+    is refused, never replaced by a new key. A retired file still there is stale (write_command removes it)."""
     stale = " || ".join(
-        f'! printf "{fmt}" "$v" | cmp -s - {shlex.quote(path)}' for path, fmt in _derived(node)
+        [f'! printf "{fmt}" "$v" | cmp -s - {shlex.quote(path)}' for path, fmt in _derived(node)]
+        + [f"[ -e {shlex.quote(path)} ] || [ -L {shlex.quote(path)} ]" for path in retired(node)]
     )
     modes = " || ".join(
         f'[ "$(stat -c %U:%a {shlex.quote(path)} 2>/dev/null)" != root:600 ]' for path, _ in _derived(node)
@@ -83,6 +93,8 @@ def write_command(node) -> str:
     if generated(node):
         lines.append(generate_command(key_file(node)))
     lines.append(f"v=$(cat {k})")
+    if retired(node):
+        lines.append(f"rm -f {' '.join(shlex.quote(path) for path in retired(node))}")
     for path, fmt in _derived(node):
         q = shlex.quote(path)
         lines.append(f'rm -f {q}.new && printf "{fmt}" "$v" > {q}.new && chown root:root {q}.new && '
@@ -102,9 +114,9 @@ def head_key_found(state, head) -> str:
 
 def decide_key(head, found: str, replaced: bool) -> str:
     """The head's key verdict, a pure function of what its node holds and whether the fleet's one key
-    replaces it in this run (roles/router fleet_key.decide, in the plan: behind a router, a changed key
-    restarts the group). A key file the deploy must not use stops the deploy there (DeployError: a
-    refusal block, nothing changed)."""
+    replaces it in this run (roles/router fleet_key.decide, in the plan: behind a router, the head's
+    derived files are rewritten and its API proxy reloads). A key file the deploy must not use stops
+    the deploy there (DeployError: a refusal block, nothing changed)."""
     found = "stale" if replaced else found
     why = problem(head, found)
     if why:

@@ -55,7 +55,7 @@ def rendered_files(cluster, node, gid_index: int | None) -> dict[str, tuple[str,
         image_var=IMAGE_VAR,
     )
     env_text = render("serving", "/etc/sparkfleet/rank.env", node=node, profile=profile, env=env)
-    # Besides: SGLang's logging config, without the line that prints the API key.
+    # Besides: SGLang's logging config, without the line that prints its resolved arguments.
     return {env_file: (env_text, "0600"), unit_path(node): (unit_text, "0644"), **mounted_files(profile, node)}
 
 

@@ -10,7 +10,6 @@ and the doctor probes each worker's rank on the worker.
 """
 import json
 
-from roles.serving.api_key import key_file
 from sparkfleet.model.engine import SGLANG_METRICS, unit_name
 from sparkfleet.model.monitoring import WATCHDOG_TEXTFILE
 from sparkfleet.model.watchdog import RSYNC_MODULE, SFL_WATCH, WATCH_CONFIG, WATCH_UNIT
@@ -27,11 +26,12 @@ def state_source(node, wd) -> str:
 # hand. vLLM 0.33: vllm/v1/metrics/loggers.py PrometheusStatLogger (counters vllm:prompt_tokens,
 # vllm:generation_tokens, vllm:request_success, exposed by prometheus_client with _total; gauges
 # vllm:num_requests_running, vllm:num_requests_waiting), on the API server's /metrics
-# (vllm/entrypoints/serve/instrumentator/metrics.py), which vLLM's --api-key check leaves open
-# (vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere). SGLang
-# 0.5.23 with --enable-metrics (always rendered: sparkfleet/model/engine.py sglang_args): the same
-# counters and gauges by SGLang's names (SGLANG_METRICS: sglang:prompt_tokens_total, ...
-# sglang:num_queue_reqs), on /metrics, which its --api-key check leaves open (sglang/srt/utils/auth.py).
+# (vllm/entrypoints/serve/instrumentator/metrics.py). SGLang 0.5.23 with --enable-metrics (always
+# rendered: sparkfleet/model/engine.py sglang_args): the same counters and gauges by SGLang's names
+# (SGLANG_METRICS: sglang:prompt_tokens_total, ... sglang:num_queue_reqs), on /metrics. Neither engine
+# holds a key (the API proxy checks it), and neither's key check would guard /metrics anyway
+# (vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere;
+# sglang/srt/utils/auth.py leaves /metrics open).
 PROGRESS_METRICS = {
     "vllm": {"path": "/metrics",
              "progress": ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"],
@@ -70,11 +70,10 @@ def watch_config(cluster, node, profile, wd) -> dict:
     if node.is_head:
         config.update(
             # The engine itself, not the API proxy in front of it (roles/api_proxy): the watchdog judges
-            # the pair, and a proxy restart must never restart the pair.
+            # the pair, and a proxy restart must never restart the pair. No key: the engine holds none.
             port=node.api_proxy_engine_port,
             model=profile.api_model_name,
             progress_metrics=PROGRESS_METRICS.get(profile.engine),
-            key_file=key_file(node),
             workers=[{"name": w.name, "state": state_source(w, wd)} for w in cluster.workers] if wd.watchdog_enabled else [],
         )
     else:

@@ -10,8 +10,9 @@ the dev routes with VLLM_SERVER_DEV_MODE). SGLang 0.5.23's key middleware
 (sglang/srt/utils/auth.py, decide_request_auth) leaves every path starting with /health
 (/health_generate runs a generation), /ready or /metrics open, and OPTIONS. So the engine serves HTTP on 127.0.0.1 only, at
 api_proxy_engine_port, and HAProxy (the distribution's package) listens on the profile's port and
-answers 401 to any request without the key, except the paths of OPEN_PATHS. The engine's own check
-stays on behind it.
+answers 401 to any request without the key, except the paths of OPEN_PATHS. The engine itself holds
+no key (its check would add nothing behind the proxy): only root's and the proxy's sockets reach its
+port (sparkfleet/firewall_rules.py).
 
 Part of sparkfleet/config.py's NodeConfig; read on the head of each serving group.
 """

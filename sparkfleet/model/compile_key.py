@@ -127,7 +127,7 @@ VLLM_ENV: dict[str, tuple[Keyed, ...]] = {
     "VLLM_NO_USAGE_STATS": (Keyed(False, _IGNORED),),
     "VLLM_HOST_IP": (Keyed(False, _IGNORED),),  # per rank (rank_env)
     "VLLM_CACHE_ROOT": (Keyed(False, _IGNORED),),  # the cache's location (CACHE_VARS)
-    "VLLM_API_KEY": (Keyed(False, _IGNORED + " (a credential)"),),  # the head's key env file
+    "VLLM_API_KEY": (Keyed(False, _IGNORED + " (a credential)"),),  # never set: the engine holds no key
 }
 # Names vLLM reads without the prefix that its compile_factors() hashes (the same at the three
 # releases; CUDA_VISIBLE_DEVICES, LOCAL_RANK, LD_LIBRARY_PATH, MAX_JOBS, S3_*, NO_COLOR and

@@ -16,22 +16,22 @@ from sparkfleet.model.serving import NO_MEDIA_DOMAIN, Profile
 CONTAINER_WEIGHTS_ROOT = "/models"
 
 # The API key's files on the head, derived from serving_api_key_file (roles/serving/api_key.py), all
-# root-only in serving_dir: vLLM's environment, SGLang's --config, curl's config for the probes, and
-# the API proxy's pattern file (roles/api_proxy).
-KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE = "api-key.env", "api-key.yaml", "api-key.curl"
-KEY_PROXY_FILE = "api-key.haproxy"
+# root-only in serving_dir: curl's config for the probes and the API proxy's pattern file
+# (roles/api_proxy). The engine gets none: the proxy checks the key in front of it.
+KEY_CURL_FILE, KEY_PROXY_FILE = "api-key.curl", "api-key.haproxy"
 # Where the head's engine serves HTTP: loopback only, behind the API proxy (roles/api_proxy), which
-# alone listens on the profile's port: neither engine's own key check covers every route it serves.
+# alone listens on the profile's port and alone checks the key: neither engine's own key check covers
+# every route it serves (sparkfleet/model/api_proxy.py), so the engine is given no key at all, and the
+# firewall lets only root's and the proxy's sockets reach this port (sparkfleet/firewall_rules.py).
 ENGINE_HTTP_HOST = "127.0.0.1"
-# Where SGLang's head container sees its key config (read-only).
-SGLANG_KEY_CONFIG = "/run/sparkfleet/api-key.yaml"
 
-# SGLang 0.5.23 logs every resolved argument at INFO when it starts, the API key among them
+# SGLang 0.5.23 logs every resolved argument at INFO when it starts, an --api-key among them
 # (sglang/srt/entrypoints/engine.py: logger.info(f"server_args={...}"), only watermark secrets
 # redacted). A logging config named by SGLANG_LOGGING_CONFIG_PATH replaces SGLang's own
 # (sglang/srt/utils/common.py, configure_logger: logging.config.dictConfig of the file): the same
-# format and level, with that one module's logger raised to WARNING, so the key never reaches the
-# journal. On every rank (any rank may start that engine code), mounted read-only.
+# format and level, with that one module's logger raised to WARNING. SGLang is given no key any more
+# (the API proxy checks it) and data refuses secret flags (SECRET_FLAGS), so the line holds none
+# today; the config stays as the second line of defence it was. On every rank, mounted read-only.
 SGLANG_LOGGING_FILE = "sglang-logging.json"
 SGLANG_LOGGING_CONFIG = f"/run/sparkfleet/{SGLANG_LOGGING_FILE}"
 SGLANG_QUIET_LOGGERS = ("sglang.srt.entrypoints.engine",)
@@ -127,8 +127,9 @@ def vllm_args(profile: Profile, cluster, node) -> list[str]:
     if profile.trust_remote_code:
         args.append("--trust-remote-code")
     if node.is_head:
-        # The API key: VLLM_API_KEY from the head's root-only key env file (docker_args), never a flag
-        # (vllm/entrypoints/serve/middleware/register.py reads --api-key or envs.VLLM_API_KEY).
+        # No --api-key and no VLLM_API_KEY (vllm/entrypoints/serve/middleware/register.py reads either):
+        # the API proxy checks the key; the engine's own check would guard /v1, /v2, /inference and
+        # /cohere only (authenticate.py GUARDED_PREFIX), so it adds nothing behind the proxy.
         args += ["--host", ENGINE_HTTP_HOST, "--port", str(node.api_proxy_engine_port)]
     return args
 
@@ -191,10 +192,12 @@ def sglang_args(profile: Profile, cluster, node) -> list[str]:
     if profile.trust_remote_code:
         args.append("--trust-remote-code")
     if node.is_head:
-        # The API key: SGLang reads it from --api-key only (no variable in sglang/srt/environ.py), so
-        # from a root-only YAML mounted read-only and named by --config
-        # (sglang/srt/utils/server_args_config_parser.py); the key is never on the command line.
-        args += ["--host", ENGINE_HTTP_HOST, "--port", str(node.api_proxy_engine_port), "--config", SGLANG_KEY_CONFIG]
+        # No --api-key (SGLang reads the key from that flag alone; no variable in sglang/srt/environ.py):
+        # the API proxy checks it. Without a key SGLang's middleware still refuses its ADMIN_FORCE routes
+        # (sglang/srt/utils/auth.py decide_request_auth: 403 with no admin key), and its ADMIN_OPTIONAL
+        # ones are open to whoever reaches this port: root and the proxy, which forwards keyed requests
+        # only, the same holders of the key as with it.
+        args += ["--host", ENGINE_HTTP_HOST, "--port", str(node.api_proxy_engine_port)]
     return args
 
 
@@ -325,6 +328,41 @@ def served_image(profile: Profile, node) -> str:
     return profile.image_ref if node.is_head else IMAGE_WORD
 
 
+# The engine's privileges in its container: every capability dropped, none gained by exec.
+#
+# Docker gives a container 14 capabilities by default (moby/moby oci/caps/defaults.go: CHOWN,
+# DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW, SETGID, SETUID, SETFCAP, SETPCAP, NET_BIND_SERVICE,
+# SYS_CHROOT, KILL, AUDIT_WRITE). The engine, root in its container, uses none of them: it changes no
+# file's owner or mode and no uid (no chown, setuid, setgid, chroot or mknod in vLLM 0.32.0's or
+# SGLang 0.5.23's Python, read from their wheels); every file it writes (the kernel caches,
+# /dev/shm, /tmp) belongs to root, its own uid, and the weights it reads are root's (roles/weights
+# and roles/fanout write them as root); it signals only its own processes (same uid); it binds no
+# port below 1024 (api_proxy_engine_port and the profile's master_port are >= 1024) and opens no raw
+# socket (NCCL's RoCE uses verbs on reliable-connected queue pairs, gloo and ZMQ TCP). Raising its
+# open-files and stack soft limits up to the hard ones (vllm/utils/system_utils.py set_ulimit,
+# sglang/srt/utils/common.py set_ulimit) needs none.
+# Two the engines name were never in Docker's set, and are not needed here either:
+# - SYS_NICE: NUMA memory binding asks for it (vllm/utils/numa_utils.py: "try adding --cap-add
+#   SYS_NICE"; sglang/srt/utils/numa_utils.py). vLLM binds only with --numa-bind (default off:
+#   vllm/config/parallel.py numa_bind), which sparkfleet never renders; SGLang only on a machine with
+#   a second NUMA node (_is_numa_available: /sys/devices/system/node/node1), and without SYS_NICE it
+#   binds CPUs alone. Docker's seccomp profile allows set_mempolicy and mbind only with SYS_NICE
+#   (moby/moby profiles/seccomp/default.json), so the engines already ran without them (the lab's CPU
+#   vLLM logs its numa_migrate_pages failure as a warning: csrc/cpu/utils.cpp).
+# - IPC_LOCK: RDMA memory registration counts against RLIMIT_MEMLOCK unless the process has it
+#   (linux drivers/infiniband/core/umem.c ib_umem_get); the container's memlock limit is
+#   serving_ulimit_memlock, unlimited by default (--ulimit, set by Docker before the engine starts).
+# A recipe image whose own entrypoint needs one of Docker's set back names it in its profile
+# (container.cap_add). no-new-privileges: no exec in the container (a setuid binary, a file with
+# capabilities) can gain what the engine was not given.
+ENGINE_SECURITY_ARGS = ["--cap-drop=ALL", "--security-opt=no-new-privileges"]
+
+
+def privilege_args(profile: Profile) -> list[str]:
+    """The capability and no-new-privileges options of every container the engine runs in."""
+    return ENGINE_SECURITY_ARGS[:1] + [f"--cap-add={cap}" for cap in profile.container.cap_add] + ENGINE_SECURITY_ARGS[1:]
+
+
 def docker_args(profile: Profile, node, env_file: str, name: str | None = None, detach: bool = False,
                 remove: bool = True) -> list[str]:
     """`remove` False: the container stays when its engine exits, so its log can still be read (the
@@ -334,6 +372,7 @@ def docker_args(profile: Profile, node, env_file: str, name: str | None = None, 
     # grace period on an engine that has not installed its SIGTERM handler yet.
     args = ["/usr/bin/docker", "run"] + (["--detach"] if detach else [])
     args += (["--rm"] if remove else []) + ["--init", "--name", name or unit_name(node), f"--stop-timeout={c.stop_timeout_s}"]
+    args += privilege_args(profile)
     if c.network_host:
         args.append("--network=host")
     if c.ipc_host:
@@ -350,12 +389,8 @@ def docker_args(profile: Profile, node, env_file: str, name: str | None = None, 
     ]
     if profile.engine == "sglang":
         args.append(f"--volume={node.serving_dir}/{SGLANG_LOGGING_FILE}:{SGLANG_LOGGING_CONFIG}:ro")
+    # The rank's environment; no API key, in it or beside it (ENGINE_HTTP_HOST says why).
     args += [f"--env-file={env_file}"]
-    if node.is_head:  # the API key, from root-only files: never argv, never the unit's text
-        if profile.engine == "vllm":
-            args.append(f"--env-file={node.serving_dir}/{KEY_ENV_FILE}")
-        else:
-            args.append(f"--volume={node.serving_dir}/{KEY_YAML_FILE}:{SGLANG_KEY_CONFIG}:ro")
     args.append(served_image(profile, node))
     return args
 

@@ -68,6 +68,16 @@ WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/sparkfleet-watchdog.prom"
 # Both reports are kept as tests/unit/fixtures/captures/dcgm_*, and tests/unit/test_monitoring.py holds this
 # list to them. Unified memory comes from the node exporter's meminfo instead. (field, Prometheus type,
 # help) as dcgm-exporter's counters file spells them (etc/default-counters.csv at 3.3.5-3.4.1).
+# The image, by digest: dcgm-exporter 3.3.5-3.4.1-ubuntu22.04 (the release reported live on a Spark,
+# above) as NVIDIA's GPU Operator pins it. NVIDIA/gpu-operator commit 47d2eb42d ("bump dcgm and
+# dcgm-exporter to latest stable releases", 2024-04-18) sets deployments/gpu-operator/values.yaml's
+# dcgmExporter version to 3.3.5-3.4.1-ubuntu22.04 and, in the same change, the certified bundle's
+# dcgm-exporter image (bundle/manifests/gpu-operator-certified.clusterserviceversion.yaml,
+# relatedImages and DCGM_EXPORTER_IMAGE) to this digest; the v24.3.0 bundle (arm64 and amd64) ships
+# it, and commit 419a2e73c moves both together to 3.3.6-3.4.2. The tag is kept beside the digest for
+# the reader; Docker pulls and runs the digest.
+GPU_EXPORTER_IMAGE = ("nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"
+                      "@sha256:ecb867c5787e44f1889b257e6c03b07748689a7b293c8f1affb1d4cb449b235c")
 GPU_EXPORTER_FIELDS = (
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
@@ -250,11 +260,12 @@ class MonitoringData(BaseModel):
         600, ge=0, description="see `monitoring_alert_ttft_factor`: how long the p95 stays above before it fires"
     )
     monitoring_gpu_exporter_image: str = Field(
-        "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04",
-        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a Docker reference with its "
-        "tag, distribution/reference's grammar; the release reported live "
-        "on a Spark, docs/monitoring.md), under systemd as `sparkfleet-gpu-exporter`, with the DCGM fields that report on GB10 only "
-        "(docs/monitoring.md)"
+        GPU_EXPORTER_IMAGE,
+        description="on a GPU node (`gpu_expected`), NVIDIA's dcgm-exporter as this image (a Docker reference, "
+        "distribution/reference's grammar: `name@sha256:<64 hex>` or `name:tag@sha256:<64 hex>` pins the image, a tag "
+        "alone names whatever the registry serves under it; the release reported live on a Spark, pinned by the "
+        "digest NVIDIA's GPU Operator pairs with that tag, docs/monitoring.md), under systemd as "
+        "`sparkfleet-gpu-exporter`, with the DCGM fields that report on GB10 only (docs/monitoring.md)"
     )
     monitoring_gpu_exporter_port: int = Field(
         9401, ge=1024, le=65535, description="the GPU exporter's port on a GPU node's management address (the "

@@ -44,9 +44,10 @@ _EXTRA_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?$")
 # - vLLM 0.33.0: --api-key (vllm/entrypoints/common/cli_args.py), --hf-token (vllm/engine/arg_utils.py);
 # - SGLang 0.5.23: --api-key, --admin-api-key, --ssl-keyfile-password (sglang/srt/arg_groups/fields/serving.py).
 SECRET_FLAGS = {
-    "--api-key": "the API key is read from the root-only serving_api_key_file (default <serving_dir>/api-key)",
+    "--api-key": "the engine gets no API key: the API proxy checks the one in the root-only serving_api_key_file "
+                 "(default <serving_dir>/api-key)",
     "--hf-token": "the hub token is read from the root-only weights_hf_token_file (default /etc/sparkfleet/hf-token)",
-    "--admin-api-key": "sparkfleet serves no admin endpoint key; the API key is read from serving_api_key_file",
+    "--admin-api-key": "sparkfleet serves no admin endpoint key; the API proxy checks the key in serving_api_key_file",
     "--ssl-keyfile-password": "sparkfleet renders no TLS key on the engine; a secret never goes on a command line",
 }
 # Variables whose value is a secret, and where sparkfleet takes it instead: in data a secret sits in
@@ -229,6 +230,16 @@ class Extension(_Strict):
     recipe_file: str = Field(min_length=1, description="the file in the recipe repository that adds it")
 
 
+# The capabilities a profile may give its engine back (container.cap_add): Docker's default set
+# (moby/moby oci/caps/defaults.go), which the engine had before sparkfleet dropped them all, and
+# SYS_NICE, which both engines name for NUMA memory binding. None is needed by vLLM or SGLang
+# themselves (sparkfleet/model/engine.py ENGINE_SECURITY_ARGS says why); one is for a recipe image
+# whose own entrypoint does what it guards. Anything broader (SYS_ADMIN, SYS_PTRACE, NET_ADMIN, ...)
+# is refused: no engine needs it.
+ENGINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                       "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "SYS_NICE")
+
+
 class Container(_Strict):
     network_host: bool = Field(True, description="--network host: NCCL and the rendezvous use the fabric directly")
     ipc_host: bool = Field(True, description="--ipc host: shared-memory broadcast between engine processes")
@@ -236,6 +247,10 @@ class Container(_Strict):
     devices: tuple[str, ...] = Field((), strict=False, description="extra --device paths (/dev/infiniband is added when RDMA is on)")
     _devices = field_validator("devices")(field_check(grammar.absolute_path_problem))
     stop_timeout_s: int = Field(60, ge=1, description="docker stop grace period")
+    cap_add: tuple[Literal[ENGINE_CAPABILITIES], ...] = Field(
+        (), strict=False, description="capabilities given back to the engine's container, which runs with every "
+        "other dropped (--cap-drop=ALL, no-new-privileges): none for vLLM or SGLang themselves; one of Docker's "
+        "default set, or SYS_NICE, only for a recipe image whose own entrypoint needs it (docs/security.md)")
 
 
 class Profile(_Strict):
@@ -309,7 +324,8 @@ class Profile(_Strict):
     )
     container: Container = Container()
     port: int = Field(8000, ge=1, le=65535, description="OpenAI-compatible API port on the head")
-    master_port: int = Field(29501, ge=1, le=65535, description="rendezvous port on the head's fabric address")
+    master_port: int = Field(29501, ge=1024, le=65535, description="rendezvous port on the head's fabric address "
+                             "(>= 1024: the engine that binds it has no CAP_NET_BIND_SERVICE)")
 
     extra_args: tuple[str, ...] = Field(
         (), strict=False, description="engine flags with their values that no field renders (a flag the recipe's launcher "
@@ -583,8 +599,8 @@ class ServingData(BaseModel):
     serving_api_key_file: str | None = Field(
         None, pattern=r"^/", description="root-only file on the head with the API key (one line, 16-512 of "
         "`A-Za-z0-9._~+/=-`); none: sparkfleet generates `<serving_dir>/api-key` (32 random bytes, hex) on the first "
-        "deploy. Given and absent, or readable by anyone but root: the deploy stops at prepare. The engine reads the "
-        "key from root-only files, never from a command line. See docs/security.md#the-api-key"
+        "deploy. Given and absent, or readable by anyone but root: the deploy stops at prepare. The API proxy checks "
+        "the key (from a root-only file derived from this one); the engine gets none. See docs/security.md#the-api-key"
     )
     serving_media_domains: list[str] = Field(
         default_factory=list, description="vision profiles: the hostnames the engine may fetch image and video URLs "

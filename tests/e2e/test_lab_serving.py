@@ -82,7 +82,7 @@ def code(command: str) -> str:
     return on("spark-a", f"{command} -sS -m 10 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:8000/v1/models")
 
 
-def test_the_api_needs_the_key_and_a_new_key_restarts_the_head_with_it():
+def test_the_api_needs_the_key_and_a_new_key_is_taken_by_the_proxy_with_the_pair_serving():
     assert code("curl") == "401" and code("curl -K /etc/sparkfleet/api-key.curl") == "200"
     # A key file anyone may read stops the deploy at prepare, naming owner and mode; nothing changes.
     on("spark-a", "chmod 0644 /etc/sparkfleet/api-key")
@@ -91,22 +91,31 @@ def test_the_api_needs_the_key_and_a_new_key_restarts_the_head_with_it():
     assert refused.returncode != 0
     assert "serving_api_key_file /etc/sparkfleet/api-key is owned by root with mode 644" in refused.output
     assert "Traceback" not in refused.output
-    # A new key (the operator rotates it): the head restarts with it; the old one is refused.
+    # A new key (the operator rotates it): the API proxy reloads with it and the old one is refused;
+    # the engine holds no key (issue 43 item 7), so the pair is not restarted: its containers are the
+    # ones that ran before.
+    started = {h: started_at(h, c) for h, c in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker"))}
     old = on("spark-a", "cat /etc/sparkfleet/api-key").strip()
     new = f"rotated-key-{secrets.token_hex(12)}"  # new on every run, on a lab used before too
     on("spark-a", f"printf '%s\\n' {new} > /etc/sparkfleet/api-key")
     run = deploy()
     assert run.returncode == 0, run.output
-    assert "the API key is new or changed" in run.output
+    assert "the API key is new or changed" not in run.output
     assert old not in run.output and new not in run.output
     assert "/etc/sparkfleet/api-key on spark-a (root-only" in run.output
-    # No more than a rotation needs: the derived key files, then the pair restarted once (a TP pair
-    # restarts as one); nothing built, shipped, fetched, warmed or re-firewalled.
+    # No more than a rotation needs: the derived key files and the proxy's reload; nothing built,
+    # shipped, fetched, warmed, re-firewalled or restarted.
     ops = run.changed()
-    assert not [op for op, _ in ops if op.startswith(("Build", "Pull", "Push", "Fetch", "Send", "Prewarm", "Apply"))], ops
-    assert [h for op, h in ops if op == "Start the head (every worker is up)"] == ["spark-a"], ops
+    assert not [op for op, _ in ops if op.startswith(("Build", "Pull", "Push", "Fetch", "Send", "Prewarm", "Apply",
+                                                       "Start the head", "Restart the workers", "Stop the head"))], ops
+    assert ("Reload sparkfleet-api-proxy (its config or the API key changed)", "spark-a") in ops, ops
+    assert {h: started_at(h, c) for h, c in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker"))} == started
     assert code(f"curl -H 'Authorization: Bearer {new}'") == "200"
     assert code(f"curl -H 'Authorization: Bearer {old}'") == "401"
+    # The engine's own key files an earlier sparkfleet wrote are gone, and the container has no key.
+    assert on("spark-a", "ls /etc/sparkfleet/api-key.env /etc/sparkfleet/api-key.yaml 2>/dev/null || true").strip() == ""
+    env = on("spark-a", "docker inspect --format '{{json .Config.Env}}' sparkfleet-head")
+    assert "VLLM_API_KEY" not in env and new not in env and old not in env
 
 
 def test_a_hand_stopped_worker_is_caught_and_the_pair_is_brought_back():
@@ -273,9 +282,10 @@ def test_a_health_wait_a_push_and_a_pull_that_fail_say_their_five_parts_and_a_re
     """Issue 45 item 5: each failure provoked on the node, fast (a refused connection; the one wait that
     can only time out, /health, at its floor), says the host, what was waited for, the log command
     (run as printed, on that node), the key and the next step. Four deploys and a restoring one:
-    1. a rotated API key restarts the pair (nothing else: test_the_api_needs_the_key_...), the worker
-       refused the head's rendezvous port: /health never 200; the run had paused the watchdogs
-       (step 7c) and says they stay paused, and they do;
+    1. a changed rank unit restarts the pair (serving_ulimit_memlock: a docker option, in no compile
+       key, so nothing else moves; a rotated key no longer restarts it), the worker refused the head's
+       rendezvous port: /health never 200; the run had paused the watchdogs (step 7c) and says they
+       stay paused, and they do;
     2. a change that needs a new image (v2, pinned as the bump above), the head's connections to its
        own registry refused: the push fails, after the build;
     3. the same, the worker's connections to the registry refused: the push passes, the pull fails,
@@ -290,10 +300,9 @@ def test_a_health_wait_a_push_and_a_pull_that_fail_say_their_five_parts_and_a_re
     assert [watchdog(h) for h in HOSTS] == ["active", "active"], "the watchdogs must run for step 1's pause"
     try:
         # 1. The head's /health.
-        on("spark-a", f"printf '%s\\n' health-drill-{secrets.token_hex(12)} > /etc/sparkfleet/api-key")
         refuse_outgoing("spark-b", MASTER_PORT)
         try:
-            unhealthy = deploy("--data", f"serving_health_timeout_s={HEALTH_LIMIT}")
+            unhealthy = deploy("--data", f"serving_health_timeout_s={HEALTH_LIMIT}", "--data", 'serving_ulimit_memlock="4194304"')
         finally:
             allow_outgoing("spark-b")
         assert unhealthy.returncode != 0, unhealthy.output
@@ -310,7 +319,7 @@ def test_a_health_wait_a_push_and_a_pull_that_fail_say_their_five_parts_and_a_re
         for host in HOSTS:
             assert f"    ssh root@{management_address(host)} 'systemctl status sparkfleet-watchdog'" in unhealthy.output
         assert [watchdog(h) for h in HOSTS] == ["inactive", "inactive"]
-        wait_models()  # the worker, let through, joins the head: the pair serves on the new key
+        wait_models()  # the worker, let through, joins the head: the pair serves again
 
         # 2. The push.
         remove_v2_images()  # built and shipped again (the bump above left v2 on both nodes)

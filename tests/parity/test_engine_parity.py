@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.model.engine import SGLANG_KEY_CONFIG, engine_args, rank_env
+from sparkfleet.model.engine import engine_args, rank_env
 from sparkfleet.model.env_readers import SNAPSHOT_VERSIONS, library_readers, snapshot_version
 from sparkfleet.model.serving import Profile, load_profile, profile_names
 from tests.unit.helpers import GROUP_NODES
@@ -65,32 +65,17 @@ def run_checker(engine: str, version: str, cases: list[dict]) -> dict:
     return output
 
 
+# The key the API proxy checks in the route tests (tests/parity/test_routes.py); the engine gets none.
 PARITY_KEY = "parity-key-0123456789abcdef"
 
 
-@cache
-def key_config() -> str:
-    """SGLang's head --config, as roles/serving/api_key.py writes it (its path in the container is
-    mounted from the head; here a file with a stand-in key)."""
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="sfl-parity-")) / "api-key.yaml"
-    path.write_text(f'api-key: "{PARITY_KEY}"\n')
-    return str(path)
-
-
 def render(profile: Profile, kind: str, name: str, c=None) -> dict:
-    """One case: the rank's argv and env exactly as its unit and env file carry them (the head's
-    API key too: vLLM's key env file, SGLang's --config file). `c`: the serving group (default: the
-    pair serving the profile)."""
+    """One case: the rank's argv and env exactly as its unit and env file carry them (no API key: the
+    engine gets none). `c`: the serving group (default: the pair serving the profile)."""
     c = c or cluster(kind, profile.name)
     node = c.node(name)
     argv = engine_args(profile, c, node)
     env = rank_env(profile, c, node, GIDS[name] if node.rdma_hca else None)
-    if node.is_head and profile.engine == "vllm":
-        env["VLLM_API_KEY"] = PARITY_KEY  # the head's second --env-file (roles/serving/api_key.py)
-    if SGLANG_KEY_CONFIG in argv:
-        argv[argv.index(SGLANG_KEY_CONFIG)] = key_config()
     group = "" if len(c.nodes) == 2 else f", {len(c.nodes)}-node group"
     return {
         "id": f"{profile.name} rank {node.rank} ({kind} data, {name}{group})",

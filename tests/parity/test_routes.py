@@ -3,12 +3,12 @@ through the real HAProxy
 with the head's rendered API-proxy config: without the key each answers 401, but OPEN_PATHS.
 
 vLLM: its own app, built by `vllm serve`'s own code for the head's rendered command line and
-environment (tests/parity/routes_vllm.py: the parser, then build_app with every task vLLM knows, its
-own key middleware included), served on the controller's loopback with no engine behind it. The
-test first asks every route directly, without the key, and lists what vLLM itself answers (the
-routes its GUARDED_PREFIX leaves open, POST /invocations among them: the reason the proxy exists);
-then every route through the proxy, without the key (401 but OPEN_PATHS) and with it (the app's own
-answer, never the proxy's 401).
+environment (tests/parity/routes_vllm.py: the parser, then build_app with every task vLLM knows),
+served on the controller's loopback with no engine behind it. The head's engine is given no key
+(the proxy checks it), so the test first asks every route directly and finds none refused; it reads
+what vLLM's own check would have guarded, had it been given the key (GUARDED_PREFIX: POST
+/invocations not among them, the reason the proxy exists); then it asks every route through the
+proxy, without the key (401 but OPEN_PATHS) and with it (the app's own answer, never the proxy's 401).
 
 SGLang: its parity virtualenv holds what resolving its arguments needs, not its HTTP server's
 packages (tests/parity/sglang-<version>.txt), so its route table is read from its own source,
@@ -77,14 +77,22 @@ def vllm_app(request):
         process.wait(30)
 
 
-def test_vllm_itself_answers_inference_without_the_key(vllm_app):
-    """What the engine's own check leaves open, asked directly: the proxy's reason to exist. If vLLM
-    starts guarding /invocations itself, this fails and docs/security.md's list must be read again."""
+def test_vllm_as_rendered_holds_no_key_and_its_own_check_would_leave_inference_open(vllm_app):
+    """The head's engine, as its unit runs it, refuses no route (it holds no key: the API proxy checks
+    it). And what vLLM's own check guards, were it given the key (its GUARDED_PREFIX, read from the
+    release), leaves POST /invocations open: the proxy's reason to exist. If vLLM starts guarding
+    /invocations itself, this fails and docs/security.md's list must be read again."""
     _, table, port = vllm_app
-    open_at_engine = sorted({(m, p) for m, p in table["routes"] if ask(port, m, concrete(p)) != 401})
-    print(f"\nvLLM {table['version']} answers without the key:", ", ".join(f"{m} {p}" for m, p in open_at_engine))
-    assert ("POST", "/invocations") in open_at_engine
-    assert ask(port, "POST", "/v1/chat/completions") == 401  # its GUARDED_PREFIX does cover /v1
+    refused = sorted({(m, p) for m, p in table["routes"] if ask(port, m, concrete(p)) == 401})
+    assert refused == [], f"vLLM {table['version']} as rendered refuses without a key: {refused}"
+    prefix = subprocess.run([engine_python("vllm", table["version"]), "-c",
+                             "import json; from vllm.entrypoints.serve.middleware.authenticate import GUARDED_PREFIX; "
+                             "print(json.dumps(GUARDED_PREFIX))"], capture_output=True, text=True, check=True)
+    guarded = tuple(json.loads(prefix.stdout))
+    unguarded = sorted({(m, p) for m, p in table["routes"] if not p.startswith(guarded)})
+    print(f"\nvLLM {table['version']}'s own key check would leave open:", ", ".join(f"{m} {p}" for m, p in unguarded))
+    assert ("POST", "/invocations") in unguarded
+    assert "/v1/chat/completions".startswith(guarded)  # its GUARDED_PREFIX does cover /v1
 
 
 def test_every_vllm_route_needs_the_key_through_the_proxy(vllm_app):

@@ -4,10 +4,10 @@ import shlex
 
 import pytest
 
-from roles.serving.api_key import authed_curl, key_file
+from roles.serving.api_key import RETIRED_FILES, authed_curl, key_file
 from tests.state.limits import request_bound_s
 from roles.image.checks import pin_of
-from sparkfleet.model.engine import KEY_CURL_FILE, KEY_ENV_FILE, KEY_PROXY_FILE, KEY_YAML_FILE, env_file_path, image_pin_path, unit_name
+from sparkfleet.model.engine import KEY_CURL_FILE, KEY_PROXY_FILE, env_file_path, image_pin_path, unit_name
 
 
 def test_the_rank_unit_is_active_and_the_other_is_absent(host, node):
@@ -108,10 +108,13 @@ def test_the_api_refuses_a_request_without_the_key_and_serves_one_with_it(host, 
 def test_the_api_key_files_are_root_only_and_the_key_is_on_no_command_line(host, node, profile):
     if not node.is_head:
         pytest.skip("the key is on the head")
-    paths = [key_file(node)] + [f"{node.serving_dir}/{f}" for f in (KEY_ENV_FILE, KEY_YAML_FILE, KEY_CURL_FILE, KEY_PROXY_FILE)]
+    paths = [key_file(node)] + [f"{node.serving_dir}/{f}" for f in (KEY_CURL_FILE, KEY_PROXY_FILE)]
     for path in paths:
         f = host.file(path)
         assert f.exists and f.user == "root" and f.mode == 0o600, f"{node.name}: {path} missing or not root-only"
+    for name in RETIRED_FILES:  # the engine's own copies of the key, which it no longer gets
+        path = f"{node.serving_dir}/{name}"
+        assert path == key_file(node) or not host.file(path).exists, f"{node.name}: {path} is still there"
     key = host.file(key_file(node)).content_string.strip()
     assert len(key) >= 16
     unit = host.file(f"/etc/systemd/system/{unit_name(node)}.service").content_string
@@ -122,6 +125,43 @@ def test_the_api_key_files_are_root_only_and_the_key_is_on_no_command_line(host,
     for what, text in (("the unit", unit), ("docker inspect's command line", cmdline),
                        ("a process's argv", processes), ("the unit's log", journal)):
         assert key not in text, f"{node.name}: the API key is in {what}"
+
+
+# Linux's capability numbers (include/uapi/linux/capability.h) of the ones a profile may give back.
+CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
+                   "SETPCAP": 8, "NET_BIND_SERVICE": 10, "NET_RAW": 13, "SYS_CHROOT": 18, "SYS_NICE": 23, "MKNOD": 27,
+                   "AUDIT_WRITE": 29, "SETFCAP": 31}
+
+
+def test_the_engine_runs_with_no_capability_no_new_privileges_and_no_api_key(host, node, profile):
+    """Issue 43 item 7, on the running container: Docker dropped every capability but the profile's
+    container.cap_add (none shipped) and set no-new-privileges, and every process of the engine shows
+    it (/proc/<pid>/status, as the kernel holds it); the container has no API key in its environment,
+    its mounts or its command; the head's engine answers its own port without one (root on the head;
+    the API proxy in front of it is what checks the key)."""
+    unit = unit_name(node)
+    drop, add, security, privileged, env, mounts, cmd = (
+        json.loads(host.check_output(f"docker inspect --format '{{{{json {field}}}}}' {unit}"))
+        for field in (".HostConfig.CapDrop", ".HostConfig.CapAdd", ".HostConfig.SecurityOpt", ".HostConfig.Privileged",
+                      ".Config.Env", ".Mounts", ".Config.Cmd"))
+    granted = list(profile.container.cap_add)
+    assert drop == ["ALL"] and (add or []) == granted and privileged is False, (node.name, drop, add, privileged)
+    assert "no-new-privileges" in (security or []), (node.name, security)
+    mask = sum(1 << CAPABILITY_BITS[c] for c in granted)
+    pids = host.check_output(f"docker top {unit} -eo pid").split()[1:]
+    assert pids, f"{node.name}: no process in {unit}"
+    for pid in pids:
+        status = dict(line.split(":", 1) for line in host.check_output(f"cat /proc/{pid}/status").splitlines() if ":" in line)
+        caps = {k: int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+        assert caps["CapBnd"] == mask and caps["CapEff"] == caps["CapPrm"] == mask and caps["CapAmb"] == 0, (node.name, pid, caps)
+        assert status["NoNewPrivs"].strip() == "1", (node.name, pid, status["NoNewPrivs"])
+    assert not [e for e in env if e.startswith("VLLM_API_KEY=")], f"{node.name}: the engine's environment has a key"
+    assert not [m for m in mounts if "api-key" in m.get("Source", "")], (node.name, mounts)
+    assert not [w for w in cmd if w in ("--api-key", "--config") or w.startswith("--api-key=")], (node.name, cmd)
+    if node.is_head:
+        code = host.check_output(f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' "
+                                 f"http://127.0.0.1:{node.api_proxy_engine_port}/v1/models")
+        assert code == "200", f"{node.name}: the engine's own /v1/models answered {code} without a key"
 
 
 def plain_ipv4(endpoint: str) -> str:

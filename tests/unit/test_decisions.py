@@ -379,8 +379,18 @@ def test_the_plan_restarts_the_pair_for_any_roles_reason_and_pauses_the_watchdog
     assert d.image.ship == ["spark-b"] and not d.image.build
     assert d.serving.restart
     assert d.serving.reasons[0].startswith(f"image {node_profile(cluster.head).image_ref} is new or differs")
-    assert "spark-a: the API key is new or changed" in d.serving.reasons
+    assert not [r for r in d.serving.reasons if "API key" in r]  # the engine holds no key: no reason of its own
     assert d.watchdog.moves == "the pair restart" and d.watchdog.pause == ("spark-a", "spark-b")
+
+
+def test_a_new_api_key_alone_leaves_the_pair_serving(cluster, settled):
+    """The key's files are rewritten (the plan's key verdict) and the API proxy reloads them
+    (roles/api_proxy), but the engine holds no key: a rotation, or the fleet's key written over the
+    head's, restarts nothing and pauses no watchdog."""
+    for found in ("stale", "missing"):
+        d = decide_group(group_facts(cluster, **settled, key=found), cluster)
+        assert d.key == found and not d.serving.restart and d.serving.reasons == (), d.serving
+        assert d.watchdog.pause == () and d.summary.actions() == []
 
 
 def test_the_plan_restarts_for_a_changed_rank_file_a_stopped_unit_and_a_reconfigured_fabric(cluster, settled):

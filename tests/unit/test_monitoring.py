@@ -329,11 +329,17 @@ def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monit
     run = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit.replace("\\\n", " "), re.M).group(1).split()
     assert run[:3] == ["/usr/bin/docker", "run", "--rm"]
     assert "--network" in run and run[run.index("--network") + 1] == "host"
-    assert "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04" in run
-    image = run.index("nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04")
+    # By digest (a tag re-pushed cannot change it), the one NVIDIA's GPU Operator pairs with the tag.
+    image = run.index("nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"
+                      "@sha256:ecb867c5787e44f1889b257e6c03b07748689a7b293c8f1affb1d4cb449b235c")
     assert run[image + 1:] == ["--collectors", GPU_EXPORTER_COUNTERS, "--address", "10.0.0.12:9401",
                                "--collect-interval", "15000"]
-    assert "SYS_ADMIN" not in " ".join(run) and "-p" not in run and "--privileged" not in run
+    # The least privilege NVIDIA documents (root, Docker's default capabilities, nothing added), read-only,
+    # no exec gaining a capability, the entrypoint's setcap off.
+    options = run[:image]
+    assert "--read-only" in options and "--security-opt=no-new-privileges" in options and "NO_SETCAP=1" in options
+    assert not [w for w in options if w.startswith(("--cap-add", "--privileged", "--user", "-p", "--publish"))], options
+    assert "SYS_ADMIN" not in " ".join(run)
     assert "After=sparkfleet-firewall.service" in unit
     fields = [line.split(",")[0] for line in files[GPU_EXPORTER_COUNTERS].splitlines()
               if line and not line.startswith("#")]
@@ -345,6 +351,45 @@ def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monit
     assert gpu_exporter_files(cpu.node("spark-b")) == {}
     assert "gpu" not in targets(cpu) and "job_name: gpu" not in prometheus_config_text(cpu)
     assert "job_name: gpu" in prometheus_config_text(f)
+
+
+DIGEST = "sha256:ecb867c5787e44f1889b257e6c03b07748689a7b293c8f1affb1d4cb449b235c"
+
+
+def test_the_gpu_exporter_image_ships_pinned_by_digest_and_the_key_takes_a_digest():
+    """monitoring_gpu_exporter_image: the shipped default (the model's and group_data's) is a digest;
+    the key takes `name@sha256:<64 hex>` and `name:tag@sha256:<64 hex>` as Docker does, a tag alone
+    still, and refuses a digest that is not sha256 and 64 lower-case hex digits or a reference with
+    neither, naming both hosts, the key and what to write."""
+    from roles.monitoring.checks import gpu_exporter_files
+    from sparkfleet.config import ConfigError
+    from sparkfleet.model.monitoring import GPU_EXPORTER_IMAGE, MonitoringData
+    from tests.unit.helpers import pair
+
+    assert GPU_EXPORTER_IMAGE.endswith("@" + DIGEST)
+    assert MonitoringData.model_fields["monitoring_gpu_exporter_image"].default == GPU_EXPORTER_IMAGE
+    assert build_cluster(pair()).head.monitoring_gpu_exporter_image == GPU_EXPORTER_IMAGE  # group_data's too
+    for value in ("nvcr.io/nvidia/k8s/dcgm-exporter@" + DIGEST, GPU_EXPORTER_IMAGE,
+                  "registry.example:5000/nvidia/dcgm-exporter@" + DIGEST,
+                  "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"):
+        data = {"monitoring_gpu_exporter_image": value}
+        c = build_cluster(pair(**{"spark-a": data, "spark-b": data}))
+        unit = gpu_exporter_files(c.node("spark-b"))["/etc/systemd/system/sparkfleet-gpu-exporter.service"]
+        assert f" {value} \\\n" in unit  # one word of the docker command, as given
+    for value in ("nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "a" * 63,  # one digit short
+                  "nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "A" * 64,  # upper case
+                  "nvcr.io/nvidia/k8s/dcgm-exporter@sha512:" + "a" * 128,
+                  "nvcr.io/nvidia/k8s/dcgm-exporter@" + "a" * 64,  # no algorithm
+                  "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5@sha256:",
+                  "@" + DIGEST,  # no name
+                  "nvcr.io/nvidia/k8s/dcgm-exporter"):  # neither tag nor digest
+        data = {"monitoring_gpu_exporter_image": value}
+        with pytest.raises(ConfigError) as err:
+            build_cluster(pair(**{"spark-a": data, "spark-b": data}))
+        text = str(err.value)
+        for host in ("spark-a", "spark-b"):
+            assert f"{host}: key 'monitoring_gpu_exporter_image' = {value!r}: not a Docker image reference" in text, text
+        assert "@sha256:<64 hex>" in text and "pinned by its digest" in text, text
 
 
 def short(name: str) -> str:

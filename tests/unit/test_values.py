@@ -6,7 +6,7 @@ import types
 import pytest
 
 from roles.serving import api_key
-from sparkfleet.model.engine import docker_args, engine_args, exec_start
+from sparkfleet.model.engine import docker_args, engine_args, exec_start, rank_env
 from sparkfleet.model.serving import load_profile, node_profile
 from sparkfleet.config import ConfigError, NodeConfig, build_cluster
 from sparkfleet.values import DIRECTORY_KEYS
@@ -125,20 +125,19 @@ def test_a_profile_env_value_with_a_newline_is_refused_naming_the_profile(tmp_pa
 # --- The API key -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("profile", ["glm-5.3-flash-exl3", "qwen3.8-flash-next"])
-def test_the_key_reaches_the_head_from_root_only_files_never_argv_or_the_unit(profile):
+def test_the_engine_gets_no_api_key_in_its_environment_its_mounts_or_its_argv(profile):
+    """vLLM and SGLang alike: the API proxy checks the key, so the head's container is given none: no
+    key env file (vLLM's VLLM_API_KEY), no mounted key config (SGLang's --config), no --api-key."""
     c = build_cluster(pair(**{n: {"serving_profile": profile} for n in ("spark-a", "spark-b")}))
-    head, worker = c.head, c.workers[0]
-    p = node_profile(head)
-    words = docker_args(p, head, "/etc/sparkfleet/sparkfleet-head.env") + engine_args(p, c, head)
-    assert "--api-key" not in words and not any("VLLM_API_KEY=" in w for w in words)
-    if p.engine == "vllm":
-        assert "--env-file=/etc/sparkfleet/api-key.env" in words
-    else:
-        assert "--volume=/etc/sparkfleet/api-key.yaml:/run/sparkfleet/api-key.yaml:ro" in words
-        assert words[words.index("--config") + 1] == "/run/sparkfleet/api-key.yaml"
-    worker_words = docker_args(p, worker, "/x.env") + engine_args(p, c, worker)
-    assert not any("api-key" in w for w in worker_words)  # only the head serves the API
-    assert "api-key" in exec_start(p, c, head, "/etc/sparkfleet/sparkfleet-head.env")
+    p = node_profile(c.head)
+    for rank in (c.head, c.workers[0]):
+        words = docker_args(p, rank, "/etc/sparkfleet/sparkfleet-head.env") + engine_args(p, c, rank)
+        assert not [w for w in words if "api-key" in w or "VLLM_API_KEY" in w], words
+        assert "--config" not in words  # SGLang's key file, once
+        assert [w for w in words if w.startswith("--env-file=")] == ["--env-file=/etc/sparkfleet/sparkfleet-head.env"]
+        assert not [w for w in words if w.startswith("--volume=") and "/etc/sparkfleet/" in w and "sglang-logging" not in w]
+    assert "api-key" not in exec_start(p, c, c.head, "/etc/sparkfleet/sparkfleet-head.env")
+    assert "VLLM_API_KEY" not in rank_env(p, c, c.head)
 
 
 def test_a_vision_profile_fetches_media_only_from_the_domains_data_allows():
@@ -170,14 +169,41 @@ def test_a_key_is_generated_once_root_only_and_its_files_follow_it(tmp_path):
     key = (tmp_path / "sfl/api-key").read_text()
     assert len(key) == 64 and int(key, 16) >= 0
     assert sh(api_key.state_command(n)) == "ok"
-    for name, text in (("api-key.env", f"VLLM_API_KEY={key}\n"), ("api-key.yaml", f'api-key: "{key}"\n'),
-                       ("api-key.curl", f'header = "Authorization: Bearer {key}"\n')):
+    for name, text in (("api-key.curl", f'header = "Authorization: Bearer {key}"\n'),
+                       ("api-key.haproxy", f"Bearer {key}\n")):
         f = tmp_path / "sfl" / name
         assert f.read_text() == text and (f.stat().st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in (tmp_path / "sfl").iterdir()) == ["api-key", "api-key.curl", "api-key.haproxy"]
     sh(api_key.write_command(n))  # a second run keeps the key
     assert (tmp_path / "sfl/api-key").read_text() == key
     (tmp_path / "sfl/api-key").write_text("rotated-key-0123456789\n")
-    assert sh(api_key.state_command(n)) == "stale"  # the derived files are rewritten, the head restarts
+    assert sh(api_key.state_command(n)) == "stale"  # the derived files are rewritten, the proxy reloads
+
+
+def test_the_engine_s_key_files_an_earlier_deploy_wrote_are_stale_and_removed_and_the_key_file_never(tmp_path):
+    """api-key.env (vLLM's VLLM_API_KEY) and api-key.yaml (SGLang's --config) held the key for the
+    engine, which gets none now: either one left on the head makes the key's state stale, and writing
+    the key's files removes them; a key file that data names at one of those paths is kept."""
+    n = node(tmp_path)
+    sh(api_key.write_command(n))
+    assert sh(api_key.state_command(n)) == "ok"
+    key = (tmp_path / "sfl/api-key").read_text()
+    for name in api_key.RETIRED_FILES:
+        old = tmp_path / "sfl" / name
+        old.write_text(f"VLLM_API_KEY={key}\n")
+        assert sh(api_key.state_command(n)) == "stale", name
+        sh(api_key.write_command(n))
+        assert not old.exists() and sh(api_key.state_command(n)) == "ok", name
+    (tmp_path / "sfl/api-key.env").symlink_to(tmp_path / "nowhere")  # a dangling link is there too
+    assert sh(api_key.state_command(n)) == "stale"
+    sh(api_key.write_command(n))
+    assert not (tmp_path / "sfl/api-key.env").is_symlink()
+    mine = tmp_path / "sfl" / "api-key.env"  # data's key file at a retired name: never removed
+    mine.write_text("a-good-key-0123456789\n")
+    mine.chmod(0o600)
+    n = node(tmp_path, str(mine))
+    sh(api_key.write_command(n))
+    assert mine.read_text() == "a-good-key-0123456789\n" and sh(api_key.state_command(n)) == "ok"
 
 
 def test_an_operator_key_file_is_never_created_and_must_be_root_only_and_one_safe_line(tmp_path):

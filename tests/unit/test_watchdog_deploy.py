@@ -394,7 +394,7 @@ def test_the_probe_fact_reads_the_programs_line(tmp_path):
     from roles.watchdog.facts import WatchProbe, program_command
 
     fact = WatchProbe().process(program_output(tmp_path, "probe", cfg_over={
-        "commands": {"docker": "false"}, "workers": [], "key_file": str(tmp_path / "nokey")}))
+        "commands": {"docker": "false"}, "workers": []}))
     assert fact["rc"] == "1" and fact["line"].startswith("failed: docker inspect sparkfleet-head: exit 1"), fact
     assert program_command("probe") == (
         "if [ -f /usr/local/libexec/sparkfleet/sfl_watch.py ] && [ -f /etc/sparkfleet/watchdog.json ]; then "
