@@ -28,6 +28,7 @@ from roles.router.control import doctor_rows
 from roles.router.facts import RouterRouting
 from roles.router.node_config import router_node
 from roles.serving.facts import HeadHealth, UnitState, is_serving
+from sparkfleet.model.tls import api_base, curl_tls
 from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.engine import unit_name
@@ -154,7 +155,8 @@ def health_problems(cluster, hosts, port: int) -> list[str]:
     problems = []
     problem = probe_problem(cluster.head.name, head.get_fact(WatchProbe))
     if problem:
-        code = "200" if head.get_fact(HeadHealth, port=port) else "not 200"
+        code = "200" if head.get_fact(HeadHealth, api=api_base(cluster.head, port), tls=curl_tls(cluster.head)) \
+            else "not 200 (through the proxy, its certificate verified)"
         problems.append(f"{problem}; /health {code}")
     for worker in cluster.workers:
         h = hosts.get(worker.name)
