@@ -632,3 +632,24 @@ def status_line(head, api: str, found: dict | None) -> str:
         return f"{api}: /health 200, its certificate verified with {bundle}{fp}{days}"
     return (f"{api}: NOT verified with {bundle}{fp}: /health answered {found.get('code') or 'nothing'} through "
             f"TLS{days} (deploy; make doctor)")
+
+
+def doctor_problems(head, found: dict | None) -> list[str]:
+    """The doctor's tls row of a head (pure): its API must answer /health through TLS verified with the
+    node's bundle, and its certificate must have more than tls_renew_before_days left (a deploy renews a
+    fleet CA's one; a site's is the site's)."""
+    if not head.tls_enabled:
+        return []
+    found = found or {}
+    if found.get("code") != "200":
+        return [f"{head.name}: /health through TLS, verified with {ca_bundle_path(head)}, answered "
+                f"{found.get('code') or 'nothing'}: the API's certificate is not the fleet's (deploy)"]
+    try:
+        left = int(found["end"]) - int(found["now"])
+    except (KeyError, ValueError):
+        return [f"{head.name}: the certificate the API serves could not be read"]
+    if left < head.tls_renew_before_days * DAY_S:
+        who = "renew tls_cert_file, then deploy" if site_certs(head) else "deploy: it issues a new one"
+        return [f"{head.name}: the API's certificate ends in {_days(left)} day(s), within tls_renew_before_days = "
+                f"{head.tls_renew_before_days}: {who}"]
+    return []

@@ -19,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from roles.monitoring.secrets import controller_file_problem
 from roles.serving.api_key import problem as api_key_problem
 from sparkfleet.model.api_key import KEY_PATTERN
@@ -164,32 +166,24 @@ def test_the_client_example_sends_the_key_from_its_file_to_the_url_and_model_nam
     assert body["model"] == "glm-5.3-flash" and body["messages"][0]["content"], body
 
 
-def test_the_client_example_fails_loudly_with_another_key(tmp_path):
-    """The fake server's check is real: the example with a wrong key gets 401 and exits non-zero."""
-    (tmp_path / "key").write_text(secrets.token_hex(32))
-    head = head_tls(tmp_path / "head")
-    server = FakeOpenAIServer(secrets.token_hex(32), proxy_pem_path(head))
-    try:
-        run = run_example(tmp_path, server.url, "glm-5.3-flash", str(tmp_path / "key"), tmp_path,
-                          ca_bundle_path(head))
-    finally:
-        server.close()
-    assert run.returncode != 0 and "401" in run.stderr, run.stderr[-2000:]
-
-
-def test_the_client_example_refuses_a_certificate_another_ca_signed_and_sends_no_key(tmp_path):
-    """With another fleet's CA file the example stops at the certificate: nothing reaches the server."""
+@pytest.mark.parametrize("wrong", ["key", "ca"])
+def test_the_client_example_fails_loudly_with_another_key_or_another_cas_file(tmp_path, wrong):
+    """The fake server's checks are real: with a wrong key the example gets 401; with another fleet's CA
+    file it stops at the certificate, and nothing (no key) reaches the server. Either way it exits non-zero."""
     key = secrets.token_hex(32)
     (tmp_path / "key").write_text(key)
     head, stranger = head_tls(tmp_path / "head"), head_tls(tmp_path / "stranger")
-    server = FakeOpenAIServer(key, proxy_pem_path(head))
+    server = FakeOpenAIServer(secrets.token_hex(32) if wrong == "key" else key, proxy_pem_path(head))
     try:
         run = run_example(tmp_path, server.url, "glm-5.3-flash", str(tmp_path / "key"), tmp_path,
-                          ca_bundle_path(stranger))
+                          ca_bundle_path(stranger if wrong == "ca" else head))
     finally:
         server.close()
-    assert run.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in run.stderr, run.stderr[-2000:]
-    assert server.requests == []
+    assert run.returncode != 0
+    if wrong == "key":
+        assert "401" in run.stderr, run.stderr[-2000:]
+    else:
+        assert "CERTIFICATE_VERIFY_FAILED" in run.stderr and server.requests == [], run.stderr[-2000:]
 
 
 # --- Every command the page gives exists ---------------------------------------------------------

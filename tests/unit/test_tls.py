@@ -388,15 +388,20 @@ def test_a_renewed_certificate_is_served_after_the_proxys_reload(served):
     assert serial() != before
 
 
-def test_make_status_says_the_api_verifies_with_the_bundle_and_for_how_long(served, tmp_path):
+def test_make_status_and_the_doctor_say_whether_the_api_verifies_with_the_bundle_and_for_how_long(served, tmp_path):
     api = f"https://127.0.0.1:{served.port}"
     found = tls.ServedTls().process(sh(tls.ServedTls().command(api, served.ca, served.port)).splitlines())
     line = tls.status_line(served.head, api, found)
     assert line.startswith(f"{api}: /health 200, its certificate verified with {served.ca} (first certificate SHA-256 ")
     assert re.search(r", the certificate valid (29|30) more day\(s\)$", line), line
+    # the doctor's tls row: the fixture's certificate (30 days) is inside a 30-day renewal window, not a 10-day one
+    [due] = tls.doctor_problems(served.head, found)
+    assert due.startswith("spark-a: the API's certificate ends in 29 day(s), within tls_renew_before_days = 30")
+    assert tls.doctor_problems(served.head.model_copy(update={"tls_renew_before_days": 10}), found) == []
     stranger = fleet_tls(served.head, tmp_path / "other")
     found = tls.ServedTls().process(sh(tls.ServedTls().command(api, ca_bundle_path(stranger), served.port)).splitlines())
     assert "NOT verified" in tls.status_line(served.head, api, found) and found["code"] == "000"
+    assert "answered 000: the API's certificate is not the fleet's" in tls.doctor_problems(served.head, found)[0]
     off = build_cluster(both(**OFF)).head
     assert tls.status_line(off, "http://10.0.0.11:8000", None) == (
         "off (tls_enabled = False: a closed test bench): http://10.0.0.11:8000 is plain HTTP")
