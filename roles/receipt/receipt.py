@@ -287,8 +287,11 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
         if tokenizer:
             Path(tmp, "tokenizer.json").write_bytes(tokenizer)
         ca_pem = None
-        if node.tls_enabled:  # the fleet's trust bundle (public), what the load generator verifies the head with
-            ca_pem = read_remote(host, ca_bundle_path(node))
+        if node.tls_enabled:  # the fleet's trust bundle (public), what the load generator verifies the head with:
+            try:  # read as root (its directory is root's alone), with the host's sudo settings
+                ca_pem = read(host, ca_bundle_path(node))
+            except KeyFileError as e:
+                raise DeployError(f"receipt: {e}")
             if not ca_pem:
                 raise DeployError(f"{host.name}: receipt: no trust bundle at {ca_bundle_path(node)} to verify the API's "
                                   f"certificate with (roles/tls writes it)")
