@@ -41,8 +41,10 @@ with refusals_stop_the_run():
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")
 
-    # 3a. HAProxy on each head (the API proxy's program, step 7b2): the firewall names its user.
+    # 3a. HAProxy on each head (the API proxy's program, step 7b2), and the user Prometheus runs as on
+    #     the monitoring node (step 12b installs it): the firewall names both users.
     local.include("roles/api_proxy/install_tasks.py")
+    local.include("roles/monitoring/user_tasks.py")
 
     # 3b. The firewall: the API from allowed networks, the fabric's services from the fabric only.
     local.include("roles/firewall/tasks.py")

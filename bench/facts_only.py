@@ -17,10 +17,10 @@ from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
 from roles.fingerprint.facts import Fingerprint
-from sparkfleet.model.monitoring import TEXTFILE_DIR
+from sparkfleet.model.monitoring import PROMETHEUS_USER, TEXTFILE_DIR
 from sparkfleet.root_paths import RootOnlyChain
 from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
-from roles.monitoring.checks import PACKAGES, InstalledVersions
+from roles.monitoring.checks import PACKAGES, InstalledVersions, UserPresent, monitoring_node
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
@@ -120,3 +120,6 @@ if node.is_head:
 if node.monitoring_enabled:
     host.get_fact(InstalledVersions, packages=PACKAGES)
     host.get_fact(RootOnlyChain, path=TEXTFILE_DIR)  # roles/monitoring: the textfile directory's chain
+    monitor = monitoring_node(fleet_from_state(state))
+    if node.firewall_enabled and monitor is not None and monitor.name == node.name:
+        host.get_fact(UserPresent, user=PROMETHEUS_USER)  # roles/monitoring/user_tasks.py, before the firewall

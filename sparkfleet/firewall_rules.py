@@ -11,13 +11,26 @@ names and accepts nothing another table would drop (an accept in one table does 
     the fabric address and are covered by the first rule;
   - on the head, the API port from the allowed networks only; on the router node (roles/router), the
     router's port likewise;
-  - on the head, the engine's own port (loopback only, behind the API proxy) from root's and the
-    proxy's sockets only (an output chain: a local user cannot go around the proxy);
   - the exporters (roles/monitoring: the node exporter, the engine's /metrics on a head) from the
     monitoring node's address only.
-SSH is never matched. Loopback is always accepted.
+SSH is never matched. Loopback is always accepted by the input chain: what a local user may reach is
+the output chain's (issue 43 item 4), which judges each connection a local socket opens by the user
+that socket belongs to (nft(8), META EXPRESSIONS: `skuid`, "UID associated with originating
+socket"; a container on the host's network is in the node's network namespace, its process's uid
+the socket's). A connection to a local address, whatever that address, leaves through the output
+hook and arrives over `lo`, so these match the destination (port or address), never the interface:
+  - on the head, the engine's own port (loopback only, behind the API proxy) from root's and the
+    proxy's sockets only (a local user cannot go around the proxy);
+  - the rendezvous, registry, rsync and speed-proof ports on any of the node's own addresses
+    (loopback, management, fabric, Docker's bridge): root's sockets only;
+  - every fabric address of the group (the node's own and its peers', any port, any protocol:
+    NCCL's, gloo's and vLLM's sockets on them): root's sockets only;
+  - on the monitoring node, Prometheus' and Alertmanager's ports: root's and their own user's.
 """
+from ipaddress import ip_address
+
 from sparkfleet.model.api_proxy import PROXY_USER
+from sparkfleet.model.monitoring import PROMETHEUS_USER
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import render, sha1_text
 
@@ -25,12 +38,27 @@ from sparkfleet.render import render, sha1_text
 # engine's own processes) and the API proxy's workers. Anyone else on the head would reach routes the
 # engine answers without the key (sparkfleet/model/api_proxy.py); they go through the proxy like the LAN.
 ENGINE_PORT_USERS = ("root", PROXY_USER)
+# Who may open a connection to the fabric's services and to any fabric address: root alone. Every real
+# client is root's: the engines' ranks and the speed proof's collective (containers on the host's
+# network, run as root), iperf3 and ib_write_bw, dockerd's push and pulls, every rsync between nodes
+# (fan-out, kernel caches, the watchdog's read of a peer's state), the fabric's pings.
+FABRIC_USERS = ("root",)
+# Who may reach Prometheus and Alertmanager on the monitoring node's loopback: root (the doctor,
+# `sparkfleet status`, the state checks, an SSH tunnel as root) and the user both daemons run as
+# (Prometheus sends its alerts to Alertmanager as it; it owns both daemons' data already). Anyone else
+# could silence every alert, inject alerts or read the receivers' settings.
+MONITORING_USERS = ("root", PROMETHEUS_USER)
 
 
 def fabric_ports(cluster, node) -> list[int]:
     profile = node_profile(cluster.head)
     # fabric_speed_port: iperf3's server and the speed proof's rendezvous (roles/fabric_speed).
     return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port, node.fabric_speed_port})
+
+
+def fabric_addresses(cluster) -> list[str]:
+    """Every fabric address of the group, each half's, this node's and its peers' (the output chain's)."""
+    return sorted({half.ip for n in cluster.nodes for half in n.fabric_halves}, key=ip_address)
 
 
 def api_networks(node, management_subnet: str | None) -> list[str]:
@@ -54,6 +82,15 @@ def monitor_ports(node) -> list[int]:
             + ([node.monitoring_gpu_exporter_port] if node.gpu_expected else []))
 
 
+def monitoring_local_ports(node, monitor: str | None) -> list[int]:
+    """Prometheus' and Alertmanager's ports, on the monitoring node only: the one whose management
+    address is the monitoring node's (`monitor`, roles/firewall's monitor_address)."""
+    if not node.monitoring_enabled or monitor is None or monitor != node.management_address:
+        return []
+    return [node.monitoring_prometheus_port] + (
+        [node.monitoring_alertmanager_port] if node.monitoring_alertmanager_enabled else [])
+
+
 def _body(cluster, node, management_subnet: str | None, marker: str, monitor: str | None = None) -> str:
     profile = node_profile(cluster.head)
     # Each half of the port admits the peers' addresses on that half only.
@@ -66,6 +103,8 @@ def _body(cluster, node, management_subnet: str | None, marker: str, monitor: st
         api_allowed=api_networks(node, management_subnet),
         engine_port=node.api_proxy_engine_port if node.is_head else None, engine_users=ENGINE_PORT_USERS,
         monitor_ports=monitor_ports(node) if monitor else [], monitor=monitor,
+        fabric_users=FABRIC_USERS, fabric_addresses=fabric_addresses(cluster),
+        monitoring_ports=monitoring_local_ports(node, monitor), monitoring_users=MONITORING_USERS,
     )
 
 

@@ -1,5 +1,6 @@
 """roles/monitoring: every file the monitoring stack runs from, rendered from data and the fleet, and
-the one fact the role reads (which versions are installed).
+the facts the role reads (which versions are installed; on the monitoring node, before the firewall,
+whether the user Prometheus runs as exists).
 
 - Every node: the OS's node exporter on its management address (sparkfleet/model/monitoring.py
   says which collectors and why), and a textfile of sparkfleet's own facts beside it.
@@ -205,6 +206,16 @@ class InstalledVersions(FactBase):
             if name:
                 found[name] = version.strip()
         return found
+
+
+class UserPresent(FactBase):
+    """Whether the local user `user` exists (`getent passwd`: /etc/passwd or any other source NSS reads)."""
+
+    def command(self, user: str) -> str:
+        return f"if getent passwd {shlex.quote(user)} >/dev/null; then echo present; else echo absent; fi"
+
+    def process(self, output):
+        return "".join(output).strip() == "present"
 
 
 # The process names `ss -p` shows (the kernel's comm: 15 characters at most).

@@ -128,6 +128,15 @@ FILE_SETTING_SINCE = {f: since for settings in ALERTMANAGER_SECRETS.values() for
 # receiver, and the remote write's password and credentials files, name a root-only file on the
 # controller; the deploy writes its bytes here and the rendered configuration names the copy.
 SECRETS_DIR = "/etc/prometheus/secrets"
+# The user Prometheus and Alertmanager run as (the Debian and Ubuntu packages' units). The firewall's
+# output chain names it on the monitoring node, so it exists before the firewall: roles/monitoring's
+# user_tasks.py makes it when absent, with the command the packages' postinst runs (PROMETHEUS_ADDUSER).
+PROMETHEUS_USER = "prometheus"
+# Debian 12's prometheus 2.42.0+ds-5+deb12u1, prometheus-alertmanager 0.25.0-1+b4 and
+# prometheus-node-exporter 1.5.0-1+b6 postinst, `configure`, each the same line: made by it first, the
+# user is the one each package's postinst would have made, and that postinst keeps it.
+PROMETHEUS_ADDUSER = ("adduser --quiet --system --home /var/lib/prometheus --no-create-home --group "
+                      f"--gecos 'Prometheus daemon' {PROMETHEUS_USER}")
 RETENTION = r"^[0-9]+(d|h|w|y)$"
 UPSTREAM_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 

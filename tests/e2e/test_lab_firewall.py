@@ -1,12 +1,15 @@
 """roles/firewall in the lab: the table is applied once and left alone, a flushed table is caught and
 put back, the fabric's services are not reached through a management address, the API follows the
-allowed networks, and a table the operator owns is never touched.
+allowed networks, a table the operator owns is never touched, and a local user or a container on the
+host's network reaches no internal service (tests/e2e/local_users.py).
 
 Runs after test_lab_fabric.py (same lab, pair deployed by it or by this module's first deploy).
 """
 import pytest
 
-from tests.e2e.lab import ca_on, deploy, head_api, on, state_checks
+from sparkfleet.inventory import load_cluster
+from tests.e2e import local_users
+from tests.e2e.lab import INVENTORY, ca_on, deploy, head_api, on, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -77,3 +80,19 @@ def test_the_api_follows_the_allowed_networks_and_ssh_is_never_filtered():
     code = on("spark-b", f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' --cacert {ca_on('spark-b')} "
               f"{head_api()}/v1/models", check=False).strip()
     assert code == "401"
+
+
+def test_a_local_user_and_a_host_network_container_are_refused_every_internal_service_and_root_is_not():
+    """Issue 43 item 4 on the stand-in pair (monitoring off here; tests/real/test_real_monitoring.py tries
+    Prometheus and Alertmanager): on both nodes, a user created for the test and a container of the
+    served image run as uid 65534 on the host's network are refused the rendezvous, the registry, both
+    rsync daemons, the speed-proof ports, the fabric addresses and the engine's port; root's connections
+    answer there, and its requests get their answers."""
+    cluster = load_cluster(INVENTORY)
+    tried = local_users.check_every_node(cluster, monitoring=False)
+    assert len(tried) == 2, tried
+    answers = local_users.root_requests(cluster, monitoring=False)
+    assert answers == {"registry /v2/": "200", "rsync weights module": "ok"}, answers
+    # and the pair still serves: nothing the probes did disturbed it
+    checks = firewall_checks()
+    assert checks.returncode == 0, checks.output

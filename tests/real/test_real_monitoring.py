@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 
+from tests.e2e import local_users
 from tests.e2e.lab import REPO, on
 from tests.real.test_real_pair import API, KEY, chat_body, post
 
@@ -385,3 +386,29 @@ def test_the_dashboard_is_drawn_from_the_live_prometheus(real_deploy, tmp_path):
     assert picture.count("<polyline") >= len(panels) - 1 - len(gpu)
     path = Path(os.environ.get("SFL_DASHBOARD_PICTURE") or tmp_path / "dashboard.svg")
     path.write_text(picture)
+
+
+def test_a_local_user_and_a_host_network_container_reach_neither_prometheus_nor_alertmanager_nor_the_fabric(real_deploy):
+    """Issue 43 item 4 with monitoring on (the stand-in pair's part: tests/e2e/test_lab_firewall.py): on
+    both hosts of the real pair, a user created for the test and a container of the served vLLM image
+    run as uid 65534 on the host's network are refused Prometheus and Alertmanager on the head, the
+    real engine's rendezvous, the registry, the rsync daemons, the speed-proof ports and the fabric
+    addresses; root's connections answer there and its requests get their answers; Prometheus, whose
+    user the firewall admits, still sends its alerts to Alertmanager (its own status says so)."""
+    from sparkfleet.inventory import load_cluster
+    from tests.real.conftest import REAL_INVENTORY
+
+    cluster = load_cluster(REAL_INVENTORY)
+    tried = local_users.check_every_node(cluster, monitoring=True)
+    assert any("Prometheus" in line and "Alertmanager" in line for line in tried), tried
+    answers = local_users.root_requests(cluster, monitoring=True)
+    assert answers == {"registry /v2/": "200", "rsync weights module": "ok", "Prometheus /-/ready": "200",
+                       "Alertmanager /-/ready": "200"}, answers
+    # Prometheus (user prometheus) reaches Alertmanager through the output chain: its own counters (it
+    # does not scrape itself) say every notification went (the drills above sent some) and none failed.
+    counters = {}
+    for line in on(HEAD, f"curl -fsS -m 10 {PROMETHEUS}/metrics").splitlines():
+        if line.startswith(("prometheus_notifications_sent_total{", "prometheus_notifications_errors_total{")):
+            counters[line.split("{")[0]] = counters.get(line.split("{")[0], 0) + float(line.rsplit(" ", 1)[1])
+    assert counters.get("prometheus_notifications_sent_total", 0) > 0, counters
+    assert counters.get("prometheus_notifications_errors_total") == 0, counters

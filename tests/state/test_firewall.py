@@ -1,8 +1,10 @@
 """roles/firewall on the machines: the live table is the one data renders, the fabric's services
 answer over the fabric only (not through a management address that routes the fabric address), the
 API only to the allowed networks, and the registry refuses deletes."""
+import json
 import shlex
 from ipaddress import ip_address, ip_network
+from pathlib import Path
 
 import pytest
 
@@ -46,22 +48,23 @@ def test_the_live_table_is_the_one_data_renders(host, node, cluster):
     assert "dport 22 " not in listing and f"dport {cluster.head.management_address}" not in listing
 
 
-def tcp_open(host, address: str, ports: list[int], as_nobody: bool = False) -> list[int]:
-    """The ports of `ports` at `address` that accept a TCP connection from `host`. Every port is tried
-    at once, in one command: a dropped port costs its 4 s timeout once, not once per port."""
-    probes = []
-    for port in ports:
-        probe = f"timeout 4 bash -c {shlex.quote(f'exec 3<>/dev/tcp/{address}/{int(port)}')}"
-        if as_nobody:
-            probe = f"setpriv --reuid=65534 --regid=65534 --clear-groups {probe}"
-        probes.append(f"{{ {probe} && echo {int(port)}; }} 2>/dev/null &")
-    out = host.run(" ".join(probes) + " wait").stdout
-    return sorted(int(line) for line in out.split())
+PROBE = (Path(__file__).resolve().parents[1] / "connect_probe.py").read_text()
 
 
-# A routing table and rule on the peer for the probe's own sockets only (uid 65534): the pair's
-# established fabric connections keep their route.
-PROBE_TABLE, PROBE_UID = 7377, 65534
+def tcp_open(host, address: str, ports: list[int], mark: int | None = None) -> list[int]:
+    """The ports of `ports` at `address` that accept a TCP connection from `host`, as root (the output
+    chain refuses the fabric to every other user, so a probe run as another user would prove nothing of
+    the input rules). Every port is tried at once (tests/connect_probe.py): a dropped port costs its
+    4 s timeout once, not once per port. `mark`: every probe socket carries that firewall mark."""
+    targets = json.dumps([[address, int(port)] for port in ports])
+    out = host.check_output(f"python3 -c {shlex.quote(PROBE)} 4 {shlex.quote(targets)}"
+                            + (f" {int(mark)}" if mark is not None else ""))
+    return sorted(int(port) for port, got in zip(ports, json.loads(out.splitlines()[-1])) if got in ("answered", "open"))
+
+
+# A routing table and rule on the peer for the probe's own sockets only (root's, carrying this firewall
+# mark, SO_MARK): the pair's established fabric connections, root's as well, keep their route.
+PROBE_TABLE = PROBE_MARK = 7377
 
 
 def test_the_fabric_services_are_not_reached_through_a_management_address(node, cluster, node_hosts):
@@ -85,12 +88,12 @@ def test_the_fabric_services_are_not_reached_through_a_management_address(node, 
     refused = sorted(set(listening) - set(tcp_open(peer, node.fabric_ip, listening)))
     assert not refused, f"{peer_name} -> {node.fabric_ip} ports {refused} over the fabric refused"
     route = f"{node.fabric_ip}/32 via {node.management_address} table {PROBE_TABLE}"
-    rule = f"uidrange {PROBE_UID}-{PROBE_UID} lookup {PROBE_TABLE} priority {PROBE_TABLE}"
+    rule = f"fwmark {PROBE_MARK} lookup {PROBE_TABLE} priority {PROBE_TABLE}"
     peer.run(f"ip route replace {route} && ip rule add {rule}")
     try:
-        via = peer.check_output(f"ip route get {node.fabric_ip} uid {PROBE_UID}")
+        via = peer.check_output(f"ip route get {node.fabric_ip} mark {PROBE_MARK}")
         assert f" via {node.management_address} " in via, via
-        reached = tcp_open(peer, node.fabric_ip, listening, as_nobody=True)
+        reached = tcp_open(peer, node.fabric_ip, listening, mark=PROBE_MARK)
     finally:
         peer.run(f"ip rule del {rule}; ip route del {route}")
     assert not reached, f"{node.name}: {node.fabric_ip} ports {reached} answer through {node.management_address}"

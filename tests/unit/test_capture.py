@@ -17,6 +17,12 @@ from tools.replay import replay_plan
 
 LAB_BUNDLE = CAPTURES.parent / "capture-lab.json"
 LAB_INVENTORY = "lab/inventory.py"
+# The bundle was captured before the firewall's output chain (issue 43 item 4: what a local user
+# reaches): its LiveMarker records are the markers of the tables as they were rendered then, so the
+# replay applies the table on both nodes. Re-capture after a lab deploy (see above); strict: the
+# replays pass again then, and this marker must go.
+STALE_BUNDLE = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                 reason="capture-lab.json predates the firewall's output chain: re-capture")
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +59,7 @@ def test_every_record_goes_through_its_facts_own_parser(lab_bundle):
                 pytest.fail(f"{host}: {record['fact']}({record['kwargs']}) does not parse: {err!r}")
 
 
+@STALE_BUNDLE
 def test_the_plan_replayed_from_the_settled_lab_pair_does_nothing(lab_bundle):
     plans = replay_plan(lab_bundle, LAB_INVENTORY)
     assert set(plans) == {"pair"}
@@ -78,6 +85,7 @@ def test_a_replayed_node_that_says_otherwise_changes_the_plan(lab_bundle):
     assert decisions.serving.restart, decisions.serving
 
 
+@STALE_BUNDLE
 def test_the_firewall_is_decided_from_the_facts_the_lab_recorded_and_moves_where_a_node_says_so(lab_bundle):
     """The facts pass's firewall reader asks what the firewall step asked (ManagementSubnet at the
     management address, LiveMarker, Which nft): the lab's recorded live markers are the tables data
