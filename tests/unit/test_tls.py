@@ -394,9 +394,9 @@ def test_make_status_and_the_doctor_say_whether_the_api_verifies_with_the_bundle
     line = tls.status_line(served.head, api, found)
     assert line.startswith(f"{api}: /health 200, its certificate verified with {served.ca} (first certificate SHA-256 ")
     assert re.search(r", the certificate valid (29|30) more day\(s\)$", line), line
-    # the doctor's tls row: the fixture's certificate (30 days) is inside a 30-day renewal window, not a 10-day one
-    [due] = tls.doctor_problems(served.head, found)
-    assert due.startswith("spark-a: the API's certificate ends in 29 day(s), within tls_renew_before_days = 30")
+    # the doctor's tls row: the fixture's certificate (30 days) is inside a 31-day renewal window, not a 10-day one
+    [due] = tls.doctor_problems(served.head.model_copy(update={"tls_renew_before_days": 31}), found)
+    assert re.match(r"spark-a: the API's certificate ends in (29|30) day\(s\), within tls_renew_before_days = 31", due)
     assert tls.doctor_problems(served.head.model_copy(update={"tls_renew_before_days": 10}), found) == []
     stranger = fleet_tls(served.head, tmp_path / "other")
     found = tls.ServedTls().process(sh(tls.ServedTls().command(api, ca_bundle_path(stranger), served.port)).splitlines())
