@@ -594,7 +594,7 @@ def write_bundle(ca_name: str | None, site_cas: tuple[str, ...]) -> None:
         ca_pem = read(state.inventory.get_host(ca_name), ca_cert_path(fleet.node(ca_name)))
         if ca_pem is None:
             raise DeployError(f"{ca_name}: TLS: the fleet CA's certificate {ca_cert_path(fleet.node(ca_name))} is missing")
-    _run(host, f"install -d -m 0700 {shlex.quote(tls_dir(node))}", what="making the TLS directory")
+    _run(host, f"umask 077; install -d -m 0700 {shlex.quote(tls_dir(node))}", what="making the TLS directory")
     write_file(host, ca_bundle_path(node), bundle_text(ca_pem, site_cas), "root", "0644")
 
 
