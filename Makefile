@@ -49,12 +49,15 @@ python-venv:
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
 
 # The OS's programs that controller-side tests run for real, from apt (as root) when missing: rsync
-# (tests/unit/test_watchdog.py), haproxy (tests/unit/test_api_proxy.py, tests/parity/test_routes.py).
+# (tests/unit/test_watchdog.py), haproxy (tests/unit/test_api_proxy.py, tests/parity/test_routes.py),
+# openssl and curl (tests/unit/test_tls.py: roles/tls's commands, a client verifying the certificate).
 # Without them those tests skip, naming this target; under make unit and make test they must run
 # (SFL_TEST_TOOLS_REQUIRED, tests/programs.py).
 test-tools:
 	@command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync; }
 	@[ -x /usr/sbin/haproxy ] || { apt-get update -qq && apt-get install -y -qq haproxy; }
+	@command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl; }
+	@command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
 unit test: export SFL_TEST_TOOLS_REQUIRED = 1
 
 # The pair's lab: a four-host lab left by `make test` or `make fleet-up` is replaced by fresh hosts.

@@ -82,8 +82,12 @@ with refusals_stop_the_run():
     local.include("roles/router/key_tasks.py")
     local.include("roles/serving/api_key_tasks.py")
 
-    # 7b2. The API proxy on each head: the key on every path but /health, the engine on loopback
-    #      behind it (neither engine's own check covers every route it registers).
+    # 7b1. TLS (roles/tls): the fleet's private CA made once on its node, each head's API certificate
+    #      issued (and issued again before it expires), every head's and the router's trust bundle.
+    local.include("roles/tls/tasks.py")
+
+    # 7b2. The API proxy on each head: TLS with the head's certificate, the key on every path but
+    #      /health, the engine on loopback behind it (neither engine's own check covers every route).
     local.include("roles/api_proxy/tasks.py")
 
     # 7c-11, one serving group after the other (roles/rolling): out of the router, the watchdog

@@ -36,6 +36,8 @@ from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
 from sparkfleet.model.engine import env_file_path, image_pin_path, unit_name
 from roles.serving.facts import HeadHealth, UnitState
+from sparkfleet.model.tls import api_base, ca_node_name, curl_tls
+from roles.tls.checks import TlsState, scope as tls_scope, state_command as tls_state_command
 from roles.serving.history import RecipeHistory, history_file
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from roles.watchdog.facts import WatchdogUnit
@@ -93,6 +95,9 @@ host.get_fact(WatchdogUnit)
 host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH)
 if node.router_node == node.name:  # roles/rolling: the router's routing, read on the router node before the turns
     host.get_fact(RouterRouting)
+fleet = fleet_from_state(state)
+if node.tls_enabled and node.name in {n.name for n in tls_scope(fleet)}:  # roles/tls: the CA, certificates, bundles
+    host.get_fact(TlsState, script=tls_state_command(node, ca=node.name == ca_node_name(fleet.nodes)))
 host.get_fact(ApiProxyHost, unit_path=API_PROXY_UNIT_PATH)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))
@@ -110,7 +115,8 @@ if node.is_head:
     host.get_fact(File, path=base_record_path(node, profile))
     host.get_fact(RecipeHistory, path=history_file(node, profile), deployed=history_path(node, profile))
     host.get_fact(ApiKeyState, command=state_command(node))
-    host.get_fact(HeadHealth, port=profile.port)
+    host.get_fact(HeadHealth, api=api_base(node, profile.port), tls=curl_tls(node),
+                  plain_port=profile.port if node.tls_enabled else None)
 if node.monitoring_enabled:
     host.get_fact(InstalledVersions, packages=PACKAGES)
     host.get_fact(RootOnlyChain, path=TEXTFILE_DIR)  # roles/monitoring: the textfile directory's chain

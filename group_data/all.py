@@ -56,6 +56,19 @@ api_proxy_engine_port = 18000
 # A request that is not streamed sends nothing until it is done: the proxy waits this long for a byte.
 api_proxy_timeout_s = 3600
 
+# --- roles/tls: TLS on every head's API (the API proxy terminates it) ------------------------------
+# A private CA per fleet, created once on tls_ca_node (None: the first serving group's head), its key
+# root-only there and never copied; each head's certificate names its management address (an IP SAN)
+# and is issued again by a deploy within tls_renew_before_days of its end. Off only with a reason:
+# tls_enabled = False, tls_disabled_reason = "...". A site's own certificate per head instead:
+# tls_cert_file, tls_key_file (root-only) and tls_cert_ca_file, in the inventory. docs/security.md.
+tls_enabled = True
+tls_disabled_reason = None
+tls_ca_node = None
+tls_ca_days = 3650
+tls_cert_days = 365
+tls_renew_before_days = 30
+
 # --- roles/preflight: hard requirements checked before anything changes --------------------------
 gpu_expected = True
 preflight_allowed_archs = ["aarch64"]

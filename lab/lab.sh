@@ -35,6 +35,8 @@ SUITE=bookworm
 MIRROR_URL=http://deb.debian.org/debian
 MIRROR_HOST=deb.debian.org
 DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+# openssl (roles/tls makes and checks the fleet CA and the API's certificates with it, as on DGX OS) comes
+# with ca-certificates, which depends on it.
 PACKAGES=systemd,systemd-sysv,dbus,openssh-server,iproute2,iputils-ping,python3,docker.io,netplan.io,rsync,ca-certificates,procps,git,iperf3,curl,sudo,less
 
 ALL_HOSTS=(spark-a spark-b spark-c spark-d)

@@ -37,6 +37,7 @@ from sparkfleet.model.progress import ProgressData
 from sparkfleet.model.receipt import ReceiptData
 from sparkfleet.model.router import RouterData, router_problems
 from sparkfleet.model.serving_group import serving_problems
+from sparkfleet.model.tls import TlsData, tls_problems
 from sparkfleet.model.serving import SECRET_BEARING_KEYS, ServingData, node_profile, withhold_secrets
 from sparkfleet.model.watchdog import WatchdogData, watchdog_problems
 from sparkfleet.model.weights import WeightsData
@@ -76,7 +77,7 @@ class GroupData(BaseModel):
     )
 
 
-class NodeConfig(GroupData, MonitoringData, EngineProofData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
+class NodeConfig(GroupData, TlsData, MonitoringData, EngineProofData, FabricSpeedData, ApiProxyData, RouterData, ReceiptData, WatchdogData, FirewallData, KernelCacheData, WeightsData, FanoutData, ImageData,
                  FingerprintData, GuardsData, ServingData, DockerData, HostData, FabricData, PreflightData,
                  ManagementData, ProgressData):
     """One node's validated settings (the union of every role's schema)."""
@@ -272,6 +273,7 @@ def _cluster_problems(nodes: list[NodeConfig], ssh_ports: Mapping[str, Any] | No
     problems += _management_problems(nodes, ssh_ports or {})
     problems += router_problems(nodes)  # one router for the fleet, on a node of the inventory (roles/router)
     problems += monitoring_problems(nodes)  # one monitoring stack for the fleet (roles/monitoring)
+    problems += tls_problems(nodes)  # TLS on every API, one CA for the fleet (roles/tls)
     for n in nodes:  # values that would break a file or a shell; directories sparkfleet owns; names' grammars
         problems.extend(node_value_problems(n))
         problems.extend(node_grammar_problems(n))

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from sparkfleet.inventory import current_group
 from sparkfleet.plan_types import FleetPlan, GroupPlan
 from sparkfleet.verdicts import (
-    CachePlan, FabricState, FirewallPlan, FleetKey, ImagePlan, NodeMemory, PairState, SpeedPlan, WatchdogPlan, WeightsPlan,
+    CachePlan, FabricState, FirewallPlan, FleetKey, ImagePlan, NodeMemory, PairState, SpeedPlan, TlsPlan, WatchdogPlan,
+    WeightsPlan,
 )
 
 _KEY = "_sparkfleet_decisions"
@@ -40,9 +41,11 @@ class Decisions:
 class FleetDecision:
     """The fleet's verdicts, taken at step 1b with the groups' from the same facts pass: the turn
     order, the routing (what is routed again, drained for a restart; a drain of a model's last routed
-    group was refused there) and the fleet key's fate. The rolling, router and key steps read it."""
+    group was refused there), the fleet key's fate and TLS (the fleet CA, the heads' certificates, the
+    trust bundles). The rolling, router, key, TLS and API proxy steps read it."""
     summary: FleetPlan  # what the plan prints and `sparkfleet plan` reads
     key: FleetKey | None  # roles/router fleet_key.decide: the key (in memory only) and where it is written
+    tls: TlsPlan | None = None  # roles/tls decide: what this run creates, issues and writes
 
     def key_written_on(self, node: str) -> bool:
         """This run writes the fleet's key into `node`'s key file (a changed key there)."""

@@ -85,6 +85,7 @@ class FleetPlan:
     key_source: str = ""  # the node whose key file is the fleet's API key (the router group's head)
     key_writes: list[str] = field(default_factory=list)  # nodes whose key file gets the fleet's key
     key_generated: bool = False  # no key file anywhere yet: the controller generates it
+    tls: list[str] = field(default_factory=list)  # the TLS lines the deploy printed (roles/tls plan_lines)
 
     def restarting(self, plans: dict[str, GroupPlan]) -> list[str]:
         """The groups that restart, in the order they take their turns."""
@@ -118,4 +119,4 @@ class FleetPlan:
         out = [f"  turn order: {', then '.join(self.turns)}"] if len(self.turns) > 1 else []
         if self.turns and "+" in self.turns[0]:
             out.append(f"  turn order: {self.turns[0]} (one turn: no group serves yet)")
-        return out + ["  " + line.removeprefix("--> sparkfleet ").strip() for line in self.router_lines()]
+        return out + ["  " + line.removeprefix("--> sparkfleet ").strip() for line in self.router_lines() + self.tls]

@@ -43,7 +43,7 @@ DATA_DIR = "preflight_data_dir"
 DIRECTORY_KEYS = (*OWNED_DIRS, DATA_DIR)
 # Files, not directories: a key file is read where the operator keeps it (a hub token in /root is
 # common); held to path_problem only, and to the key's own content checks where it is read.
-OTHER_PATHS = ("weights_hf_token_file", "serving_api_key_file")
+OTHER_PATHS = ("weights_hf_token_file", "serving_api_key_file", "tls_cert_file", "tls_key_file", "tls_cert_ca_file")
 
 # Never one of these exactly (the trees below aside): the roots of other software's data.
 SYSTEM_DIRS = frozenset({

@@ -174,3 +174,34 @@ class FirewallPlan:
     def changes(self) -> bool:
         """The node's live table changes in this run (roles/fabric: what may stop a ping before it)."""
         return self.apply or self.remove
+
+
+@dataclass(frozen=True)
+class TlsPlan:
+    """roles/tls decide: TLS on the heads' API for this run, from the facts pass (the fleet CA on its
+    node, each head's certificate, each node's trust bundle). `problems` are refused by the composer
+    (tools/plan.py) before any change; roles/tls executes the rest and decides nothing. The CA's key is
+    in no fact: the facts carry its state (owner, mode, whether it matches the certificate), never it."""
+    enabled: bool  # tls_enabled: the API speaks TLS (else plain HTTP, with `disabled_reason`)
+    disabled_reason: str = ""
+    ca_node: str | None = None  # the node that keeps the fleet CA (None: TLS off, or only sites' certificates)
+    create_ca: bool = False  # the CA (its key, its certificate, whichever is missing) is made in this run
+    ca_fingerprint: str = ""  # SHA-256 of the CA's certificate as read at prepare ('' unknown or created now)
+    ca_not_after: int | None = None  # the CA's end, epoch seconds
+    issue: dict[str, tuple[str, ...]] = field(default_factory=dict)  # head -> why the fleet CA issues its
+    #                                  certificate again (new key, new certificate) in this run
+    assemble: dict[str, str] = field(default_factory=dict)  # head -> why its proxy PEM is built again from
+    #                                  the site's tls_cert_file and tls_key_file
+    bundle: dict[str, str] = field(default_factory=dict)  # node -> why its trust bundle (ca.crt) is written
+    site_cas: tuple[str, ...] = ()  # the sites' CA certificates (PEM, public) the bundle holds besides the CA's
+    days_left: dict[str, int] = field(default_factory=dict)  # head -> days its certificate has left (read)
+    problems: tuple[str, ...] = ()  # refusals
+    warnings: tuple[str, ...] = ()  # printed, the run goes on
+
+    def reloads(self, node: str) -> bool:
+        """The head's API proxy gets a new certificate in this run (it is reloaded to serve it)."""
+        return node in self.issue or node in self.assemble
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.create_ca or self.issue or self.assemble or self.bundle)

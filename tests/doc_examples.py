@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIRST_PAIR = ROOT / "docs" / "first-pair.md"
 CLIENT_MARK = "<!-- first-pair: client example -->"
 # The environment variables the example reads; docs/first-pair.md tells the user to export each.
-CLIENT_ENV = ("SPARKFLEET_API_URL", "SPARKFLEET_MODEL", "SPARKFLEET_API_KEY_FILE")
+CLIENT_ENV = ("SPARKFLEET_API_URL", "SPARKFLEET_MODEL", "SPARKFLEET_API_KEY_FILE", "SPARKFLEET_CA_FILE")
 
 
 def marked_block(path: Path, mark: str, language: str) -> str:

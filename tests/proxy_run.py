@@ -1,8 +1,12 @@
 """The real HAProxy (the controller's, from the distribution) run with the head's rendered API-proxy
 config, on a free port of the controller's loopback, in front of a backend there: for the unit and
-parity tiers (tests/unit/test_api_proxy.py, tests/parity/test_routes.py)."""
+parity tiers (tests/unit/test_api_proxy.py, tests/parity/test_routes.py). With TLS on (the default),
+its certificate is the one roles/tls's own commands make, run for real with this machine's openssl in
+the proxy's temporary directory: a fleet CA, then the head's key, CSR and certificate for 127.0.0.1."""
 import contextlib
+import dataclasses
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -11,8 +15,46 @@ import urllib.request
 from pathlib import Path
 
 from roles.api_proxy.checks import config_text, key_pattern_file
+from roles.tls import checks as tls
 from tests.programs import os_program
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import ca_bundle_path
+
+
+def sh(command: str, stdin: str | None = None) -> str:
+    """A roles/tls command run here as the node runs it (sh -c), its stdout; a failure raises with stderr."""
+    done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+def fleet_tls(head, directory, address: str = "127.0.0.1", days: int = 30, ca=None):
+    """`head` with its serving_dir in `directory` and its management address `address`, holding what roles/tls
+    makes on a head: the head's certificate for `address` in the proxy's PEM and the trust bundle, issued by
+    the fleet CA on `ca` (a node fleet_tls made before: two heads of one fleet), else by a CA made here (its
+    key root-only), as on the head that keeps it. Every command is roles/tls's own, run with openssl."""
+    node = head.model_copy(update={"serving_dir": str(directory), "management_address": address})
+    ca = ca or node
+    if ca is node:
+        sh(tls.create_ca_command(node, 3650, tls.ca_subject(node)))
+    issue(node, ca, days)
+    Path(ca_bundle_path(node)).write_bytes(tls.bundle_text(Path(tls.ca_cert_path(ca)).read_bytes(), ()))
+    return node
+
+
+def issue(node, ca, days: int = 30) -> None:
+    """The head's certificate as issue_certificate makes it: CSR on the head, signed by the CA, installed."""
+    sh(tls.install_command(node), sh(tls.sign_command(ca, node, days), sh(tls.csr_command(node))))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningProxy:
+    port: int
+    ca: str | None  # the trust bundle that verifies its certificate; None: plain HTTP (tls_enabled false)
+    head: object  # the head as the proxy runs it (its serving_dir the temporary directory)
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca)
 
 
 def free_port() -> int:
@@ -32,18 +74,19 @@ def wait_listening(port: int, timeout_s: float = 10) -> None:
 
 
 @contextlib.contextmanager
-def running_proxy(head, key: str):
+def running_proxy(head, key: str, ca=None):
     """HAProxy with `head`'s rendered config (its backend: 127.0.0.1:api_proxy_engine_port), bound to a
-    free loopback port instead of the profile's, the key's pattern file in a temporary directory.
-    Yields the port."""
+    free loopback port instead of the profile's; its serving_dir a temporary directory holding the key's
+    pattern file and, with TLS on, roles/tls's certificate for 127.0.0.1 (fleet_tls: from the CA of `ca`,
+    another RunningProxy's head, else its own). Yields a RunningProxy."""
     haproxy = os_program("haproxy", "/usr/sbin/haproxy")  # skipped without it, outside make unit / make test
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        keys = Path(d) / "api-key.haproxy"
+        node = fleet_tls(head, d, ca=ca) if head.tls_enabled else head.model_copy(update={"serving_dir": d})
+        keys = Path(key_pattern_file(node))
         keys.write_text(f"Bearer {key}\n")
         keys.chmod(0o600)
-        text = (config_text(head).replace(f"bind 0.0.0.0:{node_profile(head).port}", f"bind 127.0.0.1:{port}")
-                .replace(key_pattern_file(head), str(keys)))
+        text = config_text(node).replace(f"bind 0.0.0.0:{node_profile(node).port}", f"bind 127.0.0.1:{port}")
         assert f"127.0.0.1:{port}" in text and str(keys) in text
         config = Path(d) / "api-proxy.cfg"
         config.write_text(text)
@@ -52,21 +95,25 @@ def running_proxy(head, key: str):
                                    stderr=subprocess.DEVNULL)
         try:
             wait_listening(port)
-            yield port
+            yield RunningProxy(port, ca_bundle_path(node) if node.tls_enabled else None, node)
         finally:
             process.terminate()
             process.wait(10)
 
 
-def ask(port: int, method: str, path: str, key: str | None = None, timeout: float = 20) -> int:
-    """The status code of one request to 127.0.0.1:port (a JSON body for methods that carry one)."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+def ask(target, method: str, path: str, key: str | None = None, timeout: float = 20) -> int:
+    """The status code of one request (a JSON body for methods that carry one): to a RunningProxy over TLS,
+    its certificate verified against its trust bundle (plain HTTP when its TLS is off); to a port (an
+    engine's own), in plain HTTP on 127.0.0.1."""
+    port = target.port if isinstance(target, RunningProxy) else target
+    tls = isinstance(target, RunningProxy) and target.ca is not None
+    request = urllib.request.Request(f"{'https' if tls else 'http'}://127.0.0.1:{port}{path}", method=method,
                                      data=b"{}" if method in ("POST", "PUT", "PATCH") else None)
     request.add_header("Content-Type", "application/json")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=target.context() if tls else None) as response:
             return response.status
     except urllib.error.HTTPError as e:
         return e.code

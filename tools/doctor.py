@@ -6,7 +6,9 @@ through the API with the key, every rank's container running and no engine proce
 /health alone; each worker's own probe too (its container and processes, seen on the worker). With
 the watchdog on, each node's watchdog must run, be enabled as data says, and its own verdict
 (`sfl_watch.py status`) must pass: a watchdog that gave up fails the doctor with its reason. With a
-router, a row per serving group: routed, or drained, draining, unhealthy (each a failure).
+router, a row per serving group: routed, or drained, draining, unhealthy (each a failure). With TLS, a
+row per head: its API answers /health through TLS verified with the node's trust bundle, and its
+certificate is not within tls_renew_before_days of its end.
 
 It defines no operation and changes nothing; it exits non-zero when any check fails.
 """
@@ -28,6 +30,9 @@ from roles.router.control import doctor_rows
 from roles.router.facts import RouterRouting
 from roles.router.node_config import router_node
 from roles.serving.facts import HeadHealth, UnitState, is_serving
+from sparkfleet.model.tls import api_base, ca_bundle_path, curl_tls
+from roles.tls.checks import ServedTls
+from roles.tls.checks import doctor_problems as tls_doctor_problems
 from roles.watchdog.facts import WatchdogUnit, WatchProbe, WatchStatus
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.engine import unit_name
@@ -84,6 +89,10 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
                                           h.get_fact(Listeners))
         if node.is_head or node.monitoring_enabled:
             rows.append(("listeners", name, listening))
+        if node.is_head and node.tls_enabled:  # the API over TLS, as a client verifies it (roles/tls)
+            served = h.get_fact(ServedTls, api=api_base(node, node_profile(node).port), bundle=ca_bundle_path(node),
+                                port=node_profile(node).port)
+            rows.append(("tls", name, tls_doctor_problems(node, served)))
     rows += fingerprint_rows(state)  # each node's values; a must-match field that differs fails
     # The deploy's own prepare-time verdicts (facts only): what a deploy would move is a failure here.
     if planned is not None:
@@ -154,7 +163,8 @@ def health_problems(cluster, hosts, port: int) -> list[str]:
     problems = []
     problem = probe_problem(cluster.head.name, head.get_fact(WatchProbe))
     if problem:
-        code = "200" if head.get_fact(HeadHealth, port=port) else "not 200"
+        code = "200" if head.get_fact(HeadHealth, api=api_base(cluster.head, port), tls=curl_tls(cluster.head)) \
+            else "not 200 (through the proxy, its certificate verified)"
         problems.append(f"{problem}; /health {code}")
     for worker in cluster.workers:
         h = hosts.get(worker.name)

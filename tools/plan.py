@@ -31,6 +31,7 @@ from roles.router.facts import RouterRouting
 from roles.router.node_config import router_node
 from roles.serving import checks as serving_checks
 from roles.serving.api_key import decide_key, head_key_found
+from roles.tls import checks as tls_checks
 from roles.watchdog import checks as watchdog_checks
 from roles.weights import checks as weights_checks
 from sparkfleet import addresses, decided
@@ -106,10 +107,11 @@ def read_facts(state) -> None:
             pass
 
     def compute():
-        # The fleet's two readers one after the other, beside the groups' pass: one more channel on the
-        # router group's nodes, under sshd's MaxSessions (FACT_READERS_AT_ONCE).
+        # The fleet's readers one after the other, beside the groups' pass: one more channel on the
+        # router group's nodes and the heads, under sshd's MaxSessions (FACT_READERS_AT_ONCE).
         at_once(lambda: quietly(lambda: per_group(state, lambda group: group_facts(state, group))),
-                lambda: (quietly(lambda: fleet_key_facts(state)), quietly(lambda: router_routing(state))))
+                lambda: (quietly(lambda: fleet_key_facts(state)), quietly(lambda: router_routing(state)),
+                         quietly(lambda: tls_checks.tls_facts(state))))
     once_per_fleet(state, "plan-facts", compute)
 
 
@@ -276,9 +278,9 @@ def management_lines(fleet) -> list[str]:
             "the firewall; no node resolves a name):"] + [f"    {line}" for line in addresses.plan_lines(fleet.nodes)]
 
 
-def fleet_plan(turns: list[str], routing: RoutingPlan, key: FleetKey | None) -> FleetPlan:
-    """The fleet's row of the plan: the turn order, the router's verdict and the fleet key's. Pure."""
-    return FleetPlan(turns=list(turns), router=routing.router,
+def fleet_plan(turns: list[str], routing: RoutingPlan, key: FleetKey | None, tls: list[str] = ()) -> FleetPlan:
+    """The fleet's row of the plan: the turn order, the router's verdict, the fleet key's and TLS's lines. Pure."""
+    return FleetPlan(turns=list(turns), router=routing.router, tls=list(tls),
                      routing={g: state or "not configured yet" for g, state in routing.states.items()},
                      router_note=routing.note, route_again=list(routing.route_again), drain=list(routing.drain),
                      outage_accepted=dict(routing.accepted), key_source=key.source if key else "",
@@ -309,12 +311,14 @@ def write_plan(plans: dict[str, GroupPlan], fleet: FleetPlan, directory) -> None
         json.dump(asdict(fleet), out, indent=1)  # unsorted: the router's groups in its own order
 
 
-def refusal(decisions: dict[str, decided.Decisions], fleet, routing: RoutingPlan) -> DeployError | None:
+def refusal(decisions: dict[str, decided.Decisions], fleet, routing: RoutingPlan,
+            tls=None) -> DeployError | None:
     """What refuses the run at step 1b, after the plan printed and before any host is changed: a node
     whose firewall cannot be rendered (roles/firewall: its subnet or the monitoring node's address
-    unread), then a turn that drains a model's last routed group (roles/rolling/routes.py). Pure."""
+    unread), then a turn that drains a model's last routed group (roles/rolling/routes.py), then TLS
+    (roles/tls: a fleet CA or a site's certificate the deploy must not use). Pure."""
     walls = {name: plan for d in decisions.values() for name, plan in d.firewall.items()}
-    return firewall_checks.refusal(walls) or routes.refusal(fleet, routing)
+    return firewall_checks.refusal(walls) or routes.refusal(fleet, routing) or tls_checks.refusal(tls)
 
 
 def decide(state) -> dict[str, GroupPlan]:
@@ -329,7 +333,9 @@ def decide(state) -> dict[str, GroupPlan]:
         plans = {name: d.summary for name, d in decisions.items()}
         turns = turn_order(plans, list(fleet.groups))
         routing = routes.decide(fleet, router_routing(state), plans, turns)
-        fleet_v = decided.FleetDecision(summary=fleet_plan(turns, routing, key), key=key)
+        tls = tls_checks.decide(fleet, tls_checks.tls_facts(state))
+        tls_lines = tls_checks.plan_lines(fleet, tls)
+        fleet_v = decided.FleetDecision(summary=fleet_plan(turns, routing, key, tls_lines), key=key, tls=tls)
         changed = sum(p.changes for p in plans.values())
         for line in management_lines(fleet):
             logger.info(line)
@@ -337,9 +343,9 @@ def decide(state) -> dict[str, GroupPlan]:
                     f"(decided before any change; the roles execute this plan)")
         for line in plan_table(plans):
             logger.info("    " + line)
-        for line in fleet_lines(plans, fleet_v.summary):
+        for line in fleet_lines(plans, fleet_v.summary) + tls_lines:
             logger.info(line)
-        if (refused := refusal(decisions, fleet, routing)) is not None:
+        if (refused := refusal(decisions, fleet, routing, tls)) is not None:
             raise refused
         decided.install(state, decisions, fleet_v)
         if (directory := plan_dir()) is not None:

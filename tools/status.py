@@ -1,7 +1,8 @@
 """`make status`: what the serving pair is doing now, read-only (status.py, like doctor.py).
 
 Per pair: the probe (`sfl_watch.py probe` on the head, as the watchdog and the doctor run it: a real
-completion through the API) and its latency; each rank's unit (active, enabled), container and its
+completion through the API) and its latency; the API's TLS (/health through the proxy, its certificate
+verified with the node's trust bundle, that bundle's fingerprint, the certificate's days left); each rank's unit (active, enabled), container and its
 uptime, and the image it runs; each node's watchdog (unit, verdict, generation, restarts in the
 window, its last actions); the recipe commit the pair serves (the running image's tag) and what the
 head's history (<preflight_data_dir>/recipes/<profile>.history) says of it; the latest benchmark receipt against
@@ -25,11 +26,14 @@ from roles.receipt.receipt import status_lines as receipt_lines
 from roles.router import control
 from roles.router.node_config import router_node
 from roles.serving.facts import UnitState
+from roles.tls.checks import ServedTls
+from roles.tls.checks import status_line as tls_status_line
 from roles.serving.history import RecipeHistory, history_file, last_event, same_commit
 from roles.watchdog.facts import RankContainer, WatchdogUnit, WatchProbe, WatchStatus
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import api_base, ca_bundle_path
 from sparkfleet.model.watchdog import WATCH_UNIT
 from sparkfleet.once import active_hosts, fleet_hosts, once_per_fleet, once_per_run
 
@@ -120,7 +124,7 @@ def engine_line(profile, proof: str | None, container: dict) -> str:
 
 def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, watch_units: dict,
                  statuses: dict, events, receipts: list | None = None, live: dict | None = None,
-                 proof: str | None = None) -> list[str]:
+                 proof: str | None = None, tls: dict | None = None) -> list[str]:
     """The report, from facts (node name -> fact value); pure, for the tests."""
     head = cluster.head
     names = " + ".join(n.name for n in cluster.nodes)
@@ -131,6 +135,7 @@ def status_lines(cluster, profile, probe: dict, units: dict, containers: dict, w
     if probe.get("rc") == "absent":
         result = "not installed (deploy)"
     lines.append(f"  {'probe':<9} {head.name:<10} {result}" + (f"  [latency {latency}]" if latency else ""))
+    lines.append(f"  {'tls':<9} {head.name:<10} {tls_status_line(head, api_base(head, profile.port), tls)}")
     for node in cluster.nodes:
         lines.append(f"  {'rank':<9} {node.name:<10} {rank_line(node, units.get(node.name, {}), containers.get(node.name, {}))}")
     for node in cluster.nodes:
@@ -169,8 +174,10 @@ def _status(state) -> None:
     prom = state.inventory.get_host(monitor.name) if monitor else None
     live = (prom.get_fact(LiveFigures, group=cluster.head.serving_group, port=monitor.monitoring_prometheus_port)
             if prom is not None and prom.name in {h.name for h in fleet_hosts(state)} else None)
+    tls = (head.get_fact(ServedTls, api=api_base(cluster.head, profile.port), bundle=ca_bundle_path(cluster.head),
+                         port=profile.port) if head and cluster.head.tls_enabled else None)
     lines = status_lines(cluster, profile, probe, units, containers, watch_units, statuses, events, receipts, live,
-                         proof)
+                         proof, tls)
     logger.info("--> sparkfleet status (read-only):\n" + "\n".join(lines) + "\n")
 
 

@@ -12,6 +12,7 @@ from sparkfleet.listeners import parse_ss
 from sparkfleet.model.api_proxy import OPEN_PATHS, PROXY_USER
 from sparkfleet.model.engine import KEY_PROXY_FILE
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import proxy_pem_path
 from sparkfleet.render import render
 
 UNIT = "sparkfleet-api-proxy"
@@ -33,8 +34,14 @@ def key_pattern_file(node) -> str:
     return f"{node.serving_dir}/{KEY_PROXY_FILE}"
 
 
+def tls_pem(node) -> str | None:
+    """The certificate and key HAProxy serves the API with (roles/tls writes it), None when TLS is off."""
+    return proxy_pem_path(node) if node.tls_enabled else None
+
+
 def config_text(node) -> str:
     return render("api_proxy", "/etc/sparkfleet/api-proxy.cfg", bind=BIND, port=node_profile(node).port,
+                  tls_pem=tls_pem(node),
                   engine_port=node.api_proxy_engine_port, timeout_s=node.api_proxy_timeout_s,
                   key_file=key_pattern_file(node), open_paths=OPEN_PATHS, user=PROXY_USER,
                   metrics_port=node.monitoring_engine_metrics_port if node.monitoring_enabled else None)

@@ -6,7 +6,7 @@ Runs after the API key's files are written (roles/serving/api_key_tasks.py write
 pattern file with the others) and before any engine starts, so no engine ever answers on the
 profile's port itself. HAProxy was installed before the firewall (install_tasks.py); config and unit written, the
 unit enabled and running; reloaded (HAProxy's own graceful reload: in-flight requests finish) when
-its config or the key changed, restarted when its unit did. An unchanged re-deploy changes nothing.
+its config, the key or its certificate (roles/tls, step 7b1) changed, restarted when its unit did. An unchanged re-deploy changes nothing.
 On any other node, a proxy left from an earlier head is stopped and removed.
 """
 from io import StringIO
@@ -15,7 +15,7 @@ from pyinfra import host, state
 from pyinfra.operations import server, systemd
 
 from roles.api_proxy.checks import HAPROXY, UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
-from sparkfleet.decided import decisions
+from sparkfleet.decided import decisions, fleet_decision
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.watchdog import WATCH_UNIT
 from sparkfleet import unchanged
@@ -34,6 +34,8 @@ if node.is_head:
     server.shell(name=f"Check {config_path(node)} with HAProxy", commands=[f"{HAPROXY} -c -q -f {config_path(node)}"],
                  _if=config.did_change)
     key_changed = decisions(state).key != "ok"  # the run's plan: the pattern file was rewritten at step 7b
+    tls = fleet_decision(state).tls
+    new_cert = tls is not None and tls.reloads(node.name)  # roles/tls wrote a new certificate at step 7b1
     # A head deployed before the proxy existed has its engine on the profile's port: when the pair
     # restarts in this run anyway (its unit moves the engine to api_proxy_engine_port), that engine
     # and the watchdog that would start it again stop first (the watchdog is handed the pair back at
@@ -47,8 +49,10 @@ if node.is_head:
                                 enabled=True)
     server.shell(name=f"Restart {UNIT} (its unit changed)", commands=[f"systemctl restart {UNIT}.service"],
                  _if=lambda: unit.did_change() and not started.did_change())
-    server.shell(name=f"Reload {UNIT} (its config or the API key changed)", commands=[f"systemctl reload {UNIT}.service"],
-                 _if=lambda: (config.did_change() or key_changed) and not unit.did_change() and not started.did_change())
+    server.shell(name=f"Reload {UNIT} (its config, the API key or its certificate changed)",
+                 commands=[f"systemctl reload {UNIT}.service"],
+                 _if=lambda: (config.did_change() or key_changed or new_cert) and not unit.did_change()
+                 and not started.did_change())
 elif found["unit"]:
     server.shell(
         name=f"Remove {UNIT} ({node.name} is no head)",

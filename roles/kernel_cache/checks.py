@@ -36,6 +36,7 @@ from sparkfleet.model.engine import IMAGE_WORD, docker_args, engine_args, image_
 from sparkfleet.model.fanout import SFL_FILES
 from sparkfleet.model.kernel_cache import COMPILE_LOG_LINES, cache_vars, prewarm_env
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import api_base, curl_tls
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.progress import phase_text, watched
 from sparkfleet.render import render
@@ -365,7 +366,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
         start = time.monotonic()
         while True:
             elapsed = time.monotonic() - start
-            code = nodes.run(head.name, health_command(profile.port), "health", check=False).strip()
+            code = nodes.run(head.name, health_command(api_base(head, profile.port), curl_tls(head)), "health", check=False).strip()
             if code == "200":
                 logger.info(f"    [{head.name}] prewarm pair up after {elapsed:.0f} s")
                 break
@@ -382,7 +383,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
         before = nodes.counts()
         for round_no in range(1, head.kernel_cache_prewarm_max_rounds + 1):
             for label, body in requests:
-                ok, out = nodes.hosts[head.name].run_shell_command(StringCommand(request_command(profile.port, body, curl_config(head))))
+                ok, out = nodes.hosts[head.name].run_shell_command(StringCommand(request_command(api_base(head, profile.port), curl_tls(head), body, curl_config(head))))
                 if not ok or out.stdout.strip() != "200":
                     raise RunFailed(warmup_failure(head, label, out.stdout.strip()), out.stderr[-500:])
             after = nodes.counts()
@@ -400,7 +401,7 @@ def _prewarm(nodes: _Nodes, profile) -> None:
     def phase() -> str:
         """The prewarm engine's phase, its log's last line, and the head's /health (sparkfleet/progress.py)."""
         log = nodes.run(head.name, f"docker logs --tail 40 {PREWARM_CONTAINER} 2>&1", "logs", check=False)
-        code = nodes.run(head.name, health_command(profile.port), "health", check=False).strip()
+        code = nodes.run(head.name, health_command(api_base(head, profile.port), curl_tls(head)), "health", check=False).strip()
         return f"{phase_text(log) or 'no log line yet'} (/health: {code or 'no answer'})"
 
     try:
@@ -510,9 +511,9 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
                 time.sleep(POLL_S)
         nodes.run(head.name, f"systemctl restart {unit_name(head)}.service", f"restarting {unit_name(head)}")
         wait_for_health(
-            unit=unit_name(head), port=profile.port, timeout_s=head.serving_health_timeout_s,
-            endpoint=f"http://{head.management_address}:{profile.port}/v1", max_model_len=profile.max_model_len,
-            curl_config=curl_config(head), key_file=key_file(head),
+            unit=unit_name(head), api=api_base(head, profile.port), tls=curl_tls(head),
+            timeout_s=head.serving_health_timeout_s, endpoint=f"{api_base(head, profile.port)}/v1",
+            max_model_len=profile.max_model_len, curl_config=curl_config(head), key_file=key_file(head),
         )
     except DeployError as exc:
         return None, str(exc)

@@ -1,7 +1,9 @@
 """The benchmark receipt: what a pair delivers, measured right after the deploy that (re)started it.
 
 The load (roles/receipt/loadgen.py, llama-benchy) runs on the controller, through an SSH tunnel to the
-head's API on 127.0.0.1 (the firewall and the API's bind stay as they are), with the API key: read from
+head's API on 127.0.0.1 (the firewall and the API's bind stay as they are), over TLS end to end inside
+the tunnel (the head's certificate verified against the fleet's trust bundle read from the head, for the
+head's management address, as any client's), with the API key: read from
 the head's root-only key file over the deploy's connection into memory (sparkfleet/keyfiles.py) and
 handed to the load generator on its stdin, never on a command line, in a fact or in a log (its
 output is cleared of the key before any of it is shown). The tunnel's end on the controller is a
@@ -37,6 +39,7 @@ from sparkfleet.keyfiles import KeyFileError, read
 from sparkfleet.model.engine_proof import engine_proof_path, proven_version
 from sparkfleet.model.fabric_speed import passed_figures, speed_record_path
 from sparkfleet.model.monitoring import RECEIPT_TEXTFILE
+from sparkfleet.model.tls import api_base as tls_api_base, ca_bundle_path
 from sparkfleet.root_paths import textfile_write_command
 
 
@@ -126,13 +129,16 @@ class Tunnel:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def api_base(host, port: int):
-    """(base URL, Unix socket path or None, tunnel or None) for the head's API on 127.0.0.1."""
+def api_base(host, node, port: int):
+    """(base URL, Unix socket path or None, tunnel or None) for the head's API: the URL as clients name it
+    (https://<management address>:<port>/v1: its certificate is checked against that address), reached
+    through the tunnel to the head's 127.0.0.1:<port> (TLS runs end to end inside it)."""
+    base = f"{tls_api_base(node, port)}/v1"
     client = getattr(host.connector, "client", None)
     if client is None:  # @local: the controller is the head
-        return f"http://127.0.0.1:{port}/v1", None, None
+        return base, None, None
     tunnel = Tunnel(client.get_transport(), port)
-    return "http://127.0.0.1/v1", tunnel.path, tunnel
+    return base, tunnel.path, tunnel
 
 
 def read_remote(host, path: str) -> bytes | None:
@@ -280,8 +286,18 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
         tokenizer = read_remote(host, f"{model_dir}/tokenizer.json")
         if tokenizer:
             Path(tmp, "tokenizer.json").write_bytes(tokenizer)
-        base, unix_socket, tunnel = api_base(host, profile.port)
+        ca_pem = None
+        if node.tls_enabled:  # the fleet's trust bundle (public), what the load generator verifies the head with:
+            try:  # read as root (its directory is root's alone), with the host's sudo settings
+                ca_pem = read(host, ca_bundle_path(node))
+            except KeyFileError as e:
+                raise DeployError(f"receipt: {e}")
+            if not ca_pem:
+                raise DeployError(f"{host.name}: receipt: no trust bundle at {ca_bundle_path(node)} to verify the API's "
+                                  f"certificate with (roles/tls writes it)")
+        base, unix_socket, tunnel = api_base(host, node, profile.port)
         job = {"base_url": base, "unix_socket": unix_socket, "api_key": key.decode().strip(),
+               "ca_pem": ca_pem.decode() if ca_pem else None,
                "model": profile.api_model_name,
                "tokenizer": tmp if tokenizer else profile.model, "prompt_tokens": node.receipt_prompt_tokens,
                "decode_tokens": node.receipt_decode_tokens, "concurrency": list(node.receipt_concurrency),

@@ -10,6 +10,7 @@ from sparkfleet.chat_request import request_command
 from sparkfleet.decided import decisions
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import api_base, curl_tls
 
 node = cluster_from_state(state).node(host.name)
 restart = decisions(state).serving.restart  # the group's plan (tools/plan.py): it stopped and started
@@ -19,7 +20,7 @@ router, url = drained if drained else (None, None)
 profile = node_profile(node)
 body = {"model": profile.api_model_name, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 # A real request (both ranks answer it), its HTTP code checked; the key from curl's root-only config.
-probe = f"code=$({request_command(profile.port, body, curl_config(node))} 2>/dev/null); " \
+probe = f"code=$({request_command(api_base(node, profile.port), curl_tls(node), body, curl_config(node))} 2>/dev/null); " \
         f"test \"$code\" = 200 && echo \"chat completion 200\" || {{ echo \"chat completion answered $code\"; false; }}"
 python.call(
     name=f"Prove serving group {group} serves, and put it back in the router",

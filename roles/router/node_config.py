@@ -3,7 +3,8 @@ deploy writes): which groups it routes to, its JSON config and its unit.
 
 Backends: the head of every serving group whose profile serves the same API model name as the router
 node's own group (the name clients send as "model"; smg routes by it), each at
-http://<head's management address>:<its profile's port>. The management address, not the fabric's:
+https://<head's management address>:<its profile's port> (http:// with tls_enabled false), its
+certificate verified against the fleet's trust bundle on the router node. The management address, not the fabric's:
 groups cabled back to back share no fabric (each cable is its own subnet, and each node's firewall
 takes only its own group's fabric addresses on the fabric netdev), while every head's API already
 listens on all addresses and is reached from the management network (firewall_api_allowed_networks,
@@ -16,6 +17,7 @@ import json
 from sparkfleet.model.router import RouterData
 from sparkfleet.model.api_key import key_file
 from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import api_base, ca_bundle_path
 from sparkfleet.render import render
 
 ROUTER_UNIT = "sparkfleet-router"
@@ -69,10 +71,10 @@ def key_holders(fleet):
 
 
 def backend_url(head) -> str:
-    """How the router names a group's head: its API on the management address."""
-    address = head.management_address
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{node_profile(head).port}"
+    """How the router names a group's head: its API on the management address, over TLS unless data
+    turns it off (smg verifies the head's certificate, for that address, against the fleet's trust
+    bundle on the router node: router_config's ca_file)."""
+    return api_base(head, node_profile(head).port)
 
 
 def backends(fleet, router) -> list[str]:
@@ -99,6 +101,10 @@ def router_config(fleet, router: RouterData) -> dict:
         # every address, port 29000): on loopback only until a scrape source is named.
         "metrics_host": "127.0.0.1",
         "metrics_port": router.router_metrics_port,
+        # The only CA smg adds to its roots for the heads' certificates (smg's ca_cert_paths: reqwest's
+        # add_root_certificate on every worker's client, model_gateway/src/worker/http_client.rs); roles/tls
+        # writes it on the router node. None: the heads speak plain HTTP (tls_enabled false).
+        "ca_file": ca_bundle_path(router) if router.tls_enabled else None,
     }
 
 

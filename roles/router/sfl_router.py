@@ -9,8 +9,9 @@ library only, except `run`, which the router's own virtualenv runs (it imports s
   sfl_router.py drain CONFIG URL  take a backend out of routing; returns once the router no longer has it
   sfl_router.py undrain CONFIG URL  put it back; returns once the router routes to it (healthy)
 
-CONFIG (/etc/sparkfleet/router.json, root-only, written by roles/router) names two key files, never a
-key: each is read from its root-only file into this process and goes to smg in memory (`run`) or in
+CONFIG (/etc/sparkfleet/router.json, root-only, written by roles/router) names the CA file smg verifies
+the heads' certificates with (`ca_file`: the heads' https:// backends; roles/tls writes it) and two key
+files, never a key: each is read from its root-only file into this process and goes to smg in memory (`run`) or in
 a request body or header on loopback (the admin commands). Neither is ever in argv, the unit, the
 environment or a log line: smg 1.13 logs no argument value of its RouterArgs.
 
@@ -46,9 +47,11 @@ def load(path: str) -> dict:
     missing = [k for k in KEYS if k not in config]
     if missing:
         raise SystemExit(f"sfl_router: {path}: missing {', '.join(missing)}")
-    if not isinstance(config["backends"], list) or not all(isinstance(b, str) and b.startswith("http://")
+    if not isinstance(config["backends"], list) or not all(isinstance(b, str) and b.startswith(("http://", "https://"))
                                                            for b in config["backends"]):
-        raise SystemExit(f"sfl_router: {path}: backends must be a list of http:// URLs")
+        raise SystemExit(f"sfl_router: {path}: backends must be a list of http:// or https:// URLs")
+    if any(b.startswith("https://") for b in config["backends"]) and not config.get("ca_file"):
+        raise SystemExit(f"sfl_router: {path}: https:// backends need ca_file, the CA that verifies them")
     return config
 
 
@@ -96,6 +99,9 @@ def router_args(config: dict, key: str, control: str):
         history_backend="none",  # keep no conversation or response on the router
         prometheus_host=config["metrics_host"],
         prometheus_port=config["metrics_port"],
+        # The heads' TLS: smg adds this CA to its roots for every backend's connection (its health checks
+        # and requests); without it smg refuses their certificates (UnknownIssuer).
+        ca_cert_paths=[config["ca_file"]] if config.get("ca_file") else [],
     )
 
 

@@ -95,10 +95,12 @@ if node.router_node == node.name:
     server.shell(name=f"Check {ROUTER_CONFIG} with the program",
                  commands=[f"python3 {SFL_ROUTER} check {ROUTER_CONFIG}"], _if=any_changed(program, config))
     key_changed = fleet_decision(state).key_written_on(node.name)  # the plan's key verdict (step 1b)
+    tls = fleet_decision(state).tls  # smg reads the heads' CA (ca_file) at start only
+    new_ca = tls is not None and node.name in tls.bundle
     restart = server.shell(
-        name=f"Restart {ROUTER_UNIT} (its program, config, unit, installation or a key changed)",
+        name=f"Restart {ROUTER_UNIT} (its program, config, unit, installation, a key or the heads' CA changed)",
         commands=[f"systemctl restart {ROUTER_UNIT}.service"],
-        _if=lambda: (key_changed or (installed is not None and installed.did_change())
+        _if=lambda: (key_changed or new_ca or (installed is not None and installed.did_change())
                      or any_changed(program, config, unit, control_key)()),
     )
     started = unchanged.service(name=f"Run {ROUTER_UNIT}, at boot too", service=f"{ROUTER_UNIT}.service",

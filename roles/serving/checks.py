@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pyinfra.facts.files import Sha1File
 
 from roles.serving.facts import HeadHealth, UnitState, is_serving
+from sparkfleet.model.tls import api_base, curl_tls
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.engine import (
     IMAGE_VAR,
@@ -89,8 +90,12 @@ def serving_facts(state) -> ServingFacts:
 
     read_by_node = per_host(state, read)
     # Whether the head serves now, restart or not: a group that serves is upgraded in its own turn
-    # (roles/rolling), so the others keep answering meanwhile.
-    healthy = state.inventory.get_host(cluster.head.name).get_fact(HeadHealth, port=profile.port)
+    # (roles/rolling), so the others keep answering meanwhile. Through the proxy as clients ask it
+    # (TLS, verified), or in plain HTTP from a proxy deployed before TLS (this run's step 7b2 moves it).
+    head = cluster.head
+    healthy = state.inventory.get_host(head.name).get_fact(
+        HeadHealth, api=api_base(head, profile.port), tls=curl_tls(head),
+        plain_port=profile.port if head.tls_enabled else None)
     return ServingFacts(gid_index={n: g for n, (g, _, _) in read_by_node.items()},
                         sums={n: sums for n, (_, sums, _) in read_by_node.items()},
                         units={n: unit for n, (_, _, unit) in read_by_node.items()}, healthy=healthy)

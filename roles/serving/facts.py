@@ -26,15 +26,24 @@ def is_serving(unit_state: dict) -> bool:
     return unit_state.get("active") == "active" and unit_state.get("container") == "running"
 
 
-def health_command(port: int, path: str = "/health") -> str:
-    return f"curl -fsS -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{int(port)}{path} 2>/dev/null || true"
+def health_command(api: str, tls: str = "", path: str = "/health", plain_port: int | None = None) -> str:
+    """The HTTP code of GET <api><path> through the head's API proxy, asked on the head: `api` is the API as
+    clients name it (sparkfleet/model/tls.py api_base: https://<management address>:<port>), `tls` curl's
+    options that verify its certificate against the node's trust bundle (curl_tls). `plain_port`: when the
+    verified request gets no answer, plain HTTP on 127.0.0.1 at that port is asked too (the plan's reading
+    of a proxy deployed before TLS, which this run moves to TLS); never a request that skips verification."""
+    code = f"curl -fsS -m 5 -o /dev/null -w '%{{http_code}}' {tls + ' ' if tls else ''}{api}{path} 2>/dev/null"
+    if plain_port is None:
+        return f"{code} || true"
+    plain = f"curl -fsS -m 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{int(plain_port)}{path} 2>/dev/null"
+    return f"c=$({code}); [ \"$c\" = 200 ] || c=$({plain}); echo \"$c\""
 
 
 class HeadHealth(FactBase):
-    """True when the head answers 200 on /health."""
+    """True when the head answers 200 on /health (health_command's arguments)."""
 
-    def command(self, port: int) -> str:
-        return health_command(port)
+    def command(self, api: str, tls: str = "", plain_port: int | None = None) -> str:
+        return health_command(api, tls, plain_port=plain_port)
 
     def process(self, output):
         return "".join(output).strip() == "200"

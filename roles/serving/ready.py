@@ -111,20 +111,21 @@ def check_engine_kv(host, unit: str, max_model_len: int) -> None:
 KEYLESS_PROBES = (("GET", "/v1/models"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"))
 
 
-def key_probe_command(port: int, curl_config: str) -> str:
-    """The codes of KEYLESS_PROBES without the key, then GET /v1/models with it, on the head (the key
-    from curl's root-only config file, never on a command line)."""
-    base = f"http://127.0.0.1:{int(port)}"
-    fmt = "-sS -m 10 -o /dev/null -w '%{http_code}'"
+def key_probe_command(api: str, tls: str, curl_config: str) -> str:
+    """The codes of KEYLESS_PROBES without the key, then GET /v1/models with it, on the head, through the
+    proxy as clients reach it (`api`, its certificate verified with `tls`: sparkfleet/model/tls.py); the
+    key from curl's root-only config file, never on a command line."""
+    base = api
+    fmt = f"-sS -m 10 -o /dev/null -w '%{{http_code}}'{' ' + tls if tls else ''}"
     keyless = " ".join(
         f"$(curl {fmt} -X {method}{' -H content-type:application/json -d {}' if method == 'POST' else ''} "
         f"{base}{path} 2>/dev/null)" for method, path in KEYLESS_PROBES)
     return f"echo {keyless} $(curl -K {curl_config} {fmt} {base}/v1/models 2>/dev/null)"
 
 
-def check_api_key(host, port: int, curl_config: str) -> None:
+def check_api_key(host, api: str, tls: str, curl_config: str) -> None:
     """The API refuses every probe without the key (401) and serves one with it (200)."""
-    _, out = host.run_shell_command(StringCommand(key_probe_command(port, curl_config)))
+    _, out = host.run_shell_command(StringCommand(key_probe_command(api, tls, curl_config)))
     want = ["401"] * len(KEYLESS_PROBES) + ["200"]
     codes = (out.stdout.strip().split() + ["none"] * len(want))[:len(want)]
     if codes != want:
@@ -154,10 +155,12 @@ def engine_log_tail_command(unit: str) -> str:
             f"journalctl _SYSTEMD_INVOCATION_ID=\"$id\" -n 40 --no-pager -o cat")
 
 
-def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_model_len: int,
-                    curl_config: str | None = None, key_file: str | None = None, workers: tuple[str, ...] = ()) -> None:
-    """Operation body: poll the head's /health with progress, bounded; then prove the API key is
-    required; print the endpoint and where its key is. A worker whose engine exits meanwhile ends the
+def wait_for_health(unit: str, api: str, tls: str, timeout_s: int, endpoint: str, max_model_len: int,
+                    curl_config: str | None = None, key_file: str | None = None, workers: tuple[str, ...] = (),
+                    ca_file: str | None = None) -> None:
+    """Operation body: poll the head's /health through the proxy (`api`, its certificate verified with
+    `tls`), with progress, bounded; then prove the API key is required; print the endpoint, where its key
+    is and what verifies its certificate (`ca_file`). A worker whose engine exits meanwhile ends the
     wait at once, naming it: found by the lab's real vLLM, a head whose worker died while the pair
     started waits for it for over ten minutes, deaf to SIGTERM, so the bound alone would spend all of
     serving_health_timeout_s (20 min by default) before saying anything."""
@@ -183,14 +186,15 @@ def wait_for_health(unit: str, port: int, timeout_s: int, endpoint: str, max_mod
                     _, log = peer.run_shell_command(StringCommand(f"journalctl -u {WORKER_UNIT} -n 30 --no-pager -o cat"))
                     # (A vLLM head waits for a lost worker, deaf to SIGTERM: the wait ends here instead.)
                     raise RunFailed(worker_lost_failure(_node(name), host.name, at_start[name], now, elapsed), log.stdout)
-            ok, out = host.run_shell_command(StringCommand(health_command(port)))
+            ok, out = host.run_shell_command(StringCommand(health_command(api, tls)))
             code = out.stdout.strip() if ok else "no answer"
             if code == "200":
                 ticker.done()
                 key = f" (API key: root-only file {key_file} on {host.name})" if key_file else ""
-                logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}{key}")
+                cert = f"; its certificate verifies with {ca_file} on {host.name}" if ca_file else ""
+                logger.info(f"    [{host.name}] /health 200 after {elapsed:.0f} s; serving at {endpoint}{key}{cert}")
                 if curl_config:
-                    check_api_key(host, port, curl_config)
+                    check_api_key(host, api, tls, curl_config)
                 check_engine_kv(host, unit, max_model_len)
                 return
             if ticker.due():

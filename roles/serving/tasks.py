@@ -20,6 +20,7 @@ from roles.serving.history import RecipeHistory, history_file, last_served, reco
 from sparkfleet.decided import decisions
 from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT, unit_name
 from sparkfleet.model.serving import SFL_GID, node_profile
+from sparkfleet.model.tls import api_base, ca_bundle_path, curl_tls
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.once import at_once
@@ -125,9 +126,11 @@ python.call(
     history=events_file,
     commit=commit,
     unit=unit,
-    port=profile.port,
+    api=api_base(node, profile.port),
+    tls=curl_tls(node),
+    ca_file=ca_bundle_path(node) if node.tls_enabled else None,
     timeout_s=node.serving_health_timeout_s,
-    endpoint=f"http://{node.management_address}:{profile.port}/v1",
+    endpoint=f"{api_base(node, profile.port)}/v1",
     max_model_len=profile.max_model_len,
     curl_config=curl_config(node),
     key_file=key_file(node),

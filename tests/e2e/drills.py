@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from tests.e2e.lab import SSH_CONFIG, on, reboot
+from tests.e2e.lab import SSH_CONFIG, api_curl, head_api, on, reboot
 
 HEAD, WORKER = "spark-a", "spark-b"
 UNITS = {HEAD: "sparkfleet-head", WORKER: "sparkfleet-worker"}
@@ -19,11 +19,11 @@ SERVED = "glm-5.3-flash"  # the lab's profile's api_model_name (tests/real serve
 
 
 def chat_command(model: str = SERVED) -> str:
-    """A chat completion through the head's API, as a client sends it; its own 4 s bound."""
-    return ("curl -s -o /dev/null -w '%{http_code}' -m 4 -K /etc/sparkfleet/api-key.curl "
+    """A chat completion through the head's API (TLS, verified), as a client sends it; its own 4 s bound."""
+    return (api_curl("-s -o /dev/null -w '%{http_code}' -m 4") + " "
             "-H 'Content-Type: application/json' -d "
             + shlex.quote(json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
-            + " http://127.0.0.1:8000/v1/chat/completions")
+            + f" {head_api(HEAD)}/v1/chat/completions")
 # The lab's watchdog (lab/group_data/all.py): 2 failed probes of 5 s + 5 s find a fault within 20 s,
 # and a pair restart of the stand-ins takes ~10 s. A reboot adds the host's boot. docs/watchdog.md states
 # this bound for the lab.

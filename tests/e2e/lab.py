@@ -176,6 +176,52 @@ def on(host: str, command: str, check=True) -> str:
     return result.stdout
 
 
+# The lab's API as a client reaches it (roles/tls): TLS on the head's management address, its certificate
+# verified with the fleet's trust bundle. On a head (or the router node) the bundle is on the node; anywhere
+# else it is fetched from the head first (ca_file, ca_on), as docs/first-pair.md tells a client to.
+CA_BUNDLE = "/etc/sparkfleet/tls/ca.crt"
+API_PORT = 8000  # the lab profile's port
+
+
+def head_api(host: str = "spark-a", port: int = API_PORT) -> str:
+    """https://<the head's management address>:<port>: what its certificate names."""
+    return f"https://{management_address(host)}:{port}"
+
+
+def api_curl(extra: str = "") -> str:
+    """curl on a head as every sparkfleet probe runs it there: the key from its root-only config, the
+    certificate verified with the node's bundle (never -k)."""
+    return f"curl -K /etc/sparkfleet/api-key.curl --cacert {CA_BUNDLE}{' ' + extra if extra else ''}"
+
+
+def models_command(host: str = "spark-a") -> str:
+    """GET /v1/models through the head's proxy, run on the head: the lab tests' 'it serves' probe."""
+    return f"{api_curl('-fsS -m 10')} {head_api(host)}/v1/models"
+
+
+def ca_file(head: str = "spark-a") -> Path:
+    """The fleet's trust bundle as a client gets it: from the head over SSH, into a file on the controller
+    (one per head, fetched again each call: a test may have made a new CA)."""
+    path = LAB_STATE / f"ca-{head}.crt"
+    path.write_text(on(head, f"cat {CA_BUNDLE}"))
+    return path
+
+
+def ca_on(host: str, head: str = "spark-a") -> str:
+    """The head's bundle copied to `host` (a worker has none), at a path curl there can name."""
+    text = on(head, f"cat {CA_BUNDLE}")
+    subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, "cat > /tmp/sparkfleet-ca.crt"], input=text, text=True,
+                   check=True, timeout=60)
+    return "/tmp/sparkfleet-ca.crt"
+
+
+def tls_context(head: str = "spark-a"):
+    """Python's ssl context that trusts the fleet's CA alone (for urllib from the controller)."""
+    import ssl
+
+    return ssl.create_default_context(cafile=str(ca_file(head)))
+
+
 def management_address(host: str) -> str:
     """Where the lab's ssh reaches `host` (lab.sh writes SSH_CONFIG): its management address."""
     name = None

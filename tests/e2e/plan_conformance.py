@@ -1,5 +1,6 @@
 """The plan a deploy printed against the operations it ran: every planned fetch, build, shipment,
-cache warm-up, pair restart and firewall table applied or removed happened, on the node the plan names,
+cache warm-up, pair restart, firewall table applied or removed, fleet CA made, certificate issued and
+trust bundle written happened, on the node the plan names,
 and none happened that the plan did not announce; and so for the fleet's actions: every group routed again, taken out of routing
 for its restart and put back, and every fleet key written, as the fleet's lines printed them, the
 groups' turns in the printed order. Read from the deploy's own output, nothing else: the plan table
@@ -198,7 +199,38 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
                                   ("firewall table removed on", p.firewall_removed, REMOVE)):
             expect(name, what, sorted(planned),
                    [n for n in sorted(p.nodes) if _count(changed, n, lambda o, op=op: op in printed_names(o))])
-    return out + fleet_mismatches(output, changed, plans)
+    return out + fleet_mismatches(output, changed, plans) + tls_mismatches(output, changed)
+
+
+# The plan's TLS lines (roles/tls/checks.py plan_lines), each an action on a node.
+_TLS_CA = re.compile(r"^fleet CA created on: (?P<node>\S+)$")
+_TLS_ISSUE = re.compile(r"^certificate issued for (?P<node>\S+?): ")
+_TLS_SITE = re.compile(r"^site certificate installed on (?P<node>\S+?): ")
+_TLS_BUNDLE = re.compile(r"^trust bundle written on: (?P<nodes>.+)$")
+
+
+def tls_mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
+    """TLS's actions a run took against the plan's TLS lines: the fleet CA created, each certificate
+    issued or installed and each trust bundle written on the nodes the plan named, and nowhere else."""
+    planned = {"ca": set(), "issue": set(), "site": set(), "bundle": set()}
+    seen_plan = False
+    for line in output.splitlines():
+        text = line.strip()
+        if text.startswith("--> sparkfleet TLS: "):
+            seen_plan = True
+        for what, rule in (("ca", _TLS_CA), ("issue", _TLS_ISSUE), ("site", _TLS_SITE)):
+            if m := rule.match(text):
+                planned[what].add(m["node"])
+        if m := _TLS_BUNDLE.match(text):
+            planned["bundle"].update(m["nodes"].split(", "))
+    ran = _names(changed)
+    did = {what: {h for names, h in ran if any(n.startswith(prefix) for n in names)} for what, prefix in (
+        ("ca", "Create the fleet CA on "), ("issue", "Issue the API certificate of "),
+        ("site", "Install the site certificate of "), ("bundle", "Write the trust bundle "))}
+    if not seen_plan and not any(did.values()):
+        return []
+    return [f"TLS: {what}: the plan said {sorted(planned[what])}, the run did {sorted(did[what])}"
+            for what in planned if planned[what] != did[what]]
 
 
 _HOST_RUNS = re.compile(r"^  (?P<host>\S+): (?P<n>\d+) operation\(s\) would run:$")

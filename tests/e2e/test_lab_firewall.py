@@ -9,7 +9,7 @@ import pytest
 
 from sparkfleet.inventory import load_cluster
 from tests.e2e import local_users
-from tests.e2e.lab import INVENTORY, deploy, on, state_checks
+from tests.e2e.lab import INVENTORY, ca_on, deploy, head_api, on, state_checks
 
 pytestmark = pytest.mark.lab
 
@@ -69,16 +69,16 @@ def test_the_api_follows_the_allowed_networks_and_ssh_is_never_filtered():
         # spark-b (198.18.0.12) is outside the allowed networks now: no answer at all.
         checks = firewall_checks(*narrow)
         assert checks.returncode == 0, checks.output
-        code = on("spark-b", "curl -sS -m 5 -o /dev/null -w '%{http_code}' http://198.18.0.11:8000/v1/models",
-                  check=False).strip()
+        code = on("spark-b", f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' --cacert {ca_on('spark-b')} "
+                  f"{head_api()}/v1/models", check=False).strip()
         assert code == "000"
         # SSH is never filtered: spark-b still reaches spark-a's sshd on the management address.
         on("spark-b", "timeout 4 bash -c 'exec 3<>/dev/tcp/198.18.0.11/22'")
     finally:
         run = deploy()
         assert run.returncode == 0, run.output
-    code = on("spark-b", "curl -sS -m 5 -o /dev/null -w '%{http_code}' http://198.18.0.11:8000/v1/models",
-              check=False).strip()
+    code = on("spark-b", f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' --cacert {ca_on('spark-b')} "
+              f"{head_api()}/v1/models", check=False).strip()
     assert code == "401"
 
 

@@ -11,6 +11,7 @@ The lab's own inventory (lab/inventory.py) declares the same nodes with the same
 module's deploy through it changes nothing the site's did not also want.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_examples import client_example
-from tests.e2e.lab import BIN, HOSTS, LAB_STATE, REPO, SSH_CONFIG, deploy, on, run
+from tests.e2e.lab import BIN, HOSTS, LAB_STATE, REPO, SSH_CONFIG, ca_file, deploy, head_api, on, run
 
 pytestmark = pytest.mark.lab
 
@@ -82,11 +83,18 @@ def test_the_readme_path_with_a_site_directory_brings_the_pair_up_and_the_client
     descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as out:
         out.write(on("spark-a", "cat /etc/sparkfleet/api-key"))
+    # The fleet's CA file, fetched from the head as the page says, its fingerprint the one the deploy printed.
+    ca = ca_file()
+    printed = re.findall(r"the fleet CA on spark-a, SHA-256 ((?:[0-9A-F]{2}:){31}[0-9A-F]{2})", brought_up.output)
+    assert printed, brought_up.output[-4000:]
+    fingerprint = subprocess.run(["openssl", "x509", "-in", str(ca), "-noout", "-fingerprint", "-sha256"],
+                                 capture_output=True, text=True, check=True).stdout.strip().split("=", 1)[1]
+    assert fingerprint == printed[-1]
     script = tmp_path / "client.py"
     script.write_text(client_example())
     client_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    client_env.update(SPARKFLEET_API_URL="http://198.18.0.11:8000/v1", SPARKFLEET_MODEL="glm-5.3-flash",
-                      SPARKFLEET_API_KEY_FILE=str(key_file))
+    client_env.update(SPARKFLEET_API_URL=f"{head_api()}/v1", SPARKFLEET_MODEL="glm-5.3-flash",
+                      SPARKFLEET_API_KEY_FILE=str(key_file), SPARKFLEET_CA_FILE=str(ca))
     answered = subprocess.run([sys.executable, str(script)], env=client_env, capture_output=True, text=True, timeout=120)
     assert answered.returncode == 0, answered.stderr[-5000:]
     model, _, text = answered.stdout.partition("\n")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.e2e.lab import BIN, INVENTORY, deploy, on, pause_watchdogs, run
+from tests.e2e.lab import BIN, INVENTORY, deploy, models_command, on, pause_watchdogs, run
 
 pytestmark = pytest.mark.lab
 
@@ -30,7 +30,7 @@ def test_memory_admission_refuses_a_bring_up_that_does_not_fit_and_changes_nothi
     run = deploy()
     assert run.returncode == 0, run.output
     assert "fits" in run.output
-    assert '"id": "glm-5.3-flash"' in on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    assert '"id": "glm-5.3-flash"' in on("spark-a", models_command())
 
 
 def doctor():

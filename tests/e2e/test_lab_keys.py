@@ -81,7 +81,7 @@ def test_with_the_router_no_key_is_in_the_diff_and_the_api_key_opens_no_control_
     assert code(f"curl -K /etc/sparkfleet/api-key.curl -X DELETE {ROUTER}/workers/any") == "401"
     routing = on("spark-b", "python3 /usr/local/libexec/sparkfleet/sfl_router.py routing /etc/sparkfleet/router.json")
     table = {b["url"]: b["state"] for b in json.loads(routing.strip().splitlines()[-1])}
-    assert table == {"http://198.18.0.11:8000": "routed"}, table  # nothing added with the API key
+    assert table == {"https://198.18.0.11:8000": "routed"}, table  # nothing added with the API key
     # Unchanged: nothing changes (the key compared by sha1, the control key left as it is).
     again = deploy(*WITH_ROUTER)
     assert again.returncode == 0 and again.changed() == [], again.changed()

@@ -1,5 +1,7 @@
 """The locked-down pair seen from outside, in the lab: a third machine on the management network
-(a network namespace on the lab's bridge, not a node) gets 401 without the key and 200 with it,
+(a network namespace on the lab's bridge, not a node) reaches the API over TLS only, with a certificate
+the fleet's CA signed for the head's address, and gets 401 without the key and 200 with it (the CA file
+fetched from the head),
 and cannot reach the fabric's services even through a route to a fabric address via a node, while
 the peer node reaches them and a re-deploy still ships images and weights over the fabric. A
 weights source whose manifest names '../' is refused with nothing written outside the model
@@ -19,7 +21,7 @@ import time
 import pytest
 
 from sparkfleet.model.serving import load_profile
-from tests.e2e.lab import REPO, deploy, on
+from tests.e2e.lab import REPO, ca_file, deploy, models_command, on
 from tests.state.test_firewall import tcp_open
 
 pytestmark = pytest.mark.lab
@@ -32,6 +34,7 @@ HEAD_MGMT, HEAD_FABRIC, PEER_FABRIC_NET = "198.18.0.11", "198.19.77.1", "198.19.
 # The fabric's services on the head: the image registry, the rsync daemon, the engine's rendezvous.
 FABRIC_PORTS = {"registry": 5000, "rsync": 873, "rendezvous": PROFILE.master_port}
 APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
+CA_OWN = "/etc/sparkfleet/tls/ca/ca.crt"  # the fleet CA's own certificate on spark-a, the CA node (roles/tls)
 
 
 def sh(command: str, check=True) -> subprocess.CompletedProcess:
@@ -72,8 +75,11 @@ def peer_reaches(ip: str, port: int) -> bool:
               check=False).strip() == "open"
 
 
-def http_code(extra: str = "") -> str:
-    out = outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' {extra} http://{HEAD_MGMT}:{PROFILE.port}/v1/models")
+def http_code(extra: str = "", ca: str | None = None) -> str:
+    """The third machine's curl of the API over TLS, the certificate verified with the fleet's CA file as a
+    client fetched it from the head (ca_file), or with `ca`."""
+    out = outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' --cacert {ca or ca_file()} {extra} "
+                  f"https://{HEAD_MGMT}:{PROFILE.port}/v1/models")
     return out.stdout.strip()
 
 
@@ -109,6 +115,28 @@ def test_from_the_management_network_the_api_wants_the_key(third_machine, tmp_pa
     assert http_code("-H 'Authorization: Bearer not-the-key'") == "401"
 
 
+def test_from_the_management_network_the_api_speaks_tls_with_a_certificate_the_fleets_ca_signed(third_machine):
+    """Issue 43 item 1's done-when for the API: from a host on the management network the API port speaks
+    TLS only, its certificate chains to the fleet's CA (the file a client fetches from the head, its
+    fingerprint the one the head's CA has) and names the head's management address; curl with the CA file
+    and the key is served (test_from_the_management_network_the_api_wants_the_key); without the CA file,
+    or in plain HTTP, nothing is."""
+    bundle = ca_file()
+    fingerprint = "openssl x509 -noout -fingerprint -sha256 -in"
+    assert sh(f"{fingerprint} {bundle}").stdout.strip() == on("spark-a", f"{fingerprint} {CA_OWN}").strip()
+    endpoint = f"{HEAD_MGMT}:{PROFILE.port}"
+    verified = _Outside.run(f"openssl s_client -connect {endpoint} -CAfile {bundle} -verify_return_error "
+                            f"-verify_ip {HEAD_MGMT} </dev/null 2>&1")
+    assert "Verify return code: 0 (ok)" in verified.stdout, verified.stdout[-2000:]
+    sans = _Outside.run(f"openssl s_client -connect {endpoint} </dev/null 2>/dev/null | openssl x509 -noout -ext "
+                        f"subjectAltName")
+    assert f"IP Address:{HEAD_MGMT}" in sans.stdout, sans.stdout
+    without = outside(f"curl -sS -m 8 -o /dev/null https://{endpoint}/health")
+    assert without.returncode == 60, without  # the fleet's CA is no CA the system trusts
+    plain = outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' http://{endpoint}/health")
+    assert plain.stdout.strip() != "200", plain
+
+
 # Routes the real engines answer without a key of their own (vLLM 0.33.0's /invocations, /tokenize,
 # /ping, /metrics, /docs; SGLang's /health_generate; tests/parity/test_routes.py lists them all).
 KEYLESS = [("POST", "/invocations"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
@@ -117,10 +145,12 @@ KEYLESS = [("POST", "/invocations"), ("POST", "/v1/chat/completions"), ("POST", 
 
 
 def test_from_the_management_network_no_route_answers_without_the_key(third_machine):
+    bundle = ca_file()
+
     def code(method, path, port=PROFILE.port):
         data = "-H 'Content-Type: application/json' -d '{}'" if method == "POST" else ""
-        return outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' -X {method} {data} "
-                       f"http://{HEAD_MGMT}:{port}{path}").stdout.strip()
+        return outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' -X {method} {data} --cacert {bundle} "
+                       f"https://{HEAD_MGMT}:{port}{path}").stdout.strip()
 
     answered = {f"{m} {p}": c for m, p in KEYLESS if (c := code(m, p)) != "401"}
     assert answered == {}, f"answered without the key from the management network: {answered}"
@@ -204,7 +234,7 @@ def test_a_manifest_line_leaving_the_model_directory_is_refused_and_nothing_is_w
     assert "refused, nothing was written" in run.output
     assert on("spark-a", "test -e /etc/sparkfleet-planted && echo planted || echo absent").strip() == "absent"
     assert on("spark-a", f"cd {model_dir} && find . -type f -printf '%p %s %T@\\n' | sort") == before
-    assert on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    assert on("spark-a", models_command())
     back = deploy()
     assert back.returncode == 0 and back.changed() == [], back.output
 
@@ -216,4 +246,4 @@ def test_an_abbreviated_recipe_commit_is_refused_naming_the_full_sha_before_any_
     assert f"key 'serving_recipe_commit' = '{full[:7]}' is an abbreviated commit" in run.output, run.output
     assert f'serving_recipe_commit = "{full}" (resolved on spark-a)' in run.output
     assert run.changed() == []
-    assert json.loads(on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models"))
+    assert json.loads(on("spark-a", models_command()))

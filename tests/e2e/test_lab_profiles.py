@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sparkfleet.model.serving import load_profile
-from tests.e2e.lab import REPO, deploy, on, state_checks
+from tests.e2e.lab import REPO, deploy, models_command, on, state_checks
 
 LAB_V1 = dict(l.split() for l in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if l.strip())["v1"]
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.lab
 
 
 def served_models() -> list[str]:
-    return [m["id"] for m in json.loads(on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models"))["data"]]
+    return [m["id"] for m in json.loads(on("spark-a", models_command()))["data"]]
 
 
 def engine_of(host: str, container: str) -> str:

@@ -8,7 +8,7 @@ brings the pair up); it leaves the pair serving v1 as the inventory's data says.
 """
 import pytest
 
-from tests.e2e.lab import REPO, deploy, on, running_tag
+from tests.e2e.lab import REPO, deploy, models_command, on, running_tag
 
 pytestmark = pytest.mark.lab
 
@@ -22,7 +22,7 @@ ADOPT = ("--data", 'serving_extra_args=["--max-num-seqs","64"]')
 
 
 def models() -> str:
-    return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    return on("spark-a", models_command())
 
 
 def container(host: str, unit: str, what: str) -> str:

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, deploy, on, read_failure_log, run, running_tag
+from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, deploy, models_command, on, read_failure_log, run, running_tag
 
 pytestmark = pytest.mark.lab
 
@@ -34,7 +34,7 @@ def rollback(*extra):
 
 
 def models() -> str:
-    return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    return on("spark-a", models_command())
 
 
 def generation_of(host: str, commit: str) -> str:

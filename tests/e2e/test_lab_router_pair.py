@@ -12,7 +12,7 @@ from tests.e2e.lab import BIN, INVENTORY, deploy, on, run
 pytestmark = pytest.mark.lab
 
 ROUTED = ("--data", "router_node=spark-a")
-URL = "http://198.18.0.11:8000"  # the pair's head as the router names it
+URL = "https://198.18.0.11:8000"  # the pair's head as the router names it (TLS: smg verifies it with the fleet CA)
 
 
 def routing() -> str:

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from sparkfleet.model.serving import load_profile
-from tests.e2e.lab import HOSTS, REPO, deploy, fabric_rx_bytes, management_address, on, pause_watchdogs, plan, \
-    read_failure_log, run, run_printed, running_tag, state_checks
+from tests.e2e.lab import CA_BUNDLE, HOSTS, REPO, deploy, fabric_rx_bytes, head_api, management_address, models_command, \
+    on, pause_watchdogs, plan, read_failure_log, run, run_printed, running_tag, state_checks
 from tests.e2e.plan_conformance import operations_mismatches
 
 pytestmark = pytest.mark.lab
@@ -32,7 +32,7 @@ def receipts() -> list[str]:
 
 
 def models() -> str:
-    return on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models")
+    return on("spark-a", models_command())
 
 
 def started_at(host: str, container: str) -> str:
@@ -79,7 +79,7 @@ def test_capture_of_the_deployed_pair_holds_no_key_and_replays_to_its_plan(tmp_p
 
 
 def code(command: str) -> str:
-    return on("spark-a", f"{command} -sS -m 10 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:8000/v1/models")
+    return on("spark-a", f"{command} --cacert {CA_BUNDLE} -sS -m 10 -o /dev/null -w '%{{http_code}}' {head_api()}/v1/models")
 
 
 def test_the_api_needs_the_key_and_a_new_key_is_taken_by_the_proxy_with_the_pair_serving():
@@ -272,8 +272,7 @@ def watchdog(host: str) -> str:
 
 def wait_models(timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    while '"id": "glm-5.3-flash"' not in on("spark-a", "curl -K /etc/sparkfleet/api-key.curl -fsS -m 5 "
-                                                      "http://127.0.0.1:8000/v1/models || true", check=False):
+    while '"id": "glm-5.3-flash"' not in on("spark-a", f"{models_command()} || true", check=False):
         assert time.monotonic() < deadline, f"the pair did not serve within {timeout_s} s"
         time.sleep(1)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from sparkfleet.model.serving import load_profile
-from tests.e2e.lab import deploy, management_address, on, read_failure_log
+from tests.e2e.lab import deploy, management_address, models_command, on, read_failure_log
 
 pytestmark = pytest.mark.lab
 
@@ -23,7 +23,6 @@ PORT = 8097  # unused by the lab (its models are on 8089)
 LIMIT = 5
 PROFILE = load_profile("glm-5.3-flash-exl3")
 MODEL, SERVED = PROFILE.model, PROFILE.api_model_name
-MODELS = "curl -K /etc/sparkfleet/api-key.curl -fsS -m 10 http://127.0.0.1:8000/v1/models"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -85,7 +84,7 @@ def test_a_fetch_that_never_answers_stops_at_its_limit_the_pair_serves_and_a_rer
     print(f"\nstopped deploy: {took:.1f} s (limit {LIMIT} s)")
 
     # The pair still serves what it served; the head's copy and manifest are untouched.
-    assert f'"id": "{SERVED}"' in on("spark-a", MODELS)
+    assert f'"id": "{SERVED}"' in on("spark-a", models_command())
     assert "source: http://198.18.0.1:8089" in on("spark-a", f"cat /var/lib/sparkfleet/models/{MODEL}.manifest")
 
     run = deploy()
@@ -94,4 +93,4 @@ def test_a_fetch_that_never_answers_stops_at_its_limit_the_pair_serves_and_a_rer
         run = deploy()  # (one that changed nothing has shown that already: another would show it again)
         assert run.returncode == 0, run.output
     assert run.changed() == []
-    assert f'"id": "{SERVED}"' in on("spark-a", MODELS)
+    assert f'"id": "{SERVED}"' in on("spark-a", models_command())

@@ -19,14 +19,16 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.lab import BIN, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs, plan
+from tests.e2e.lab import BIN, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs, plan, \
+    tls_context
 from tests.e2e.lab import run as run_
 
 pytestmark = pytest.mark.lab
 
 COMMITS = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if line.strip())
 ROUTER = "http://198.18.0.11:8100/v1"  # router_node spark-a, router_port 8100 (lab/inventory_fleet.py)
-G1, G2 = "http://198.18.0.11:8000", "http://198.18.0.13:8000"  # the groups' heads, as the router names them
+# The groups' heads as the router names them: TLS, their certificates from the fleet CA on spark-a (g1's head).
+G1, G2 = "https://198.18.0.11:8000", "https://198.18.0.13:8000"
 MODEL = "glm-5.3-flash"
 # v2's start.sh flips KV_SLOTMAP_PIN, pinned nowhere (tests/e2e/test_lab_serving.py): pinned here, so
 # the bump proceeds; the fleet's own pin (lab/inventory_fleet.py) stays.
@@ -46,8 +48,9 @@ def chat(base: str, api_key: str | None, timeout: float = 60, content: str = "pi
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     request = urllib.request.Request(f"{base}/chat/completions", data=json.dumps(body).encode(), headers=headers)
+    context = tls_context() if base.startswith("https://") else None  # a head: the fleet's CA alone
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as r:
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, {"error": e.read().decode(errors="replace")[:300]}
@@ -215,7 +218,7 @@ def test_e_a_turn_that_failed_after_its_drain_leaves_its_group_drained_and_the_n
         failed.output[-4000:]
     assert "serving group g1: routed again" not in failed.output
     assert routing() == {G1: "drained", G2: "routed"}
-    assert chat("http://198.18.0.11:8000/v1", key())[0] == 200  # g1 serves, out of routing
+    assert chat(f"{G1}/v1", key())[0] == 200  # g1 serves, out of routing
     doctor = run_([str(BIN / "pyinfra"), "-y", FLEET_INVENTORY, "doctor.py"])
     assert doctor.returncode != 0
     assert re.search(rf"^router\s+g1\s+FAIL {G1} drained: out of routing although the router's config names it",
@@ -261,5 +264,5 @@ def test_c_the_four_hosts_as_one_group_at_tp2_pp2_serve_a_completion():
         assert f"--node-rank {rank}" in text and "--nnodes 4" in text
     # The router's group no longer exists: its unit is gone from spark-a; the head answers itself.
     assert on("spark-a", "systemctl is-active sparkfleet-router", check=False).strip() != "active"
-    status, body = chat("http://198.18.0.11:8000/v1", key())
+    status, body = chat(f"{G1}/v1", key())
     assert status == 200 and body["choices"][0]["message"]["content"], body

@@ -19,22 +19,23 @@ import pytest
 from sparkfleet.model.api_proxy import OPEN_PATHS
 from sparkfleet.progress import BYTES_FIGURE, read_progress
 from tests.doc_examples import client_example
-from tests.e2e.lab import REPO, deploy, on, state_checks
+from tests.e2e.lab import CA_BUNDLE, REPO, ca_file, deploy, on, state_checks, tls_context
 from tests.state.test_serving import plain_ipv4
 from tests.real.conftest import REAL_INVENTORY, SERVED
 
 pytestmark = pytest.mark.lab
 
 HEAD, WORKER = "spark-a", "spark-b"
-API = "http://127.0.0.1:8000"  # the API proxy on the profile's port
+API = "https://198.18.0.11:8000"  # the API proxy on the profile's port, as clients name it (TLS: roles/tls)
 ENGINE = "http://127.0.0.1:18000"  # the head's engine itself (api_proxy_engine_port), root on the head only
 KEY = "-K /etc/sparkfleet/api-key.curl"
 FABRIC = {HEAD: "198.19.77.1", WORKER: "198.19.77.2"}
 
 
 def post(url: str, body: dict, key: bool = True, timeout: int = 60) -> tuple[str, str]:
-    """(status, body) of a JSON POST from the head."""
-    out = on(HEAD, f"printf '%s' {shlex.quote(json.dumps(body))} | curl -sS -m {timeout} {KEY if key else ''} "
+    """(status, body) of a JSON POST from the head (over TLS, verified with the head's bundle, to the API)."""
+    verify = f"--cacert {CA_BUNDLE} " if url.startswith("https://") else ""
+    out = on(HEAD, f"printf '%s' {shlex.quote(json.dumps(body))} | curl {verify}-sS -m {timeout} {KEY if key else ''} "
                    f"-H 'Content-Type: application/json' --data-binary @- -w '\\n%{{http_code}}' {url}")
     text, _, code = out.rpartition("\n")
     return code.strip(), text
@@ -111,10 +112,12 @@ def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stop
     started = on(HEAD, "docker inspect --format '{{.State.StartedAt}}' sparkfleet-head").strip()
     codes, done = [], threading.Event()
 
+    context = tls_context()  # the fleet's CA, fetched from the head as a client does
+
     def poll():  # the API proxy's open path, from the management network, every second
         while not done.is_set():
             try:
-                with urllib.request.urlopen("http://198.18.0.11:8000/health", timeout=5) as reply:
+                with urllib.request.urlopen(f"{API}/health", timeout=5, context=context) as reply:
                     codes.append(reply.status)
             except Exception as err:  # noqa: BLE001: any failure to answer is what this test looks for
                 codes.append(repr(err))
@@ -198,7 +201,7 @@ def test_a_chat_completion_with_the_key_returns_tokens_from_both_ranks(real_depl
 
 def test_the_first_pair_doc_s_client_example_gets_a_completion_from_the_real_pair(real_deploy, tmp_path):
     """docs/first-pair.md's OpenAI-client example, run as the page tells a user to (`python`, the
-    official `openai` client pyproject.toml pins, the three variables it exports, the key copied from
+    official `openai` client pyproject.toml pins, the four variables it exports, the key copied from
     the head into a 0600 file): the API proxy on the head's management address answers it with text
     from the served model. No deploy of its own: the pair real_deploy left."""
     key_file = tmp_path / "api-key"
@@ -208,8 +211,8 @@ def test_the_first_pair_doc_s_client_example_gets_a_completion_from_the_real_pai
     script = tmp_path / "client.py"
     script.write_text(client_example())
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}  # reached directly
-    env.update(SPARKFLEET_API_URL="http://198.18.0.11:8000/v1",  # spark-a's ssh_hostname, the profile's port
-               SPARKFLEET_MODEL=SERVED, SPARKFLEET_API_KEY_FILE=str(key_file))
+    env.update(SPARKFLEET_API_URL=f"{API}/v1",  # spark-a's ssh_hostname, the profile's port
+               SPARKFLEET_MODEL=SERVED, SPARKFLEET_API_KEY_FILE=str(key_file), SPARKFLEET_CA_FILE=str(ca_file()))
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-5000:]
     model, _, text = run.stdout.partition("\n")
@@ -243,8 +246,8 @@ def test_without_the_key_every_route_of_the_real_app_answers_401_and_invocations
     probes = []
     for method, path in routes:
         concrete = re.sub(r"\{[^}]+\}", "x", path)
-        probes.append(f"echo \"{method} {path} $(curl -s -o /dev/null -m 10 -X {method} -w '%{{http_code}}' "
-                      f"{API}{shlex.quote(concrete)})\"")
+        probes.append(f"echo \"{method} {path} $(curl --cacert {CA_BUNDLE} -s -o /dev/null -m 10 -X {method} "
+                      f"-w '%{{http_code}}' {API}{shlex.quote(concrete)})\"")
     answers = [line.rsplit(" ", 1) for line in on(HEAD, "; ".join(probes)).splitlines()]
     assert len(answers) == len(routes)
     for route, code in answers:

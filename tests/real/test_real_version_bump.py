@@ -16,14 +16,14 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, on
+from tests.e2e.lab import REPO, deploy, on, tls_context
 from tests.real.conftest import REAL_INVENTORY
-from tests.real.test_real_pair import HEAD, chat_body, post
+from tests.real.test_real_pair import API, HEAD, chat_body, post
 
 pytestmark = pytest.mark.lab
 
 PREVIOUS = "lab/inventory_vllm_cpu_previous.py"
-HEALTH = "http://198.18.0.11:8000/health"  # the API proxy's open path, from the management network
+HEALTH = f"{API}/health"  # the API proxy's open path, from the management network (TLS)
 
 
 class Answers:
@@ -31,12 +31,13 @@ class Answers:
 
     def __init__(self):
         self.codes, self._done = [], threading.Event()
+        self.context = tls_context()  # the fleet's CA, fetched from the head as a client does
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self):
         while not self._done.is_set():
             try:
-                with urllib.request.urlopen(HEALTH, timeout=5) as reply:
+                with urllib.request.urlopen(HEALTH, timeout=5, context=self.context) as reply:
                     self.codes.append(reply.status)
             except Exception as err:  # noqa: BLE001: any failure to answer is what the test looks for
                 self.codes.append(repr(err))
@@ -66,7 +67,7 @@ def test_a_bump_across_engine_versions_is_refused_by_the_new_engine_while_the_ol
     v4 = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines())["v4"]
     with Answers() as answers:
         refused = deploy("--data", f"serving_recipe_commit={v4}", inventory=PREVIOUS)
-        code, text = post("http://127.0.0.1:8000/v1/chat/completions", chat_body(4))  # answered mid-refusal too
+        code, text = post(f"{API}/v1/chat/completions", chat_body(4))  # answered mid-refusal too
     assert refused.returncode != 0, refused.output[-5000:]
     # the plan: the running 0.31.0 and the new image's release (or "?" where the head has yet to build it)
     assert re.search(r"pair engine: vLLM 0\.31\.0\+cpu -> (0\.32\.0\+cpu|\? \(the image is built in this run\)); "
@@ -87,7 +88,7 @@ def test_a_bump_across_engine_versions_is_refused_by_the_new_engine_while_the_ol
     assert re.search(r"receipt \S+: profile lab-vllm-cpu, vllm 0\.32\.0\+cpu, recipe " + v4[:12], bumped.output), \
         bumped.output[-8000:]
     assert started_at() != before and started_at().endswith(v4)
-    code, text = post("http://127.0.0.1:8000/v1/chat/completions", chat_body(4))
+    code, text = post(f"{API}/v1/chat/completions", chat_body(4))
     assert code == "200", text
 
 

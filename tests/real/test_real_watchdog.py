@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
     wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
-from tests.e2e.lab import Run, deploy, management_address, on, pause_watchdogs, read_failure_log
+from tests.e2e.lab import Run, deploy, head_api, management_address, on, pause_watchdogs, read_failure_log, tls_context
 from tests.real.conftest import REAL_INVENTORY, SERVED, record_drill
 
 pytestmark = pytest.mark.lab
@@ -118,6 +118,17 @@ def unit_start_times() -> dict[str, float]:
     return {r["metric"]["node"]: float(r["value"][1]) for r in json.loads(out)["data"]["result"]}
 
 
+class CONTEXT:
+    """The fleet's CA (fetched from the head once) for the flood's clients: TLS verified as a client's."""
+    _context = None
+
+    @classmethod
+    def get(cls):
+        if cls._context is None:
+            cls._context = tls_context(HEAD)
+        return cls._context
+
+
 def long_prompt(key: str, prompt_tokens: int = 7000) -> int | str:
     """One long prompt (token ids: exactly prompt_tokens, of the tiny model's 2048-token vocabulary,
     drawn at random: vLLM's prefix cache would serve a repeated prompt without computing it), a few
@@ -127,10 +138,10 @@ def long_prompt(key: str, prompt_tokens: int = 7000) -> int | str:
 
     prompt = [random.randrange(300, 2000) for _ in range(prompt_tokens)]
     body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": 16}).encode()
-    request = urllib.request.Request("http://198.18.0.11:8000/v1/completions", data=body, headers={
+    request = urllib.request.Request(f"{head_api(HEAD)}/v1/completions", data=body, headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(request, timeout=600) as r:
+        with urllib.request.urlopen(request, timeout=600, context=CONTEXT.get()) as r:
             return r.status
     except Exception as e:  # noqa: BLE001: counted, the test asserts on it
         return repr(e)[:120]

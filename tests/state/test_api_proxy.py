@@ -9,6 +9,7 @@ import pytest
 from roles.api_proxy.checks import UNIT, UNIT_PATH, config_path, config_text, unit_text
 from roles.serving.api_key import authed_curl
 from sparkfleet.listeners import parse_ss
+from sparkfleet.model.tls import api_base, ca_bundle_path, curl_tls
 from tests.state.limits import request_bound_s
 
 # Inference and other routes the real engines answer without a key of their own (vLLM 0.33.0:
@@ -57,15 +58,16 @@ def test_only_the_proxy_listens_on_the_api_port_and_the_engine_on_loopback(host,
 
 @pytest.mark.parametrize("method,path", KEYLESS)
 def test_no_route_answers_without_the_key(host, head, profile, method, path):
-    assert code(host, method, f"http://127.0.0.1:{profile.port}{path}") == "401"
+    assert code(host, method, f"{api_base(head, profile.port)}{path}", f"curl {curl_tls(head)}") == "401"
 
 
 def test_health_answers_without_the_key_and_a_chat_with_it(host, head, profile):
-    assert code(host, "GET", f"http://127.0.0.1:{profile.port}/health") == "200"
+    api = api_base(head, profile.port)  # TLS, the certificate verified with the node's bundle (roles/tls)
+    assert code(host, "GET", f"{api}/health", f"curl {curl_tls(head)}") == "200"
     body = json.dumps({"model": profile.api_model_name, "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
-    out = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(head)} -sS -m {request_bound_s(head)} -H 'Content-Type: application/json' "
-                   f"--data-binary @- http://127.0.0.1:{profile.port}/v1/chat/completions")
+    out = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(head, curl_tls(head))} -sS -m {request_bound_s(head)} "
+                   f"-H 'Content-Type: application/json' --data-binary @- {api}/v1/chat/completions")
     assert out.rc == 0 and json.loads(out.stdout)["choices"], f"{head.name}: {out.stdout} {out.stderr}"
 
 
@@ -79,6 +81,12 @@ def test_a_local_user_other_than_root_cannot_go_around_the_proxy(host, head, pro
     assert as_root == "200", f"{head.name}: root gets {as_root} from the engine port"
     assert as_nobody.stdout.strip() == "000" and as_nobody.rc != 0, (
         f"{head.name}: user nobody reached the engine port: {as_nobody.stdout} {as_nobody.stderr}")
-    via_proxy = host.run(f"setpriv --reuid=nobody --regid=nogroup --clear-groups curl -sS -m 5 -o /dev/null "
-                         f"-w '%{{http_code}}' -X POST -d {{}} http://127.0.0.1:{profile.port}/invocations")
+    # the user nobody cannot read the node's bundle (its directory is root's): a copy it can read, for this probe
+    verify = f"--cacert {ca_bundle_path(head)}"
+    if head.tls_enabled:
+        host.run(f"install -m 0644 {ca_bundle_path(head)} /tmp/sparkfleet-state-ca.crt")
+        verify = "--cacert /tmp/sparkfleet-state-ca.crt"
+    via_proxy = host.run(f"setpriv --reuid=nobody --regid=nogroup --clear-groups curl {verify if head.tls_enabled else ''} "
+                         f"-sS -m 5 -o /dev/null -w '%{{http_code}}' -X POST -d {{}} "
+                         f"{api_base(head, profile.port)}/invocations")
     assert via_proxy.stdout.strip() == "401", f"{head.name}: nobody through the proxy: {via_proxy.stdout}"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkfleet.model.tls import api_base, ca_bundle_path
 from sparkfleet.model.serving import node_profile
 from roles.firewall.checks import NFTABLES_DROPIN, nftables_dropin_text, rules_path
 from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
@@ -113,8 +114,13 @@ def test_the_api_answers_only_the_allowed_networks(host, node, cluster, profile,
             continue
         if peer is None:
             continue
-        code = peer.run(f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' "
-                        f"http://{node.management_address}:{profile.port}/v1/models").stdout.strip()
+        # TLS: the peer (a worker has no bundle of its own) verifies with the head's, copied to it
+        verify = ""
+        if node.tls_enabled:
+            peer.run(f"cat > /tmp/sparkfleet-state-ca.crt << 'EOF'\n{host.check_output(f'cat {ca_bundle_path(node)}')}\nEOF")
+            verify = "--cacert /tmp/sparkfleet-state-ca.crt "
+        code = peer.run(f"curl {verify}-sS -m 5 -o /dev/null -w '%{{http_code}}' "
+                        f"{api_base(node, profile.port)}/v1/models").stdout.strip()
         want = "401" if any(source in n for n in networks) else "000"
         assert code == want, (f"{peer_node.name} ({source}) -> the API: {code}, want {want} (allowed: "
                               f"{', '.join(map(str, networks))})")

@@ -7,6 +7,7 @@ import pytest
 from roles.serving.api_key import RETIRED_FILES, authed_curl, key_file
 from tests.state.limits import request_bound_s
 from roles.image.checks import pin_of
+from sparkfleet.model.tls import api_base, curl_tls
 from sparkfleet.model.engine import KEY_CURL_FILE, KEY_PROXY_FILE, env_file_path, image_pin_path, unit_name
 
 
@@ -84,7 +85,7 @@ def test_the_head_recorded_the_recipe_base_images_by_digest(host, node, profile)
 def test_the_head_serves_the_profile_model(host, node, profile):
     if not node.is_head:
         pytest.skip("the API is on the head")
-    out = host.run(f"{authed_curl(node)} -fsS -m 10 http://127.0.0.1:{profile.port}/v1/models")
+    out = host.run(f"{authed_curl(node, curl_tls(node))} -fsS -m 10 {api_base(node, profile.port)}/v1/models")
     assert out.rc == 0, f"{node.name}: /v1/models with the API key failed: {out.stderr}"
     models = [m["id"] for m in json.loads(out.stdout)["data"]]
     assert models == [profile.api_model_name], f"{node.name}: serves {models}"
@@ -93,10 +94,11 @@ def test_the_head_serves_the_profile_model(host, node, profile):
 def test_the_api_refuses_a_request_without_the_key_and_serves_one_with_it(host, node, profile):
     if not node.is_head:
         pytest.skip("the API is on the head")
-    url = f"http://127.0.0.1:{profile.port}/v1/chat/completions"
+    url = f"{api_base(node, profile.port)}/v1/chat/completions"
     body = json.dumps({"model": profile.api_model_name, "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
-    post = f"-sS -m {request_bound_s(node)} -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' --data-binary @- {url}"
+    post = (f"{curl_tls(node)} -sS -m {request_bound_s(node)} -o /dev/null -w '%{{http_code}}' "
+            f"-H 'Content-Type: application/json' --data-binary @- {url}")
     without = host.run(f"printf '%s' {shlex.quote(body)} | curl {post}").stdout.strip()
     wrong = host.run(f"printf '%s' {shlex.quote(body)} | curl -H 'Authorization: Bearer not-the-key' {post}").stdout.strip()
     with_key = host.run(f"printf '%s' {shlex.quote(body)} | {authed_curl(node)} {post}").stdout.strip()

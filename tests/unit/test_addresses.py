@@ -82,7 +82,7 @@ def test_every_rendered_config_names_addresses_only(resolver):
     fleet = build_cluster(named_fleet())
     router = router_node(fleet)
     monitor = monitoring_node(fleet)
-    assert backends(fleet, router) == ["http://192.168.1.11:8000", "http://192.168.1.13:8000"]
+    assert backends(fleet, router) == ["https://192.168.1.11:8000", "https://192.168.1.13:8000"]
     scraped = [t["address"].rsplit(":", 1)[0] for job in targets(fleet).values() for t in job]
     assert scraped and all(IPV4.match(a) for a in scraped), scraped
     monitor_ip = firewall_checks.monitor_address(fleet)

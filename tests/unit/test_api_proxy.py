@@ -92,8 +92,8 @@ def proxy():
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     head = build_cluster(both(api_proxy_engine_port=engine_port)).head
-    with running_proxy(head, KEY) as port:
-        yield port
+    with running_proxy(head, KEY) as running:
+        yield running
     engine.shutdown()
 
 
@@ -127,7 +127,8 @@ def test_the_open_paths_answer_without_the_key(proxy, path, methods):
 def test_two_authorization_headers_are_refused(proxy):
     Engine.seen.clear()
     # urllib keeps one value per header name; a raw request sends both.
-    with socket.create_connection(("127.0.0.1", proxy), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw, \
+            proxy.context().wrap_socket(raw, server_hostname="127.0.0.1") as s:
         s.sendall(f"POST /invocations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nAuthorization: Bearer {KEY}\r\n"
                   "Content-Length: 2\r\nConnection: close\r\n\r\n{}".encode())
         status = s.recv(1024).split(b"\r\n", 1)[0]

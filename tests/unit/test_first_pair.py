@@ -10,6 +10,8 @@ import os
 import re
 import secrets
 import shlex
+import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -17,9 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from roles.monitoring.secrets import controller_file_problem
 from roles.serving.api_key import problem as api_key_problem
 from sparkfleet.model.api_key import KEY_PATTERN
+from sparkfleet.model.tls import ca_bundle_path, proxy_pem_path
 from tests.doc_examples import CLIENT_ENV, FIRST_PAIR, ROOT, client_example
 
 README = ROOT / "README.md"
@@ -76,11 +81,12 @@ def test_the_literal_key_rule_catches_a_pasted_key():
 
 
 class FakeOpenAIServer:
-    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1, answering as the API proxy does: 401
-    unless the bearer is `key`; otherwise a completion of the model the request named. Keeps every
-    request's path, Authorization header and body."""
+    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1, answering as the API proxy does: over TLS
+    with `pem` (a head's certificate and key, roles/tls's: tests/proxy_run.py fleet_tls), 401 unless the
+    bearer is `key`; otherwise a completion of the model the request named. Keeps every request's path,
+    Authorization header and body."""
 
-    def __init__(self, key: str):
+    def __init__(self, key: str, pem: str):
         self.key, self.requests = key, []
         owner = self
 
@@ -107,7 +113,10 @@ class FakeOpenAIServer:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pem)  # the certificate, then its key, in one file (HAProxy's `crt`)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -115,14 +124,25 @@ class FakeOpenAIServer:
         self.server.server_close()
 
 
-def run_example(tmp_path: Path, url: str, model: str, key_file: str, home: Path) -> subprocess.CompletedProcess:
-    """The example as a user runs it: `python client.py` with the page's three variables set (no proxy:
+def run_example(tmp_path: Path, url: str, model: str, key_file: str, home: Path,
+                ca_file: str) -> subprocess.CompletedProcess:
+    """The example as a user runs it: `python client.py` with the page's four variables set (no proxy:
     the URL is reached directly, as the head is from the management network)."""
     script = tmp_path / "client.py"
     script.write_text(client_example())
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    env.update(HOME=str(home), SPARKFLEET_API_URL=url, SPARKFLEET_MODEL=model, SPARKFLEET_API_KEY_FILE=key_file)
+    env.update(HOME=str(home), SPARKFLEET_API_URL=url, SPARKFLEET_MODEL=model, SPARKFLEET_API_KEY_FILE=key_file,
+               SPARKFLEET_CA_FILE=ca_file)
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def head_tls(directory: Path):
+    """A head's certificate for 127.0.0.1 and the fleet's bundle, made by roles/tls's commands (openssl)."""
+    from sparkfleet.config import build_cluster
+    from tests.proxy_run import fleet_tls
+    from tests.unit.helpers import pair
+
+    return fleet_tls(build_cluster(pair()).head, directory)
 
 
 def test_the_client_example_sends_the_key_from_its_file_to_the_url_and_model_named_and_prints_the_reply(tmp_path):
@@ -130,10 +150,13 @@ def test_the_client_example_sends_the_key_from_its_file_to_the_url_and_model_nam
     home = tmp_path / "home"
     home.mkdir()
     (home / ".sparkfleet-api-key").write_text(key + "\n")  # as `cat` on the head writes it: one line
-    server = FakeOpenAIServer(key)
+    head = head_tls(tmp_path / "head")
+    shutil.copy(ca_bundle_path(head), home / ".sparkfleet-ca.crt")  # as the page fetches it
+    server = FakeOpenAIServer(key, proxy_pem_path(head))
     try:
         # "~/..." as the page exports it (a shell expands it; the example does too, for a quoted one)
-        run = run_example(tmp_path, server.url, "glm-5.3-flash", "~/.sparkfleet-api-key", home)
+        run = run_example(tmp_path, server.url, "glm-5.3-flash", "~/.sparkfleet-api-key", home,
+                          "~/.sparkfleet-ca.crt")
     finally:
         server.close()
     assert run.returncode == 0, run.stderr[-3000:]
@@ -143,15 +166,24 @@ def test_the_client_example_sends_the_key_from_its_file_to_the_url_and_model_nam
     assert body["model"] == "glm-5.3-flash" and body["messages"][0]["content"], body
 
 
-def test_the_client_example_fails_loudly_with_another_key(tmp_path):
-    """The fake server's check is real: the example with a wrong key gets 401 and exits non-zero."""
-    (tmp_path / "key").write_text(secrets.token_hex(32))
-    server = FakeOpenAIServer(secrets.token_hex(32))
+@pytest.mark.parametrize("wrong", ["key", "ca"])
+def test_the_client_example_fails_loudly_with_another_key_or_another_cas_file(tmp_path, wrong):
+    """The fake server's checks are real: with a wrong key the example gets 401; with another fleet's CA
+    file it stops at the certificate, and nothing (no key) reaches the server. Either way it exits non-zero."""
+    key = secrets.token_hex(32)
+    (tmp_path / "key").write_text(key)
+    head, stranger = head_tls(tmp_path / "head"), head_tls(tmp_path / "stranger")
+    server = FakeOpenAIServer(secrets.token_hex(32) if wrong == "key" else key, proxy_pem_path(head))
     try:
-        run = run_example(tmp_path, server.url, "glm-5.3-flash", str(tmp_path / "key"), tmp_path)
+        run = run_example(tmp_path, server.url, "glm-5.3-flash", str(tmp_path / "key"), tmp_path,
+                          ca_bundle_path(stranger if wrong == "ca" else head))
     finally:
         server.close()
-    assert run.returncode != 0 and "401" in run.stderr, run.stderr[-2000:]
+    assert run.returncode != 0
+    if wrong == "key":
+        assert "401" in run.stderr, run.stderr[-2000:]
+    else:
+        assert "CERTIFICATE_VERIFY_FAILED" in run.stderr and server.requests == [], run.stderr[-2000:]
 
 
 # --- Every command the page gives exists ---------------------------------------------------------

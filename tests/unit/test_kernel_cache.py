@@ -235,10 +235,13 @@ def test_the_warm_up_image_is_a_valid_png():
     assert len(zlib.decompress(png[idat + 4:idat + 4 + length])) == 8 * (1 + 8 * 3)
 
 
-def test_a_warm_up_request_is_sent_from_stdin_not_the_url():
-    cmd = request_command(8000, {"model": "m", "messages": [{"role": "user", "content": "it's"}]})
-    assert cmd.endswith("http://127.0.0.1:8000/v1/chat/completions")
-    assert json.loads(shlex.split(cmd)[2]) == {"model": "m", "messages": [{"role": "user", "content": "it's"}]}
+def test_a_warm_up_request_is_sent_from_stdin_not_the_url_through_tls_verified_with_the_bundle():
+    cmd = request_command("https://10.0.0.11:8000", "--cacert /etc/sparkfleet/tls/ca.crt",
+                          {"model": "m", "messages": [{"role": "user", "content": "it's"}]})
+    assert cmd.endswith(" https://10.0.0.11:8000/v1/chat/completions")
+    words = shlex.split(cmd)
+    assert json.loads(words[2]) == {"model": "m", "messages": [{"role": "user", "content": "it's"}]}
+    assert words[words.index("--cacert") + 1] == "/etc/sparkfleet/tls/ca.crt" and "-k" not in words
 
 
 @pytest.mark.parametrize("key,value", [("kernel_cache_keep_generations", 0), ("kernel_cache_prewarm_max_rounds", 1),

@@ -13,6 +13,7 @@ import sparkfleet.model.serving as schema
 from sparkfleet import grammar
 from sparkfleet.config import ConfigError, build_cluster
 from sparkfleet.model.serving import load_profile, profile_names
+from sparkfleet.model.tls import SITE_KEYS
 from sparkfleet.values import DIRECTORY_KEYS, OTHER_PATHS
 from tests.unit.helpers import pair, run_pyinfra
 from tests.unit.test_inventory_refusal import write_inventory
@@ -71,7 +72,10 @@ RECEIVERS = "monitoring_alertmanager_receivers"
 @pytest.mark.parametrize("key", sorted(NODE_KEYS))
 def test_every_node_name_key_refuses_hostile_values_naming_the_key(key):
     valid, shape = NODE_KEYS[key]
-    build_cluster(pair(**{n: {key: shape(valid)} for n in ("spark-a", "spark-b")}))  # the valid one passes
+    if key in SITE_KEYS:  # a site's certificate: the three keys together, on the head (sparkfleet/model/tls.py)
+        build_cluster(pair(**{"spark-a": {k: shape(valid) for k in SITE_KEYS}}))
+    else:
+        build_cluster(pair(**{n: {key: shape(valid)} for n in ("spark-a", "spark-b")}))  # the valid one passes
     for value in hostile_values(valid):
         assert_refused_naming(refusals(**{key: shape(value)}), key, repr(value))
 

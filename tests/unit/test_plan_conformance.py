@@ -321,3 +321,38 @@ def test_a_pair_prints_no_fleet_line_and_is_held_to_none():
     assert fleet_lines(pair, FleetPlan(turns=["pair"])) == []
     run = Run(0, (FIXTURES / "lab-first-deploy-output.txt").read_text())
     assert parse_plan_fleet(run.output) == PlannedFleet()
+
+
+TLS_PLAN = """\
+--> sparkfleet TLS: the fleet CA is created on spark-a in this run (its SHA-256 fingerprint is printed then); clients verify with it: ssh root@198.18.0.11 cat /etc/sparkfleet/tls/ca.crt > sparkfleet-ca.crt
+    fleet CA created on: spark-a
+    certificate issued for spark-a: no certificate yet
+    trust bundle written on: spark-a
+"""
+
+
+def tls_run(*ops):
+    lines = [PLAN, TLS_PLAN]
+    for name, results in ops:
+        lines.append(f"--> Starting operation: roles/tls/tasks.py | {name}")
+        lines += [f"    [{h}] {r}" for h, r in results.items()]
+    return Run(0, "\n".join(lines))
+
+
+TLS_AS_PLANNED = [
+    ("Create the fleet CA on spark-a", {"spark-a": "Success"}),
+    ("Issue the API certificate of spark-a from the fleet CA on spark-a", {"spark-a": "Success"}),
+    ("Write the trust bundle /etc/sparkfleet/tls/ca.crt (the fleet CA is new)", {"spark-a": "Success"}),
+]
+
+
+def test_the_fleet_ca_certificates_and_bundles_are_made_where_the_plan_printed_and_nowhere_else():
+    run = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED)
+    assert mismatches(run.output, run.changed()) == []
+    extra = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED,
+                    ("Issue the API certificate of spark-c from the fleet CA on spark-a", {"spark-c": "Success"}))
+    assert mismatches(extra.output, extra.changed()) == [
+        "TLS: issue: the plan said ['spark-a'], the run did ['spark-a', 'spark-c']"]
+    missing = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED[:1])
+    assert mismatches(missing.output, missing.changed()) == [
+        "TLS: issue: the plan said ['spark-a'], the run did []", "TLS: bundle: the plan said ['spark-a'], the run did []"]

@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,11 @@ from pathlib import Path
 import pytest
 
 from roles.receipt.receipt import Receipts, Tunnel, drops, figures, run_load, scrub, status_lines, table
+from sparkfleet.config import build_cluster
+from sparkfleet.model.serving import node_profile
+from sparkfleet.model.tls import ca_bundle_path
+from tests.proxy_run import fleet_tls, running_proxy
+from tests.unit.helpers import pair
 from tests.unit import test_lab_standin as standin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,6 +158,46 @@ def test_the_load_generator_measures_the_stand_in_through_the_tunnel_and_only_it
     finally:
         tunnel.close()
     assert not os.path.exists(tunnel.directory)
+
+
+def test_the_load_goes_over_tls_through_the_tunnel_verifying_the_heads_certificate_with_the_bundle(launch, tmp_path):
+    """The receipt as a deploy takes it with TLS on: the stand-in pair behind the real HAProxy with the
+    rendered config and roles/tls's certificate (for 127.0.0.1, the head's address here), the load through
+    the tunnel to the proxy's port, TLS end to end inside it, the certificate verified against the trust
+    bundle alone: the load is measured; with another CA's bundle, or the API named by an address its
+    certificate does not carry, it fails on the certificate and nothing is measured."""
+    (tmp_path / "tokenizer.json").write_bytes(make_models().tokenizer_json())
+    ports, key = {"http": standin.free_port(), "master": standin.free_port()}, "k" * 32
+    run = lambda *args, **extra: launch([sys.executable, str(standin.VLLM), *args], standin.env(**extra))  # noqa: E731
+    standin.start_pair(run, ports, head_env={"VLLM_API_KEY": key})
+    head = build_cluster(pair(**{n: {"api_proxy_engine_port": ports["http"]} for n in ("spark-a", "spark-b")})).head
+    with running_proxy(head, key) as proxy:
+        bundle = Path(proxy.ca).read_text()
+        job = {"base_url": f"https://127.0.0.1:{node_profile(head).port}/v1", "api_key": key, "model": "lab",
+               "tokenizer": str(tmp_path), "prompt_tokens": 64, "decode_tokens": 16, "concurrency": [1, 2],
+               "runs": 1, "timeout_s": 30, "ca_pem": bundle}
+
+        def through_tunnel(**changes):
+            transport = LoopbackTransport()
+            tunnel = Tunnel(transport, proxy.port)
+            try:
+                return run_load({**job, "unix_socket": tunnel.path, **changes}, tunnel, 120), transport
+            finally:
+                tunnel.close()
+
+        done, transport = through_tunnel()
+        assert done.returncode == 0, done.stderr
+        got = figures(json.loads(done.stdout)["report"])
+        assert [(f["concurrency"], f["decode_tokens"]) for f in got] == [(1, 16), (2, 16)]
+        assert transport.opened >= 2
+        with tempfile.TemporaryDirectory() as other:  # another fleet's CA
+            stranger = fleet_tls(head, other)
+            done, _ = through_tunnel(ca_pem=Path(ca_bundle_path(stranger)).read_text())
+        assert done.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in done.stderr, done.stderr
+        done, _ = through_tunnel(base_url=f"https://127.0.0.2:{node_profile(head).port}/v1")
+        assert done.returncode != 0 and "IP address mismatch" in done.stderr, done.stderr
+        done, _ = through_tunnel(ca_pem=None)
+        assert done.returncode != 0 and "no trust bundle" in done.stderr, done.stderr
 
 
 def test_the_tunnels_socket_is_reachable_by_no_other_user_and_serves_only_the_allowed_process(tmp_path):

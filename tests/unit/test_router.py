@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -27,6 +28,10 @@ from roles.router.node_config import SFL_ROUTER
 from sparkfleet.model.router import ROUTER_VERSIONS
 from roles.router.wheels import cache_dir, fetch
 from tests.unit.test_lab_standin import env, free_port, head_args, wait_for, worker_args, VLLM
+from sparkfleet.config import build_cluster
+from sparkfleet.model.tls import ca_bundle_path
+from tests.proxy_run import fleet_tls, running_proxy
+from tests.unit.helpers import pair
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "roles" / "router" / "sfl_router.py"
@@ -116,9 +121,14 @@ def chat(port, content="hi", key=KEY, timeout=30, **extra):
 
 
 class Fleet:
-    def __init__(self, launch, python, tmp_path):
+    """The router (sfl_router.py run) in front of `groups` (two stand-in groups by default), each reached at
+    its own URL or at `backends` (the heads' TLS proxies), smg verifying them with `ca_file`; `wait`: until
+    it routes to every backend."""
+
+    def __init__(self, launch, python, tmp_path, groups=None, backends=None, ca_file=None, wait=True):
         self.launch, self.python = launch, python
-        self.groups = [Group(launch, "g1").start(), Group(launch, "g2").start()]
+        self.groups = groups if groups is not None else [Group(launch, "g1").start(), Group(launch, "g2").start()]
+        self.urls = backends or [g.url for g in self.groups]
         key_file = tmp_path / "api-key"
         key_file.write_text(KEY)
         key_file.chmod(0o600)
@@ -127,7 +137,7 @@ class Fleet:
         control_key_file.chmod(0o600)
         self.port = free_port()
         self.config = {
-            "listen_host": "127.0.0.1", "port": self.port, "backends": [g.url for g in self.groups],
+            "listen_host": "127.0.0.1", "port": self.port, "backends": self.urls, "ca_file": ca_file,
             "key_file": str(key_file), "control_key_file": str(control_key_file), "health_check_endpoint": "/health", "health_check_interval_s": INTERVAL_S,
             "health_check_timeout_s": TIMEOUT_S, "health_failure_threshold": FAILURES,
             "health_success_threshold": SUCCESSES, "policy": "round_robin", "request_timeout_s": 60,
@@ -138,9 +148,11 @@ class Fleet:
         self.log = tmp_path / "router.log"
         self.router = subprocess.Popen([python, str(PROGRAM), "run", str(self.config_file)], text=True,
                                        stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        if not wait:
+            return
         try:
-            wait_for(lambda: self.states() == {g.url: "routed" for g in self.groups}, timeout=40,
-                     what="the router routing to both groups")
+            wait_for(lambda: self.states() == {u: "routed" for u in self.urls}, timeout=40,
+                     what="the router routing to every group")
         except AssertionError as e:
             self.stop()
             raise AssertionError(f"{e}; routing {self.states()}; the router's output:\n{self.output()[-3000:]}")
@@ -372,6 +384,46 @@ def test_drain_and_undrain_take_a_group_out_of_routing_and_back(fleet):
     assert fleet.admin("drain", g2.url)[g2.url] == "drained"
     assert fleet.admin("undrain", g2.url)[g2.url] == "routed"
     assert fleet.admin("undrain", g2.url)[g2.url] == "routed"
+
+
+def test_the_router_reaches_the_heads_over_tls_verifying_them_with_the_fleets_ca(launch, router_python, tmp_path):
+    """Each group's head behind the real HAProxy with the rendered config and a certificate the one fleet CA
+    issued (roles/tls's commands): smg (ca_cert_paths = the bundle, router.json's ca_file) routes to both
+    https:// backends, serves chat completions through them, and drains and adds one back over TLS; a
+    router given another CA's bundle routes to none (its log says the certificate failed to verify)."""
+    groups = [Group(launch, "g1").start(), Group(launch, "g2").start()]
+    heads = [build_cluster(pair(**{n: {"api_proxy_engine_port": g.http} for n in ("spark-a", "spark-b")})).head
+             for g in groups]
+    with running_proxy(heads[0], KEY) as first, running_proxy(heads[1], KEY, ca=first.head) as second:
+        urls = [f"https://127.0.0.1:{p.port}" for p in (first, second)]
+        fleet = Fleet(launch, router_python, tmp_path, groups=groups, backends=urls, ca_file=first.ca)
+        try:
+            for i in range(4):
+                status, body = chat(fleet.port, content=f"over tls {i}")
+                assert status == 200 and body["choices"], body
+            assert fleet.admin("drain", urls[1]) == {urls[0]: "routed", urls[1]: "drained"}
+            assert fleet.admin("undrain", urls[1]) == {urls[0]: "routed", urls[1]: "routed"}
+        finally:
+            fleet.stop()
+        with tempfile.TemporaryDirectory() as other:
+            stranger = fleet_tls(heads[0], other)
+            (tmp_path / "stranger").mkdir()
+            blind = Fleet(launch, router_python, tmp_path / "stranger", groups=groups, backends=urls,
+                          ca_file=ca_bundle_path(stranger), wait=False)
+            try:
+                time.sleep(4 * (INTERVAL_S + TIMEOUT_S))
+                assert set((blind.states() or {}).values()) <= {"drained", "unhealthy"}, blind.states()
+                assert chat(blind.port, timeout=10)[0] != 200
+                assert "failed to verify TLS certificate: invalid peer certificate" in blind.output(), blind.output()[-2000:]
+            finally:
+                blind.stop()
+
+
+def test_a_router_config_with_https_backends_and_no_ca_file_is_refused(tmp_path):
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({k: None for k in sfl_router.KEYS} | {"backends": ["https://10.0.0.11:8000"]}))
+    with pytest.raises(SystemExit, match="https:// backends need ca_file"):
+        sfl_router.load(str(config))
 
 
 class RouterNode:

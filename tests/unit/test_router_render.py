@@ -51,7 +51,13 @@ def test_the_router_routes_to_the_head_of_every_group_serving_its_model_by_manag
     fleet = build_cluster(fleet_hosts())
     router = router_node(fleet)
     assert router.name == "spark-b"
-    assert backends(fleet, router) == ["http://10.0.0.11:8000", "http://10.0.0.13:8000"]
+    # over TLS (roles/tls), smg verifying each head with the fleet's bundle on the router node
+    assert backends(fleet, router) == ["https://10.0.0.11:8000", "https://10.0.0.13:8000"]
+    assert json.loads(config_text(fleet, router))["ca_file"] == "/etc/sparkfleet/tls/ca.crt"
+    plain = build_cluster(fleet_hosts(**{n: {"tls_enabled": False, "tls_disabled_reason": "a test bench"}
+                                         for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    assert backends(plain, router_node(plain)) == ["http://10.0.0.11:8000", "http://10.0.0.13:8000"]
+    assert json.loads(config_text(plain, router_node(plain)))["ca_file"] is None
     # one key for the fleet: the router group's head's, written to the other head and the router node
     source, targets = key_holders(fleet)
     assert source.name == "spark-a" and [n.name for n in targets] == ["spark-c", "spark-b"]
@@ -60,7 +66,7 @@ def test_the_router_routes_to_the_head_of_every_group_serving_its_model_by_manag
 def test_a_group_serving_another_model_is_not_routed():
     other = {"serving_profile": "qwen3.8-flash-next"}
     fleet = build_cluster(fleet_hosts(**{"spark-c": other, "spark-d": other}))
-    assert backends(fleet, router_node(fleet)) == ["http://10.0.0.11:8000"]
+    assert backends(fleet, router_node(fleet)) == ["https://10.0.0.11:8000"]
 
 
 def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no_secret():

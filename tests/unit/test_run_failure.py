@@ -236,8 +236,8 @@ def serving(monkeypatch, head_answers, worker_answers=None):
 
 
 def wait(**extra):
-    ready.wait_for_health(unit="sparkfleet-head", port=8000, timeout_s=60, endpoint="http://10.0.0.11:8000/v1",
-                          max_model_len=65536, **extra)
+    ready.wait_for_health(unit="sparkfleet-head", api="https://10.0.0.11:8000", tls="--cacert /etc/sparkfleet/tls/ca.crt",
+                          timeout_s=60, endpoint="https://10.0.0.11:8000/v1", max_model_len=65536, **extra)
 
 
 def block_of(err) -> dict:
