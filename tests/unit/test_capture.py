@@ -17,13 +17,6 @@ from tools.replay import replay_plan
 
 LAB_BUNDLE = CAPTURES.parent / "capture-lab.json"
 LAB_INVENTORY = "lab/inventory.py"
-# The bundle was captured before the engine lost its API key and its capabilities (issue 43 item 7):
-# its ApiKeyState record was read with the command that did not yet look for the engine's retired key
-# files (LookupError), and its pair runs units with the key's --env-file and Docker's default
-# capabilities, which the next deploy restarts. Re-capture after a lab deploy (see above); strict: the
-# replays pass again then, and this marker must go.
-STALE_BUNDLE = pytest.mark.xfail(strict=True, raises=(LookupError, AssertionError),
-                                 reason="capture-lab.json predates the engine without a key or capabilities: re-capture")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +53,6 @@ def test_every_record_goes_through_its_facts_own_parser(lab_bundle):
                 pytest.fail(f"{host}: {record['fact']}({record['kwargs']}) does not parse: {err!r}")
 
 
-@STALE_BUNDLE
 def test_the_plan_replayed_from_the_settled_lab_pair_does_nothing(lab_bundle):
     plans = replay_plan(lab_bundle, LAB_INVENTORY)
     assert set(plans) == {"pair"}
@@ -74,7 +66,6 @@ def test_the_plan_replayed_from_the_settled_lab_pair_does_nothing(lab_bundle):
     assert all(m.total_gib > 0 for m in decisions.memory.values())
 
 
-@STALE_BUNDLE
 def test_a_replayed_node_that_says_otherwise_changes_the_plan(lab_bundle):
     """The replay is the node's word: the worker's rank file sums gone from the bundle make the plan
     restart the pair, as a deploy would on a worker whose files changed."""
@@ -87,7 +78,6 @@ def test_a_replayed_node_that_says_otherwise_changes_the_plan(lab_bundle):
     assert decisions.serving.restart, decisions.serving
 
 
-@STALE_BUNDLE
 def test_the_firewall_is_decided_from_the_facts_the_lab_recorded_and_moves_where_a_node_says_so(lab_bundle):
     """The facts pass's firewall reader asks what the firewall step asked (ManagementSubnet at the
     management address, LiveMarker, Which nft): the lab's recorded live markers are the tables data
@@ -107,7 +97,6 @@ def test_the_firewall_is_decided_from_the_facts_the_lab_recorded_and_moves_where
     assert moved.summary.actions() == ["change the firewall: applied on spark-b (no table live)"]
 
 
-@STALE_BUNDLE
 def test_a_bundle_without_a_fact_the_deploy_reads_fails_naming_it(lab_bundle):
     bundle = copy.deepcopy(lab_bundle)
     bundle["nodes"]["spark-b"] = [r for r in bundle["nodes"]["spark-b"] if r["fact"] != "roles.preflight.facts.NodeFacts"]
