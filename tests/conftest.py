@@ -87,6 +87,7 @@ def _deploy_summary(terminalreporter) -> None:
     times = getattr(lab, "DEPLOY_TIMES", None)
     if not times:
         return
+    _write_times(times)
     total = sum(d.seconds for d in times)
     terminalreporter.write_sep("=", f"time per deploy ({len(times)} deploys, {total:.0f} s in all; the 15 slowest)")
     for d in sorted(times, key=lambda d: -d.seconds)[:15]:
@@ -98,3 +99,19 @@ def _deploy_summary(terminalreporter) -> None:
     terminalreporter.write_sep("=", "time per deploy step, summed over every deploy (the 20 largest)")
     for step, spent in sorted(steps.items(), key=lambda kv: -sum(kv[1]))[:20]:
         terminalreporter.write_line(f"{sum(spent):8.1f} s  {step}  ({len(spent)} runs, the longest {max(spent):.1f} s)")
+
+
+def _write_times(times) -> None:
+    """Every deploy and module time of the session, for working out where CI's hour goes (the summary
+    prints only the largest): SFL_TIMES_RECORD, else the lab's run directory, one file per tier."""
+    import dataclasses
+    import json
+    state = Path(os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab"))
+    tiers = "-".join(sorted({m.split("/")[1] for m in _MODULE_SECONDS if m.count("/") >= 2}))  # e2e-real-state, fleet
+    path = Path(os.environ.get("SFL_TIMES_RECORD") or state / "run" / f"test-times-{tiers}.json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"modules": _MODULE_SECONDS, "deploys": [dataclasses.asdict(d) for d in times]},
+                                   indent=1) + "\n")
+    except OSError as err:  # a record, never a reason to fail the tier
+        print(f"test times not written to {path}: {err}")
