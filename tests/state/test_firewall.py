@@ -49,15 +49,19 @@ def test_the_live_table_is_the_one_data_renders(host, node, cluster):
 
 
 PROBE = (Path(__file__).resolve().parents[1] / "connect_probe.py").read_text()
+# A dropped SYN is told from a connection only by this wait running out; a reachable port on the
+# fabric or the management network connects within milliseconds (the lab under CI's load included),
+# and every state run pays it once per probe of a dropped port.
+CONNECT_TIMEOUT_S = 2
 
 
 def tcp_open(host, address: str, ports: list[int], mark: int | None = None) -> list[int]:
     """The ports of `ports` at `address` that accept a TCP connection from `host`, as root (the output
     chain refuses the fabric to every other user, so a probe run as another user would prove nothing of
     the input rules). Every port is tried at once (tests/connect_probe.py): a dropped port costs its
-    4 s timeout once, not once per port. `mark`: every probe socket carries that firewall mark."""
+    timeout once, not once per port. `mark`: every probe socket carries that firewall mark."""
     targets = json.dumps([[address, int(port)] for port in ports])
-    out = host.check_output(f"python3 -c {shlex.quote(PROBE)} 4 {shlex.quote(targets)}"
+    out = host.check_output(f"python3 -c {shlex.quote(PROBE)} {CONNECT_TIMEOUT_S} {shlex.quote(targets)}"
                             + (f" {int(mark)}" if mark is not None else ""))
     return sorted(int(port) for port, got in zip(ports, json.loads(out.splitlines()[-1])) if got in ("answered", "open"))
 
