@@ -50,11 +50,15 @@ def outside(command: str, check=False) -> subprocess.CompletedProcess:
 
 
 class _Outside:
-    """The third machine as tcp_open's host (testinfra's check_output: stdout, or an error when the
-    command fails): its command run by bash in the namespace."""
+    """The third machine as a testinfra host: its command run by bash in the namespace (run: the whole
+    result; check_output, as tcp_open calls it: stdout, or an error when the command fails)."""
     @staticmethod
-    def check_output(command: str) -> str:
-        result = outside(f"bash -c {shlex.quote(command)}")
+    def run(command: str) -> subprocess.CompletedProcess:
+        return outside(f"bash -c {shlex.quote(command)}")
+
+    @classmethod
+    def check_output(cls, command: str) -> str:
+        result = cls.run(command)
         assert result.returncode == 0, f"the third machine: `{command}` failed ({result.returncode}): {result.stderr}"
         return result.stdout.rstrip("\r\n")
 

@@ -108,7 +108,7 @@ def test_the_api_needs_the_key_and_a_new_key_is_taken_by_the_proxy_with_the_pair
     ops = run.changed()
     assert not [op for op, _ in ops if op.startswith(("Build", "Pull", "Push", "Fetch", "Send", "Prewarm", "Apply",
                                                        "Start the head", "Restart the workers", "Stop the head"))], ops
-    assert ("Reload sparkfleet-api-proxy (its config or the API key changed)", "spark-a") in ops, ops
+    assert ("Reload sparkfleet-api-proxy (its config, the API key or its certificate changed)", "spark-a") in ops, ops
     assert {h: started_at(h, c) for h, c in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker"))} == started
     assert code(f"curl -H 'Authorization: Bearer {new}'") == "200"
     assert code(f"curl -H 'Authorization: Bearer {old}'") == "401"
