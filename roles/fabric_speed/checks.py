@@ -20,6 +20,8 @@ import re
 import shlex
 from pathlib import Path
 
+from pyinfra.api.exceptions import DeployError
+
 from sparkfleet.model.fabric import FabricHalf
 from sparkfleet.model.fabric_speed import SPEED_RECORD_NAME, speed_record_path
 from sparkfleet.model.monitoring import TEXTFILE_DIR, metric_label
@@ -134,11 +136,61 @@ def speed_metrics_text(figures: list[dict], proven_at: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The proof's servers listen as root on the fabric. Each is bounded on the node itself, not by the
+# controller's good behaviour: a controller killed, an SSH session lost or a client that failed
+# leaves no server behind past its bound. Each starts in a session of its own (setsid: the SSH
+# session's end does not reach it) under coreutils `timeout`, which sends TERM to the server's
+# process group at the bound, and KILL LISTENER_KILL_AFTER_S later to whatever ignored it (the
+# bound of sparkfleet/bounded.py, here for a process left in the background). Its pid (timeout's,
+# the leader of that group) is kept in LISTENER_DIR, one file per port, so the proof stops every
+# server of a node after each link in every outcome (stop_listeners_command, link_tasks.py), and
+# each start first stops any an earlier run left: a re-run finds none.
+LISTENER_DIR = "/run/sparkfleet/fabric-speed"  # root-only (0700), cleared at boot like every process
+# A server waits for its client's first try (the client tries ten times, 0.5 s apart), then runs its
+# test's `fabric_speed_seconds`; this much more covers set-up and the report many times over.
+LISTENER_GRACE_S = 60
+LISTENER_KILL_AFTER_S = 5  # TERM first, KILL this long after
+
+
+def listener_limit(seconds: int) -> int:
+    """How long a server of a `seconds` test may live, at most."""
+    return int(seconds) + LISTENER_GRACE_S
+
+
+def stop_listeners_command(ports=None, directory: str = LISTENER_DIR) -> str:
+    """Stop the proof's servers on this node (those of `ports`, or every one), each by its process
+    group: TERM, then KILL to what is left after LISTENER_KILL_AFTER_S. A pid file whose process is
+    no `timeout` (it ended, and the pid may have been reused) is only removed. Exit 0."""
+    d = shlex.quote(directory)
+    files = " ".join(f"{d}/{int(p)}.pid" for p in ports) if ports else f"{d}/*.pid"
+    running = "[ \"$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null)\" != Z ] && [ -e /proc/$p ]"  # an unreaped one has ended
+    return (f"for f in {files}; do [ -f \"$f\" ] || continue; p=$(cat \"$f\"); "
+            f"if [ \"$(cat /proc/$p/comm 2>/dev/null)\" = timeout ]; then kill -s TERM -- -$p 2>/dev/null; "
+            f"i=0; while {running} && [ $i -lt {LISTENER_KILL_AFTER_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
+            f"kill -s KILL -- -$p 2>/dev/null; fi; rm -f \"$f\"; done; true")
+
+
+def bounded_listener(command: str, ports, limit_s: int, directory: str = LISTENER_DIR, stop: bool = True,
+                     all_ports=None) -> str:
+    """Start `command` (a server listening on `ports`) in the background, bounded to `limit_s`
+    seconds on the node whatever becomes of the shell that started it; any server an earlier run
+    left on those ports (or `all_ports`) is stopped first when `stop`."""
+    d = shlex.quote(directory)
+    pidfile = f"{directory}/{int(ports[0])}.pid"
+    inner = (f"echo $$ > {shlex.quote(pidfile)}; exec timeout --kill-after={LISTENER_KILL_AFTER_S} {int(limit_s)} "
+             f"{command}")
+    before = f"{stop_listeners_command(all_ports or ports, directory)}; " if stop else ""
+    return (f"{before}mkdir -p -m 0700 {d} && setsid sh -c {shlex.quote(inner)} > /dev/null 2>&1 < /dev/null &")
+
+
 # iperf3: one TCP stream per half, both ends bound to that half's addresses (the kernel would
 # otherwise pick the route, and both halves' traffic could leave by one netdev).
 
-def iperf3_server_command(half: FabricHalf, port: int) -> str:
-    return f"iperf3 --server --one-off --daemon --bind {shlex.quote(half.ip)} --port {int(port)}"
+def iperf3_server_command(half: FabricHalf, port: int, seconds: int) -> str:
+    """The server of one half, bounded on the node (bounded_listener). In the foreground (no
+    --daemon): a daemonized iperf3 would leave `timeout` at once, and no bound would hold it."""
+    return bounded_listener(f"iperf3 --server --one-off --bind {shlex.quote(half.ip)} --port {int(port)}",
+                            [int(port)], listener_limit(seconds))
 
 
 def iperf3_client_command(server: FabricHalf, client: FabricHalf, port: int, seconds: int) -> str:
@@ -174,9 +226,12 @@ def _ib_write_bw(hca: str, port: int, seconds: int, qps: int) -> str:
 
 
 def ib_server_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
-    """The server end of every half, in the background (each exits after its one test)."""
-    return "; ".join(f"setsid nohup {_ib_write_bw(s.hca, port + i, seconds, qps)} >/dev/null 2>&1 < /dev/null &"
-                     for i, (s, _) in enumerate(link.halves)) + " sleep 1"
+    """The server end of every half, each bounded on the node (bounded_listener; each exits after its
+    one test when it runs to the end), then a second for them to listen."""
+    ports = [port + i for i in range(len(link.halves))]
+    starts = [bounded_listener(_ib_write_bw(s.hca, p, seconds, qps), [p], listener_limit(seconds), stop=i == 0,
+                               all_ports=ports) for i, ((s, _), p) in enumerate(zip(link.halves, ports))]
+    return " ".join(starts) + " sleep 1"
 
 
 def ib_client_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
@@ -367,3 +422,41 @@ def speed_records(state) -> dict[str, str | None]:
     """node name -> the speed record it keeps (SpeedRecord), every node of the run at once."""
     cluster = cluster_from_state(state)
     return per_host(state, lambda h: h.get_fact(SpeedRecord, path=record_path(cluster.node(h.name))))
+
+
+# One link's test, run from the head's operation body (link_tasks.py): `run(node, command, what)` runs
+# a command on a node and returns its stdout (raising DeployError when it fails), `stop(node)` stops
+# that node's servers (stop_listeners_command) and never raises. The server node's servers are
+# stopped when the test ends, whatever the outcome: figures read, a client that failed, a report
+# that is no report, the connection lost. What `stop` cannot reach, each server's bound ends.
+
+def tcp_figures(link: SpeedLink, port: int, seconds: int, run, stop) -> dict[int, float]:
+    """iperf3 over each half, one after the other: half index -> Gbit/s."""
+    figures = {}
+    try:
+        for i, (s, c) in enumerate(link.halves):
+            run(link.server.name, iperf3_server_command(s, port, seconds), f"iperf3's server on {s.netdev}")
+            try:
+                figures[i] = iperf3_gbits(run(link.client.name, iperf3_client_command(s, c, port, seconds),
+                                              f"iperf3 over {c.netdev}"))
+            except ValueError as err:
+                raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
+    finally:
+        stop(link.server.name)
+    return figures
+
+
+def rdma_figures(link: SpeedLink, port: int, seconds: int, qps: int, run, stop) -> dict[int, float]:
+    """ib_write_bw over both halves at once: half index -> Gbit/s."""
+    try:
+        run(link.server.name, ib_server_command(link, port, seconds, qps), "ib_write_bw's servers")
+        reports = ib_reports(run(link.client.name, ib_client_command(link, port, seconds, qps), "ib_write_bw"))
+    finally:
+        stop(link.server.name)
+    figures = {}
+    for i in range(len(link.halves)):
+        try:
+            figures[i] = ib_write_bw_gbits(reports.get(i, ""))
+        except ValueError as err:
+            raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
+    return figures
