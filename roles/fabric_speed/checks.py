@@ -194,7 +194,7 @@ def iperf3_server_command(half: FabricHalf, port: int, seconds: int) -> str:
 
 
 def iperf3_client_command(server: FabricHalf, client: FabricHalf, port: int, seconds: int) -> str:
-    # The server daemonizes before it listens: a refused first connection is tried again.
+    # The server starts in the background (bounded_listener): a refused first connection is tried again.
     one = (f"iperf3 --client {shlex.quote(server.ip)} --bind {shlex.quote(client.ip)} --port {int(port)} "
            f"--time {int(seconds)} --json")
     return f"for i in 1 2 3 4 5 6 7 8 9 10; do out=$({one}) && break; sleep 0.5; done; printf '%s\\n' \"$out\""
