@@ -150,6 +150,7 @@ LISTENER_DIR = "/run/sparkfleet/fabric-speed"  # root-only (0700), cleared at bo
 # test's `fabric_speed_seconds`; this much more covers set-up and the report many times over.
 LISTENER_GRACE_S = 60
 LISTENER_KILL_AFTER_S = 5  # TERM first, KILL this long after
+LISTEN_WAIT_S = 30  # how long a start waits for its server to listen (listening_wait)
 
 
 def listener_limit(seconds: int) -> int:
@@ -171,7 +172,7 @@ def stop_listeners_command(ports=None, directory: str = LISTENER_DIR) -> str:
 
 
 def bounded_listener(command: str, ports, limit_s: int, directory: str = LISTENER_DIR, stop: bool = True,
-                     all_ports=None) -> str:
+                     all_ports=None, wait: bool = True) -> str:
     """Start `command` (a server listening on `ports`) in the background, bounded to `limit_s`
     seconds on the node whatever becomes of the shell that started it; any server an earlier run
     left on those ports (or `all_ports`) is stopped first when `stop`."""
@@ -180,7 +181,17 @@ def bounded_listener(command: str, ports, limit_s: int, directory: str = LISTENE
     inner = (f"echo $$ > {shlex.quote(pidfile)}; exec timeout --kill-after={LISTENER_KILL_AFTER_S} {int(limit_s)} "
              f"{command}")
     before = f"{stop_listeners_command(all_ports or ports, directory)}; " if stop else ""
-    return (f"{before}mkdir -p -m 0700 {d} && setsid sh -c {shlex.quote(inner)} > /dev/null 2>&1 < /dev/null &")
+    start = f"{before}mkdir -p -m 0700 {d} && setsid sh -c {shlex.quote(inner)} > /dev/null 2>&1 < /dev/null &"
+    return f"{start} {listening_wait(ports)}" if wait else start
+
+
+def listening_wait(ports, seconds: int = LISTEN_WAIT_S) -> str:
+    """Wait until each of `ports` listens (ss, iproute2), `seconds` at most: the start returns once the
+    server can take its client, as iperf3's --daemon did, instead of leaving the client's ten tries
+    (5 s) to cover a background start that a loaded node can make slower. A port that never listens
+    ends the wait at its limit; the client then fails with its own error. Exit 0."""
+    checks = " && ".join(f"ss -Hltn 'sport = :{int(p)}' 2>/dev/null | grep -q ." for p in ports)
+    return f"i=0; until {checks}; do [ $i -ge {int(seconds) * 10} ] && break; sleep 0.1; i=$((i+1)); done; true"
 
 
 # iperf3: one TCP stream per half, both ends bound to that half's addresses (the kernel would
@@ -194,7 +205,8 @@ def iperf3_server_command(half: FabricHalf, port: int, seconds: int) -> str:
 
 
 def iperf3_client_command(server: FabricHalf, client: FabricHalf, port: int, seconds: int) -> str:
-    # The server starts in the background (bounded_listener): a refused first connection is tried again.
+    # The server starts in the background and its start waits until it listens (bounded_listener);
+    # a refused first connection is still tried again.
     one = (f"iperf3 --client {shlex.quote(server.ip)} --bind {shlex.quote(client.ip)} --port {int(port)} "
            f"--time {int(seconds)} --json")
     return f"for i in 1 2 3 4 5 6 7 8 9 10; do out=$({one}) && break; sleep 0.5; done; printf '%s\\n' \"$out\""
@@ -227,10 +239,11 @@ def _ib_write_bw(hca: str, port: int, seconds: int, qps: int) -> str:
 
 def ib_server_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
     """The server end of every half, each bounded on the node (bounded_listener; each exits after its
-    one test when it runs to the end), then a second for them to listen."""
+    one test when it runs to the end), then a second for them to listen (with -R they listen through
+    rdma_cm, not on a TCP port that listening_wait could see)."""
     ports = [port + i for i in range(len(link.halves))]
     starts = [bounded_listener(_ib_write_bw(s.hca, p, seconds, qps), [p], listener_limit(seconds), stop=i == 0,
-                               all_ports=ports) for i, ((s, _), p) in enumerate(zip(link.halves, ports))]
+                               all_ports=ports, wait=False) for i, ((s, _), p) in enumerate(zip(link.halves, ports))]
     return " ".join(starts) + " sleep 1"
 
 

@@ -21,7 +21,7 @@ from roles.fabric_speed.checks import (
     MIB, all_gather_perf_figures, buffer_mib, decide, gather_args, gather_docker_args, gather_failures, gather_figure,
     ib_client_command, ib_reports, ib_server_command, ib_write_bw_gbits, ib_write_bw_rows, iperf3_client_command,
     iperf3_gbits, proof_key, rdma_failures, record_text, speed_links, tcp_failures, why_due,
-    LISTENER_DIR, LISTENER_GRACE_S, LISTENER_KILL_AFTER_S, bounded_listener, iperf3_server_command, listener_limit,
+    LISTENER_DIR, LISTENER_GRACE_S, LISTENER_KILL_AFTER_S, bounded_listener, listening_wait, iperf3_server_command, listener_limit,
     stop_listeners_command, tcp_figures,
 )
 from sparkfleet.model.fabric_speed import (
@@ -395,6 +395,31 @@ def test_a_server_whose_starter_was_killed_is_ended_by_its_bound_on_the_node(tmp
     assert listening(port)  # not the session's end: it is in a session of its own
     wait_until(lambda: not listening(port), limit + 10)
     assert time.monotonic() - started >= limit - 0.5  # closed by the bound, not before it
+
+
+def test_a_start_returns_once_its_server_listens_even_when_the_server_is_slow_to_start(tmp_path):
+    """iperf3's --daemon returned once the server listened; the bounded form starts it in the background,
+    so the start waits for the port itself (listening_wait): a server that takes 1.5 s to listen (a loaded
+    node) takes its client at once when the start returns, not after the client's tries ran out."""
+    port, limit = free_port(), 30
+    server = tmp_path / "slow.py"
+    server.write_text("import socket, time\ntime.sleep(1.5)\n"
+                      f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\ntime.sleep(600)\n")
+    try:
+        took = time.monotonic()
+        subprocess.run(["sh", "-c", bounded_listener(f"{sys.executable} {server}", [port], limit,
+                                                     directory=str(tmp_path))], check=True, timeout=60)
+        assert listening(port), "the start returned before its server listened"
+        assert time.monotonic() - took >= 1.4
+    finally:
+        subprocess.run(["sh", "-c", stop_listeners_command(directory=str(tmp_path))], check=True)
+
+
+def test_the_wait_for_a_port_that_never_listens_ends_at_its_limit():
+    port = free_port()
+    took = time.monotonic()
+    done = subprocess.run(["sh", "-c", listening_wait([port], seconds=1)], timeout=30)
+    assert done.returncode == 0 and 0.9 <= time.monotonic() - took < 10
 
 
 def test_a_server_that_ignores_term_is_killed_after_its_bound(tmp_path):
