@@ -4,8 +4,8 @@ Due when a node holds no passed record of this fabric (roles/fabric_speed/checks
 head runs every link's test, one link and one half after the other (a test shares its link with
 nothing). The figures wait for the collective (collective_tasks.py), then go into each node's
 record, and into the log. Each test's servers are bounded on the node and stopped after each link
-whatever its outcome (checks.py bounded_listener): a failed or interrupted proof leaves nothing
-listening."""
+whatever its outcome (checks.py bounded_listeners): a failed proof leaves nothing listening, an
+interrupted one (the controller killed) nothing past the bound."""
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
@@ -37,7 +37,7 @@ def _run(name: str, command: str, what: str) -> str:
 
 def _stop_listeners(name: str) -> None:
     """Every speed server on `name` stopped, in every outcome of its link's test; when this fails too
-    (the connection lost), each server's bound on the node ends it (checks.py bounded_listener)."""
+    (the connection lost), each server's bound on the node ends it (checks.py bounded_listeners)."""
     try:
         ok, out = state.inventory.get_host(name).run_shell_command(StringCommand(stop_listeners_command()))
     except Exception as exc:  # already failing: the test's own error is the one to report
