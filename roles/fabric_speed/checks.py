@@ -20,6 +20,8 @@ import re
 import shlex
 from pathlib import Path
 
+from pyinfra.api.exceptions import DeployError
+
 from sparkfleet.model.fabric import FabricHalf
 from sparkfleet.model.fabric_speed import SPEED_RECORD_NAME, speed_record_path
 from sparkfleet.model.monitoring import TEXTFILE_DIR, metric_label
@@ -134,15 +136,106 @@ def speed_metrics_text(figures: list[dict], proven_at: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The proof's servers listen as root on the fabric. Each is bounded on the node itself, not by the
+# controller's good behaviour: a controller killed, an SSH session lost or a client that failed
+# leaves no server behind past its bound. Each starts in a session of its own (setsid: the SSH
+# session's end does not reach it) under coreutils `timeout`, which sends TERM to the server's
+# process group at the bound, and KILL LISTENER_KILL_AFTER_S later to whatever ignored it (the
+# bound of sparkfleet/bounded.py, here for a process left in the background). Its pid (timeout's,
+# the leader of that group) is kept in LISTENER_DIR, one file per port, so the proof stops every
+# server of a node after each link in every outcome (stop_listeners_command, link_tasks.py), and
+# each start first stops any an earlier run left: a re-run finds none.
+LISTENER_DIR = "/run/sparkfleet/fabric-speed"  # root-only (0700, in roles/lock's 0700 /run/sparkfleet); cleared at boot
+# A server waits for its start to see it listen (LISTEN_WAIT_S at most), then for its client's tries
+# (ten, 0.5 s apart), then runs its test's `fabric_speed_seconds`; this much more covers all of that.
+LISTENER_GRACE_S = 60
+LISTENER_KILL_AFTER_S = 5  # TERM first, KILL this long after
+LISTEN_WAIT_S = 30  # how long a start waits for its servers to listen (listening_wait)
+# What lists a server listening on {port}: a listener when it prints a line. iperf3's is a TCP socket
+# (ss, iproute2).
+# ib_write_bw -R listens through rdma_cm (perftest src/perftest_communication.c rdma_server_connect:
+# rdma_bind_addr and rdma_listen on -p's port), in RDMA CM's own port space, which no socket table
+# shows. The kernel tracks each rdma_cm id with its state and source address (drivers/infiniband/core/
+# cma.c: a listen on any address is one listening id per RDMA device, cma_listen_on_dev), and
+# iproute2's rdma tool lists them, filtered by state and source port (rdma/res-cmid.c, rdma/res.h:
+# the cm_id filters `state` and `src-port`, since iproute2 4.17 and still at 6.18).
+TCP_LISTENING = "ss -Hltn 'sport = :{port}'"
+RDMA_CM_LISTENING = "rdma resource show cm_id state LISTEN src-port {port}"
+# The process of pid $p is alive: it exists and is no zombie (one that ended, its parent not told yet).
+_ALIVE = "[ -e /proc/$p ] && [ \"$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null)\" != Z ]"
+
+
+def listener_limit(seconds: int) -> int:
+    """How long a server of a `seconds` test may live, at most."""
+    return int(seconds) + LISTENER_GRACE_S
+
+
+def stop_listeners_command(ports=None, directory: str = LISTENER_DIR) -> str:
+    """Stop the proof's servers on this node (those of `ports`, or every one), each by its process
+    group: TERM, then KILL to what is left after LISTENER_KILL_AFTER_S. A pid file whose process is
+    no `timeout` (it ended, and the pid may have been reused) is only removed, with its log. Exit 0."""
+    d = shlex.quote(directory)
+    files = " ".join(f"{d}/{int(p)}.pid" for p in ports) if ports else f"{d}/*.pid"
+    return (f"for f in {files}; do [ -f \"$f\" ] || continue; p=$(cat \"$f\"); "
+            f"if [ \"$(cat /proc/$p/comm 2>/dev/null)\" = timeout ]; then kill -s TERM -- -$p 2>/dev/null; "
+            f"i=0; while {_ALIVE} && [ $i -lt {LISTENER_KILL_AFTER_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
+            f"kill -s KILL -- -$p 2>/dev/null; fi; rm -f \"$f\" \"${{f%.pid}}.log\"; done; true")
+
+
+def bounded_listeners(servers, limit_s: int, listening: str = TCP_LISTENING, directory: str = LISTENER_DIR,
+                      wait_s: int = LISTEN_WAIT_S) -> str:
+    """Start each (command, port) of `servers` in the background, bounded to `limit_s` seconds on the
+    node whatever becomes of the shell that started it, once any server an earlier run left on those
+    ports is stopped; return once every one listens (listening_wait). A server's output goes to its
+    log beside its pid file, for the wait's error. Only `setsid` itself goes to the background, its
+    output redirected: a background list (`mkdir ... && setsid ... &`) is a shell that keeps the SSH
+    session's stdout open while it waits for the server (bash's does; dash execs the last command),
+    and the start would not return before the server ends."""
+    d = shlex.quote(directory)
+    starts = []
+    for command, port in servers:
+        inner = f"echo $$ > {d}/{int(port)}.pid; exec timeout --kill-after={LISTENER_KILL_AFTER_S} {int(limit_s)} {command}"
+        starts.append(f"setsid sh -c {shlex.quote(inner)} > {d}/{int(port)}.log 2>&1 < /dev/null &")
+    ports = [port for _, port in servers]
+    return (f"{stop_listeners_command(ports, directory)}; mkdir -p -m 0700 {d} || exit 1; " + " ".join(starts)
+            + " " + listening_wait(ports, listening, directory, wait_s))
+
+
+def listening_wait(ports, listening: str = TCP_LISTENING, directory: str = LISTENER_DIR,
+                   seconds: int = LISTEN_WAIT_S) -> str:
+    """Poll, every 0.1 s, until each of `ports` listens (`listening` prints a line for it): the
+    start returns once its servers can take their clients, where a background start on a loaded node
+    can take longer than the client's tries (5 s) cover. Exit 1 naming the port, the test and the
+    server's own output when a server ended before it listened (its pid's process gone: at once) or
+    `seconds` passed: the proof stops there, and stops its servers, rather than send a client to
+    nothing."""
+    d = shlex.quote(directory)
+    each = " ".join(str(int(p)) for p in ports)
+    ready = " && ".join(f"{listening.format(port=int(p))} 2>/dev/null | grep -q ." for p in ports)
+    shown = listening.format(port="<port>")  # in double quotes below: it holds no ", $, ` or backslash
+    output = f"echo \"port $port, the server's output:\" >&2; tail -n 20 {d}/$port.log >&2 2>/dev/null"
+    return (f"end=$(($(date +%s) + {int(seconds)})); until {ready}; do "
+            f"for port in {each}; do f={d}/$port.pid; [ -f \"$f\" ] || continue; p=$(cat \"$f\"); "
+            f"if ! {{ {_ALIVE}; }}; then echo \"port $port: the server ended before it listened\" >&2; {output}; "
+            f"exit 1; fi; done; "
+            f"if [ \"$(date +%s)\" -gt \"$end\" ]; then echo \"ports {each}: not listening after {int(seconds)} s "
+            f"({shown} printed nothing)\" >&2; for port in {each}; do {output}; done; exit 1; fi; sleep 0.1; done")
+
+
 # iperf3: one TCP stream per half, both ends bound to that half's addresses (the kernel would
 # otherwise pick the route, and both halves' traffic could leave by one netdev).
 
-def iperf3_server_command(half: FabricHalf, port: int) -> str:
-    return f"iperf3 --server --one-off --daemon --bind {shlex.quote(half.ip)} --port {int(port)}"
+def iperf3_server_command(half: FabricHalf, port: int, seconds: int) -> str:
+    """The server of one half, bounded on the node (bounded_listeners), its start returning once it
+    listens. In the foreground (no --daemon): a daemonized iperf3 would leave `timeout` at once, and
+    no bound would hold it."""
+    return bounded_listeners([(f"iperf3 --server --one-off --bind {shlex.quote(half.ip)} --port {int(port)}", int(port))],
+                             listener_limit(seconds))
 
 
 def iperf3_client_command(server: FabricHalf, client: FabricHalf, port: int, seconds: int) -> str:
-    # The server daemonizes before it listens: a refused first connection is tried again.
+    # The server's start returned once it listened (bounded_listeners); a refused connection is
+    # still tried again, a few times.
     one = (f"iperf3 --client {shlex.quote(server.ip)} --bind {shlex.quote(client.ip)} --port {int(port)} "
            f"--time {int(seconds)} --json")
     return f"for i in 1 2 3 4 5 6 7 8 9 10; do out=$({one}) && break; sleep 0.5; done; printf '%s\\n' \"$out\""
@@ -174,9 +267,11 @@ def _ib_write_bw(hca: str, port: int, seconds: int, qps: int) -> str:
 
 
 def ib_server_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
-    """The server end of every half, in the background (each exits after its one test)."""
-    return "; ".join(f"setsid nohup {_ib_write_bw(s.hca, port + i, seconds, qps)} >/dev/null 2>&1 < /dev/null &"
-                     for i, (s, _) in enumerate(link.halves)) + " sleep 1"
+    """The server end of every half, each bounded on the node (bounded_listeners; each exits after
+    its one test when it runs to the end), the start returning once rdma_cm shows every one
+    listening (RDMA_CM_LISTENING: with -R they hold no TCP socket)."""
+    servers = [(_ib_write_bw(s.hca, port + i, seconds, qps), port + i) for i, (s, _) in enumerate(link.halves)]
+    return bounded_listeners(servers, listener_limit(seconds), RDMA_CM_LISTENING)
 
 
 def ib_client_command(link: SpeedLink, port: int, seconds: int, qps: int) -> str:
@@ -367,3 +462,41 @@ def speed_records(state) -> dict[str, str | None]:
     """node name -> the speed record it keeps (SpeedRecord), every node of the run at once."""
     cluster = cluster_from_state(state)
     return per_host(state, lambda h: h.get_fact(SpeedRecord, path=record_path(cluster.node(h.name))))
+
+
+# One link's test, run from the head's operation body (link_tasks.py): `run(node, command, what)` runs
+# a command on a node and returns its stdout (raising DeployError when it fails), `stop(node)` stops
+# that node's servers (stop_listeners_command) and never raises. The server node's servers are
+# stopped when the test ends, whatever the outcome: figures read, a client that failed, a report
+# that is no report, the connection lost. What `stop` cannot reach, each server's bound ends.
+
+def tcp_figures(link: SpeedLink, port: int, seconds: int, run, stop) -> dict[int, float]:
+    """iperf3 over each half, one after the other: half index -> Gbit/s."""
+    figures = {}
+    try:
+        for i, (s, c) in enumerate(link.halves):
+            run(link.server.name, iperf3_server_command(s, port, seconds), f"iperf3's server on {s.netdev}")
+            try:
+                figures[i] = iperf3_gbits(run(link.client.name, iperf3_client_command(s, c, port, seconds),
+                                              f"iperf3 over {c.netdev}"))
+            except ValueError as err:
+                raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
+    finally:
+        stop(link.server.name)
+    return figures
+
+
+def rdma_figures(link: SpeedLink, port: int, seconds: int, qps: int, run, stop) -> dict[int, float]:
+    """ib_write_bw over both halves at once: half index -> Gbit/s."""
+    try:
+        run(link.server.name, ib_server_command(link, port, seconds, qps), "ib_write_bw's servers")
+        reports = ib_reports(run(link.client.name, ib_client_command(link, port, seconds, qps), "ib_write_bw"))
+    finally:
+        stop(link.server.name)
+    figures = {}
+    for i in range(len(link.halves)):
+        try:
+            figures[i] = ib_write_bw_gbits(reports.get(i, ""))
+        except ValueError as err:
+            raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
+    return figures

@@ -3,7 +3,9 @@
 Due when a node holds no passed record of this fabric (roles/fabric_speed/checks.py); the group's
 head runs every link's test, one link and one half after the other (a test shares its link with
 nothing). The figures wait for the collective (collective_tasks.py), then go into each node's
-record, and into the log."""
+record, and into the log. Each test's servers are bounded on the node and stopped after each link
+whatever its outcome (checks.py bounded_listeners): a failed proof leaves nothing listening, an
+interrupted one (the controller killed) nothing past the bound."""
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import DeployError
@@ -11,8 +13,8 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import apt, python
 
 from roles.fabric_speed.checks import (
-    SPEED_PACKAGES, SpeedLink, ib_client_command, ib_reports, ib_server_command, ib_write_bw_gbits, iperf3_client_command,
-    iperf3_gbits, iperf3_server_command, half_name, keep_figures, rdma_failures, tcp_failures,
+    SPEED_PACKAGES, half_name, keep_figures, rdma_failures, rdma_figures, stop_listeners_command, tcp_failures,
+    tcp_figures,
 )
 from sparkfleet.decided import decisions
 from sparkfleet.inventory import cluster_from_state
@@ -33,28 +35,17 @@ def _run(name: str, command: str, what: str) -> str:
     return out.stdout
 
 
-def _tcp(link: SpeedLink, port: int, seconds: int) -> dict[int, float]:
-    figures = {}
-    for i, (s, c) in enumerate(link.halves):
-        _run(link.server.name, iperf3_server_command(s, port), f"iperf3's server on {s.netdev}")
-        try:
-            figures[i] = iperf3_gbits(_run(link.client.name, iperf3_client_command(s, c, port, seconds),
-                                           f"iperf3 over {c.netdev}"))
-        except ValueError as err:
-            raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
-    return figures
-
-
-def _rdma(link: SpeedLink, port: int, seconds: int, qps: int) -> dict[int, float]:
-    _run(link.server.name, ib_server_command(link, port, seconds, qps), "ib_write_bw's servers")
-    reports = ib_reports(_run(link.client.name, ib_client_command(link, port, seconds, qps), "ib_write_bw"))
-    figures = {}
-    for i in range(len(link.halves)):
-        try:
-            figures[i] = ib_write_bw_gbits(reports.get(i, ""))
-        except ValueError as err:
-            raise DeployError(f"fabric speed: {half_name(link, i)}: {err}") from err
-    return figures
+def _stop_listeners(name: str) -> None:
+    """Every speed server on `name` stopped, in every outcome of its link's test; when this fails too
+    (the connection lost), each server's bound on the node ends it (checks.py bounded_listeners)."""
+    try:
+        ok, out = state.inventory.get_host(name).run_shell_command(StringCommand(stop_listeners_command()))
+    except Exception as exc:  # already failing: the test's own error is the one to report
+        ok, out = False, None
+        logger.warning(f"    fabric speed: {name}: stopping the test's servers failed ({exc}); each ends at its bound")
+    if not ok and out is not None:
+        logger.warning(f"    fabric speed: {name}: stopping the test's servers failed ({(out.stderr or '').strip()[-200:]}); "
+                       f"each ends at its bound")
 
 
 def prove_link_speeds(links, test: str, port: int, seconds: int, tcp_bar: float, rdma_bar: float,
@@ -63,7 +54,8 @@ def prove_link_speeds(links, test: str, port: int, seconds: int, tcp_bar: float,
     below its bar, naming the half, its figure and the bar."""
     figures = []
     for link in links:
-        gbits = _rdma(link, port, seconds, rdma_qps) if test == "ib_write_bw" else _tcp(link, port, seconds)
+        gbits = (rdma_figures(link, port, seconds, rdma_qps, _run, _stop_listeners) if test == "ib_write_bw"
+                 else tcp_figures(link, port, seconds, _run, _stop_listeners))
         failures = rdma_failures(link, gbits, rdma_bar) if test == "ib_write_bw" else tcp_failures(link, gbits, tcp_bar)
         for i, g in sorted(gbits.items()):
             figures.append({"test": test, "link": half_name(link, i), "gbits": round(g, 3)})

@@ -6,13 +6,17 @@ module runs with systemd-networkd, then with NetworkManager (DGX OS's renderer, 
 which the modules after this one keep).
 """
 import json
+import os
+import signal
+import subprocess
 import time
 
 import pytest
 
 from roles.fabric.facts import ping_command
+from roles.fabric_speed.checks import LISTENER_DIR, LISTENER_KILL_AFTER_S, listener_limit
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
-from tests.e2e.lab import BIN, HOSTS, INVENTORY, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
+from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
 from tests.e2e.lab import run as run_cmd
 
 pytestmark = pytest.mark.lab
@@ -213,6 +217,97 @@ def test_a_throttled_half_stops_the_deploy_naming_it_and_a_failed_proof_runs_aga
     assert run.returncode == 0, run.output
     assert ("Prove the fabric's speed: iperf3 over every link", "spark-a") in run.changed()
     assert deploy().changed() == []
+
+
+# The speed proof's servers (roles/fabric_speed/checks.py bounded_listeners): spark-a, rank 0, serves
+# every link's test; the lab's tests run fabric_speed_seconds = 2 (lab/group_data/all.py) on the
+# default fabric_speed_port, so a server's bound is 62 s.
+SPEED_PORT = 29510
+SPEED_SECONDS = 2
+SPEED_SERVER = f"^iperf3 --server --one-off --bind [0-9.]+ --port {SPEED_PORT}$"
+# spark-b's client of the first half, as the proof runs it (in a shell's loop of ten tries); escaped,
+# so that the pattern does not match the shell that carries it.
+SPEED_CLIENT = (f"iperf3 --client {ADDRESS['spark-a'].split('/')[0]} --bind {ADDRESS['spark-b'].split('/')[0]} "
+                f"--port {SPEED_PORT}").replace(".", "\\.")
+
+
+def speed_server_left(host: str = "spark-a") -> str:
+    """What of the proof's servers is on `host`: its port's listeners, their pid files, iperf3 servers."""
+    return on(host, f"ss -Hltnp 'sport = :{SPEED_PORT}'; ls {LISTENER_DIR} 2>/dev/null | grep '[.]pid$'; "
+                    f"pgrep -a -f '{SPEED_SERVER}'; true").strip()
+
+
+def deploy_until_the_speed_server_listens(log) -> tuple[subprocess.Popen, float]:
+    """A deploy with the speed proof due, in the background and in a session of its own (a test may
+    kill it whole), once spark-a's iperf3 server listens: the deploy's process and when that was seen
+    (polled on the node every 0.1 s)."""
+    proc = subprocess.Popen([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py"], cwd=REPO, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if "listening" in on("spark-a", f"for i in $(seq 300); do ss -Hltnp 'sport = :{SPEED_PORT}' | grep -q iperf3 "
+                                        "&& echo listening && break; sleep 0.1; done"):
+            return proc, time.monotonic()
+    proc.kill()
+    raise AssertionError(f"spark-a's speed server never listened during the deploy:\n{log.read_text()[-6000:]}")
+
+
+def test_a_proof_whose_client_is_refused_fails_and_leaves_nothing_listening(renderer, tmp_path):
+    """spark-a answers the proof's port with a reset (as a dead server would): spark-b's client
+    fails its ten tries, the deploy stops naming the half, and the head has stopped spark-a's
+    server already: iperf3 --one-off would wait for a client until its bound (62 s here), and the
+    check comes well before that."""
+    on_dgx_os_renderer_only(renderer)
+    refuse = f"INPUT -i {NETDEV} -p tcp --dport {SPEED_PORT} -j REJECT --reject-with tcp-reset"
+    on("spark-a", f"rm -f {SPEED_RECORD} && iptables -I {refuse}")
+    try:
+        proc, seen = deploy_until_the_speed_server_listens(tmp_path / "deploy.log")
+        returncode = proc.wait(timeout=600)
+    finally:
+        on("spark-a", f"iptables -D {refuse}")
+    output = (tmp_path / "deploy.log").read_text()
+    assert returncode != 0, output[-4000:]
+    assert (f"fabric speed: spark-b {NETDEV} -> spark-a {NETDEV} ({ADDRESS['spark-a'].split('/')[0]}): "
+            "iperf3: unable to connect to server") in output, output[-4000:]
+    assert speed_server_left() == ""
+    assert time.monotonic() - seen < listener_limit(SPEED_SECONDS) - 10  # the proof's stop, not the bound
+
+
+def test_an_interrupted_proof_leaves_its_server_only_until_its_bound_and_a_rerun_finds_none(renderer, tmp_path):
+    """Issue 43 item 8: the controller killed outright (SIGKILL: no `finally` runs, nothing on the
+    controller cleans up) while spark-a's iperf3 server waits for a client whose packets spark-a
+    drops. The server outlives the run (a session of its own), and its bound on the node,
+    fabric_speed_seconds + 60 s, closes it: not before (its age when it closed), nor much after. The
+    next deploy takes the dead run's lock over, proves the fabric and leaves nothing behind."""
+    on_dgx_os_renderer_only(renderer)
+    drop = f"INPUT -i {NETDEV} -p tcp --dport {SPEED_PORT} -j DROP"
+    bound = listener_limit(SPEED_SECONDS)
+    on("spark-a", f"rm -f {SPEED_RECORD} && iptables -I {drop}")
+    try:
+        proc, _ = deploy_until_the_speed_server_listens(tmp_path / "deploy.log")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        # spark-b's client, if it started, keeps trying into the drop: ended here, before the drop goes,
+        # so that it cannot take the next run's server (a test's own leftover, not the proof's concern).
+        on("spark-b", f"for i in $(seq 50); do pkill -f '{SPEED_CLIENT}' || break; sleep 0.1; done; "
+                      f"! pgrep -f '{SPEED_CLIENT}'")
+        assert "iperf3" in on("spark-a", f"ss -Hltnp 'sport = :{SPEED_PORT}'")  # the run's end did not close it
+        leader = int(on("spark-a", f"cat {LISTENER_DIR}/{SPEED_PORT}.pid"))
+        age, at = int(on("spark-a", f"ps -o etimes= -p {leader}")), time.monotonic()
+        assert age < bound - 5, age
+        deadline = at + bound - age + LISTENER_KILL_AFTER_S + 10
+        while "iperf3" in on("spark-a", f"ss -Hltnp 'sport = :{SPEED_PORT}'"):
+            assert time.monotonic() < deadline, f"still listening {bound + LISTENER_KILL_AFTER_S + 10} s after its start"
+            time.sleep(0.5)
+        assert age + time.monotonic() - at >= bound - 2  # closed by its bound, not before
+        assert on("spark-a", f"pgrep -a -f '{SPEED_SERVER}'; true").strip() == ""
+    finally:
+        on("spark-a", f"iptables -D {drop}")
+
+    run = deploy()  # its start finds the dead server's pid file and removes it
+    assert run.returncode == 0, run.output
+    assert ("Prove the fabric's speed: iperf3 over every link", "spark-a") in run.changed()
+    assert speed_server_left() == ""
 
 
 def test_a_peer_that_drops_jumbo_frames_stops_the_deploy_naming_both_ends(renderer):

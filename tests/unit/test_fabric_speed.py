@@ -5,8 +5,14 @@ The bars are held to real Sparks' figures (tests/unit/fixtures/captures/, README
 source): healthy pairs pass, degraded ones are refused naming the half (ib_write_bw) or the size and
 its bar (the collective)."""
 import json
+import os
 import re
 import runpy
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +21,8 @@ from roles.fabric_speed.checks import (
     MIB, all_gather_perf_figures, buffer_mib, decide, gather_args, gather_docker_args, gather_failures, gather_figure,
     ib_client_command, ib_reports, ib_server_command, ib_write_bw_gbits, ib_write_bw_rows, iperf3_client_command,
     iperf3_gbits, proof_key, rdma_failures, record_text, speed_links, tcp_failures, why_due,
+    LISTENER_DIR, LISTENER_GRACE_S, LISTENER_KILL_AFTER_S, RDMA_CM_LISTENING, TCP_LISTENING, bounded_listeners,
+    iperf3_server_command, listener_limit, listening_wait, stop_listeners_command, tcp_figures,
 )
 from sparkfleet.model.fabric_speed import (
     HEALTHY_ALL_GATHER_CURVE, NVIDIA_BUSBW_BAR_GBYTES, NVIDIA_BUSBW_BAR_MIB, curve_bars,
@@ -138,8 +146,8 @@ def test_one_degraded_half_is_refused_alone_the_healthy_one_named_beside_it():
 def test_ib_write_bw_connects_each_half_by_its_address_on_its_own_port_with_the_pinned_qps_and_size():
     (link,) = speed_links(spark())
     server, client = ib_server_command(link, 29510, 5, 4), ib_client_command(link, 29510, 5, 4)
-    assert "ib_write_bw -d rocep1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29510 >" in server
-    assert "ib_write_bw -d roceP2p1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29511 >" in server
+    assert "ib_write_bw -d rocep1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29510'" in server
+    assert "ib_write_bw -d roceP2p1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29511'" in server
     assert "ib_write_bw -d rocep1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29510 10.77.77.1 >" in client
     assert "ib_write_bw -d roceP2p1s0f0 -R -q 4 -s 65536 -F --report_gbits -D 5 -p 29511 10.77.78.1 >" in client
     assert spark().head.fabric_speed_rdma_qps == 4
@@ -327,3 +335,262 @@ def test_a_receipt_carries_the_figures_of_a_passed_proof_only():
     assert passed_figures(record_text("k1", figures).replace("\n", "")) == figures
     assert passed_figures(None) is None and passed_figures("") is None and passed_figures("{not json") is None
     assert passed_figures(json.dumps({"key": "k1", "passed": False, "figures": figures})) is None
+
+
+# ------------------------------------------------------------------ the servers: bounded on the node
+
+def test_every_server_of_the_proof_is_bounded_on_the_node_and_a_start_stops_any_left_first():
+    """iperf3 in the foreground (a --daemon would leave timeout at once, unbounded), under timeout
+    with its kill-after, in a session of its own, its pid kept per port; ib_write_bw's servers the
+    same, one per half; each start stops what an earlier run left on those ports before it, and
+    returns once its servers listen: iperf3's TCP socket by ss, ib_write_bw's by rdma_cm's own
+    listing (no fixed sleep in either)."""
+    (link,) = speed_links(spark())
+    iperf = iperf3_server_command(link.halves[0][0], 29510, 5)
+    assert "--daemon" not in iperf
+    assert ("setsid sh -c 'echo $$ > /run/sparkfleet/fabric-speed/29510.pid; exec timeout --kill-after=5 65 "
+            "iperf3 --server --one-off --bind 10.77.77.1 --port 29510' > /run/sparkfleet/fabric-speed/29510.log "
+            "2>&1 < /dev/null &") in iperf
+    assert iperf.index("for f in /run/sparkfleet/fabric-speed/29510.pid;") < iperf.index("setsid")
+    assert iperf.index("setsid") < iperf.index("until ss -Hltn 'sport = :29510' 2>/dev/null | grep -q .;")
+    ib = ib_server_command(link, 29510, 5, 4)
+    assert ib.count("exec timeout --kill-after=5 65 ib_write_bw") == 2
+    assert "/run/sparkfleet/fabric-speed/29510.pid" in ib and "/run/sparkfleet/fabric-speed/29511.pid" in ib
+    assert ib.index("for f in /run/sparkfleet/fabric-speed/29510.pid /run/sparkfleet/fabric-speed/29511.pid;") \
+        < ib.index("setsid")
+    assert ("until rdma resource show cm_id state LISTEN src-port 29510 2>/dev/null | grep -q . && "
+            "rdma resource show cm_id state LISTEN src-port 29511 2>/dev/null | grep -q .;") in ib
+    assert "sleep 1" not in ib and "ss -H" not in ib
+    assert listener_limit(5) == 5 + LISTENER_GRACE_S
+    assert "/run/sparkfleet/fabric-speed/*.pid" in stop_listeners_command()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(predicate, seconds: float) -> float:
+    """Seconds it took predicate() to hold (polled every 0.1 s); fails after `seconds`."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < seconds, f"not within {seconds} s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def http_server(port: int) -> str:
+    """A real listener in a server's place: python's http.server on loopback."""
+    return f"{sys.executable} -m http.server {port} --bind 127.0.0.1"
+
+
+def group_alive(pgid: int) -> bool:
+    """A process of group `pgid` runs (a zombie does not: where nothing reaps orphans, one stays)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def stop_all(directory) -> None:
+    subprocess.run(["sh", "-c", stop_listeners_command(directory=str(directory))], check=True)
+
+
+def test_a_server_whose_starter_was_killed_is_ended_by_its_bound_on_the_node(tmp_path):
+    """The bounded form, run for real: a listener (python's http.server) started as the proof starts
+    its servers, from a shell that stays (the SSH session of a run); that session's whole process
+    group killed (the controller gone). The listener outlives it, and its bound closes the port."""
+    port, limit = free_port(), 3
+    command = bounded_listeners([(http_server(port), port)], limit, directory=str(tmp_path))
+    session = subprocess.Popen(["sh", "-c", command + "; sleep 600"], start_new_session=True)
+    started = time.monotonic()
+    try:
+        wait_until(lambda: listening(port), 10)
+    finally:
+        os.killpg(session.pid, signal.SIGKILL)
+        session.wait()
+    assert listening(port)  # not the session's end: it is in a session of its own
+    wait_until(lambda: not listening(port), limit + 10)
+    assert time.monotonic() - started >= limit - 0.5  # closed by the bound, not before it
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_a_start_over_ssh_returns_once_its_server_listens_whatever_the_shell(shell, tmp_path):
+    """As pyinfra runs it: `<shell> -c`, its stdout and stderr read to their end. The start returns
+    as soon as the server listens, not when the server ends: a background list would hold the
+    session's stdout in bash (dash execs its last command), and the start would last the bound."""
+    port, limit = free_port(), 20
+    try:
+        took = time.monotonic()
+        done = subprocess.run([shell, "-c", bounded_listeners([(http_server(port), port)], limit,
+                                                              directory=str(tmp_path))],
+                              capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - took
+        assert done.returncode == 0 and done.stdout == "", done
+        assert listening(port) and took < limit / 2, took
+    finally:
+        stop_all(tmp_path)
+
+
+def test_a_start_returns_once_its_server_listens_even_when_the_server_is_slow_to_start(tmp_path):
+    """The bounded form starts its server in the background, so the start waits for the port itself
+    (listening_wait, polling): a server that takes 1.5 s to listen (a loaded node) takes its client
+    at once when the start returns, not after the client's tries ran out."""
+    port, limit = free_port(), 30
+    server = tmp_path / "slow.py"
+    server.write_text("import socket, time\ntime.sleep(1.5)\n"
+                      f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\ntime.sleep(600)\n")
+    try:
+        took = time.monotonic()
+        subprocess.run(["sh", "-c", bounded_listeners([(f"{sys.executable} {server}", port)], limit,
+                                                      directory=str(tmp_path))], check=True, timeout=60)
+        assert listening(port), "the start returned before its server listened"
+        assert 1.4 <= time.monotonic() - took < 10
+    finally:
+        stop_all(tmp_path)
+
+
+def test_a_server_that_cannot_listen_fails_its_start_at_once_with_its_own_words(tmp_path):
+    """The port taken (by another listener here, as a server an old run left outside the bound would
+    hold it): the server exits; the start does not wait out its limit for it but fails at once,
+    naming the port and printing what the server said."""
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        took = time.monotonic()
+        done = subprocess.run(["sh", "-c", bounded_listeners([(http_server(port), port)], 60, directory=str(tmp_path))],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and time.monotonic() - took < 10, done
+    assert f"port {port}: the server ended before it listened" in done.stderr
+    assert "Address already in use" in done.stderr, done.stderr
+
+
+def test_the_wait_for_a_port_that_never_listens_fails_at_its_limit_naming_the_port(tmp_path):
+    port = free_port()
+    took = time.monotonic()
+    done = subprocess.run(["sh", "-c", listening_wait([port], TCP_LISTENING, str(tmp_path), seconds=1)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and 0.9 <= time.monotonic() - took < 10, done
+    assert f"ports {port}: not listening after 1 s (ss -Hltn 'sport = :<port>' printed nothing)" in done.stderr
+
+
+FAKE_RDMA = """#!/bin/sh
+# iproute2's rdma in the lab's absence of RDMA: a listening rdma_cm id per port ib_write_bw marked, in
+# the form rdma/res-cmid.c prints one; anything but the exact query the wait makes is refused.
+[ "$*" = "resource show cm_id state LISTEN src-port ${7}" ] || { echo "unexpected: $*" >&2; exit 2; }
+[ -e "$MARKS/$7" ] && echo "link rocep1s0f0/1 cm-idn 3 state LISTEN ps TCP pid 1 comm ib_write_bw src-addr 0.0.0.0:$7"
+exit 0
+"""
+FAKE_IB_WRITE_BW = """#!/bin/sh
+# ib_write_bw's server, as far as the start sees it: a second of start-up, then listening on -p's port.
+while [ "$1" != -p ]; do shift; done
+sleep 1; touch "$MARKS/$2"; exec sleep 600
+"""
+
+
+def test_ib_write_bws_start_returns_once_rdma_cm_lists_both_halves_listening(tmp_path):
+    """ib_write_bw -R holds no TCP socket, so its start polls rdma_cm's listing instead of sleeping a
+    second. No RDMA here (nor in the lab): `rdma` and `ib_write_bw` are stand-ins on PATH (the
+    listing's line as iproute2 prints it); what runs for real is the start, the bound and the wait.
+    It returns once both halves are listed, about a second after the start, then stops clean."""
+    bin_dir, marks = tmp_path / "bin", tmp_path / "marks"
+    bin_dir.mkdir(), marks.mkdir()
+    for name, text in (("rdma", FAKE_RDMA), ("ib_write_bw", FAKE_IB_WRITE_BW)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (link,) = speed_links(spark())
+    command = ib_server_command(link, 29510, 5, 4).replace(LISTENER_DIR, str(tmp_path / "run"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKS": str(marks)}
+    try:
+        took = time.monotonic()
+        done = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and 0.9 <= time.monotonic() - took < 10, done
+        assert sorted(p.name for p in marks.iterdir()) == ["29510", "29511"]
+        groups = sorted(int(f.read_text()) for f in (tmp_path / "run").glob("*.pid"))
+        assert len(groups) == 2
+    finally:
+        stop_all(tmp_path / "run")
+    assert not list((tmp_path / "run").iterdir())
+    assert not [g for g in groups if group_alive(g)]  # each server's whole process group ended
+
+
+def test_a_server_that_ignores_term_is_killed_after_its_bound(tmp_path):
+    port, limit = free_port(), 2
+    server = tmp_path / "deaf.py"
+    server.write_text("import signal, socket, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\ntime.sleep(600)\n")
+    subprocess.run(["sh", "-c", bounded_listeners([(f"{sys.executable} {server}", port)], limit,
+                                                  directory=str(tmp_path))], check=True)
+    assert listening(port)
+    wait_until(lambda: not listening(port), limit + LISTENER_KILL_AFTER_S + 10)
+
+
+def test_the_proof_stops_its_servers_at_once_and_a_rerun_finds_none(tmp_path):
+    """The explicit stop after a link's test (a passed, failed or broken one alike), on a listener
+    started as over SSH (the starting shell exits at once): closed in well under its bound, its pid
+    file and log gone; stopped again, nothing to do. A start over a server an earlier run left stops
+    it first (else the port would be taken, and the start would fail)."""
+    port, limit, directory = free_port(), 300, str(tmp_path)
+    start = bounded_listeners([(http_server(port), port)], limit, directory=directory)
+    subprocess.run(["sh", "-c", start], check=True)
+    assert listening(port)
+    first = int((tmp_path / f"{port}.pid").read_text())
+    subprocess.run(["sh", "-c", start], check=True)  # a re-run's start, over the first's server
+    assert listening(port) and int((tmp_path / f"{port}.pid").read_text()) != first
+    assert not Path(f"/proc/{first}").exists() or Path(f"/proc/{first}/stat").read_text().split()[2] == "Z"
+    took = time.monotonic()
+    stop_all(tmp_path)
+    assert not listening(port)
+    assert time.monotonic() - took < 10 and not list(tmp_path.iterdir())
+    again = subprocess.run(["sh", "-c", stop_listeners_command(directory=directory)], capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout == again.stderr == ""
+
+
+REPORT = json.dumps({"end": {"sum_received": {"bits_per_second": 13.4e9}}})
+
+
+@pytest.mark.parametrize("client", ["passes", "fails", "prints no report", "interrupted"])
+def test_a_links_test_leaves_nothing_listening_whatever_its_outcome(client, tmp_path):
+    """tcp_figures as the proof runs it, its commands run on this machine: the server is the bounded
+    form of python's http.server in iperf3's place (it would stay up, where iperf3 --one-off ends
+    after one test), the client answers as given. In every outcome the server was up while the
+    client ran, and is closed when tcp_figures returns or raises, its pid file gone."""
+    from pyinfra.api.exceptions import DeployError
+
+    port = free_port()
+    (link,) = speed_links(build_cluster(pair()))
+    served = []
+
+    def run(name, command, what):
+        if "--client" in command:
+            wait_until(lambda: listening(port), 10)
+            served.append(name)
+            if client == "fails":
+                raise DeployError(f"fabric speed: {name}: {what} failed:\niperf3: error - unable to connect")
+            if client == "interrupted":
+                raise KeyboardInterrupt
+            return REPORT if client == "passes" else "iperf3: interrupt - the client has terminated"
+        assert name == link.server.name and "iperf3 --server --one-off" in command
+        local = re.sub(r"iperf3 --server --one-off --bind \S+ --port \d+", http_server(port), command)
+        subprocess.run(["sh", "-c", local.replace(LISTENER_DIR, str(tmp_path))], check=True)
+        return ""
+
+    def stop(name):
+        stop_all(tmp_path)
+
+    if client == "passes":
+        assert tcp_figures(link, port, 1, run, stop) == {0: pytest.approx(13.4), 1: pytest.approx(13.4)}
+    else:
+        with pytest.raises(KeyboardInterrupt if client == "interrupted" else DeployError):
+            tcp_figures(link, port, 1, run, stop)
+    assert served and not listening(port) and not list(tmp_path.iterdir())
