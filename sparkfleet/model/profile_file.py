@@ -3,6 +3,8 @@
 A YAML syntax error, a file that is not a mapping, and every field the Profile model refuses
 become one ValueError whose text reads `<file> line <n>: <field> = <value found>: <what is allowed>`.
 """
+import copy
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +13,29 @@ from pydantic import ValidationError
 
 
 def read(path: Path) -> tuple[Any, yaml.Node | None]:
-    """The file's data and its YAML node tree (for line numbers); a syntax error names file, line, column."""
+    """The file's data and its YAML node tree (for line numbers); a syntax error names file, line, column.
+
+    The file is read every time, its YAML parsed once per distinct text (_parsed), and each caller
+    gets a copy of the data of its own (load_profile changes it). Why: a deploy asks for a node's
+    profile some 25 times per host at prepare (node_profile, in every role), and the two YAML passes
+    of the shipped profile (7.6 ms) were a quarter of the deploy's own CPU on the controller, four
+    hosts' worth in the fleet (bench/noop.py --fleet; docs/performance.md)."""
     text = path.read_text()
     try:
-        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+        data, node = _parsed(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f"{path} line {mark.line + 1} column {mark.column + 1}" if mark else str(path)
         what = " ".join(str(p) for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p) or str(err)
         raise ValueError(f"{where}: not valid YAML ({what}); fix the syntax there") from None
+    return copy.deepcopy(data), node
+
+
+@lru_cache(maxsize=32)
+def _parsed(text: str) -> tuple[Any, yaml.Node | None]:
+    """A profile's text parsed: its data and its node tree (read only: line_of walks it). A text that
+    is not valid YAML raises, and is not kept."""
+    return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
 
 
 def line_of(node: yaml.Node | None, loc: tuple) -> int | None:
