@@ -10,12 +10,15 @@ connection, and prints every refusal as one block (see sparkfleet/run.py).
 """
 from pyinfra import config
 
+from sparkfleet import channels
 from sparkfleet.capture import install_recorder
 from sparkfleet.run import install
 
 config.FAIL_PERCENT = 0
 
 install()
+# No more commands at once on one host's SSH connection than its sshd takes (sparkfleet/channels.py).
+channels.install()
 # Only in the read-only runs of `sparkfleet capture` (its directory in the environment): every fact's
 # command and raw output kept for the bundle (sparkfleet/capture.py). A deploy records nothing.
 install_recorder()

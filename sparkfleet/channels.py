@@ -1,0 +1,50 @@
+"""At most CHANNELS_PER_HOST commands and file transfers at once on one host's connection.
+
+pyinfra runs each command (and each file transfer) on an SSH channel of the host's one connection,
+and sparkfleet reads facts at once (sparkfleet.once.at_once, per_host, per_group): one host's own
+reads, its group's readers and the other nodes' reads of it (a worker reads its head's registry
+digest) can overlap there. sshd refuses a channel past MaxSessions on one connection (OpenSSH's
+default is 10, sshd_config(5)), and paramiko reports it as ChannelException(2, 'Connect failed'),
+which fails the run: in make test of 8560e2f the four-host fleet's deploy stopped so, at prepare,
+reading RepoDigests on spark-c. The limits each caller of at_once sets cannot see the others'; this
+one is per connection, below sshd's, whoever asks. A call waits for a free channel instead of
+failing; none holds one while it waits for another greenlet (a command runs, then returns), so no
+wait can close a circle.
+"""
+from functools import wraps
+
+# Below OpenSSH's default MaxSessions (10), leaving room for what does not pass through pyinfra's
+# Host methods (a connector's own helper channels).
+CHANNELS_PER_HOST = 8
+
+
+def bound(cls, names, limit: int = CHANNELS_PER_HOST) -> None:
+    """Wrap each method `names` of `cls` so that at most `limit` calls of them run at once per
+    instance; the methods share one count per instance (each holds a channel of its connection). A
+    call waits its turn. Once per class: a second call changes nothing."""
+    from gevent.lock import BoundedSemaphore
+
+    slots: dict[int, BoundedSemaphore] = {}
+
+    def wrap(method):
+        @wraps(method)
+        def call(self, *args, **kwargs):
+            slot = slots.get(id(self))
+            if slot is None:
+                slot = slots[id(self)] = BoundedSemaphore(limit)
+            with slot:
+                return method(self, *args, **kwargs)
+
+        call.sparkfleet_bounded = True
+        return call
+
+    for name in names:
+        if not getattr(getattr(cls, name), "sparkfleet_bounded", False):
+            setattr(cls, name, wrap(getattr(cls, name)))
+
+
+def install(limit: int = CHANNELS_PER_HOST) -> None:
+    """Bound pyinfra's Host.run_shell_command, put_file and get_file per host (bound)."""
+    from pyinfra.api.host import Host
+
+    bound(Host, ("run_shell_command", "put_file", "get_file"), limit)

@@ -1,0 +1,50 @@
+"""sparkfleet/channels.py: no more calls at once per host than a connection's channels allow,
+whoever makes them, and no limit across hosts."""
+import gevent
+
+from sparkfleet import channels
+
+
+class Conn:
+    """A host whose commands and transfers each take a channel for a moment (gevent.sleep)."""
+    open_now: dict[str, int] = {}
+    most: dict[str, int] = {}
+
+    def __init__(self, name):
+        self.name = name
+
+    def _hold(self):
+        n = Conn.open_now[self.name] = Conn.open_now.get(self.name, 0) + 1
+        Conn.most[self.name] = max(Conn.most.get(self.name, 0), n)
+        gevent.sleep(0.01)
+        Conn.open_now[self.name] -= 1
+        return self.name
+
+    def run_shell_command(self, command):
+        return self._hold()
+
+    def put_file(self, src, dest):
+        return self._hold()
+
+    def get_file(self, src, dest):
+        return self._hold()
+
+
+def test_at_most_the_limit_of_calls_at_once_per_host_and_the_hosts_apart():
+    channels.bound(Conn, ("run_shell_command", "put_file", "get_file"), limit=3)
+    channels.bound(Conn, ("run_shell_command",), limit=1)  # a second install changes nothing
+    a, b = Conn("a"), Conn("b")
+    calls = [gevent.spawn(a.run_shell_command, "x") for _ in range(10)]
+    calls += [gevent.spawn(a.put_file, "s", "d") for _ in range(5)] + [gevent.spawn(a.get_file, "s", "d") for _ in range(5)]
+    calls += [gevent.spawn(b.run_shell_command, "x") for _ in range(10)]
+    gevent.joinall(calls, raise_error=True)
+    assert [c.value for c in calls] == ["a"] * 20 + ["b"] * 10  # every call ran, none failed
+    assert Conn.most == {"a": 3, "b": 3}  # the three methods share the count; b had its own
+
+
+def test_pyinfras_host_methods_are_bounded_once_installed():
+    from pyinfra.api.host import Host
+
+    channels.install()
+    for name in ("run_shell_command", "put_file", "get_file"):
+        assert getattr(getattr(Host, name), "sparkfleet_bounded", False), name
