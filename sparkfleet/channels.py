@@ -10,19 +10,32 @@ reading RepoDigests on spark-c. The limits each caller of at_once sets cannot se
 one is per connection, below sshd's, whoever asks. A call waits for a free channel instead of
 failing; none holds one while it waits for another greenlet (a command runs, then returns), so no
 wait can close a circle.
+
+A cap on this side is not enough alone: sshd frees a session only once the client's close reaches
+it, after the command's exit status came back (pyinfra keeps no channel open, and its SFTP channel
+is one more for the connection's life), so under load it can still count more sessions than run
+(the fleet's deploy hit the refusal again with 8 at most here, on the lab of a27d3b2). A channel sshd
+refused never ran its command, so it is asked again, a moment later (OPEN_RETRIES, backing off).
 """
 from functools import wraps
 
 # Below OpenSSH's default MaxSessions (10), leaving room for what does not pass through pyinfra's
 # Host methods (a connector's own helper channels).
 CHANNELS_PER_HOST = 8
+# A refused channel asked again this many times, 0.1 s more each time (4.5 s in all), before the
+# refusal stands.
+OPEN_RETRIES = 9
 
 
 def bound(cls, names, limit: int = CHANNELS_PER_HOST) -> None:
     """Wrap each method `names` of `cls` so that at most `limit` calls of them run at once per
     instance; the methods share one count per instance (each holds a channel of its connection). A
-    call waits its turn. Once per class: a second call changes nothing."""
+    call waits its turn; one whose channel sshd refused is made again (OPEN_RETRIES). Once per class:
+    a second call changes nothing."""
+    import gevent
     from gevent.lock import BoundedSemaphore
+    from paramiko import ChannelException
+    from paramiko.common import OPEN_FAILED_CONNECT_FAILED
 
     slots: dict[int, BoundedSemaphore] = {}
 
@@ -32,8 +45,14 @@ def bound(cls, names, limit: int = CHANNELS_PER_HOST) -> None:
             slot = slots.get(id(self))
             if slot is None:
                 slot = slots[id(self)] = BoundedSemaphore(limit)
-            with slot:
-                return method(self, *args, **kwargs)
+            for attempt in range(OPEN_RETRIES + 1):
+                try:
+                    with slot:
+                        return method(self, *args, **kwargs)
+                except ChannelException as err:  # sshd's refusal of the channel: nothing ran
+                    if err.code != OPEN_FAILED_CONNECT_FAILED or attempt == OPEN_RETRIES:
+                        raise
+                gevent.sleep(0.1 * (attempt + 1))
 
         call.sparkfleet_bounded = True
         return call

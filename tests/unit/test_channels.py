@@ -48,3 +48,35 @@ def test_pyinfras_host_methods_are_bounded_once_installed():
     channels.install()
     for name in ("run_shell_command", "put_file", "get_file"):
         assert getattr(getattr(Host, name), "sparkfleet_bounded", False), name
+
+
+class Refusing:
+    """A host whose sshd refuses the first channels (MaxSessions, as paramiko reports it), then takes them."""
+
+    def __init__(self, refusals, code=2):
+        self.refusals, self.code, self.ran = refusals, code, 0
+
+    def run_shell_command(self, command):
+        from paramiko import ChannelException
+
+        if self.refusals:
+            self.refusals -= 1
+            raise ChannelException(self.code, "Connect failed")
+        self.ran += 1
+        return True, command
+
+
+def test_a_refused_channel_is_asked_again_and_a_lasting_refusal_or_another_error_stands():
+    import pytest
+    from paramiko import ChannelException
+
+    channels.bound(Refusing, ("run_shell_command",), limit=2)
+    host = Refusing(refusals=3)
+    assert host.run_shell_command("true") == (True, "true") and host.ran == 1  # the command ran once
+    lasting = Refusing(refusals=channels.OPEN_RETRIES + 1)
+    with pytest.raises(ChannelException):
+        lasting.run_shell_command("true")
+    assert lasting.ran == 0
+    other = Refusing(refusals=1, code=1)  # administratively prohibited: not a full connection
+    with pytest.raises(ChannelException):
+        other.run_shell_command("true")
