@@ -15,7 +15,9 @@ A cap on this side is not enough alone: sshd frees a session only once the clien
 it, after the command's exit status came back (pyinfra keeps no channel open, and its SFTP channel
 is one more for the connection's life), so under load it can still count more sessions than run
 (the fleet's deploy hit the refusal again with 8 at most here, on the lab of a27d3b2). A channel sshd
-refused never ran its command, so it is asked again, a moment later (OPEN_RETRIES, backing off).
+refused never ran its command, so it is asked again, a moment later (OPEN_RETRIES, backing off); on
+the lab with spark-a's MaxSessions set to 3, the fleet's deploy failed at prepare on the refusal without
+this and ran with it.
 """
 from functools import wraps
 
@@ -27,6 +29,25 @@ CHANNELS_PER_HOST = 8
 OPEN_RETRIES = 9
 
 
+def refused(err: Exception, host) -> bool:
+    """Whether `err` is sshd's refusal of a new channel on a connection that is still up (nothing ran,
+    so the call can be made again). paramiko 4.0.0 (Transport.open_channel) raises the refusal it was
+    told, ChannelException(2, 'Connect failed'), to the one waiter that reads it (get_exception clears
+    it); another greenlet whose open was refused at the same moment gets SSHException('Unable to open
+    channel.') instead, the same refusal. That text is also what a dead connection raises: a retry
+    then needs the transport still active."""
+    from paramiko import ChannelException
+    from paramiko.common import OPEN_FAILED_CONNECT_FAILED
+
+    if isinstance(err, ChannelException):
+        return err.code == OPEN_FAILED_CONNECT_FAILED
+    if str(err) != "Unable to open channel.":
+        return False
+    client = getattr(getattr(host, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is None or transport.is_active()
+
+
 def bound(cls, names, limit: int = CHANNELS_PER_HOST) -> None:
     """Wrap each method `names` of `cls` so that at most `limit` calls of them run at once per
     instance; the methods share one count per instance (each holds a channel of its connection). A
@@ -34,8 +55,7 @@ def bound(cls, names, limit: int = CHANNELS_PER_HOST) -> None:
     a second call changes nothing."""
     import gevent
     from gevent.lock import BoundedSemaphore
-    from paramiko import ChannelException
-    from paramiko.common import OPEN_FAILED_CONNECT_FAILED
+    from paramiko import SSHException
 
     slots: dict[int, BoundedSemaphore] = {}
 
@@ -49,8 +69,8 @@ def bound(cls, names, limit: int = CHANNELS_PER_HOST) -> None:
                 try:
                     with slot:
                         return method(self, *args, **kwargs)
-                except ChannelException as err:  # sshd's refusal of the channel: nothing ran
-                    if err.code != OPEN_FAILED_CONNECT_FAILED or attempt == OPEN_RETRIES:
+                except SSHException as err:
+                    if not refused(err, self) or attempt == OPEN_RETRIES:
                         raise
                 gevent.sleep(0.1 * (attempt + 1))
 

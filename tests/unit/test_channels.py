@@ -80,3 +80,24 @@ def test_a_refused_channel_is_asked_again_and_a_lasting_refusal_or_another_error
     other = Refusing(refusals=1, code=1)  # administratively prohibited: not a full connection
     with pytest.raises(ChannelException):
         other.run_shell_command("true")
+
+
+def test_the_refusal_paramiko_hands_a_second_waiter_is_a_refusal_too_unless_the_connection_is_gone():
+    from paramiko import ChannelException, SSHException
+
+    class Transport:
+        def __init__(self, active):
+            self.active = active
+
+        def is_active(self):
+            return self.active
+
+    class Host:
+        def __init__(self, active):
+            self.connector = type("C", (), {"client": type("Cl", (), {"get_transport": lambda s: Transport(active)})()})()
+
+    assert channels.refused(ChannelException(2, "Connect failed"), Host(True))
+    assert channels.refused(SSHException("Unable to open channel."), Host(True))
+    assert not channels.refused(SSHException("Unable to open channel."), Host(False))  # the connection died
+    assert not channels.refused(SSHException("Timeout opening channel."), Host(True))
+    assert not channels.refused(ChannelException(1, "Administratively prohibited"), Host(True))
