@@ -72,7 +72,9 @@ def test_capture_of_the_deployed_pair_holds_no_key_and_replays_to_its_plan(tmp_p
                 if len(value) >= 16 and any(c.isdigit() for c in value) and any(c.isalpha() for c in value):
                     secrets_seen += "key" in path
                     assert value not in text, f"{host}:{path}'s value is in the capture bundle"
-    assert secrets_seen >= 4, "the head's key and its derived files were held against the bundle"
+    # the head's key, api-key.curl and api-key.haproxy (the engine's own api-key.env and .yaml are gone:
+    # issue 43 item 7); a router's key files when an earlier module left one (tests/e2e/test_lab_keys.py)
+    assert secrets_seen >= 3, "the head's key and its derived files were held against the bundle"
     bundle = capture.load(out)
     assert {h: bool(r) for h, r in bundle["nodes"].items()} == {"spark-a": True, "spark-b": True}
     assert replay_plan(bundle, "lab/inventory.py")["pair"].summary.actions() == []
