@@ -1,8 +1,11 @@
-"""The real HAProxy (the controller's, from the distribution) run with the head's rendered API-proxy
-config, on a free port of the controller's loopback, in front of a backend there: for the unit and
-parity tiers (tests/unit/test_api_proxy.py, tests/parity/test_routes.py). With TLS on (the default),
-its certificate is the one roles/tls's own commands make, run for real with this machine's openssl in
-the proxy's temporary directory: a fleet CA, then the head's key, CSR and certificate for 127.0.0.1."""
+"""The real HAProxy (the controller's, from the distribution) run with a rendered gate config, on a free port
+of the controller's loopback, in front of a backend there: the head's API proxy (running_proxy; with the
+router hop when a router is named) and the router's gate in front of smg (running_gate), for the unit and
+parity tiers (tests/unit/test_api_proxy.py, test_router.py, test_router_gate.py, tests/parity/test_routes.py).
+With TLS on (the default), its certificate is the one roles/tls's own commands make, run for real with this
+machine's openssl in the proxy's temporary directory: a fleet CA, then the node's key, CSR and certificate
+for 127.0.0.1 (serverAuth), and on the router node the router hop's client certificate (clientAuth only,
+roles/tls hop_cert), the one smg presents to the heads."""
 import contextlib
 import dataclasses
 import socket
@@ -42,9 +45,10 @@ def fleet_tls(head, directory, address: str = "127.0.0.1", days: int = 30, ca=No
     return node
 
 
-def issue(node, ca, days: int = 30) -> None:
-    """The head's certificate as issue_certificate makes it: CSR on the head, signed by the CA, installed."""
-    sh(tls.install_command(node), sh(tls.sign_command(ca, node, days), sh(tls.csr_command(node))))
+def issue(node, ca, days: int = 30, kind=None) -> None:
+    """A certificate as issue_certificate makes it: CSR on the node, signed by the CA, installed; `kind`
+    (roles/tls CertKind) the node's certificate by default, hop_cert(node) the router hop's."""
+    sh(tls.install_command(node, kind), sh(tls.sign_command(ca, node, days, kind), sh(tls.csr_command(node, kind))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,31 +78,64 @@ def wait_listening(port: int, timeout_s: float = 10) -> None:
 
 
 @contextlib.contextmanager
-def running_proxy(head, key: str, ca=None):
+def _running_haproxy(node, key: str, directory: str, name: str, render, listen: int):
+    """HAProxy with `render(node)`'s config, its bind on every address at `listen` moved to a free loopback
+    port, the key's pattern file in the node's serving_dir (`directory`). Yields a RunningProxy."""
+    haproxy = os_program("haproxy", "/usr/sbin/haproxy")  # skipped without it, outside make unit / make test
+    port = free_port()
+    keys = Path(key_pattern_file(node))
+    keys.write_text(f"Bearer {key}\n")
+    keys.chmod(0o600)
+    text = render(node).replace(f"bind 0.0.0.0:{listen}", f"bind 127.0.0.1:{port}")
+    assert f"127.0.0.1:{port}" in text and str(keys) in text
+    config = Path(directory) / name
+    config.write_text(text)
+    subprocess.run([haproxy, "-c", "-q", "-f", str(config)], check=True)
+    process = subprocess.Popen([haproxy, "-W", "-f", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port)
+        yield RunningProxy(port, ca_bundle_path(node) if node.tls_enabled else None, node)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _node_in(node, directory: str, ca):
+    """`node` with its serving_dir in `directory`, holding roles/tls's certificate for 127.0.0.1 with TLS on."""
+    return fleet_tls(node, directory, ca=ca) if node.tls_enabled else node.model_copy(update={"serving_dir": directory})
+
+
+@contextlib.contextmanager
+def running_proxy(head, key: str, ca=None, router=None):
     """HAProxy with `head`'s rendered config (its backend: 127.0.0.1:api_proxy_engine_port), bound to a
     free loopback port instead of the profile's; its serving_dir a temporary directory holding the key's
     pattern file and, with TLS on, roles/tls's certificate for 127.0.0.1 (fleet_tls: from the CA of `ca`,
-    another RunningProxy's head, else its own). Yields a RunningProxy."""
-    haproxy = os_program("haproxy", "/usr/sbin/haproxy")  # skipped without it, outside make unit / make test
-    port = free_port()
+    another RunningProxy's head, else its own). `router`: the router node the head admits the router hop
+    from (its name and management address: roles/api_proxy router_hop). Yields a RunningProxy."""
     with tempfile.TemporaryDirectory() as d:
-        node = fleet_tls(head, d, ca=ca) if head.tls_enabled else head.model_copy(update={"serving_dir": d})
-        keys = Path(key_pattern_file(node))
-        keys.write_text(f"Bearer {key}\n")
-        keys.chmod(0o600)
-        text = config_text(node).replace(f"bind 0.0.0.0:{node_profile(node).port}", f"bind 127.0.0.1:{port}")
-        assert f"127.0.0.1:{port}" in text and str(keys) in text
-        config = Path(d) / "api-proxy.cfg"
-        config.write_text(text)
-        subprocess.run([haproxy, "-c", "-q", "-f", str(config)], check=True)
-        process = subprocess.Popen([haproxy, "-W", "-f", str(config)], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-        try:
-            wait_listening(port)
-            yield RunningProxy(port, ca_bundle_path(node) if node.tls_enabled else None, node)
-        finally:
-            process.terminate()
-            process.wait(10)
+        node = _node_in(head, d, ca)
+        with _running_haproxy(node, key, d, "api-proxy.cfg", lambda n: config_text(n, router),
+                              node_profile(node).port) as running:
+            yield running
+
+
+@contextlib.contextmanager
+def running_gate(router, key: str, smg_port: int, ca=None):
+    """The router's gate (roles/router/gate.py's rendered config) in front of smg on 127.0.0.1:smg_port,
+    bound to a free loopback port instead of router_port; `router` the router node (router_node its own
+    name), its serving_dir a temporary directory holding the key's pattern file and, with TLS on, its
+    certificate for 127.0.0.1 and the router hop's client certificate, the one smg presents to the heads
+    (client_cert_path of the yielded RunningProxy's head), both from the CA of `ca` (another RunningProxy's
+    head, else its own). Yields a RunningProxy."""
+    from roles.router.gate import gate_config_text
+
+    with tempfile.TemporaryDirectory() as d:
+        node = _node_in(router.model_copy(update={"router_node": router.name, "router_smg_port": smg_port}), d, ca)
+        if node.tls_enabled:
+            issue(node, ca or node, kind=tls.hop_cert(node))
+        with _running_haproxy(node, key, d, "router-proxy.cfg", gate_config_text, node.router_port) as running:
+            yield running
 
 
 def ask(target, method: str, path: str, key: str | None = None, timeout: float = 20) -> int:

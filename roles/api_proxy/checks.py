@@ -12,7 +12,7 @@ from sparkfleet.listeners import parse_ss
 from sparkfleet.model.api_proxy import OPEN_PATHS, PROXY_USER
 from sparkfleet.model.engine import KEY_PROXY_FILE
 from sparkfleet.model.serving import node_profile
-from sparkfleet.model.tls import proxy_pem_path
+from sparkfleet.model.tls import HOP_CN, ca_bundle_path, proxy_pem_path
 from sparkfleet.render import render
 
 UNIT = "sparkfleet-api-proxy"
@@ -39,17 +39,40 @@ def tls_pem(node) -> str | None:
     return proxy_pem_path(node) if node.tls_enabled else None
 
 
-def config_text(node) -> str:
-    return render("api_proxy", "/etc/sparkfleet/api-proxy.cfg", bind=BIND, port=node_profile(node).port,
-                  tls_pem=tls_pem(node),
-                  engine_port=node.api_proxy_engine_port, timeout_s=node.api_proxy_timeout_s,
-                  key_file=key_pattern_file(node), open_paths=OPEN_PATHS, user=PROXY_USER,
-                  metrics_port=node.monitoring_engine_metrics_port if node.monitoring_enabled else None)
+def gate_context(node, *, frontend: str, port: int, backend: str, hop=None, strip_key: bool = False) -> dict:
+    """The context of templates/haproxy_gate.j2 on `node`: HAProxy on every address at `port`, over TLS with
+    the node's certificate (roles/tls) unless data turns it off, the key (the node's pattern file) on every
+    request but OPEN_PATHS, in front of `backend` on loopback. The head's API proxy and the router's gate
+    (roles/router/gate.py) both render it. `hop`: the router node (a routed head admits the router hop's
+    client certificate from its address, router_hop); `strip_key`: the key goes no further than the gate."""
+    return {"frontend": frontend, "bind": BIND, "port": port, "tls_pem": tls_pem(node), "key_file": key_pattern_file(node),
+            "open_paths": OPEN_PATHS, "user": PROXY_USER, "timeout_s": node.api_proxy_timeout_s, "backend": backend,
+            "hop": hop, "strip_key": strip_key, "firewall_enabled": node.firewall_enabled}
+
+
+def router_hop(node, router) -> dict | None:
+    """What a head admits of the router hop (docs/security.md#the-router-hop), or None: the router hop's
+    client certificate (its subject's CN HOP_CN, which no node's certificate bears; clientAuth, without
+    which OpenSSL refuses a client's certificate in the handshake), verified against the head's trust
+    bundle, from the router node's management address, instead of the key. Only on a head the router
+    routes to (`router`: the router node, None otherwise), with TLS on: without TLS there is no client
+    certificate, and smg presents the fleet's key like any client."""
+    if router is None or not node.tls_enabled:
+        return None
+    return {"node": router.name, "cn": HOP_CN, "address": router.management_address, "ca_file": ca_bundle_path(node)}
+
+
+def config_text(node, router=None) -> str:
+    """The head's API proxy config; `router`: the router node when the router routes to this head."""
+    return render("api_proxy", "/etc/sparkfleet/api-proxy.cfg", engine_port=node.api_proxy_engine_port,
+                  metrics_port=node.monitoring_engine_metrics_port if node.monitoring_enabled else None,
+                  **gate_context(node, frontend="api", port=node_profile(node).port, backend="engine",
+                                 hop=router_hop(node, router)))
 
 
 def unit_text(node) -> str:
-    return render("api_proxy", UNIT_PATH, config=config_path(node), engine_port=node.api_proxy_engine_port,
-                  open_paths=OPEN_PATHS, firewall_enabled=node.firewall_enabled)
+    return render("api_proxy", UNIT_PATH, config=config_path(node), pidfile=f"/run/{UNIT}.pid",
+                  engine_port=node.api_proxy_engine_port, open_paths=OPEN_PATHS, firewall_enabled=node.firewall_enabled)
 
 
 class ApiProxyHost(FactBase):
@@ -78,20 +101,27 @@ class Listeners(FactBase):
         return [(s.address, s.port, s.process) for s in parse_ss(output)]
 
 
+def gate_listener_problems(name: str, sockets, active: bool, unit: str, port: int, what: str, behind_port: int,
+                           behind: str, gate: str) -> list[str]:
+    """The live half of the security table (docs/security.md) for one gate: its unit running, `port` (`what`)
+    held by HAProxy alone on every address, and the port of what is `behind` it on loopback only (anything
+    else there is reachable without `gate`'s key check). `sockets`: the Listeners fact."""
+    problems = [] if active else [f"{name}: {unit} is not running: {what} answers nothing (deploy)"]
+    held = {(a, p) for a, pt, p in sockets if pt == port}
+    if held != {(BIND, PROXY_PROGRAM)}:
+        found = ", ".join(f"{p} on {a}" for a, p in sorted(held)) or "nothing"
+        problems.append(f"{name}: port {port} ({what}) is held by {found}; want only {PROXY_PROGRAM} on {BIND}")
+    exposed = sorted(f"{p} on {a}" for a, pt, p in sockets if pt == behind_port and a != "127.0.0.1")
+    if exposed:
+        problems.append(f"{name}: {behind} {behind_port} listens beyond loopback ({', '.join(exposed)}): "
+                        f"reachable without {gate}'s key check")
+    return problems
+
+
 def listener_problems(node, sockets, proxy_active: bool) -> list[str]:
-    """The live half of the security table (docs/security.md), on a head: the API port held by the proxy
-    alone, running, and the engine's own port on loopback only (anything else there is reachable
-    without the proxy's key check)."""
+    """A head's listeners: the API port held by the proxy alone, running, and the engine's own port on loopback
+    only (gate_listener_problems)."""
     if not node.is_head:
         return []
-    port, engine_port = node_profile(node).port, node.api_proxy_engine_port
-    problems = [] if proxy_active else [f"{node.name}: {UNIT} is not running: the API answers nothing (deploy)"]
-    api = {(a, p) for a, pt, p in sockets if pt == port}
-    if api != {(BIND, PROXY_PROGRAM)}:
-        found = ", ".join(f"{p} on {a}" for a, p in sorted(api)) or "nothing"
-        problems.append(f"{node.name}: port {port} (the API) is held by {found}; want only {PROXY_PROGRAM} on {BIND}")
-    exposed = sorted(f"{p} on {a}" for a, pt, p in sockets if pt == engine_port and a != "127.0.0.1")
-    if exposed:
-        problems.append(f"{node.name}: the engine's port {engine_port} listens beyond loopback ({', '.join(exposed)}): "
-                        f"reachable without the API proxy's key check")
-    return problems
+    return gate_listener_problems(node.name, sockets, proxy_active, UNIT, node_profile(node).port, "the API",
+                                  node.api_proxy_engine_port, "the engine's port", "the API proxy")

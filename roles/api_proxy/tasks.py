@@ -9,30 +9,23 @@ unit enabled and running; reloaded (HAProxy's own graceful reload: in-flight req
 its config, the key or its certificate (roles/tls, step 7b1) changed, restarted when its unit did. An unchanged re-deploy changes nothing.
 On any other node, a proxy left from an earlier head is stopped and removed.
 """
-from io import StringIO
-
 from pyinfra import host, state
-from pyinfra.operations import server, systemd
+from pyinfra.operations import server
 
-from roles.api_proxy.checks import HAPROXY, UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
+from roles.api_proxy.checks import UNIT, UNIT_PATH, ApiProxyHost, config_path, config_text, unit_text
+from roles.api_proxy.gate_ops import gate_operations
 from sparkfleet.decided import decisions, fleet_decision
 from sparkfleet.model.engine import unit_name
 from sparkfleet.model.watchdog import WATCH_UNIT
-from sparkfleet import unchanged
-from sparkfleet.inventory import cluster_from_state
+from roles.router.node_config import router_of
+from sparkfleet.inventory import cluster_from_state, fleet_from_state
 
 cluster = cluster_from_state(state)
 node = cluster.node(host.name)
+router = router_of(fleet_from_state(state), node)  # a routed head admits the router hop (roles/api_proxy)
 found = host.get_fact(ApiProxyHost, unit_path=UNIT_PATH)
 
 if node.is_head:
-    config = unchanged.put(name=f"Write {config_path(node)}", src=StringIO(config_text(node)), dest=config_path(node),
-                           user="root", group="root", mode="0600")
-    unit = unchanged.put(name=f"Write the {UNIT} unit", src=StringIO(unit_text(node)), dest=UNIT_PATH, user="root",
-                         group="root", mode="0644")
-    systemd.daemon_reload(name=f"Reload systemd ({UNIT} unit changed)", _if=unit.did_change)
-    server.shell(name=f"Check {config_path(node)} with HAProxy", commands=[f"{HAPROXY} -c -q -f {config_path(node)}"],
-                 _if=config.did_change)
     key_changed = decisions(state).key != "ok"  # the run's plan: the pattern file was rewritten at step 7b
     tls = fleet_decision(state).tls
     new_cert = tls is not None and tls.reloads(node.name)  # roles/tls wrote a new certificate at step 7b1
@@ -41,18 +34,16 @@ if node.is_head:
     # and the watchdog that would start it again stop first (the watchdog is handed the pair back at
     # step 10). Otherwise a port already taken stops the proxy's start, naming it.
     moves = not found["active"] and decisions(state).serving.restart
-    server.shell(name="Stop the head's engine before the proxy takes the API port (the pair restarts in this run)",
-                 commands=[f"systemctl stop {WATCH_UNIT}.service 2>/dev/null || true",
-                           f"systemctl stop {unit_name(node)}.service 2>/dev/null || true"],
-                 _if=lambda: moves)
-    started = unchanged.service(name=f"Run {UNIT}, at boot too", service=f"{UNIT}.service", running=True,
-                                enabled=True)
-    server.shell(name=f"Restart {UNIT} (its unit changed)", commands=[f"systemctl restart {UNIT}.service"],
-                 _if=lambda: unit.did_change() and not started.did_change())
-    server.shell(name=f"Reload {UNIT} (its config, the API key or its certificate changed)",
-                 commands=[f"systemctl reload {UNIT}.service"],
-                 _if=lambda: (config.did_change() or key_changed or new_cert) and not unit.did_change()
-                 and not started.did_change())
+
+    def stop_the_engine():
+        server.shell(name="Stop the head's engine before the proxy takes the API port (the pair restarts in this run)",
+                     commands=[f"systemctl stop {WATCH_UNIT}.service 2>/dev/null || true",
+                               f"systemctl stop {unit_name(node)}.service 2>/dev/null || true"],
+                     _if=lambda: moves)
+
+    gate_operations(UNIT, UNIT_PATH, unit_text(node), config_path(node), config_text(node, router),
+                    reload_also=lambda: key_changed or new_cert,
+                    reload_why="its config, the API key or its certificate changed", before_start=stop_the_engine)
 elif found["unit"]:
     server.shell(
         name=f"Remove {UNIT} ({node.name} is no head)",

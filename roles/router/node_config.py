@@ -1,5 +1,9 @@
 """What roles/router writes on the router node, as pure functions of the fleet (a test renders what a
-deploy writes): which groups it routes to, its JSON config and its unit.
+deploy writes): which groups it routes to, its JSON config and its unit (its gate: roles/router/gate.py).
+
+smg listens on the router node's loopback (router_smg_port), behind its gate on router_port; with TLS on
+it is given no API key and presents the router hop's own client certificate to the heads
+(client_cert_file, docs/security.md#the-router-hop), not the node's certificate its gate serves.
 
 Backends: the head of every serving group whose profile serves the same API model name as the router
 node's own group (the name clients send as "model"; smg routes by it), each at
@@ -17,7 +21,7 @@ import json
 from sparkfleet.model.router import RouterData
 from sparkfleet.model.api_key import key_file
 from sparkfleet.model.serving import node_profile
-from sparkfleet.model.tls import api_base, ca_bundle_path
+from sparkfleet.model.tls import api_base, ca_bundle_path, client_cert_path
 from sparkfleet.render import render
 
 ROUTER_UNIT = "sparkfleet-router"
@@ -57,6 +61,15 @@ def routed_groups(fleet, router) -> dict:
     return {name: g for name, g in fleet.groups.items() if served_name(g) == model}
 
 
+def router_of(fleet, head):
+    """The router node when the router routes to `head`'s group (its head then admits the router hop:
+    roles/api_proxy router_hop), else None."""
+    router = router_node(fleet)
+    if router is None or not head.is_head:
+        return None
+    return router if head.serving_group in routed_groups(fleet, router) else None
+
+
 def key_holders(fleet):
     """(the fleet key's source: the router group's head, [every other node that holds it: each routed
     group's head, and the router node]), or None without a router (roles/router/fleet_key.py)."""
@@ -84,10 +97,22 @@ def backends(fleet, router) -> list[str]:
 def router_config(fleet, router: RouterData) -> dict:
     """The router node's /etc/sparkfleet/router.json (sfl_router.py reads it)."""
     return {
-        "listen_host": "0.0.0.0",
-        "port": router.router_port,
+        # smg on loopback only, behind the router's gate on router_port (roles/router/gate.py): only root's
+        # and the gate's sockets reach it (roles/firewall).
+        "listen_host": "127.0.0.1",
+        "port": router.router_smg_port,
         "backends": backends(fleet, router),
+        # The fleet's key (the gate checks it; sfl_router.py refuses a control-plane key equal to it). smg
+        # itself is given it only without client_cert_file (TLS off).
         "key_file": key_file(router),
+        # The router hop's credential (docs/security.md#the-router-hop): its own client certificate from the
+        # fleet CA (clientAuth only, CN sparkfleet-router-hop), then its key, one root-only file that roles/tls
+        # issues on the router node and never copies (the node's certificate, which the exporters' copy
+        # holds, is no client's), which smg presents to every head (smg's client_cert_path and
+        # client_key_path: model_gateway/src/config/builder.rs read_mtls_certificates joins the two files
+        # into reqwest's Identity; one file holding both serves). None: TLS off, smg presents the fleet's
+        # key instead.
+        "client_cert_file": client_cert_path(router),
         "control_key_file": CONTROL_KEY_FILE,
         "health_check_endpoint": HEALTH_ENDPOINT,
         "health_check_interval_s": router.router_health_check_interval_s,
@@ -114,6 +139,6 @@ def config_text(fleet, router) -> str:
 
 def unit_text(fleet, router) -> str:
     return render("router", UNIT_PATH, version=router.router_version, backends=backends(fleet, router),
-                  model=served_name(fleet.group_of(router.name)), port=router.router_port,
+                  model=served_name(fleet.group_of(router.name)), port=router.router_smg_port,
                   python=f"{venv_dir(router.router_version)}/bin/python", program=SFL_ROUTER, config=ROUTER_CONFIG,
                   firewall_enabled=router.firewall_enabled)

@@ -10,26 +10,36 @@ library only, except `run`, which the router's own virtualenv runs (it imports s
   sfl_router.py undrain CONFIG URL  put it back; returns once the router routes to it (healthy)
 
 CONFIG (/etc/sparkfleet/router.json, root-only, written by roles/router) names the CA file smg verifies
-the heads' certificates with (`ca_file`: the heads' https:// backends; roles/tls writes it) and two key
-files, never a key: each is read from its root-only file into this process and goes to smg in memory (`run`) or in
-a request body or header on loopback (the admin commands). Neither is ever in argv, the unit, the
-environment or a log line: smg 1.13 logs no argument value of its RouterArgs.
+the heads' certificates with (`ca_file`: the heads' https:// backends; roles/tls writes it), the router
+hop's client certificate smg presents to them (`client_cert_file`) and two key files, never a key: each is read
+from its root-only file into this process and goes to smg in memory (`run`) or in a request body or header
+on loopback (the admin commands). Neither is ever in argv, the unit, the environment or a log line: smg
+1.13 logs no argument value of its RouterArgs.
 
-The API key (`key_file`, the fleet's): clients present it (`Authorization: Bearer <key>`) or get 401
-from smg's own middleware, and smg sends it to every backend (the heads require it). It opens the
-data plane only.
+smg listens on loopback (`listen_host`, `port`), behind the router's gate (HAProxy on the router port,
+roles/router/gate.py), which checks the fleet's API key (`key_file`) on every request but /health.
+With `client_cert_file` (TLS on), the gate removes the key once checked and smg is given none: it
+presents the router hop's client certificate (the fleet CA issued it on the router node with clientAuth
+only, its own key, never copied) to every head, smg's client_cert_path and client_key_path, and each
+head admits that certificate from the router node's address alone (docs/security.md#the-router-hop):
+the hop carries a credential of its own, not the clients' key. Without it (TLS off) smg is given the API key: it checks it too, and presents it to
+every head (its health checks and polls; a forwarded request carries the client's own header).
+
 The control-plane key (`control_key_file`, generated on the router node, no client has it): smg's
 `control_plane_api_keys` (smg/router_args.py, `--control-plane-api-keys id:name:role:key`, one entry
 with role admin). With it set, smg guards its worker routes (/workers, /workers/{id}) and admin routes
 (/get_loads, /flush_cache, ...) with its control-plane middleware alone, which takes only those keys:
 the API key there is 401 (smg model_gateway/src/server.rs build_app `apply_control_plane_auth`;
 crates/auth/src/middleware.rs `control_plane_auth_middleware`). So no client can add a backend of its
-own (and be sent other clients' prompts, with the fleet's key) or remove one.
+own (and be sent other clients' prompts) or remove one; and through the gate, which lets one
+Authorization header through, the fleet's key, and removes it with TLS on, no control-plane key
+reaches smg at all: only this program on the router node, as root, on loopback.
 A drained backend is removed from smg's registry (DELETE /workers/{id}: smg first marks it draining
 and lets in-flight requests finish) and added back (POST /workers, the body naming the API key smg
-presents to it); a router restart routes every backend of CONFIG again.
+presents to it, when it presents one); a router restart routes every backend of CONFIG again.
 """
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -76,12 +86,18 @@ def control_key(config: dict) -> str:
     return key
 
 
-def router_args(config: dict, key: str, control: str):
-    """smg's RouterArgs from CONFIG: the backends, the API key (clients and backends), the control-plane
-    key (smg's only admin credential: (id, name, key, role), as smg's _parse_control_plane_api_keys
-    makes them), the health checks."""
+def smg_key(config: dict) -> str | None:
+    """The API key smg is given: none when it presents the router hop's certificate (client_cert_file)."""
+    return None if config.get("client_cert_file") else read_key(config)
+
+
+def router_args(config: dict, key: str | None, control: str):
+    """smg's RouterArgs from CONFIG: the backends, the API key (smg_key: None behind the gate with a client
+    certificate), the control-plane key (smg's only admin credential: (id, name, key, role), as smg's
+    _parse_control_plane_api_keys makes them), the client certificate, the health checks."""
     from smg.router_args import RouterArgs
 
+    cert = config.get("client_cert_file")
     return RouterArgs(
         worker_urls=list(config["backends"]),
         host=config["listen_host"],
@@ -102,16 +118,22 @@ def router_args(config: dict, key: str, control: str):
         # The heads' TLS: smg adds this CA to its roots for every backend's connection (its health checks
         # and requests); without it smg refuses their certificates (UnknownIssuer).
         ca_cert_paths=[config["ca_file"]] if config.get("ca_file") else [],
+        # The router hop's credential: its client certificate, then its key, in one root-only file
+        # (smg reads both paths and joins them: model_gateway/src/config/builder.rs read_mtls_certificates).
+        client_cert_path=cert or None,
+        client_key_path=cert or None,
     )
 
 
 def run(config: dict) -> None:
     from smg.router import Router
 
-    args = router_args(config, read_key(config), control_key(config))
+    args = router_args(config, smg_key(config), control_key(config))
     args._validate_router_args()
-    print(f"sfl_router: smg on {config['listen_host']}:{config['port']}, backends {', '.join(config['backends'])}, "
-          f"health {config['health_check_endpoint']} every {config['health_check_interval_s']} s", flush=True)
+    hop = (f"presenting {config['client_cert_file']}" if config.get("client_cert_file")
+           else "presenting the API key")
+    print(f"sfl_router: smg on {config['listen_host']}:{config['port']}, backends {', '.join(config['backends'])} "
+          f"({hop}), health {config['health_check_endpoint']} every {config['health_check_interval_s']} s", flush=True)
     Router.from_args(args).start()
 
 
@@ -185,7 +207,8 @@ def drain(config: dict, url: str, timeout: float) -> None:
 def undrain(config: dict, url: str, timeout: float) -> None:
     url = url.rstrip("/")
     if url not in registered(config):
-        status, body = admin(config, "POST", "/workers", {"url": url, "api_key": read_key(config)})
+        key = smg_key(config)  # none: the client certificate is smg's, for every backend
+        status, body = admin(config, "POST", "/workers", {"url": url, **({"api_key": key} if key else {})})
         if status not in (200, 201, 202, 409):
             raise SystemExit(f"sfl_router: POST {url} answered {status}: {body}")
 
@@ -205,6 +228,10 @@ def main(argv: list[str]) -> int:
         run(config)
     elif command == "check":
         control_key(config)
+        cert = config.get("client_cert_file")
+        if cert and not os.access(cert, os.R_OK):
+            raise SystemExit(f"sfl_router: cannot read client_cert_file {cert}: the router hop's client "
+                             f"certificate (roles/tls issues it)")
     elif command == "routing":
         print(json.dumps(routing(config), sort_keys=True))
     elif len(argv) not in (3, 4):

@@ -23,7 +23,13 @@ class RouterData(BaseModel):
     )
     router_port: int = Field(
         8100, ge=1, le=65535, description="the router's port on `router_node` (every address; reached from "
-        "`firewall_api_allowed_networks`, with the API key); must differ from every port that node listens on"
+        "`firewall_api_allowed_networks`, with the API key): its gate, HAProxy, over TLS, in front of smg on "
+        "`router_smg_port`; must differ from every port that node listens on. See docs/fleet.md#router"
+    )
+    router_smg_port: int = Field(
+        18100, ge=1024, le=65535, description="smg's own HTTP port on `router_node`, on 127.0.0.1 only, behind the "
+        "router's gate on `router_port` (only root's and HAProxy's sockets reach it); must differ from every port "
+        "that node listens on. See docs/security.md#the-router-behind-the-same-gate"
     )
     router_metrics_port: int = Field(
         29000, ge=1024, le=65535, description="the router's Prometheus metrics (smg's exporter), on `router_node`'s "
@@ -96,7 +102,7 @@ def router_problems(nodes) -> list[Problem]:
             taken[profile.master_port] = f"profile {profile.name}'s master_port"
             taken[router.api_proxy_engine_port] = "api_proxy_engine_port"
     # The router's own ports, each against everything before it.
-    for key in ("router_port", "router_metrics_port"):
+    for key in ("router_port", "router_smg_port", "router_metrics_port"):
         port = getattr(router, key)
         if port in taken:
             problems.append(Problem(

@@ -3,9 +3,9 @@ naming the host, the path and the error, and is never replaced by a new key; wit
 spark-b, `pyinfra --diff` of the deploy that writes the fleet's key there shows no key, the router's
 control-plane key is root-only on spark-b alone, the API key every client has is refused on smg's
 control plane while it serves completions, and an unchanged re-deploy changes nothing; the router
-removed again takes its control-plane key with it; and, as a non-root ssh_user would read it over
-the deploy's connection, a key file is read through the host's sudo, and without sudo it is
-refused as unreadable, never taken for missing.
+removed again takes its control-plane key and the router hop's certificate with it; and, as a
+non-root ssh_user would read it over the deploy's connection, a key file is read through the host's
+sudo, and without sudo it is refused as unreadable, never taken for missing.
 
 Begins with its own deploy (no router) and ends with one.
 """
@@ -13,13 +13,13 @@ import json
 
 import pytest
 
-from tests.e2e.lab import BIN, deploy, on, run
+from tests.e2e.lab import BIN, api_curl, deploy, on, router_api, run
 
 pytestmark = pytest.mark.lab
 
 KEY_FILE = "/etc/sparkfleet/api-key"
 CONTROL_KEY_FILE = "/etc/sparkfleet/router-control-key"
-ROUTER = "http://198.18.0.12:8100"  # router_node spark-b, router_port 8100 (the default)
+ROUTER = "https://198.18.0.12:8100"  # router_node spark-b, router_port 8100 (the default): its gate, over TLS
 WITH_ROUTER = ("--data", "router_node=spark-b")
 
 
@@ -70,15 +70,21 @@ def test_with_the_router_no_key_is_in_the_diff_and_the_api_key_opens_no_control_
     for secret in (fleet_key, control_key):
         assert secret not in run.output
     # The router serves with the API key and refuses it on its control plane.
-    chat = ("curl -K /etc/sparkfleet/api-key.curl -H 'Content-Type: application/json' -d "
+    assert router_api("spark-b") == ROUTER
+    chat = (f"{api_curl()} -H 'Content-Type: application/json' -d "
             "'{\"model\": \"glm-5.3-flash\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 4}' "
             f"{ROUTER}/v1/chat/completions")
     assert code(chat) == "200"
-    add = ("curl -K /etc/sparkfleet/api-key.curl -H 'Content-Type: application/json' -d "
+    add = (f"{api_curl()} -H 'Content-Type: application/json' -d "
            f"'{{\"url\": \"http://198.18.0.11:9\"}}' {ROUTER}/workers")
     assert code(add) == "401"
-    assert code(f"curl -K /etc/sparkfleet/api-key.curl {ROUTER}/workers") == "401"
-    assert code(f"curl -K /etc/sparkfleet/api-key.curl -X DELETE {ROUTER}/workers/any") == "401"
+    assert code(f"{api_curl()} {ROUTER}/workers") == "401"
+    assert code(f"{api_curl()} -X DELETE {ROUTER}/workers/any") == "401"
+    # spark-b is a worker: the router's gate there checks the fleet's key with the pattern file derived from
+    # it (root-only), as a head's API proxy does; its certificate is spark-b's, from the fleet CA
+    assert on("spark-b", "stat -c '%U %a' /etc/sparkfleet/api-key.haproxy /etc/sparkfleet/api-key.curl").split() == [
+        "root", "600", "root", "600"]
+    assert code(f"curl --cacert /etc/sparkfleet/tls/ca.crt {ROUTER}/loads") == "401"
     routing = on("spark-b", "python3 /usr/local/libexec/sparkfleet/sfl_router.py routing /etc/sparkfleet/router.json")
     table = {b["url"]: b["state"] for b in json.loads(routing.strip().splitlines()[-1])}
     assert table == {"https://198.18.0.11:8000": "routed"}, table  # nothing added with the API key
@@ -86,10 +92,12 @@ def test_with_the_router_no_key_is_in_the_diff_and_the_api_key_opens_no_control_
     again = deploy(*WITH_ROUTER)
     assert again.returncode == 0 and again.changed() == [], again.changed()
     assert on("spark-b", f"cat {CONTROL_KEY_FILE}").strip() == control_key
-    # No router again: its unit, config and control-plane key leave spark-b.
+    # No router again: its unit, config, control-plane key and the router hop's certificate and key leave spark-b.
     gone = deploy()
     assert gone.returncode == 0, gone.output[-3000:]
-    assert on("spark-b", f"ls {CONTROL_KEY_FILE} /etc/sparkfleet/router.json 2>/dev/null || echo none").strip() == "none"
+    assert on("spark-b", f"ls {CONTROL_KEY_FILE} /etc/sparkfleet/router.json /etc/sparkfleet/router-proxy.cfg "
+                         "/etc/sparkfleet/tls/router-hop.pem 2>/dev/null || echo none").strip() == "none"
+    assert on("spark-b", "systemctl is-active sparkfleet-router-proxy", check=False).strip() != "active"
 
 
 READ_AS = """

@@ -2,8 +2,12 @@
 
 In order, on fresh hosts (`make test` resets the lab to four hosts before this module):
 (d) two TP=2 groups behind the router deploy, and an unchanged re-deploy of the fleet changes nothing;
-(a) a chat completion through the router is served (the key required), and stopping one group's
-    worker takes that group out of routing while every request through the endpoint is answered;
+(a) a chat completion through the router's gate (TLS, the router node's certificate) is served (the
+    key required), and stopping one group's worker takes that group out of routing while every request
+    through the endpoint is answered;
+(a2) every route of smg's table through the gate answers 401 without the key but /health, and each head
+    admits the router hop (its own client certificate, no key) from the router node only, and no node's
+    certificate (the router node's, which its exporters' copy holds);
 (e) a turn that fails after its drain leaves the group drained, and the next run routes it again;
 (b) a rolling recipe bump across the two groups while a bounded client loop sends requests through
     the router: no request fails, and the order of the group upgrades is printed;
@@ -12,6 +16,7 @@ In order, on fresh hosts (`make test` resets the lab to four hosts before this m
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 import urllib.error
@@ -19,14 +24,15 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.lab import BIN, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, REPO, deploy, on, pause_watchdogs, plan, \
-    tls_context
+from tests.e2e.lab import BIN, CA_BUNDLE, FLEET_HOSTS, FLEET_INVENTORY, FLEET_ONE_INVENTORY, HOP_PEM, NODE_PEM, REPO, \
+    SSH_CONFIG, ca_file, ca_on, deploy, on, pause_watchdogs, plan, router_api, tls_context
 from tests.e2e.lab import run as run_
 
 pytestmark = pytest.mark.lab
 
 COMMITS = dict(line.split() for line in (REPO / "lab/recipe/COMMITS").read_text().splitlines() if line.strip())
-ROUTER = "http://198.18.0.11:8100/v1"  # router_node spark-a, router_port 8100 (lab/inventory_fleet.py)
+# router_node spark-a, router_port 8100 (lab/inventory_fleet.py): its gate, over TLS with spark-a's certificate.
+ROUTER = "https://198.18.0.11:8100/v1"
 # The groups' heads as the router names them: TLS, their certificates from the fleet CA on spark-a (g1's head).
 G1, G2 = "https://198.18.0.11:8000", "https://198.18.0.13:8000"
 MODEL = "glm-5.3-flash"
@@ -48,7 +54,7 @@ def chat(base: str, api_key: str | None, timeout: float = 60, content: str = "pi
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     request = urllib.request.Request(f"{base}/chat/completions", data=json.dumps(body).encode(), headers=headers)
-    context = tls_context() if base.startswith("https://") else None  # a head: the fleet's CA alone
+    context = tls_context() if base.startswith("https://") else None  # a head, the router: the fleet's CA alone
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as r:
             return r.status, json.load(r)
@@ -138,6 +144,11 @@ def test_d_an_unchanged_redeploy_of_the_fleet_changes_nothing():
     assert status.returncode == 0, status.output[-4000:]
     assert re.search(rf"^  g1\s+{G1}\s+routed$", status.output, re.M), status.output[-3000:]
     assert re.search(rf"^  g2\s+{G2}\s+routed$", status.output, re.M)
+    # the router's gate as a client reaches it: /health through TLS, verified with spark-a's bundle
+    assert re.search(rf"^  gate\s+{router_api('spark-a')}: /health 200, its certificate verified with {CA_BUNDLE}",
+                     status.output, re.M), status.output[-3000:]
+    assert re.search(r"^listeners\s+gate\s+ok$", doctor.output, re.M), doctor.output[-3000:]
+    assert re.search(r"^tls\s+gate\s+ok$", doctor.output, re.M)
     assert re.search(rf"^router\s+g1\s+ok \({G1} routed\)$", doctor.output, re.M), doctor.output[-3000:]
     assert re.search(rf"^router\s+g2\s+ok \({G2} routed\)$", doctor.output, re.M)
     assert re.search(r"^plan\s+g1\s+ok$", doctor.output, re.M) and re.search(r"^plan\s+g2\s+ok$", doctor.output, re.M)
@@ -158,23 +169,26 @@ def test_d2_every_listening_socket_of_the_four_hosts_is_a_row_of_the_listener_ta
 
 def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_routing():
     fleet_key = key()
-    assert chat(ROUTER, None)[0] == 401  # refused by the router itself
+    control_key = on("spark-a", "cat /etc/sparkfleet/router-control-key").strip()
+    assert chat(ROUTER, None)[0] == 401  # refused by the router's gate
     status, body = chat(ROUTER, fleet_key)
     assert status == 200 and body["choices"][0]["message"]["content"], body
     assert routing() == {G1: "routed", G2: "routed"}  # sfl_router.py on the node, with the control-plane key
-    # The key every client has opens no control plane: no backend added, removed or listed with it.
+    # The key every client has opens no control plane (the gate removes it, smg's control plane wants its
+    # own key), and the control-plane key does not pass the gate: no backend added, removed or listed.
     base = ROUTER.removesuffix("/v1")
-    for method, path, body in (("POST", "/workers", {"url": "http://198.18.0.12:9", "api_key": fleet_key}),
-                               ("GET", "/workers", None), ("DELETE", "/workers/any", None)):
-        data = json.dumps(body).encode() if body else None
-        headers = {"Authorization": f"Bearer {fleet_key}", "Content-Type": "application/json"}
-        request = urllib.request.Request(f"{base}{path}", method=method, data=data, headers=headers)
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
-        assert refused.value.code == 401, (method, path)
+    for presented in (fleet_key, control_key):
+        for method, path, body in (("POST", "/workers", {"url": "http://198.18.0.12:9"}),
+                                   ("GET", "/workers", None), ("DELETE", "/workers/any", None)):
+            data = json.dumps(body).encode() if body else None
+            headers = {"Authorization": f"Bearer {presented}", "Content-Type": "application/json"}
+            request = urllib.request.Request(f"{base}{path}", method=method, data=data, headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10, context=tls_context())
+            assert refused.value.code == 401, (method, path)
     assert routing() == {G1: "routed", G2: "routed"}
     assert on("spark-a", "stat -c '%U %a' /etc/sparkfleet/router-control-key").strip() == "root 600"
-    assert on("spark-a", "cat /etc/sparkfleet/router-control-key").strip() != fleet_key
+    assert control_key != fleet_key
 
     pause_watchdogs(FLEET_HOSTS)  # they would repair the group under the test
     with Client(fleet_key) as client:
@@ -199,6 +213,75 @@ def test_a_the_router_serves_with_the_key_and_a_group_whose_worker_stops_leaves_
     assert re.search(r"^\s+g2\s.*\syes$", run.output, re.M)
     assert started_at("spark-a") == g1_started
     assert routing() == {G1: "routed", G2: "routed"}
+
+
+def curl_on(host: str, extra: str) -> str:
+    """The HTTP code of curl on `host` (000 when TLS or the connection failed)."""
+    return on(host, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' {extra} 2>/dev/null", check=False).strip()
+
+
+def test_a2_every_route_of_smg_needs_the_key_through_the_gate_and_the_heads_take_the_hop_from_the_router_only():
+    """Issue 43 item 3 in the four-host lab. From the controller, a client of the management network: the
+    router's gate speaks TLS with a certificate the fleet CA signed for spark-a's address (serverAuth only),
+    and every route of smg's real table (tests/unit/fixtures/smg-<version>-routes.txt, held to the binary
+    by the unit tier) answers 401 without the key but GET /health; with the key, smg's public routes are
+    served. The router hop: from spark-a, the router node, the hop's own client certificate opens g2's head
+    without the key; the same certificate from spark-b does not; spark-a's node certificate and g2's
+    head's own (servers') end the handshake."""
+    from sparkfleet.model.router import ROUTER_VERSIONS
+    from tests.smg_routes import concrete, read_table
+
+    bundle, gate = ca_file(), router_api("spark-a")
+    served = run_(["openssl", "s_client", "-connect", gate.removeprefix("https://"), "-CAfile", str(bundle),
+                   "-verify_return_error", "-verify_ip", "198.18.0.11"], timeout=30, input="")
+    assert "Verify return code: 0 (ok)" in served.output, served.output[-2000:]
+    text = on("spark-a", f"openssl x509 -in {NODE_PEM} -noout -text")
+    assert "TLS Web Server Authentication\n" in text and "Client Authentication" not in text and "CN = spark-a" in text
+
+    def answer(method: str, path: str, key: str | None = None) -> tuple[int, str]:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        data = b"{}" if method in ("POST", "PUT", "PATCH") else None
+        request = urllib.request.Request(f"{gate}{path}", method=method, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=tls_context()) as r:
+                return r.status, r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    def code(method: str, path: str, key: str | None = None) -> int:
+        return answer(method, path, key)[0]
+
+    routes = [(m, p) for m, p, _ in read_table(ROUTER_VERSIONS[-1])]
+    assert len(routes) > 50
+    answered = {f"{m} {p}": c for m, p in routes if (c := code(m, concrete(p))) != 401 and (m, p) != ("GET", "/health")}
+    assert answered == {}, f"answered through the router's gate without the key: {answered}"
+    assert code("GET", "/health") == 200 and code("HEAD", "/health") == 200
+    fleet_key = key()
+    assert code("GET", "/loads", fleet_key) == 200
+    # /engine_metrics with the key passes the gate and is smg's own answer: it fetched each head's /metrics
+    # over the hop, and the lab's vLLM stand-ins serve none (404 "no route /metrics"), which smg 1.13.0 sums
+    # up as 500 "All backend requests failed" (seen on this lab); the gate's refusal would be 401
+    status, body = answer("GET", "/engine_metrics", fleet_key)
+    assert (status, body.strip()) == (500, "All backend requests failed"), (status, body[:300])
+    assert code("GET", "/engine_metrics", "not-the-key-0123456789") == 401
+
+    g2_models = f"--cacert {CA_BUNDLE} {G2}/v1/models"
+    assert curl_on("spark-a", f"--cert {HOP_PEM} {g2_models}") == "200"  # the hop: no key, its own certificate
+    assert curl_on("spark-a", g2_models) == "401"
+    # the router node's own certificate (with monitoring on, the exporters' copy group prometheus reads is its
+    # bytes) is no client's certificate: the handshake fails; the hop's is root's alone
+    assert curl_on("spark-a", f"--cert {NODE_PEM} {g2_models}") == "000"
+    assert on("spark-a", f"stat -c '%U:%G %a' {HOP_PEM}").strip() == "root:root 600"
+    pem = on("spark-a", f"cat {HOP_PEM}")
+    copy = subprocess.run(["ssh", "-F", str(SSH_CONFIG), "spark-b", "umask 077; cat > /tmp/router.pem"], input=pem,
+                          text=True, timeout=60)
+    try:  # the hop's certificate and key on another node: the head takes them from the router node only
+        assert copy.returncode == 0
+        assert curl_on("spark-b", f"--cert /tmp/router.pem --cacert {ca_on('spark-b')} {G2}/v1/models") == "401"
+    finally:
+        on("spark-b", "rm -f /tmp/router.pem", check=False)
+    # g2's head's own certificate (serverAuth only) is no client certificate: the handshake fails.
+    assert curl_on("spark-c", f"--cert {NODE_PEM} --cacert {CA_BUNDLE} {G1}/v1/models") == "000"
 
 
 def test_e_a_turn_that_failed_after_its_drain_leaves_its_group_drained_and_the_next_run_routes_it_again(tmp_path):
@@ -262,7 +345,9 @@ def test_c_the_four_hosts_as_one_group_at_tp2_pp2_serve_a_completion():
         text = on(host, f"cat /etc/systemd/system/{unit}.service")
         assert "--pipeline-parallel-size 2" in text and "--tensor-parallel-size 2" in text, text
         assert f"--node-rank {rank}" in text and "--nnodes 4" in text
-    # The router's group no longer exists: its unit is gone from spark-a; the head answers itself.
-    assert on("spark-a", "systemctl is-active sparkfleet-router", check=False).strip() != "active"
+    # The router's group no longer exists: its unit and its gate are gone from spark-a; the head answers itself.
+    for unit in ("sparkfleet-router", "sparkfleet-router-proxy"):
+        assert on("spark-a", f"systemctl is-active {unit}", check=False).strip() != "active", unit
+    assert on("spark-a", "ss -Hltn '( sport = :8100 or sport = :18100 )'").strip() == ""
     status, body = chat(f"{G1}/v1", key())
     assert status == 200 and body["choices"][0]["message"]["content"], body

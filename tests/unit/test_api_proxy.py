@@ -154,3 +154,34 @@ def test_the_doctor_names_a_listener_that_goes_around_the_proxy():
                                                       "want only haproxy on 0.0.0.0")
     exposed = Listeners().process([ss[0], 'LISTEN 0 4096 *:18000 *:* users:(("python3",pid=77,fd=3))'])
     assert "listens beyond loopback (python3 on *)" in listener_problems(head, exposed, True)[0]
+
+
+def test_the_heads_proxy_is_declared_through_the_shared_gate_operations_and_an_unchanged_run_changes_nothing(monkeypatch):
+    """roles/api_proxy/tasks.py as the deploy declares it (tests/unit/test_watchdog_deploy.py's recorders): nothing
+    changes when nothing did; a changed key reloads the proxy; a head whose engine held the API port before the
+    proxy (its pair restarts in this run) has its engine stopped before the proxy starts."""
+    from types import SimpleNamespace
+
+    from sparkfleet import decided
+    from tests.unit.test_watchdog_deploy import Deploy, FakeHost
+
+    c = build_cluster(pair())
+    reload = ("Reload sparkfleet-api-proxy (its config, the API key or its certificate changed)", "spark-a")
+    stop = "Stop the head's engine before the proxy takes the API port (the pair restarts in this run)"
+
+    def run(key="ok", active=True, restart=False, changed=()):
+        monkeypatch.setattr(FakeHost, "get_fact", lambda self, cls, **kw: {"haproxy": True, "unit": self.name == "spark-a",
+                                                                          "active": active and self.name == "spark-a"})
+        deploy = Deploy(monkeypatch, c, None, changed=changed)
+        decided.install(deploy.state, {"pair": decided.Decisions(
+            summary=None, fabric=None, key=key, image=None, weights=None, caches=None, speed=None,
+            serving=SimpleNamespace(restart=restart), watchdog=None, memory={}, firewall={})},
+            decided.FleetDecision(summary=None, key=None))
+        return deploy, deploy.run(includes=("roles/api_proxy/tasks.py",))
+
+    assert run()[1] == []
+    assert run(key="stale")[1] == [reload]
+    deploy, done = run(active=False, restart=True, changed={"Run sparkfleet-api-proxy, at boot too"})
+    assert done == [(stop, "spark-a"), ("Run sparkfleet-api-proxy, at boot too", "spark-a")]  # started: no reload on top
+    names = [o.name for *_k, h, o in sorted(deploy.ops, key=lambda x: x[:4]) if h == 0]
+    assert names.index(stop) < names.index("Run sparkfleet-api-proxy, at boot too")

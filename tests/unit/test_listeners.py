@@ -15,6 +15,15 @@ from tests.listeners import (SECURITY_DOC, capture_header, check_host, compare, 
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = sorted((Path(__file__).parent / "fixtures" / "ss").glob("*.txt"))
+# Captures taken before a change of what listens there: each test of them expected to fail (strict: once
+# the lab is captured again and the capture replaced, the marker must go).
+STALE = {"fleet-spark-a": "captured before the router's gate (issue 43 item 3): smg on every address at 8100, no "
+                          "HAProxy there nor smg on 127.0.0.1:18100; capture the four-host lab again"}
+
+
+def captures_param():
+    return [pytest.param(c, id=c.stem, marks=[pytest.mark.xfail(reason=STALE[c.stem], strict=True)]
+                         if c.stem in STALE else []) for c in CAPTURES]
 # Each tier's inventory: what was deployed on the lab when its hosts were captured.
 INVENTORIES = {"real": "lab/inventory_vllm_cpu.py", "fleet": "lab/inventory_fleet.py"}
 
@@ -101,7 +110,7 @@ def test_a_cell_outside_the_form_is_refused_naming_what_is_allowed():
         table_rows(text)
 
 
-@pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("capture", captures_param())
 def test_the_table_explains_every_captured_socket_and_every_required_row_listens(capture):
     text = capture.read_text()
     tier, host = tier_host(capture)
@@ -121,7 +130,7 @@ def _applies_somewhere(row) -> list[Path]:
     from tests.listeners import applies, explains, resolved_ports
 
     found = []
-    for capture in CAPTURES:
+    for capture in (c for c in CAPTURES if c.stem not in STALE):
         context = context_of(capture)
         mine = [r for r in table_rows() if applies(r, context)]
         fixed = {(p, proto) for r in mine for p, proto in resolved_ports(r, context) if p is not None}
@@ -145,7 +154,7 @@ def test_removing_a_row_that_explains_a_captured_socket_fails_the_comparison(ind
 
 
 def test_an_engine_port_beyond_loopback_and_a_missing_listener_are_both_found():
-    capture = next(c for c in CAPTURES if "head" in capture_header(c.read_text())["role"])
+    capture = next(c for c in CAPTURES if "head" in capture_header(c.read_text())["role"] and c.stem not in STALE)
     context, rows = context_of(capture), table_rows()
     sockets = captured(capture)
     engine = next(s for s in sockets if s.port == context.ports["api_proxy_engine_port"])
@@ -161,8 +170,28 @@ def test_an_engine_port_beyond_loopback_and_a_missing_listener_are_both_found():
 
 
 def test_a_head_s_listener_on_a_worker_is_explained_by_no_row():
-    capture = next(c for c in CAPTURES if capture_header(c.read_text())["role"] == "worker")
+    capture = next(c for c in CAPTURES if capture_header(c.read_text())["role"] == "worker" and c.stem not in STALE)
     context = context_of(capture)
     sockets = captured(capture)
     api = Socket("tcp", "0.0.0.0", 8000, ("haproxy",))  # the API proxy left on a node that is no head
     assert compare(sockets + [api], table_rows(), context).unexplained == [api]
+
+
+def test_the_router_nodes_rows_explain_the_gate_and_smg_on_loopback_and_nothing_beyond():
+    """Until the four-host lab is captured again (STALE): spark-a's capture with its router's sockets as the gate
+    puts them (the gate, HAProxy, on every address at router_port; smg on loopback at router_smg_port and its
+    metrics; tests/unit/test_router.py runs them so for real) is explained by the table with nothing missing,
+    and smg on every address, as before the gate, is not."""
+    capture = next(c for c in CAPTURES if c.stem == "fleet-spark-a")
+    context = context_of(capture)
+    assert "router node" in context.roles
+    ports = context.ports
+    before = [s for s in captured(capture) if s.port not in (ports["router_port"],)]
+    gate = [Socket("tcp", "0.0.0.0", ports["router_port"], ("haproxy",)),
+            Socket("tcp", "127.0.0.1", ports["router_smg_port"], ("python",))]
+    differences = compare(before + gate, table_rows(), context)
+    assert not differences.unexplained and not differences.missing, differences
+    old = Socket("tcp", "0.0.0.0", ports["router_port"], ("python",))
+    assert compare(before + [gate[0], old._replace(port=ports["router_smg_port"])], table_rows(), context).unexplained
+    missing = compare(before + gate[:1], table_rows(), context).missing
+    assert [p for _, p, _ in missing] == [ports["router_smg_port"]]

@@ -1,17 +1,22 @@
-"""The real router (smg, pinned in roles/router/wheels.py) on 127.0.0.1 in front of two lab stand-in
-vLLM pairs that require the API key: it refuses a request without the key itself, serves chat
-completions (streamed too), refuses the API key on its control plane (adding or removing a backend,
-listing them) and takes the control-plane key there, stops routing to a group whose head dies or
-whose worker dies within its health-check bounds while every request still succeeds, routes to it
-again once it is back, and drains and undrains a group through sfl_router.py, the program the
-router node runs.
+"""The real router (smg, pinned in roles/router/wheels.py) as a router node runs it, on 127.0.0.1: smg on
+loopback behind its gate (the real HAProxy with roles/router/gate.py's config, TLS with the router node's
+certificate from the fleet CA), in front of two lab stand-in vLLM pairs, each behind its head's API proxy
+(the real HAProxy with roles/api_proxy's config: the key, or the router hop) and holding no key itself. The
+gate refuses a request without the key, serves chat completions (streamed too); smg, given no key, reaches
+the heads by the router hop's client certificate; its control plane, on loopback, refuses the API key (adding or
+removing a backend, listing them) and takes the control-plane key; it stops routing to a group whose head
+dies or whose worker dies within its health-check bounds while every request still succeeds, routes to it
+again once it is back, and drains and undrains a group through sfl_router.py, the program the router node
+runs. With TLS off (a reason in data), smg is given the key and presents it to the heads.
 
 The router runs from a virtualenv made once from the cached pinned wheel (`make router-wheels`, or
 fetched here when absent), outside the checkout. Every process a test starts is killed at teardown.
 """
+import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -29,9 +34,8 @@ from sparkfleet.model.router import ROUTER_VERSIONS
 from roles.router.wheels import cache_dir, fetch
 from tests.unit.test_lab_standin import env, free_port, head_args, wait_for, worker_args, VLLM
 from sparkfleet.config import build_cluster
-from sparkfleet.model.tls import ca_bundle_path
-from tests.proxy_run import fleet_tls, running_proxy
-from tests.unit.helpers import pair
+from sparkfleet.model.tls import ca_bundle_path, client_cert_path
+from tests.proxy_run import fleet_tls, running_gate, running_proxy
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "roles" / "router" / "sfl_router.py"
@@ -42,6 +46,7 @@ VERSION = ROUTER_VERSIONS[-1]
 INTERVAL_S, TIMEOUT_S, FAILURES, SUCCESSES = 1, 1, 2, 1
 LEAVE_BOUND_S = FAILURES * (INTERVAL_S + TIMEOUT_S) + 2  # + one check in flight
 STEP_TIMEOUT_S = 2  # the stand-in's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: a dead worker is found by a request
+OFF = {"tls_enabled": False, "tls_disabled_reason": "a closed test bench"}
 
 
 @pytest.fixture(scope="session")
@@ -65,21 +70,29 @@ def router_python():
     return str(python)
 
 
-class Group:
-    """One stand-in vLLM pair (head + headless worker) on free ports, requiring KEY."""
+def fleet_nodes(tls: bool = True) -> dict:
+    """tests/unit/test_router_render.py's fleet (g1: spark-a head; g2: spark-c head; the router on spark-b),
+    each node as the tests run it on this machine's loopback (its management address 127.0.0.1)."""
+    from tests.unit.test_router_render import fleet_hosts
 
-    def __init__(self, launch, name):
-        self.launch, self.name = launch, name
+    data = {} if tls else {n: OFF for n in ("spark-a", "spark-b", "spark-c", "spark-d")}
+    fleet = build_cluster(fleet_hosts(**data))
+    return {n.name: n.model_copy(update={"management_address": "127.0.0.1"}) for n in fleet.nodes}
+
+
+class Group:
+    """One stand-in vLLM pair (head + headless worker) on free ports, holding no key (as deployed: its head's
+    API proxy checks it), or requiring `key` (a pair reached without a proxy)."""
+
+    def __init__(self, launch, name, key=None):
+        self.launch, self.name, self.key = launch, name, key
         self.http = free_port()
         self.head = self.worker = None
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.http}"
+        self.url = f"http://127.0.0.1:{self.http}"  # what the router names it by: its proxy's, once fronted
 
     def start(self):
         ports = {"http": self.http, "master": free_port()}
-        extra = {"VLLM_API_KEY": KEY, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S)}
+        extra = {"VLLM_API_KEY": self.key, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S)}
         self.head = self.launch([sys.executable, str(VLLM), *head_args(ports)], env(**extra))
         wait_for(lambda: health(self.http) is not None, what=f"{self.name}'s head")
         self.worker = self.launch([sys.executable, str(VLLM), *worker_args(ports)], env(**extra))
@@ -97,15 +110,20 @@ def health(port):
         return None
 
 
-def call(port, path, body=None, key=KEY, timeout=30, method=None):
-    """(status, parsed JSON body or raw bytes) of a request to the router."""
+def call(target, path, body=None, key=KEY, timeout=30, method=None):
+    """(status, parsed JSON body or raw bytes) of a request: to a Fleet, through its gate (over TLS, verified
+    with its bundle, unless its TLS is off); to a port, smg's own on loopback (plain HTTP, its control plane)."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers, method=method)
+    if isinstance(target, Fleet):
+        url, context = target.url + path, target.context()
+    else:
+        url, context = f"http://127.0.0.1:{target}{path}", None
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as r:
             raw, status = r.read(), r.status
     except urllib.error.HTTPError as e:
         raw, status = e.read(), e.code
@@ -115,33 +133,49 @@ def call(port, path, body=None, key=KEY, timeout=30, method=None):
         return status, raw
 
 
-def chat(port, content="hi", key=KEY, timeout=30, **extra):
+def chat(target, content="hi", key=KEY, timeout=30, **extra):
     body = {"model": "lab", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
-    return call(port, "/v1/chat/completions", body, key=key, timeout=timeout)
+    return call(target, "/v1/chat/completions", body, key=key, timeout=timeout)
 
 
 class Fleet:
-    """The router (sfl_router.py run) in front of `groups` (two stand-in groups by default), each reached at
-    its own URL or at `backends` (the heads' TLS proxies), smg verifying them with `ca_file`; `wait`: until
-    it routes to every backend."""
+    """The router node on loopback, as deployed: each group behind its head's API proxy (admitting the router
+    hop from 127.0.0.1, the router node's address here), the gate on `port` (HAProxy, the router node's
+    certificate from the one fleet CA), smg on `smg_port` behind it: given no key, presenting the router hop's
+    client certificate from that CA, verifying the heads with `ca_file` (the fleet's bundle by default). `tls` False: plain HTTP everywhere,
+    smg given the key. `wait`: until it routes to every group."""
 
-    def __init__(self, launch, python, tmp_path, groups=None, backends=None, ca_file=None, wait=True):
-        self.launch, self.python = launch, python
+    def __init__(self, launch, python, tmp_path, groups=None, tls=True, ca_file=None, wait=True):
+        self.launch, self.python, self.tls = launch, python, tls
         self.groups = groups if groups is not None else [Group(launch, "g1").start(), Group(launch, "g2").start()]
-        self.urls = backends or [g.url for g in self.groups]
+        nodes = fleet_nodes(tls)
+        self.stack = contextlib.ExitStack()
+        first = None
+        for group, head in zip(self.groups, ("spark-a", "spark-c")):
+            node = nodes[head].model_copy(update={"api_proxy_engine_port": group.http})
+            proxy = self.stack.enter_context(running_proxy(node, KEY, ca=first and first.head, router=nodes["spark-b"]))
+            first = first or proxy
+            group.url = f"{'https' if tls else 'http'}://127.0.0.1:{proxy.port}"
+        self.urls = [g.url for g in self.groups]
+        self.smg_port = free_port()
+        self.gate = self.stack.enter_context(running_gate(nodes["spark-b"], KEY, self.smg_port,
+                                                          ca=first.head if tls else None))
+        self.port = self.gate.port
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         key_file = tmp_path / "api-key"
         key_file.write_text(KEY)
         key_file.chmod(0o600)
         control_key_file = tmp_path / "router-control-key"
         control_key_file.write_text(CONTROL_KEY)
         control_key_file.chmod(0o600)
-        self.port = free_port()
         self.config = {
-            "listen_host": "127.0.0.1", "port": self.port, "backends": self.urls, "ca_file": ca_file,
-            "key_file": str(key_file), "control_key_file": str(control_key_file), "health_check_endpoint": "/health", "health_check_interval_s": INTERVAL_S,
-            "health_check_timeout_s": TIMEOUT_S, "health_failure_threshold": FAILURES,
-            "health_success_threshold": SUCCESSES, "policy": "round_robin", "request_timeout_s": 60,
-            "log_level": "info", "metrics_host": "127.0.0.1", "metrics_port": free_port(),
+            "listen_host": "127.0.0.1", "port": self.smg_port, "backends": self.urls,
+            "ca_file": (ca_file or first.ca) if tls else None,
+            "client_cert_file": client_cert_path(self.gate.head) if tls else None,
+            "key_file": str(key_file), "control_key_file": str(control_key_file), "health_check_endpoint": "/health",
+            "health_check_interval_s": INTERVAL_S, "health_check_timeout_s": TIMEOUT_S,
+            "health_failure_threshold": FAILURES, "health_success_threshold": SUCCESSES, "policy": "round_robin",
+            "request_timeout_s": 60, "log_level": "info", "metrics_host": "127.0.0.1", "metrics_port": free_port(),
         }
         self.config_file = tmp_path / "router.json"
         self.config_file.write_text(json.dumps(self.config))
@@ -157,6 +191,9 @@ class Fleet:
             self.stop()
             raise AssertionError(f"{e}; routing {self.states()}; the router's output:\n{self.output()[-3000:]}")
 
+    def context(self) -> ssl.SSLContext | None:
+        return self.gate.context() if self.tls else None
+
     def output(self):
         return self.log.read_text()
 
@@ -164,6 +201,7 @@ class Fleet:
         if self.router.poll() is None:
             self.router.kill()
         self.router.wait(timeout=10)
+        self.stack.close()
 
     def states(self):
         try:
@@ -190,8 +228,8 @@ def fleet(launch, router_python, tmp_path):
 class Load:
     """Chat completions through the router, one after another, until stopped: (start, status, seconds)."""
 
-    def __init__(self, port):
-        self.port, self.results, self.stop = port, [], threading.Event()
+    def __init__(self, fleet):
+        self.fleet, self.results, self.stop = fleet, [], threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -201,7 +239,7 @@ class Load:
             i += 1
             started = time.monotonic()
             try:
-                status, _ = chat(self.port, content=f"request {i}", timeout=30)
+                status, _ = chat(self.fleet, content=f"request {i}", timeout=30)
             except Exception as e:  # noqa: BLE001 - a failure is a result here
                 status = repr(e)
             self.results.append((started, status, time.monotonic() - started))
@@ -213,43 +251,47 @@ class Load:
         return self.results
 
 
-def test_a_request_without_the_key_is_refused_by_the_router_and_one_with_it_is_served(fleet):
-    for key in (None, "not-the-key-0123456789"):
-        status, body = chat(fleet.port, key=key)
-        # smg's own middleware answers (an OpenAI error naming the key), not a backend's 401
-        assert status == 401 and body["error"]["code"] == "invalid_api_key", body
-        status, body = call(fleet.port, "/workers", key=key)
-        assert status == 401, body
-    status, body = chat(fleet.port)
+GATE_401 = {"error": "Unauthorized"}  # the gate's own refusal (templates/haproxy_gate.j2)
+
+
+def test_a_request_without_the_key_is_refused_by_the_gate_and_one_with_it_is_served(fleet):
+    for key in (None, "not-the-key-0123456789", CONTROL_KEY):
+        status, body = chat(fleet, key=key)
+        assert (status, body) == (401, GATE_401), body  # the gate's, before smg is asked
+        assert call(fleet, "/workers", key=key) == (401, GATE_401)
+    status, body = chat(fleet)
     assert status == 200 and body["choices"][0]["message"]["content"] == "sparkfleet lab stand-in reply", body
-    status, body = call(fleet.port, "/v1/completions", {"model": "lab", "prompt": "ping", "max_tokens": 1})
+    status, body = call(fleet, "/v1/completions", {"model": "lab", "prompt": "ping", "max_tokens": 1})
     assert status == 200 and body["object"] == "text_completion", body
 
 
 def test_the_api_key_cannot_add_remove_or_list_backends_and_the_control_plane_key_can(fleet, launch):
     """Every client has the API key: with it, smg's control plane answers 401 to adding a backend (a
-    client's own server, which would then be sent other clients' prompts with the fleet's key), to
-    removing one and to listing them; nothing changes. The control-plane key is taken there."""
+    client's own server, which would then be sent other clients' prompts) to removing one and to listing
+    them, on smg's own port and through the gate (which lets the API key through, and removes it); nothing
+    changes. The control-plane key is taken on smg's port on loopback, and refused by the gate."""
     g1, g2 = fleet.groups
     planted = Group(launch, "planted").start()  # a server the client runs, requiring nothing of note
-    workers = {w["url"].rstrip("/"): w["id"] for w in call(fleet.port, "/workers", key=CONTROL_KEY)[1]["workers"]}
+    workers = {w["url"].rstrip("/"): w["id"] for w in call(fleet.smg_port, "/workers", key=CONTROL_KEY)[1]["workers"]}
     assert set(workers) == {g1.url, g2.url}
-    for key in (KEY, None, "not-the-key-0123456789"):
-        status, body = call(fleet.port, "/workers", {"url": planted.url, "api_key": KEY}, key=key)
-        assert status == 401, (status, body)
-        status, body = call(fleet.port, f"/workers/{workers[g1.url]}", key=key, method="DELETE")
-        assert status == 401, (status, body)
-        for path in ("/workers", f"/workers/{workers[g1.url]}", "/get_loads"):
-            assert call(fleet.port, path, key=key)[0] == 401, path
+    for target in (fleet.smg_port, fleet):
+        for key in (KEY, None, "not-the-key-0123456789"):
+            status, body = call(target, "/workers", {"url": planted.url}, key=key)
+            assert status == 401, (status, body)
+            status, body = call(target, f"/workers/{workers[g1.url]}", key=key, method="DELETE")
+            assert status == 401, (status, body)
+            for path in ("/workers", f"/workers/{workers[g1.url]}", "/get_loads"):
+                assert call(target, path, key=key)[0] == 401, path
+    assert call(fleet, "/workers", key=CONTROL_KEY) == (401, GATE_401)
     time.sleep(2 * INTERVAL_S)  # a change would have shown by now (registration is an asynchronous job)
     assert fleet.states() == {g1.url: "routed", g2.url: "routed"}
-    assert all(chat(fleet.port, content=f"after {i}")[0] == 200 for i in range(4))
+    assert all(chat(fleet, content=f"after {i}")[0] == 200 for i in range(4))
     # The control-plane key adds and removes for real (what sfl_router.py's undrain and drain send).
-    status, body = call(fleet.port, "/workers", {"url": planted.url, "api_key": KEY}, key=CONTROL_KEY)
+    status, body = call(fleet.smg_port, "/workers", {"url": planted.url}, key=CONTROL_KEY)
     assert status in (200, 201, 202), (status, body)
     wait_for(lambda: (fleet.states() or {}).get(planted.url) == "routed", timeout=20, what="the added backend routed")
-    planted_id = {w["url"].rstrip("/"): w["id"] for w in call(fleet.port, "/workers", key=CONTROL_KEY)[1]["workers"]}
-    status, body = call(fleet.port, f"/workers/{planted_id[planted.url]}", key=CONTROL_KEY, method="DELETE")
+    planted_id = {w["url"].rstrip("/"): w["id"] for w in call(fleet.smg_port, "/workers", key=CONTROL_KEY)[1]["workers"]}
+    status, body = call(fleet.smg_port, f"/workers/{planted_id[planted.url]}", key=CONTROL_KEY, method="DELETE")
     assert status in (200, 202), (status, body)
     wait_for(lambda: planted.url not in (fleet.states() or {planted.url: None}), timeout=20, what="the backend removed")
 
@@ -268,13 +310,18 @@ def test_a_control_plane_key_that_is_the_api_key_is_refused_before_the_router_st
     control.unlink()
     out = subprocess.run([sys.executable, str(PROGRAM), "check", str(config)], capture_output=True, text=True)
     assert out.returncode != 0 and out.stderr.strip() == f"sfl_router: cannot read {control}: No such file or directory"
+    control.write_text(CONTROL_KEY)
+    config.write_text(json.dumps({**json.loads(config.read_text()), "client_cert_file": str(tmp_path / "none.pem")}))
+    out = subprocess.run([sys.executable, str(PROGRAM), "check", str(config)], capture_output=True, text=True)
+    assert out.returncode != 0 and f"cannot read client_cert_file {tmp_path / 'none.pem'}" in out.stderr
 
 
-def test_the_routers_metrics_listen_on_loopback_only(fleet):
+def test_the_routers_metrics_and_smg_listen_on_loopback_only(fleet):
     port = fleet.config["metrics_port"]
-    bound = [line.split()[3] for line in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True,
-                                                        check=True).stdout.splitlines() if line.split()[3].endswith(f":{port}")]
-    assert bound == [f"127.0.0.1:{port}"], bound
+    bound = {line.split()[3] for line in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True,
+                                                         check=True).stdout.splitlines()}
+    assert {b for b in bound if b.endswith((f":{port}", f":{fleet.smg_port}"))} == {
+        f"127.0.0.1:{port}", f"127.0.0.1:{fleet.smg_port}"}
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         assert response.status == 200 and b"smg_" in response.read()
 
@@ -282,9 +329,9 @@ def test_the_routers_metrics_listen_on_loopback_only(fleet):
 def test_a_chat_completion_streams_through_the_router(fleet):
     body = {"model": "lab", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 8,
             "stream": True}
-    request = urllib.request.Request(f"http://127.0.0.1:{fleet.port}/v1/chat/completions", data=json.dumps(body).encode(),
+    request = urllib.request.Request(f"{fleet.url}/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-    with urllib.request.urlopen(request, timeout=30) as r:
+    with urllib.request.urlopen(request, timeout=30, context=fleet.context()) as r:
         assert r.headers.get_content_type() == "text/event-stream"
         lines = [line.decode().strip() for line in r]
     data = [line[len("data: "):] for line in lines if line.startswith("data: ")]
@@ -301,19 +348,20 @@ def test_the_keys_are_on_no_command_line_and_in_no_environment_or_log_line(fleet
         assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         assert secret.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
     for _ in range(3):
-        assert chat(fleet.port)[0] == 200
-    assert chat(fleet.port, key=None)[0] == 401
+        assert chat(fleet)[0] == 200
+    assert chat(fleet, key=None)[0] == 401
     assert fleet.admin("routing")  # the control plane, with its key
-    assert call(fleet.port, "/workers", key=KEY)[0] == 401
+    assert call(fleet.smg_port, "/workers", key=KEY)[0] == 401
     fleet.router.send_signal(signal.SIGTERM)
     fleet.router.wait(timeout=30)
     out = fleet.output()
-    assert "sfl_router: smg on 127.0.0.1" in out and KEY not in out and CONTROL_KEY not in out
+    assert f"sfl_router: smg on 127.0.0.1:{fleet.smg_port}" in out and "presenting " in out
+    assert KEY not in out and CONTROL_KEY not in out
 
 
 def test_a_dead_head_leaves_routing_within_the_bounds_and_comes_back(fleet):
     g1 = fleet.groups[0]
-    load = Load(fleet.port)
+    load = Load(fleet)
     time.sleep(1)
     killed = time.monotonic()
     g1.head.kill()
@@ -341,7 +389,7 @@ def test_a_group_down_for_longer_than_smgs_connection_attempts_is_routed_again_w
     g1.worker.kill()
     wait_for(lambda: fleet.states()[g1.url] == "unhealthy", timeout=LEAVE_BOUND_S + 5, what="g1 out of routing")
     time.sleep(25 * INTERVAL_S)  # 25 failed checks
-    assert fleet.states()[g1.url] == "unhealthy" and chat(fleet.port)[0] == 200
+    assert fleet.states()[g1.url] == "unhealthy" and chat(fleet)[0] == 200
     g1.start()
     wait_for(lambda: fleet.states()[g1.url] == "routed", timeout=15, what="g1 routed again")
 
@@ -351,7 +399,7 @@ def test_a_dead_worker_takes_its_group_out_of_routing_while_every_request_is_ser
     the router retries that request on the other group, and the engine's death (/health 503, then the
     head's exit) takes the group out of routing."""
     g1 = fleet.groups[0]
-    load = Load(fleet.port)
+    load = Load(fleet)
     time.sleep(1)
     killed = time.monotonic()
     g1.worker.kill()
@@ -374,49 +422,53 @@ def test_drain_and_undrain_take_a_group_out_of_routing_and_back(fleet):
     g2.head.send_signal(signal.SIGSTOP)
     try:
         for i in range(6):
-            status, _ = chat(fleet.port, content=f"drained {i}", timeout=10)
+            status, _ = chat(fleet, content=f"drained {i}", timeout=10)
             assert status == 200
     finally:
         g2.head.send_signal(signal.SIGCONT)
     assert fleet.admin("routing") == {fleet.groups[0].url: "routed", g2.url: "drained"}
+    # undrained with no key (smg presents the router node's certificate to every backend)
     assert fleet.admin("undrain", g2.url) == {fleet.groups[0].url: "routed", g2.url: "routed"}
     assert fleet.admin("drain", g2.url)[g2.url] == "drained"  # idempotent both ways
     assert fleet.admin("drain", g2.url)[g2.url] == "drained"
     assert fleet.admin("undrain", g2.url)[g2.url] == "routed"
     assert fleet.admin("undrain", g2.url)[g2.url] == "routed"
+    assert all(chat(fleet, content=f"undrained {i}")[0] == 200 for i in range(4))
 
 
-def test_the_router_reaches_the_heads_over_tls_verifying_them_with_the_fleets_ca(launch, router_python, tmp_path):
-    """Each group's head behind the real HAProxy with the rendered config and a certificate the one fleet CA
-    issued (roles/tls's commands): smg (ca_cert_paths = the bundle, router.json's ca_file) routes to both
-    https:// backends, serves chat completions through them, and drains and adds one back over TLS; a
-    router given another CA's bundle routes to none (its log says the certificate failed to verify)."""
-    groups = [Group(launch, "g1").start(), Group(launch, "g2").start()]
-    heads = [build_cluster(pair(**{n: {"api_proxy_engine_port": g.http} for n in ("spark-a", "spark-b")})).head
-             for g in groups]
-    with running_proxy(heads[0], KEY) as first, running_proxy(heads[1], KEY, ca=first.head) as second:
-        urls = [f"https://127.0.0.1:{p.port}" for p in (first, second)]
-        fleet = Fleet(launch, router_python, tmp_path, groups=groups, backends=urls, ca_file=first.ca)
+def test_smg_given_another_cas_bundle_routes_to_no_head(launch, router_python, tmp_path):
+    """smg verifies each head's certificate against router.json's ca_file (smg's ca_cert_paths: it adds it to
+    every worker client's roots, model_gateway/src/worker/http_client.rs): given another CA's bundle, it
+    routes to none (its log: the certificate failed to verify)."""
+    with tempfile.TemporaryDirectory() as other:
+        stranger = fleet_tls(fleet_nodes()["spark-a"], other)
+        blind = Fleet(launch, router_python, tmp_path, ca_file=ca_bundle_path(stranger), wait=False)
         try:
-            for i in range(4):
-                status, body = chat(fleet.port, content=f"over tls {i}")
-                assert status == 200 and body["choices"], body
-            assert fleet.admin("drain", urls[1]) == {urls[0]: "routed", urls[1]: "drained"}
-            assert fleet.admin("undrain", urls[1]) == {urls[0]: "routed", urls[1]: "routed"}
+            time.sleep(4 * (INTERVAL_S + TIMEOUT_S))
+            assert set((blind.states() or {}).values()) <= {"drained", "unhealthy"}, blind.states()
+            assert chat(blind, timeout=10)[0] != 200
+            assert "failed to verify TLS certificate: invalid peer certificate" in blind.output(), blind.output()[-2000:]
         finally:
-            fleet.stop()
-        with tempfile.TemporaryDirectory() as other:
-            stranger = fleet_tls(heads[0], other)
-            (tmp_path / "stranger").mkdir()
-            blind = Fleet(launch, router_python, tmp_path / "stranger", groups=groups, backends=urls,
-                          ca_file=ca_bundle_path(stranger), wait=False)
-            try:
-                time.sleep(4 * (INTERVAL_S + TIMEOUT_S))
-                assert set((blind.states() or {}).values()) <= {"drained", "unhealthy"}, blind.states()
-                assert chat(blind.port, timeout=10)[0] != 200
-                assert "failed to verify TLS certificate: invalid peer certificate" in blind.output(), blind.output()[-2000:]
-            finally:
-                blind.stop()
+            blind.stop()
+
+
+def test_with_tls_off_smg_is_given_the_key_and_presents_it_to_the_heads(launch, router_python, tmp_path):
+    """TLS off (a reason in data): no client certificate, so the gate lets the key through (plain HTTP) and smg,
+    given the key (it checks it too), presents it to each head's proxy: every hop serves, and without the key
+    the gate answers 401."""
+    fleet = Fleet(launch, router_python, tmp_path, tls=False)
+    try:
+        assert fleet.url.startswith("http://") and all(u.startswith("http://") for u in fleet.urls)
+        assert fleet.config["client_cert_file"] is None
+        assert chat(fleet, key=None) == (401, GATE_401)
+        for i in range(4):
+            status, body = chat(fleet, content=f"plain {i}")
+            assert status == 200 and body["choices"], body
+        assert fleet.admin("drain", fleet.urls[1])[fleet.urls[1]] == "drained"
+        assert fleet.admin("undrain", fleet.urls[1])[fleet.urls[1]] == "routed"
+        assert "presenting the API key" in fleet.output()
+    finally:
+        fleet.stop()
 
 
 def test_a_router_config_with_https_backends_and_no_ca_file_is_refused(tmp_path):
@@ -447,7 +499,7 @@ def test_the_controllers_routing_drain_and_undrain_run_sfl_router_on_the_router_
     node, (g1, g2) = RouterNode(), fleet.groups
     assert {b["url"]: b["state"] for b in control.routing(node)} == {g1.url: "routed", g2.url: "routed"}
     assert {b["url"]: b["state"] for b in control.drain(node, g1.url)} == {g1.url: "drained", g2.url: "routed"}
-    assert chat(fleet.port)[0] == 200
+    assert chat(fleet)[0] == 200
     assert {b["url"]: b["state"] for b in control.undrain(node, g1.url)} == {g1.url: "routed", g2.url: "routed"}
     with pytest.raises(control.RouterError, match="undrain"):
         control.undrain(node, "http://127.0.0.1:1", timeout_s=3)  # nothing listens there: never routed

@@ -3,6 +3,7 @@ its config and unit (no key anywhere), the firewall's router port, the pinned wh
 import hashlib
 import json
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,9 +76,14 @@ def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no
     router = router_node(fleet)
     config = json.loads(config_text(fleet, router))
     assert config == router_config(fleet, router)
-    assert config["key_file"] == "/etc/sparkfleet/api-key" and config["port"] == 8100
+    # smg on loopback, behind the gate on router_port (roles/router/gate.py)
+    assert (config["listen_host"], config["port"]) == ("127.0.0.1", 18100)
+    assert config["key_file"] == "/etc/sparkfleet/api-key"  # the gate's; smg is given none with TLS on:
+    # it presents the router hop's own client certificate, not the node's (which the gate serves and the
+    # exporters' copy holds)
+    assert config["client_cert_file"] == "/etc/sparkfleet/tls/router-hop.pem"
     assert config["control_key_file"] == "/etc/sparkfleet/router-control-key"  # the control plane's own key
-    assert config["listen_host"] == "0.0.0.0" and config["health_check_interval_s"] == 7
+    assert config["health_check_interval_s"] == 7
     assert (config["metrics_host"], config["metrics_port"]) == ("127.0.0.1", 29000)  # smg's default: every address
     assert config["health_check_endpoint"] == "/health"
     unit = unit_text(fleet, router)
@@ -86,6 +92,42 @@ def test_the_config_names_the_key_file_and_the_unit_runs_the_pinned_venv_with_no
     assert exec_start == f"ExecStart={venv_dir('1.13.0')}/bin/python {SFL_ROUTER} run {ROUTER_CONFIG}"
     assert "api_key" not in unit.lower().replace("api key", "") and "Environment=PYTHONUNBUFFERED=1" in unit
     assert not any(line.startswith(("EnvironmentFile", "Environment=SMG", "Environment=API")) for line in unit.splitlines())
+
+
+def test_the_routers_gate_checks_the_key_over_tls_in_front_of_smg_on_loopback_and_removes_the_key():
+    from roles.router.gate import gate_config_text, gate_unit_text
+    from tests.unit.test_templates import check_golden
+
+    fleet = build_cluster(fleet_hosts())
+    router = router_node(fleet)
+    check_golden("fleet-router-proxy.cfg", gate_config_text(router))
+    check_golden("fleet-sparkfleet-router-proxy.service", gate_unit_text(router))
+    text = gate_config_text(router)
+    assert "bind 0.0.0.0:8100 ssl crt /etc/sparkfleet/tls/api.pem ssl-min-ver TLSv1.2\n" in text
+    assert "acl keyed req.hdr(authorization) -m str -f /etc/sparkfleet/api-key.haproxy" in text
+    assert "server smg 127.0.0.1:18100" in text and "http-request del-header authorization" in text
+    # TLS off (with its reason): plain HTTP, and smg is given the key (no client certificate): it goes through
+    plain = build_cluster(fleet_hosts(**{n: {"tls_enabled": False, "tls_disabled_reason": "a test bench"}
+                                         for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    plain_text = gate_config_text(router_node(plain))
+    assert "bind 0.0.0.0:8100\n" in plain_text and "del-header" not in plain_text
+    assert json.loads(config_text(plain, router_node(plain)))["client_cert_file"] is None
+
+
+def test_each_routed_head_admits_the_router_hop_from_the_router_node_only():
+    from roles.api_proxy.checks import config_text as proxy_config
+    from roles.router.node_config import router_of
+
+    fleet = build_cluster(fleet_hosts(**{"spark-c": {"serving_profile": "qwen3.8-flash-next"},
+                                         "spark-d": {"serving_profile": "qwen3.8-flash-next"}}))
+    g1_head, g2_head = fleet.node("spark-a"), fleet.node("spark-c")
+    assert router_of(fleet, g1_head).name == "spark-b" and router_of(fleet, g2_head) is None  # g2 is not routed
+    text = proxy_config(g1_head, router_of(fleet, g1_head))
+    assert "ca-file /etc/sparkfleet/tls/ca.crt verify optional" in text
+    # the router hop's CN (no node's certificate bears it), from the router node's address
+    assert ("acl hop_name ssl_c_s_dn(CN) -m str sparkfleet-router-hop\n" in text and "acl hop_src src 10.0.0.12" in text
+            and "unless keyed || hop_cert hop_name hop_src || open_1_path open_1_method" in text)
+    assert "hop_" not in proxy_config(g2_head, None) and "verify" not in proxy_config(g2_head, None)
 
 
 def test_the_router_port_is_opened_to_the_api_networks_on_the_router_node_only():
@@ -152,17 +194,27 @@ def test_every_pinned_version_has_a_wheel_per_architecture_with_a_sha256():
 
 def test_the_router_host_fact_reads_arch_venv_version_unit_and_the_control_keys_state():
     fact = RouterHost()
-    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no", "control=missing"]) == {
-        "arch": "aarch64", "venv": False, "installed": None, "unit": False, "control_key": "missing"}
+    assert fact.process(["arch=aarch64", "venv=no", "installed=", "unit=no", "gate_unit=yes", "hop_pem=no",
+                         "control=missing"]) == {
+        "arch": "aarch64", "venv": False, "installed": None, "unit": False, "gate_unit": True, "hop_pem": False,
+        "control_key": "missing"}
     assert fact.process(["arch=x86_64", "venv=yes", "installed=1.13.0", "unit=yes"])["installed"] == "1.13.0"
-    command = fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service")
+    command = fact.command(venv="/usr/local/lib/sparkfleet/router-smg-1.13.0", unit_path="/x.service",
+                           hop_pem="/nonexistent/tls/router-hop.pem", gate_unit_path="/y.service")
     assert "uname -m" in command and "/etc/sparkfleet/router-control-key" in command
     # the state is read here for real: nothing at the path on this machine (no router), never the key
     import subprocess
 
     done = subprocess.run(["sh", "-c", command.replace("/etc/sparkfleet/router-control-key", "/nonexistent/k")],
                           capture_output=True, text=True)
-    assert fact.process(done.stdout.splitlines())["control_key"] == "missing"
+    found = fact.process(done.stdout.splitlines())
+    assert found["control_key"] == "missing" and found["hop_pem"] is False
+    # the router hop's certificate left on a node (or only its pending key, from an issue that stopped)
+    for left in ("router-hop.pem", "router-hop.pem.key.new"):
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, left).write_text("x")
+            done = subprocess.run(["sh", "-c", command.replace("/nonexistent/tls", d)], capture_output=True, text=True)
+            assert fact.process(done.stdout.splitlines())["hop_pem"] is True, left
 
 
 def test_a_control_key_file_the_router_must_not_use_is_refused_naming_the_node_and_the_path():
@@ -315,3 +367,109 @@ def test_the_fleet_key_is_written_through_stdin_never_files_put_and_is_in_no_ope
     calls = {node.func.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute)}
     assert "put" not in calls and "call" in calls
+
+
+def test_the_doctor_names_a_router_port_not_held_by_the_gate_and_smg_beyond_loopback():
+    from roles.api_proxy.checks import Listeners
+    from roles.router.gate import gate_listener_problems
+
+    router = router_node(build_cluster(fleet_hosts()))
+    ss = ['LISTEN 0 4096 0.0.0.0:8100 0.0.0.0:* users:(("haproxy",pid=41,fd=6))',
+          'LISTEN 0 128 127.0.0.1:18100 0.0.0.0:* users:(("python",pid=77,fd=12))']
+    assert gate_listener_problems(router, Listeners().process(ss), True) == []
+    assert "sparkfleet-router-proxy is not running" in gate_listener_problems(router, Listeners().process(ss), False)[0]
+    # a router deployed before the gate: smg itself on the router port, every address
+    old = Listeners().process(['LISTEN 0 128 0.0.0.0:8100 0.0.0.0:* users:(("python",pid=77,fd=12))'])
+    assert gate_listener_problems(router, old, False)[1] == (
+        "spark-b: port 8100 (the router) is held by python on 0.0.0.0; want only haproxy on 0.0.0.0")
+    exposed = Listeners().process([ss[0], 'LISTEN 0 128 0.0.0.0:18100 0.0.0.0:* users:(("python",pid=77,fd=12))'])
+    assert gate_listener_problems(router, exposed, True) == [
+        "spark-b: smg's port 18100 listens beyond loopback (python on 0.0.0.0): reachable without the gate's key check"]
+
+
+ROUTER_FACTS = {"arch": "x86_64", "venv": True, "installed": ROUTER_VERSIONS[-1], "unit": True, "gate_unit": True,
+                "control_key": "ok", "hop_pem": True}
+GATE_RELOAD = "Reload sparkfleet-router-proxy (its config, the API key or the node's certificate changed)"
+RESTART = ("Restart sparkfleet-router (its program, config, unit, installation, a key, the heads' CA or its client "
+           "certificate changed)")
+DERIVED = "Write the fleet key's root-only derived files on the router node (the gate's pattern file)"
+
+
+def router_run(monkeypatch, fleet, changed=(), key_state="ok", tls=None, others=None):
+    """roles/router/tasks.py on every node of `fleet` as the deploy declares it (tests/unit/test_watchdog_deploy.py's
+    recorders): the router node's facts ROUTER_FACTS, its key state `key_state`; the other nodes' RouterHost
+    `others` (none installed by default). Returns (the Deploy, what changed)."""
+    from sparkfleet import decided
+    from tests.unit.test_watchdog_deploy import Deploy, FakeHost
+
+    router = getattr(router_node(fleet), "name", None)
+
+    def get_fact(self, cls, **kwargs):
+        if cls.__name__ == "RouterHost":
+            return ROUTER_FACTS if self.name == router else (others or {**ROUTER_FACTS, "unit": False, "gate_unit": False,
+                                                                        "hop_pem": False})
+        return {"ApiKeyState": key_state}.get(cls.__name__)
+
+    monkeypatch.setattr(FakeHost, "get_fact", get_fact)
+    deploy = Deploy(monkeypatch, fleet, None, changed=changed)
+    decided.install(deploy.state, {}, decided.FleetDecision(summary=None, key=None, tls=tls))
+    return deploy, deploy.run(includes=("roles/router/tasks.py",))
+
+
+def test_the_router_node_declares_smg_before_its_gate_and_an_unchanged_run_changes_nothing(monkeypatch):
+    from sparkfleet.verdicts import TlsPlan
+
+    fleet = build_cluster(fleet_hosts())  # the router on spark-b, a worker
+    assert router_run(monkeypatch, fleet)[1] == []
+    # the key file changed (its derived files stale): they are written and the gate reloads; smg is not restarted
+    assert router_run(monkeypatch, fleet, key_state="stale")[1] == [(DERIVED, "spark-b"), (GATE_RELOAD, "spark-b")]
+    # a new certificate for the router node (roles/tls, step 7b1): the gate reloads (it serves it); smg does not
+    # present it, and is not restarted
+    issued = TlsPlan(enabled=True, ca_node="spark-a", issue={"spark-b": ("no certificate yet",)})
+    assert router_run(monkeypatch, fleet, tls=issued)[1] == [(GATE_RELOAD, "spark-b")]
+    # a new router hop's client certificate: smg restarts (it reads it at start), the gate does not reload
+    hop = TlsPlan(enabled=True, ca_node="spark-a", hop={"spark-b": ("no certificate yet",)})
+    assert [name for name, _ in router_run(monkeypatch, fleet, tls=hop)[1]] == [RESTART, "The router's routing (2 group(s))"]
+    # smg moves to loopback before the gate takes router_port: its restart is declared before the gate runs
+    deploy, done = router_run(monkeypatch, fleet, changed={f"Write {ROUTER_CONFIG}",
+                                                           "Write /etc/sparkfleet/router-proxy.cfg"})
+    names = [o.name for *_k, h, o in sorted(deploy.ops, key=lambda x: x[:4]) if fleet.nodes[h].name == "spark-b"]
+    assert names.index(RESTART) < names.index("Run sparkfleet-router-proxy, at boot too")
+    assert ("Check /etc/sparkfleet/router-proxy.cfg with HAProxy", "spark-b") in done and (GATE_RELOAD, "spark-b") in done
+    # a node that ran the router before: both units and their configs removed
+    left = {**ROUTER_FACTS, "unit": False, "gate_unit": True, "hop_pem": False}
+    removed = [d for d in router_run(monkeypatch, fleet, others=left)[1] if d[1] != "spark-b"]
+    assert removed == [("Remove sparkfleet-router and sparkfleet-router-proxy (router_node is spark-b)", n)
+                       for n in ("spark-a", "spark-c", "spark-d")]
+
+
+def test_the_router_hops_certificate_is_removed_from_a_node_no_longer_the_router_node_and_with_tls_off(monkeypatch):
+    """The router hop's client certificate and key stay on the router node alone, with TLS on: a node that was
+    the router node (the router moved, or there is none now) has them removed after its router stopped, and
+    with TLS off the router node's are removed too (smg presents the key)."""
+    fleet = build_cluster(fleet_hosts())
+    hop = "/etc/sparkfleet/tls/router-hop.pem"
+    gone = ("Remove the router hop's client certificate and key (/etc/sparkfleet/tls/router-hop.pem; router_node is "
+            "{router})")
+    # the router moved to spark-b: spark-a ran it before, its units and the hop's files are removed, in that order
+    was_router = {**ROUTER_FACTS, "hop_pem": True}
+    deploy, done = router_run(monkeypatch, fleet, others=was_router)
+    on_a = [name for name, h in done if h == "spark-a"]
+    assert on_a == ["Remove sparkfleet-router and sparkfleet-router-proxy (router_node is spark-b)",
+                    gone.format(router="spark-b")]
+    assert deploy.op(gone.format(router="spark-b"), "spark-a").kwargs["commands"] == [
+        f"rm -f {hop} {hop}.new {hop}.crt.new {hop}.key.new"]
+    # only the files left (a run that stopped between the hop's issue and the router's start elsewhere)
+    only_files = {**ROUTER_FACTS, "unit": False, "gate_unit": False, "hop_pem": True}
+    assert [h for name, h in router_run(monkeypatch, fleet, others=only_files)[1]
+            if name == gone.format(router="spark-b")] == ["spark-a", "spark-c", "spark-d"]
+    # no router any more: every node that holds them has them removed
+    none = build_cluster(fleet_hosts(router=None))
+    assert (gone.format(router="none"), "spark-b") in router_run(monkeypatch, none, others=was_router)[1]
+    # TLS off: the router node keeps no client certificate
+    plain = build_cluster(fleet_hosts(**{n: {"tls_enabled": False, "tls_disabled_reason": "a test bench"}
+                                         for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    assert ("Remove the router hop's client certificate (/etc/sparkfleet/tls/router-hop.pem): TLS is off, smg presents "
+            "the key", "spark-b") in router_run(monkeypatch, plain)[1]
+    # TLS on, the router node's: kept
+    assert not [name for name, _ in router_run(monkeypatch, fleet)[1] if "router hop" in name]
