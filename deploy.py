@@ -82,8 +82,10 @@ with refusals_stop_the_run():
     local.include("roles/router/key_tasks.py")
     local.include("roles/serving/api_key_tasks.py")
 
-    # 7b1. TLS (roles/tls): the fleet's private CA made once on its node, each head's API certificate
-    #      issued (and issued again before it expires), every head's and the router's trust bundle.
+    # 7b1. TLS (roles/tls): the fleet's private CA made once on its node, one server certificate per node
+    #      with a listener on the LAN (the heads, the router node; with monitoring, every node) issued (and
+    #      issued again before it expires), the exporters' copy of it, every such node's trust bundle; on the
+    #      router node the router hop's own client certificate (smg's, never copied).
     local.include("roles/tls/tasks.py")
 
     # 7b2. The API proxy on each head: TLS with the head's certificate, the key on every path but
@@ -116,12 +118,14 @@ with refusals_stop_the_run():
             local.include("roles/rolling/turn_end.py")
     local.include("roles/rolling/done.py")
 
-    # 12. The router (router_node): one endpoint for every group serving the same model, behind the
-    #     API key; groups whose health check fails are taken out of routing until they pass again.
+    # 12. The router (router_node): one endpoint for every group serving the same model, smg on loopback
+    #     behind its gate (HAProxy over TLS, the API key); groups whose health check fails are taken out
+    #     of routing until they pass again.
     local.include("roles/router/tasks.py")
 
     # 12b. Monitoring (monitoring_enabled): the OS's node exporter on every node, the engine's /metrics
-    #     through each head's proxy, the OS's Prometheus with sparkfleet's alerts on monitoring_node,
+    #     through each head's proxy, both over TLS with the node's certificate, the OS's Prometheus
+    #     (scraping https) with sparkfleet's alerts on monitoring_node,
     #     and its Alertmanager when data names receivers (monitoring_alertmanager_enabled).
     local.include("roles/monitoring/tasks.py")
 

@@ -20,7 +20,9 @@ socket"; a container on the host's network is in the node's network namespace, i
 the socket's). A connection to a local address, whatever that address, leaves through the output
 hook and arrives over `lo`, so these match the destination (port or address), never the interface:
   - on the head, the engine's own port (loopback only, behind the API proxy) from root's and the
-    proxy's sockets only (a local user cannot go around the proxy);
+    proxy's sockets only (a local user cannot go around the proxy); on the router node, smg's own
+    port (loopback only, behind the router's gate, roles/router/gate.py) likewise: smg answers some
+    routes without a key, and holds none itself with TLS on;
   - the rendezvous, registry, rsync and speed-proof ports on any of the node's own addresses
     (loopback, management, fabric, Docker's bridge): root's sockets only;
   - every fabric address of the group (the node's own and its peers', any port, any protocol:
@@ -37,6 +39,8 @@ from sparkfleet.render import render, sha1_text
 # Who may connect to the head's engine port on loopback: root (the deploy's probes, the watchdog, the
 # engine's own processes) and the API proxy's workers. The engine holds no key (the proxy checks it),
 # so anyone else on the head would reach every route it serves; they go through the proxy like the LAN.
+# The same two for smg's port on the router node: root (sfl_router.py's admin calls, the deploy) and the
+# router's gate, HAProxy's workers as the same user.
 ENGINE_PORT_USERS = ("root", PROXY_USER)
 # Who may open a connection to the fabric's services and to any fabric address: root alone. Every real
 # client is root's: the engines' ranks and the speed proof's collective (containers on the host's
@@ -102,6 +106,7 @@ def _body(cluster, node, management_subnet: str | None, marker: str, monitor: st
         fabric_ports=fabric_ports(cluster, node), api_ports=api_ports(node, profile),
         api_allowed=api_networks(node, management_subnet),
         engine_port=node.api_proxy_engine_port if node.is_head else None, engine_users=ENGINE_PORT_USERS,
+        smg_port=node.router_smg_port if node.router_node == node.name else None,
         monitor_ports=monitor_ports(node) if monitor else [], monitor=monitor,
         fabric_users=FABRIC_USERS, fabric_addresses=fabric_addresses(cluster),
         monitoring_ports=monitoring_local_ports(node, monitor), monitoring_users=MONITORING_USERS,

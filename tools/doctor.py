@@ -6,8 +6,9 @@ through the API with the key, every rank's container running and no engine proce
 /health alone; each worker's own probe too (its container and processes, seen on the worker). With
 the watchdog on, each node's watchdog must run, be enabled as data says, and its own verdict
 (`sfl_watch.py status`) must pass: a watchdog that gave up fails the doctor with its reason. With a
-router, a row per serving group: routed, or drained, draining, unhealthy (each a failure). With TLS, a
-row per head: its API answers /health through TLS verified with the node's trust bundle, and its
+router, a row per serving group: routed, or drained, draining, unhealthy (each a failure), and the router's
+gate's: it runs and holds the router's port alone, smg on loopback only. With TLS, a row per head and one
+for the router's gate: each answers /health through TLS verified with the node's trust bundle, and its
 certificate is not within tls_renew_before_days of its end.
 
 It defines no operation and changes nothing; it exits non-zero when any check fails.
@@ -28,6 +29,7 @@ from roles.monitoring.checks import listener_problems as monitoring_listeners
 from roles.preflight.checks import cabled_port_failures, port_note, preflight_rows
 from roles.router.control import doctor_rows
 from roles.router.facts import RouterRouting
+from roles.router.gate import GATE_UNIT, gate_listener_problems
 from roles.router.node_config import router_node
 from roles.serving.facts import HeadHealth, UnitState, is_serving
 from sparkfleet.model.tls import api_base, ca_bundle_path, curl_tls
@@ -100,7 +102,7 @@ def _checks(state, group) -> list[tuple[str, str, list[str]]]:
         rows.append(("image", "all", [] if image.same_everywhere else [ids_differ_message(image.ids, profile.image_ref)]))
         rows.append(("weights", "all", [f"{cluster.head.name}: {m}: {why}" for m, why in weights.fetch.items()]
                      + [f"{n}: {m}: {why}" for (m, n), why in weights.pull.items()]))
-        rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm else [])
+        rows.append(("caches", "all", (["generation never warmed (or image missing on the head)"] if caches.prewarm or caches.after_build else [])
                      + [f"{n}: {why}" for n, why in caches.sync.items()]
                      + [f"{n}: 'current' does not link to {caches.generation}" for n in caches.link]))
     else:  # the rows are kept, failing: a check that could not run is not a check that passed
@@ -228,7 +230,18 @@ def _router_rows(state):
     router = router_node(fleet)
     if router is None or router.name not in {h.name for h in fleet_hosts(state)}:
         return None
-    return router.name, doctor_rows(fleet, router, state.inventory.get_host(router.name).get_fact(RouterRouting))
+    h = state.inventory.get_host(router.name)
+    rows = doctor_rows(fleet, router, h.get_fact(RouterRouting))
+    # The router's gate (roles/router/gate.py): it runs, holds router_port alone, smg stays on loopback; and
+    # with TLS its certificate verifies with the node's bundle, as a client's would, and is not due.
+    gate = h.get_fact(UnitState, unit=GATE_UNIT)
+    rows.append(("listeners", "gate", gate_listener_problems(router, h.get_fact(Listeners),
+                                                                            gate.get("active") == "active")))
+    if router.tls_enabled:
+        served = h.get_fact(ServedTls, api=api_base(router, router.router_port), bundle=ca_bundle_path(router),
+                            port=router.router_port)
+        rows.append(("tls", "gate", tls_doctor_problems(router, served)))
+    return router.name, rows
 
 
 def run_doctor(state) -> None:

@@ -194,6 +194,12 @@ def _router_status(state) -> None:
                 for b in control.routing(state.inventory.get_host(router.name))]
     except control.RouterError as e:
         rows = [f"  not answering: {e}"]
+    # The router's gate as a client reaches it: https://<the router node's address>:router_port/health, its
+    # certificate verified with the node's trust bundle (roles/tls), and for how long it is valid.
+    api = api_base(router, router.router_port)
+    served = (state.inventory.get_host(router.name).get_fact(ServedTls, api=api, bundle=ca_bundle_path(router),
+                                                               port=router.router_port) if router.tls_enabled else None)
+    rows.append(f"  {'gate':<8} {tls_status_line(router, api, served)}")
     logger.info(f"--> sparkfleet router on {router.name} (read-only):\n" + "\n".join(rows) + "\n")
 
 

@@ -3,11 +3,14 @@ the facts the role reads (which versions are installed; on the monitoring node, 
 whether the user Prometheus runs as exists).
 
 - Every node: the OS's node exporter on its management address (sparkfleet/model/monitoring.py
-  says which collectors and why), and a textfile of sparkfleet's own facts beside it.
+  says which collectors and why), and a textfile of sparkfleet's own facts beside it. With TLS on,
+  over TLS with the node's certificate (roles/tls's copy, EXPORTER_PEM), as its exporter-toolkit web
+  configuration says (web_config_text); a GPU node's dcgm-exporter the same.
 - Each serving group's head: the API proxy serves the engine's own `/metrics` on
   `monitoring_engine_metrics_port` (roles/api_proxy renders that frontend; this module says the port).
-- The monitoring node: the OS's Prometheus on 127.0.0.1, its targets from the fleet, sparkfleet's
-  alert rules (templates/etc/prometheus/sparkfleet.rules.yml.j2; their tests: tests/unit/alerts).
+- The monitoring node: the OS's Prometheus on 127.0.0.1, its targets from the fleet (over https,
+  verified with the fleet's trust bundle, SCRAPE_CA, with TLS on), sparkfleet's alert rules
+  (templates/etc/prometheus/sparkfleet.rules.yml.j2; their tests: tests/unit/alerts).
 The metric names the rules read are the engine's own at the pinned version (vLLM 0.33.0,
 vllm/v1/metrics/loggers.py: vllm:num_requests_running, vllm:num_requests_waiting,
 vllm:kv_cache_usage_perc, vllm:generation_tokens (a counter: _total), vllm:time_to_first_token_seconds)
@@ -24,6 +27,7 @@ from sparkfleet.model.monitoring import (
     GPU_EXPORTER_FIELDS, SECRETS_DIR, TEXTFILE_DIR, metric_label, monitoring_node_name, receivers_on_node, secret_path,
 )
 from sparkfleet.model.serving import SFL_GID, node_profile
+from sparkfleet.model.tls import EXPORTER_GROUP, EXPORTER_PEM, EXPORTER_TLS_DIR, EXPORTER_WEB_CONFIG, SCRAPE_CA, exporter_tls
 from sparkfleet.render import render
 
 EXPORTER_PACKAGE, PROMETHEUS_PACKAGE = "prometheus-node-exporter", "prometheus"
@@ -52,7 +56,16 @@ def monitoring_node(fleet):
 
 
 def exporter_defaults_text(node) -> str:
-    return render("monitoring", EXPORTER_DEFAULTS, node=node, textfile_dir=TEXTFILE_DIR, units=UNITS_PATTERN)
+    return render("monitoring", EXPORTER_DEFAULTS, node=node, textfile_dir=TEXTFILE_DIR, units=UNITS_PATTERN,
+                  web_config=EXPORTER_WEB_CONFIG if exporter_tls(node) else None)
+
+
+def web_config_text(node) -> str | None:
+    """The exporters' web configuration (exporter-toolkit's: the node exporter's --web.config.file,
+    dcgm-exporter's --web-config-file): TLS with the node's certificate; None with TLS off (plain HTTP)."""
+    if not exporter_tls(node):
+        return None
+    return render("monitoring", EXPORTER_WEB_CONFIG, pem=EXPORTER_PEM, group=EXPORTER_GROUP)
 
 
 def prometheus_defaults_text(node) -> str:
@@ -77,6 +90,7 @@ def targets(fleet) -> dict[str, list[dict]]:
 def prometheus_config_text(fleet) -> str:
     first = fleet.nodes[0]
     return render("monitoring", PROMETHEUS_CONFIG, node=first, jobs=targets(fleet), rules=RULES, secrets_dir=SECRETS_DIR,
+                  tls_ca=SCRAPE_CA if first.tls_enabled else None,
                   remote_write_password_file=secret_path("remote_write.password_file"),
                   remote_write_credentials_file=secret_path("remote_write.credentials_file"))
 
@@ -165,7 +179,8 @@ def gpu_exporter_files(node) -> dict[str, str]:
     return {
         GPU_EXPORTER_COUNTERS: render("monitoring", GPU_EXPORTER_COUNTERS, fields=GPU_EXPORTER_FIELDS),
         unit: render("monitoring", unit, node=node, container=GPU_EXPORTER_UNIT, counters=GPU_EXPORTER_COUNTERS,
-                     address=node.management_address, firewall_enabled=node.firewall_enabled),
+                     address=node.management_address, firewall_enabled=node.firewall_enabled,
+                     web_config=EXPORTER_WEB_CONFIG if exporter_tls(node) else None, tls_dir=EXPORTER_TLS_DIR),
     }
 
 

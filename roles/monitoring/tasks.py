@@ -2,17 +2,20 @@
 (roles/monitoring/checks.py renders every file; sparkfleet/model/monitoring.py holds the data).
 
 On every node:
-1. the exporter's arguments, its unit's drop-in (after the firewall) and sparkfleet's textfile, written
-   first, so the package's first start already runs with them (dpkg keeps files it finds: confold);
+1. the exporter's arguments, its unit's drop-in (after the firewall), with TLS on its web configuration
+   (the node's certificate: roles/tls copied it for the exporters at step 7b1), and sparkfleet's textfile,
+   written first, so the package's first start already runs with them (dpkg keeps files it finds: confold);
 2. `prometheus-node-exporter` at the pinned upstream version, when another or none is installed;
-3. the exporter restarted when its arguments or drop-in changed, running and enabled;
+3. the exporter restarted when its arguments, drop-in or web configuration changed or the node's
+   certificate is new (the plan's exporter copy), running and enabled;
 4. on an RDMA node, the timer that writes its GID index now (sparkfleet-gid-metrics, sfl_gid.sh --now);
-5. on a GPU node, NVIDIA's dcgm-exporter (sparkfleet-gpu-exporter), its fields GB10's, restarted when its
-   unit or its fields changed.
+5. on a GPU node, NVIDIA's dcgm-exporter (sparkfleet-gpu-exporter), its fields GB10's, with the same web
+   configuration, restarted when its unit, its fields, the web configuration or the certificate changed.
 On the monitoring node, the same for `prometheus`: its arguments and the alert rules before the
 package; after it, the secrets data names (copied from the controller, roles/monitoring/secrets.py)
-and the scrape config (0640 root:prometheus), checked by promtool; reloaded (SIGHUP) when only the
-config, the rules or a secret changed, restarted when its arguments did. With monitoring_alertmanager_enabled, the same
+and the scrape config (0640 root:prometheus; every target over https with TLS on, verified with the
+trust bundle roles/tls copies for it), checked by promtool; reloaded (SIGHUP) when only the config, the
+rules, a secret or that bundle changed, restarted when its arguments did. With monitoring_alertmanager_enabled, the same
 again for `prometheus-alertmanager` after Prometheus (whose package makes the `prometheus` user that
 reads its configuration), its configuration checked by amtool.
 With monitoring_enabled false, nothing is installed; what an earlier deploy installed stays, and the
@@ -31,11 +34,13 @@ from roles.monitoring.checks import (
     EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
     PROMETHEUS_PACKAGE, PROMETHEUS_UNIT, RULES, TEXTFILE, TEXTFILE_DIR, InstalledVersions, exporter_defaults_text,
     gid_metrics_files, gpu_exporter_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
-    textfile_text, upstream_version,
+    textfile_text, upstream_version, web_config_text,
 )
 from roles.monitoring.secrets import GROUP as SECRET_GROUP, MODE as SECRET_MODE, controller_secrets, stale, write_secret
 from sparkfleet import unchanged
+from sparkfleet.decided import fleet_decision
 from sparkfleet.model.monitoring import SECRETS_DIR, secret_files
+from sparkfleet.model.tls import EXPORTER_GROUP, EXPORTER_WEB_CONFIG
 from sparkfleet.root_paths import RootOnlyChain, absent_dir_command, chain_complete, chain_problem, root_only_chain_command
 from sparkfleet.unchanged import ManagedTargets
 from sparkfleet.inventory import fleet_from_state
@@ -44,6 +49,8 @@ from sparkfleet.render import render
 fleet = fleet_from_state(state)
 node = fleet.node(host.name)
 monitor = monitoring_node(fleet)
+tls = fleet_decision(state).tls  # roles/tls's plan: a new certificate copied for the exporters, a new bundle
+new_cert = tls is not None and node.name in tls.exporter_pem
 
 
 def _dropin(unit: str) -> str:
@@ -91,10 +98,17 @@ if monitor is not None:
     args = unchanged.put(name=f"Write {EXPORTER_DEFAULTS}", src=StringIO(exporter_defaults_text(node)),
                          dest=EXPORTER_DEFAULTS, user="root", group="root", mode="0644")
     dropin = _ordered_after_the_firewall(EXPORTER_UNIT)
+    # TLS: the exporters' web configuration beside the copy of the node's certificate roles/tls made there
+    # (its directory root:prometheus 0750; that group exists from step 3a, roles/monitoring/user_tasks.py).
+    web_text = web_config_text(node)
+    web = unchanged.put(name=f"Write {EXPORTER_WEB_CONFIG} (the exporters' TLS)", src=StringIO(web_text),
+                        dest=EXPORTER_WEB_CONFIG, user="root", group=EXPORTER_GROUP, mode="0640") if web_text else None
+    web_changed = lambda: web is not None and web.did_change()  # noqa: E731
     package = _install(EXPORTER_PACKAGE, node.monitoring_node_exporter_version, installed.get(EXPORTER_PACKAGE, ""))
-    server.shell(name=f"Restart {EXPORTER_UNIT} (its arguments changed)",
+    server.shell(name=f"Restart {EXPORTER_UNIT} (its arguments, its TLS or its certificate changed)",
                  commands=[f"systemctl restart {EXPORTER_UNIT}.service"],
-                 _if=lambda: (args.did_change() or dropin.did_change()) and not package.did_change())
+                 _if=lambda: (args.did_change() or dropin.did_change() or web_changed() or new_cert)
+                 and not package.did_change())
     unchanged.service(name=f"Run {EXPORTER_UNIT}, at boot too", service=f"{EXPORTER_UNIT}.service", running=True,
                       enabled=True)
     # An RDMA node: its GID index, now, every scrape interval (SparkfleetGidMoved).
@@ -111,8 +125,9 @@ if monitor is not None:
         gpu = [unchanged.put(name=f"Write {path}", src=StringIO(text), dest=path, user="root", group="root",
                              mode="0644", create_remote_dir=True) for path, text in gpu_files.items()]
         systemd.daemon_reload(name=f"Reload systemd ({GPU_EXPORTER_UNIT} changed)", _if=any_changed(*gpu))
-        server.shell(name=f"Restart {GPU_EXPORTER_UNIT} (its unit or its fields changed)",
-                     commands=[f"systemctl restart {GPU_EXPORTER_UNIT}.service"], _if=any_changed(*gpu))
+        server.shell(name=f"Restart {GPU_EXPORTER_UNIT} (its unit, its fields, its TLS or its certificate changed)",
+                     commands=[f"systemctl restart {GPU_EXPORTER_UNIT}.service"],
+                     _if=lambda: any_changed(*gpu)() or web_changed() or new_cert)
         unchanged.service(name=f"Run {GPU_EXPORTER_UNIT}, at boot too", service=f"{GPU_EXPORTER_UNIT}.service",
                           running=True, enabled=True)
 
@@ -150,9 +165,10 @@ if monitor is not None:
                      commands=[absent_dir_command(PROMETHEUS_DATA, "prometheus", "prometheus"),
                                f"systemctl restart {PROMETHEUS_UNIT}.service"],
                      _if=restarts)
-        server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets, rules or secrets changed)",
+        new_bundle = tls is not None and node.name in tls.bundle  # roles/tls wrote Prometheus' copy too
+        server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets, rules, secrets or trust bundle changed)",
                      commands=[f"systemctl reload {PROMETHEUS_UNIT}.service"],
-                     _if=lambda: any_changed(config, rules, *written)() and not restarts())
+                     _if=lambda: (any_changed(config, rules, *written)() or new_bundle) and not restarts())
         unchanged.service(name=f"Run {PROMETHEUS_UNIT}, at boot too", service=f"{PROMETHEUS_UNIT}.service",
                           running=True, enabled=True)
 

@@ -1,7 +1,8 @@
 """The locked-down pair seen from outside, in the lab: a third machine on the management network
 (a network namespace on the lab's bridge, not a node) reaches the API over TLS only, with a certificate
 the fleet's CA signed for the head's address, and gets 401 without the key and 200 with it (the CA file
-fetched from the head),
+fetched from the head); so does the router's gate, with the router on spark-a, on every route of smg's
+but /health;
 and cannot reach the fabric's services even through a route to a fabric address via a node, while
 the peer node reaches them and a re-deploy still ships images and weights over the fabric. A
 weights source whose manifest names '../' is refused with nothing written outside the model
@@ -35,6 +36,7 @@ HEAD_MGMT, HEAD_FABRIC, PEER_FABRIC_NET = "198.18.0.11", "198.19.77.1", "198.19.
 FABRIC_PORTS = {"registry": 5000, "rsync": 873, "rendezvous": PROFILE.master_port}
 APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
 CA_OWN = "/etc/sparkfleet/tls/ca/ca.crt"  # the fleet CA's own certificate on spark-a, the CA node (roles/tls)
+ROUTER_PORT, ROUTER_SMG_PORT = 8100, 18100  # router_port (the gate) and router_smg_port (smg, loopback): defaults
 
 
 def sh(command: str, check=True) -> subprocess.CompletedProcess:
@@ -141,6 +143,29 @@ def test_from_the_management_network_the_api_speaks_tls_with_a_certificate_the_f
     assert plain.stdout.strip() != "200", plain
 
 
+# The monitoring listeners of every node (roles/monitoring: the node exporter, a head's engine /metrics, a
+# GPU node's GPU exporter; the lab's data ports), on the management addresses.
+MONITORING_PORTS = (9100, 9400, 9401)
+NODE_MGMT = {"spark-a": HEAD_MGMT, "spark-b": "198.18.0.12"}
+
+
+def test_from_the_management_network_every_monitoring_port_refuses_or_speaks_tls_with_the_fleets_certificate(third_machine):
+    """Issue 43 item 1's done-when for the monitoring listeners: from a host on the management network,
+    each exporter port of each node either is not reached (the firewall admits the monitoring node alone;
+    the stand-in lab runs no monitoring) or speaks TLS with a certificate the fleet's CA signed for that
+    node's address, and never plain HTTP. The monitoring node's own view of them, with monitoring on, is
+    tests/real/test_real_monitoring.py's."""
+    bundle = ca_file()
+    seen = {}
+    for node, address in NODE_MGMT.items():
+        for port in sorted(reached(address, MONITORING_PORTS)):
+            verified = _Outside.run(f"openssl s_client -connect {address}:{port} -CAfile {bundle} "
+                                    f"-verify_return_error -verify_ip {address} </dev/null 2>&1")
+            plain = outside(f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://{address}:{port}/metrics")
+            seen[f"{node}:{port}"] = ("Verify return code: 0 (ok)" in verified.stdout, plain.stdout.strip())
+    assert all(tls_ok and code != "200" for tls_ok, code in seen.values()), seen
+
+
 # Routes the real engines answer without a key of their own (vLLM 0.33.0's /invocations, /tokenize,
 # /ping, /metrics, /docs; SGLang's /health_generate; tests/parity/test_routes.py lists them all).
 KEYLESS = [("POST", "/invocations"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
@@ -163,6 +188,58 @@ def test_from_the_management_network_no_route_answers_without_the_key(third_mach
     engine_port = on("spark-a", "ss -Hltn | awk '{print $4}' | grep -c '^127.0.0.1:18000$'").strip()
     assert engine_port == "1", "the engine does not listen on 127.0.0.1:18000"
     assert not reaches(HEAD_MGMT, 18000)
+
+
+def test_from_the_management_network_the_router_speaks_tls_and_every_route_but_health_wants_the_key(third_machine,
+                                                                                                   tmp_path):
+    """Issue 43's done-when for the router (item 3): with the router on spark-a, from the third machine the
+    router's port speaks TLS only, with a certificate the fleet's CA signed for spark-a's address; every route
+    of smg's real table (tests/unit/fixtures/smg-<version>-routes.txt) answers 401 without the key, with
+    another, and with the router's control-plane key, but GET /health, /engine_metrics and /loads among them;
+    curl with the CA file and the key is served; smg's own port is not reachable at all. The pair is
+    deployed without the router again at the end."""
+    from sparkfleet.model.router import ROUTER_VERSIONS
+    from tests.smg_routes import concrete, read_table
+
+    routed = deploy("--data", "router_node=spark-a")
+    try:
+        assert routed.returncode == 0, routed.output[-4000:]
+        bundle, endpoint = ca_file(), f"{HEAD_MGMT}:{ROUTER_PORT}"
+        verified = _Outside.run(f"openssl s_client -connect {endpoint} -CAfile {bundle} -verify_return_error "
+                                f"-verify_ip {HEAD_MGMT} </dev/null 2>&1")
+        assert "Verify return code: 0 (ok)" in verified.stdout, verified.stdout[-2000:]
+        assert outside(f"curl -sS -m 8 -o /dev/null https://{endpoint}/health").returncode == 60  # not a CA the system has
+        assert outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' http://{endpoint}/health").stdout.strip() != "200"
+        control = on("spark-a", "cat /etc/sparkfleet/router-control-key").strip()
+        routes = [(m, p) for m, p, _ in read_table(ROUTER_VERSIONS[-1])]
+        # One bash on the third machine: a line per request, `<method> <path> <key> <code>`.
+        lines = []
+        for method, path in routes:
+            data = "-H 'Content-Type: application/json' -d '{}'" if method in ("POST", "PUT", "PATCH") else ""
+            for label, header in (("none", ""), ("other", "-H 'Authorization: Bearer not-the-key-0123456789'"),
+                                  ("control", f"-H 'Authorization: Bearer {control}'")):
+                lines.append(f"echo \"{method} {path} {label} $(curl -sS -m 8 -o /dev/null -w '%{{http_code}}' -X {method} "
+                             f"{data} {header} --cacert {bundle} https://{endpoint}{concrete(path)})\"")
+        script = tmp_path / "routes.sh"
+        script.touch(mode=0o600)  # it names the control-plane key
+        script.write_text("\n".join(lines) + "\n")
+        answered = outside(f"bash {script}").stdout.split("\n")
+        codes = {tuple(line.split()[:3]): line.split()[3] for line in answered if len(line.split()) == 4}
+        assert len(codes) == 3 * len(routes), answered[-10:]
+        leaks = {k: c for k, c in codes.items() if c != "401" and k[:2] != ("GET", "/health")}
+        assert leaks == {}, f"the router answered without the key from the management network: {leaks}"
+        assert codes[("GET", "/health", "none")] == "200"
+        key = on("spark-a", "cat /etc/sparkfleet/api-key").strip()
+        config = tmp_path / "curl.cfg"
+        config.touch(mode=0o600)
+        config.write_text(f'header = "Authorization: Bearer {key}"\n')
+        served = outside(f"curl -sS -m 8 -o /dev/null -w '%{{http_code}}' -K {config} --cacert {bundle} "
+                         f"https://{endpoint}/v1/models")
+        assert served.stdout.strip() == "200", served
+        assert not reaches(HEAD_MGMT, ROUTER_SMG_PORT)  # smg: on spark-a's loopback only
+    finally:
+        back = deploy()
+        assert back.returncode == 0, back.output[-4000:]
 
 
 def test_a_route_to_the_fabric_through_a_node_reaches_none_of_the_fabrics_services(third_machine):

@@ -56,7 +56,7 @@ def test_a_certificate_in_its_renewal_window_is_issued_again_and_served_without_
     assert re.search(r"certificate issued for spark-a: 3\d\d day\(s\) left, fewer than tls_renew_before_days = 399",
                      run.output), run.output[-4000:]
     changed = run.changed()
-    assert ("Issue the API certificate of spark-a from the fleet CA on spark-a", "spark-a") in changed, changed
+    assert ("Issue the certificate of spark-a from the fleet CA on spark-a", "spark-a") in changed, changed
     assert ("Reload sparkfleet-api-proxy (its config, the API key or its certificate changed)", "spark-a") in changed
     assert ("Start the head (every worker is up)", "spark-a") not in changed  # the pair keeps serving
     assert served("serial") != before

@@ -1,8 +1,9 @@
 """roles/monitoring on the real vLLM pair (the tier's one deploy, tests/real/conftest.py): Debian's node
 exporter on both hosts and Debian's Prometheus on the head (the monitoring node: no router), scraping
-the real engine's /metrics through the API proxy's metrics port. Every target is up, every metric
+the real engine's /metrics through the API proxy's metrics port, every target over TLS (roles/tls: each
+node's certificate; Prometheus verifies it with the fleet's bundle). Every target is up, every metric
 the alert rules read has data in the live Prometheus, and the exporters answer the monitoring node
-only. Read-only: the rank-down drill that stops the worker is tests/real/test_real_watchdog.py.
+only, each over TLS with a certificate the fleet's CA signed for its node's address. Read-only: the rank-down drill that stops the worker is tests/real/test_real_watchdog.py.
 """
 import json
 from pathlib import Path
@@ -14,13 +15,13 @@ import pytest
 import yaml
 
 from tests.e2e import local_users
-from tests.e2e.lab import REPO, on
+from tests.e2e.lab import CA_BUNDLE, HEAD, MANAGEMENT, REPO, WORKER, on
 from tests.real.test_real_pair import API, KEY, chat_body, post
 
 pytestmark = pytest.mark.lab
 
-HEAD, WORKER = "spark-a", "spark-b"
-MGMT = {HEAD: "198.18.0.11", WORKER: "198.18.0.12"}
+# HEAD, WORKER: the pair this process drives (tests/e2e/lab.py, SFL_LAB_PAIR); their management addresses
+MGMT = {HEAD: MANAGEMENT[HEAD], WORKER: MANAGEMENT[WORKER]}
 PROMETHEUS = "http://127.0.0.1:9090"  # on the monitoring node's loopback only
 
 
@@ -61,6 +62,12 @@ def test_prometheus_scrapes_every_target_and_all_are_up(real_deploy):
     result = wait_for('count(up == 1) == 3')
     up = {(r["metric"]["job"], r["metric"]["node"]): r["value"][1] for r in query("up")}
     assert up == {("node", HEAD): "1", ("node", WORKER): "1", ("engine", HEAD): "1"}, (up, result)
+    # each scraped over https, its certificate verified (a refused one would be down, with Go's x509 reason)
+    targets = json.loads(on(HEAD, f"curl -fsS -m 10 {PROMETHEUS}/api/v1/targets"))["data"]["activeTargets"]
+    assert sorted(t["scrapeUrl"] for t in targets) == [
+        f"https://{MGMT[HEAD]}:9100/metrics", f"https://{MGMT[HEAD]}:9400/metrics",
+        f"https://{MGMT[WORKER]}:9100/metrics"], targets
+    assert [t["lastError"] for t in targets] == ["", "", ""], targets
     # Prometheus listens on the head's loopback alone
     assert on(HEAD, "ss -Hltn 'sport = :9090' | awk '{print $4}'").split() == ["127.0.0.1:9090"]
 
@@ -140,22 +147,40 @@ def test_the_fabric_speed_proof_s_figures_are_in_the_live_prometheus(real_deploy
 
 
 def test_the_engine_s_metrics_port_serves_metrics_alone_and_the_exporters_answer_the_monitoring_node_only(real_deploy):
-    metrics = on(HEAD, f"curl -sS -m 10 http://{MGMT[HEAD]}:9400/metrics")
+    verify = f"--cacert {CA_BUNDLE}"  # the fleet's bundle on the head (the monitoring node)
+    metrics = on(HEAD, f"curl -sS -m 10 {verify} https://{MGMT[HEAD]}:9400/metrics")
     assert re.search(r"^vllm:num_requests_running\{", metrics, re.M), metrics[:2000]
     # nothing else of the engine through that port, with or without the key
     for path in ("/v1/models", "/invocations", "/health"):
-        code = on(HEAD, f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 {KEY} http://{MGMT[HEAD]}:9400{path}")
+        code = on(HEAD, f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 {KEY} {verify} https://{MGMT[HEAD]}:9400{path}")
         assert code == "404", (path, code)
     # the worker (not the monitoring node) reaches neither the head's exporter nor its engine's metrics;
     # the monitoring node reaches the worker's exporter
     for port in (9100, 9400):
-        code = on(WORKER, f"curl -s -o /dev/null -w '%{{http_code}}' -m 3 http://{MGMT[HEAD]}:{port}/metrics",
+        code = on(WORKER, f"curl -s -o /dev/null -w '%{{http_code}}' -m 3 -k https://{MGMT[HEAD]}:{port}/metrics",
                   check=False)
-        assert code == "000", f"spark-b reached spark-a:{port} ({code})"
-    assert "node_memory_MemAvailable_bytes" in on(HEAD, f"curl -fsS -m 10 http://{MGMT[WORKER]}:9100/metrics")
+        assert code == "000", f"{WORKER} reached {HEAD}:{port} ({code})"
+    assert "node_memory_MemAvailable_bytes" in on(HEAD, f"curl -fsS -m 10 {verify} https://{MGMT[WORKER]}:9100/metrics")
     # the lab machine itself (on the management bridge, 198.18.0.1) is no monitoring node either
     code = urllib_code(f"http://{MGMT[WORKER]}:9100/metrics")
-    assert code is None, f"the lab machine reached spark-b's exporter ({code})"
+    assert code is None, f"the lab machine reached {WORKER}'s exporter ({code})"
+
+
+def test_every_exporter_speaks_tls_only_with_a_certificate_the_fleets_ca_signed_for_its_node(real_deploy):
+    """Issue 43 item 1's done-when for the monitoring listeners, from the one host on the management
+    network they answer (the monitoring node; the firewall drops everyone else, above): each port speaks
+    TLS with a certificate that chains to the fleet's CA and names its node's address, the same the
+    node's other listeners serve, and answers no plain HTTP."""
+    fingerprint = "openssl x509 -noout -fingerprint -sha256"
+    for node, port in ((HEAD, 9100), (HEAD, 9400), (WORKER, 9100)):
+        address = MGMT[node]
+        verified = on(HEAD, f"openssl s_client -connect {address}:{port} -CAfile {CA_BUNDLE} -verify_return_error "
+                            f"-verify_ip {address} </dev/null 2>&1", check=False)
+        assert "Verify return code: 0 (ok)" in verified, (node, port, verified[-1500:])
+        served = on(HEAD, f"openssl s_client -connect {address}:{port} </dev/null 2>/dev/null | {fingerprint}").strip()
+        assert served == on(node, f"{fingerprint} -in /etc/sparkfleet/tls/api.pem").strip(), (node, port)
+        plain = on(HEAD, f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://{address}:{port}/metrics", check=False)
+        assert plain.strip() != "200", f"{node}:{port} answers plain HTTP ({plain})"
 
 
 def test_every_listening_socket_of_both_hosts_is_a_row_of_the_listener_table(real_deploy):
@@ -279,7 +304,7 @@ def wait_notified(alertname: str, status: str, timeout: float, **labels) -> floa
 
 
 def test_the_fabric_and_ttft_drills_fire_their_alerts_in_the_live_prometheus(real_deploy, capsys):
-    """Two faults at once, each with its own alert: the twin half of spark-b's fabric port set to MTU
+    """Two faults at once, each with its own alert: the twin half of the worker's fabric port set to MTU
     1500 by hand -> SparkfleetFabricMtu for that netdev; the receipt's own load shape, then a receipt
     10x faster than the pair's p95 under that load planted on the head -> SparkfleetTtftRegression.
     The planted receipt is scaled to what the pair measures now, not to the deploy's receipt: that one

@@ -1,8 +1,12 @@
 """roles/monitoring, checked on the machines: the OS's node exporter at the pinned version running with
-the arguments data renders, sparkfleet's textfile; on the monitoring node, Prometheus at its pinned
-version with the rendered targets and rules, on loopback, and Alertmanager when data turns it on.
+the arguments data renders, sparkfleet's textfile; with TLS on, every exporter of the node serving the
+node's certificate (roles/tls's copy, root:prometheus 0640) and nothing in plain HTTP; on the monitoring
+node, Prometheus at its pinned version with the rendered targets and rules, on loopback, scraping every
+target over https, and Alertmanager when data turns it on.
 With monitoring off (the stand-in lab),
 there is nothing of it to check."""
+import json
+
 import pytest
 
 from roles.monitoring.checks import (
@@ -11,6 +15,9 @@ from roles.monitoring.checks import (
     exporter_defaults_text, gid_metrics_files, gpu_exporter_files, monitoring_node, prometheus_config_text, rules_text, textfile_text, upstream_version,
 )
 from sparkfleet.model.monitoring import SECRETS_DIR, secret_files
+from sparkfleet.model.tls import EXPORTER_PEM, EXPORTER_WEB_CONFIG, SCRAPE_CA, ca_bundle_path, exporter_tls, proxy_pem_path
+
+FINGERPRINT = "openssl x509 -noout -fingerprint -sha256 -in"
 
 
 @pytest.fixture
@@ -30,6 +37,41 @@ def test_the_node_exporter_runs_the_pinned_version_with_the_rendered_arguments(h
     cmdline = host.check_output("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value prometheus-node-exporter)/cmdline")
     assert "--collector.disable-defaults" in cmdline and f":{monitored.monitoring_node_exporter_port}" in cmdline
     assert host.file(TEXTFILE).content_string == textfile_text(cluster, monitored)
+
+
+def served_fingerprint(host, node, port: int) -> str:
+    """The SHA-256 fingerprint of the certificate `port` on the node's management address serves, verified
+    against the node's bundle for that address ('' when it does not verify)."""
+    bundle, address = ca_bundle_path(node), node.management_address
+    out = host.run(f"openssl s_client -connect {address}:{port} -CAfile {bundle} -verify_return_error "
+                   f"-verify_ip {address} </dev/null 2>/dev/null | {FINGERPRINT} /dev/stdin")
+    return out.stdout.strip() if out.rc == 0 else ""
+
+
+def test_with_tls_every_exporter_of_the_node_serves_its_certificate_and_no_plain_http(host, monitored):
+    """Issue 43 item 1: the node exporter (and a head's engine /metrics, a GPU node's GPU exporter) speak
+    TLS with the node's one certificate, from the fleet's CA for its management address; the exporters'
+    copy of it is the node's PEM, root:prometheus 0640, and their web configuration the rendered one."""
+    from roles.monitoring.checks import web_config_text
+
+    if not exporter_tls(monitored):
+        pytest.skip(f"{monitored.name}: tls_enabled is false")
+    web = host.file(EXPORTER_WEB_CONFIG)
+    assert web.content_string == web_config_text(monitored)
+    assert (web.user, web.group, web.mode) == ("root", "prometheus", 0o640)
+    copy = host.file(EXPORTER_PEM)
+    assert (copy.user, copy.group, copy.mode) == ("root", "prometheus", 0o640), f"{monitored.name}: {EXPORTER_PEM}"
+    assert host.run(f"cmp -s {proxy_pem_path(monitored)} {EXPORTER_PEM}").rc == 0, \
+        f"{monitored.name}: the exporters' copy is not the node's certificate"
+    cmdline = host.check_output("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value prometheus-node-exporter)/cmdline")
+    assert f"--web.config.file={EXPORTER_WEB_CONFIG}" in cmdline, cmdline
+    want = host.check_output(f"{FINGERPRINT} {proxy_pem_path(monitored)}")
+    ports = [monitored.monitoring_node_exporter_port] + [monitored.monitoring_engine_metrics_port] * monitored.is_head \
+        + [monitored.monitoring_gpu_exporter_port] * bool(gpu_exporter_files(monitored))
+    for port in ports:
+        assert served_fingerprint(host, monitored, port) == want, f"{monitored.name}:{port} serves another certificate"
+        plain = host.run(f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://{monitored.management_address}:{port}/metrics")
+        assert plain.stdout.strip() != "200", f"{monitored.name}:{port} answers plain HTTP"
 
 
 def test_an_rdma_node_s_gid_index_is_a_metric_now_and_as_its_engine_started(host, monitored):
@@ -57,7 +99,8 @@ def test_a_gpu_node_s_gpu_exporter_runs_as_rendered_and_reports_the_gpu(host, mo
         assert host.file(path).content_string == text, f"{monitored.name}: {path} is not the rendered one"
     unit = host.service(f"{GPU_EXPORTER_UNIT}.service")
     assert unit.is_running and unit.is_enabled, f"{monitored.name}: {GPU_EXPORTER_UNIT} not running and enabled"
-    scrape = host.check_output(f"curl -fsS -m 10 http://{monitored.management_address}:"
+    scheme, verify = ("https", f"--cacert {ca_bundle_path(monitored)} ") if exporter_tls(monitored) else ("http", "")
+    scrape = host.check_output(f"curl -fsS -m 10 {verify}{scheme}://{monitored.management_address}:"
                                f"{monitored.monitoring_gpu_exporter_port}/metrics")
     for name in ("DCGM_FI_DEV_SM_CLOCK{", "DCGM_FI_DEV_GPU_UTIL{", "DCGM_FI_DEV_POWER_USAGE{"):
         assert name in scrape, f"{monitored.name}: the GPU exporter reports no {name[:-1]}"
@@ -81,6 +124,15 @@ def test_the_monitoring_node_runs_prometheus_with_the_rendered_targets_and_rules
     assert host.service("prometheus").is_running and host.service("prometheus").is_enabled
     assert host.socket(f"tcp://127.0.0.1:{monitored.monitoring_prometheus_port}").is_listening
     assert not host.socket(f"tcp://0.0.0.0:{monitored.monitoring_prometheus_port}").is_listening
+    if monitored.tls_enabled:
+        # every target over https, verified with Prometheus' copy of the node's bundle; none refused for its
+        # certificate (a target still starting may be down for another reason: the real tier waits for up)
+        assert host.run(f"cmp -s {ca_bundle_path(monitored)} {SCRAPE_CA}").rc == 0, f"{SCRAPE_CA} is not the bundle"
+        answer = json.loads(host.check_output(f"curl -fsS -m 10 http://127.0.0.1:{monitored.monitoring_prometheus_port}"
+                                              "/api/v1/targets"))
+        active = answer["data"]["activeTargets"]
+        assert active and all(t["scrapeUrl"].startswith("https://") for t in active), active
+        assert not [t for t in active if "x509" in t["lastError"] or "tls" in t["lastError"].lower()], active
 
 
 def test_the_monitoring_node_runs_alertmanager_on_loopback_with_the_receivers_root_and_its_group_only(host, monitored,

@@ -77,6 +77,18 @@ def amtool() -> str:
     return _prometheus_tool("amtool")
 
 
+@pytest.fixture(scope="module")
+def prometheus_program() -> str:
+    """Prometheus itself, from the OS's package at the lab's version (`make promtool` caches it)."""
+    return _prometheus_tool("prometheus")
+
+
+@pytest.fixture(scope="module")
+def node_exporter_program() -> str:
+    """The OS's node exporter at the lab's version (`make promtool` caches it)."""
+    return _prometheus_tool("prometheus-node-exporter")
+
+
 @pytest.fixture(autouse=True)
 def _addresses_resolved_afresh(monkeypatch):
     """sparkfleet/addresses.py resolves a name once per process: each test starts with nothing pinned."""

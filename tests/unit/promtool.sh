@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# promtool and amtool for the monitoring tests (tests/unit/test_monitoring.py): each the one in the OS's
-# package at the version the lab's hosts run (lab/group_data/all.py monitoring_prometheus_version and
-# monitoring_alertmanager_version; a unit test holds them equal), taken out of the package with dpkg -x
-# (nothing is installed, no service starts) and cached outside the checkout.
-#   promtool.sh [promtool]   prints promtool's path (the `prometheus` package)
-#   promtool.sh amtool       prints amtool's path (the `prometheus-alertmanager` package)
+# promtool and amtool for the monitoring tests (tests/unit/test_monitoring.py), and the Prometheus and
+# node exporter the exporters' TLS is tested with (tests/unit/test_monitoring_tls.py): each the one in the
+# OS's package at the version the lab's hosts run (lab/group_data/all.py monitoring_prometheus_version,
+# monitoring_alertmanager_version and monitoring_node_exporter_version; a unit test holds them equal),
+# taken out of the package with dpkg -x (nothing is installed, no service starts) and cached outside the
+# checkout.
+#   promtool.sh [promtool]                prints promtool's path (the `prometheus` package)
+#   promtool.sh amtool                    prints amtool's path (the `prometheus-alertmanager` package)
+#   promtool.sh prometheus                prints Prometheus' own path (the `prometheus` package)
+#   promtool.sh prometheus-node-exporter  prints the node exporter's path (`prometheus-node-exporter`)
 set -euo pipefail
 
 NAME=${1:-promtool}
 case $NAME in
   promtool) PACKAGE=prometheus VERSION=2.42.0 ;;
   amtool) PACKAGE=prometheus-alertmanager VERSION=0.25.0 ;;
-  *) echo "promtool.sh: promtool or amtool, not $NAME" >&2; exit 2 ;;
+  prometheus) PACKAGE=prometheus VERSION=2.42.0 ;;
+  prometheus-node-exporter) PACKAGE=prometheus-node-exporter VERSION=1.5.0 ;;
+  *) echo "promtool.sh: promtool, amtool, prometheus or prometheus-node-exporter, not $NAME" >&2; exit 2 ;;
 esac
 CACHE=${SFL_PROMTOOL_CACHE:-/var/cache/sparkfleet/promtool}
 TOOL=$CACHE/$VERSION/$NAME

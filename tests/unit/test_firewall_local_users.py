@@ -152,7 +152,9 @@ def test_in_a_namespace_every_other_user_is_refused_every_internal_service_and_r
     assert from_peer == ["answered", "answered"]
 
 
-def test_the_prometheus_user_is_made_before_the_firewall_on_the_monitoring_node_only_when_absent(monkeypatch):
+def test_the_prometheus_user_is_made_before_the_firewall_where_it_is_named_only_when_absent(monkeypatch):
+    """On the monitoring node for the firewall; with TLS on, on every node too (roles/tls gives the
+    exporters' copy of the certificate to its group at step 7b1, before the packages make it)."""
     from roles.monitoring.checks import UserPresent
     from tests.unit.test_watchdog_deploy import Deploy, FakeHost
 
@@ -168,14 +170,22 @@ def test_the_prometheus_user_is_made_before_the_firewall_on_the_monitoring_node_
         deploy.run(("roles/monitoring/user_tasks.py",))
         return [(o.name, c.nodes[h].name, o.kwargs["commands"]) for *_k, h, o in deploy.ops], asked
 
-    made, asked = declared(monitored(), present=False)
+    plain = {"tls_enabled": False, "tls_disabled_reason": "a test"}
+    made, asked = declared(monitored(**plain), present=False)
     assert made == [(f"Create the user {PROMETHEUS_USER} (the firewall names it; its packages keep it)", "spark-a",
                      [PROMETHEUS_ADDUSER])]
     assert asked == [("spark-a", UserPresent.__name__, {"user": PROMETHEUS_USER})]
-    assert declared(monitored(), present=True)[0] == []
-    assert declared(monitored(monitoring_node="spark-b"), present=False)[0][0][1] == "spark-b"
-    assert declared(monitored(firewall_enabled=False), present=False) == ([], [])
+    assert declared(monitored(**plain), present=True)[0] == []
+    assert declared(monitored(monitoring_node="spark-b", **plain), present=False)[0][0][1] == "spark-b"
+    assert declared(monitored(firewall_enabled=False, **plain), present=False) == ([], [])
     assert declared(both(monitoring_enabled=False), present=False) == ([], [])
+    # TLS on (the default): every node's exporters read the certificate through the group
+    assert [(n, h) for n, h, _ in declared(monitored(), present=False)[0]] == [
+        (f"Create the user {PROMETHEUS_USER} (the firewall and the exporters' certificate name it; its packages keep "
+         "it)", "spark-a"),
+        (f"Create the user {PROMETHEUS_USER} (the exporters' certificate names it; its packages keep it)", "spark-b")]
+    assert declared(monitored(), present=True)[0] == []
+    assert len(declared(monitored(firewall_enabled=False), present=False)[0]) == 2
 
 
 def test_the_user_step_runs_the_packages_postinst_line_and_that_line_run_again_keeps_the_user(tmp_path):
@@ -206,3 +216,31 @@ def test_the_user_step_runs_the_packages_postinst_line_and_that_line_run_again_k
     assert checked == "checked"
     # the machine's own /etc untouched
     assert subprocess.run(["getent", "passwd", PROMETHEUS_USER], capture_output=True, text=True).stdout == before
+
+
+def test_on_the_router_node_smgs_port_admits_root_and_the_gate_only(tmp_path):
+    """smg answers some routes without a key and, with TLS on, holds none: on the router node (here a worker,
+    spark-b) its loopback port admits root (sfl_router.py's admin calls) and the gate's user, haproxy;
+    anyone else goes through the gate on router_port like the LAN. The rules loaded in a namespace."""
+    from sparkfleet.config import build_cluster
+    from tests.unit.test_router_render import fleet_hosts
+
+    fleet = build_cluster(fleet_hosts())
+    router = fleet.node("spark-b")
+    group, head = fleet.group_of("spark-b"), fleet.node("spark-a")
+    text = rules_text(group, router, MGMT)
+    assert 'oif "lo" tcp dport 18100 meta skuid != { root, haproxy } reject with tcp reset' in output_chain(text)
+    assert "18100" not in rules_text(group, head, MGMT)
+    smg, gate, own = [["127.0.0.1", 18100]], [["127.0.0.1", 8100]], [["127.0.0.1", 8080]]
+    spec = {
+        "workdir": str(tmp_path), "python": SYSTEM_PYTHON, "adduser": PROMETHEUS_ADDUSER, "package_users": ["haproxy"],
+        "rules": text,
+        "links": [{"name": r.netdev, "address": str(r.address), "peer_address": str(h.address)}
+                  for r, h in zip(router.fabric_halves, head.fabric_halves)],
+        "management": f"{router.management_address}/24",
+        "listen": smg + gate + own, "listen_as": [], "peer_listen": [],
+        "probes": [{"user": user, "targets": smg + gate + own} for user in ("root", "haproxy", "nobody")],
+    }
+    root, haproxy, nobody = netns(spec)["probes"]
+    assert root == haproxy == ["answered", "answered", "answered"]
+    assert nobody == ["refused", "answered", "answered"]  # the gate answers anyone (and checks the key)

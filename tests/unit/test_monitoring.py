@@ -187,10 +187,14 @@ def test_monitoring_data_is_the_fleet_s_and_refused_naming_host_key_and_allowed_
     assert any("the monitoring ports must differ" in p for p in err.problems)
 
 
-@pytest.mark.parametrize("tool, package, key", [("promtool", "prometheus", "monitoring_prometheus_version"),
-                                               ("amtool", "prometheus-alertmanager", "monitoring_alertmanager_version")])
+@pytest.mark.parametrize("tool, package, key", [
+    ("promtool", "prometheus", "monitoring_prometheus_version"),
+    ("amtool", "prometheus-alertmanager", "monitoring_alertmanager_version"),
+    ("prometheus", "prometheus", "monitoring_prometheus_version"),
+    ("prometheus-node-exporter", "prometheus-node-exporter", "monitoring_node_exporter_version")])
 def test_the_lab_pins_the_promtool_and_amtool_it_tests_with(tool, package, key):
-    """promtool.sh's versions are the lab's Prometheus and Alertmanager (what is tested is what the lab runs)."""
+    """promtool.sh's versions are the lab's Prometheus, Alertmanager and node exporter (what is tested is
+    what the lab runs)."""
     script = (REPO / "tests/unit/promtool.sh").read_text()
     lab = (REPO / "lab/group_data/all.py").read_text()
     assert re.search(rf"^  {tool}\) PACKAGE={package} VERSION=(\S+) ;;$", script, re.M).group(1) == re.search(
@@ -323,6 +327,7 @@ def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monit
     recorded as live on GB10; Prometheus scrapes it as job gpu. No GPU: no unit, no job."""
     from roles.monitoring.checks import GPU_EXPORTER_COUNTERS, gpu_exporter_files
     from sparkfleet.model.monitoring import GPU_EXPORTER_FIELDS
+    from sparkfleet.model.tls import EXPORTER_TLS_DIR, EXPORTER_WEB_CONFIG
     f = fleet(router=None)
     files = gpu_exporter_files(f.node("spark-b"))
     unit = files["/etc/systemd/system/sparkfleet-gpu-exporter.service"]
@@ -333,7 +338,14 @@ def test_a_gpu_node_runs_nvidia_s_dcgm_exporter_with_gb10_s_fields_for_the_monit
     image = run.index("nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04"
                       "@sha256:ecb867c5787e44f1889b257e6c03b07748689a7b293c8f1affb1d4cb449b235c")
     assert run[image + 1:] == ["--collectors", GPU_EXPORTER_COUNTERS, "--address", "10.0.0.12:9401",
-                               "--collect-interval", "15000"]
+                               "--collect-interval", "15000", "--web-config-file", EXPORTER_WEB_CONFIG]
+    # over TLS (dcgm-exporter 3.3.5-3.4.1's --web-config-file, exporter-toolkit v0.11.0): the node exporter's web
+    # configuration and the node's certificate, their directory mounted read-only; with TLS off, plain HTTP
+    assert f"{EXPORTER_TLS_DIR}:{EXPORTER_TLS_DIR}:ro" in run
+    plain = fleet(router=None, **{n: {"tls_enabled": False, "tls_disabled_reason": "a test"}
+                                  for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+    plain_unit = gpu_exporter_files(plain.node("spark-b"))["/etc/systemd/system/sparkfleet-gpu-exporter.service"]
+    assert "--web-config-file" not in plain_unit and EXPORTER_TLS_DIR not in plain_unit
     # The least privilege NVIDIA documents (root, Docker's default capabilities, nothing added), read-only,
     # no exec gaining a capability, the entrypoint's setcap off.
     options = run[:image]

@@ -94,8 +94,11 @@ def test_a_site_certificate_needs_its_key_and_ca_file_on_a_head():
     assert p.hosts == ("spark-a",) and p.key == "tls_key_file"
     assert "'tls_key_file', 'tls_cert_ca_file'" in p and "allowed: all of tls_cert_file, tls_key_file, tls_cert_ca_file" in p
     site = {"tls_cert_file": "/etc/ssl/api.pem", "tls_key_file": "/etc/ssl/api.key", "tls_cert_ca_file": "/etc/ssl/ca.pem"}
-    [worker] = problems(pair(**{"spark-b": site}))
-    assert worker.hosts == ("spark-b",) and "not a head" in worker
+    # a worker serves TLS only with monitoring on (its node exporter): without it, it has no listener on the LAN
+    [worker] = problems(pair(**{"spark-a": {"monitoring_enabled": False},
+                                "spark-b": {**site, "monitoring_enabled": False}}))
+    assert worker.hosts == ("spark-b",) and "no listener on the LAN" in worker and worker.key == "tls_cert_file"
+    assert build_cluster(pair(**{"spark-b": site})).workers[0].tls_key_file == "/etc/ssl/api.key"
     assert build_cluster(pair(**{"spark-a": site})).head.tls_key_file == "/etc/ssl/api.key"
     [relative] = problems(pair(**{"spark-a": {**site, "tls_key_file": "api.key"}}))
     assert relative.key == "tls_key_file"
@@ -106,7 +109,48 @@ def test_the_api_frontend_binds_with_ssl_and_the_heads_certificate():
     text = config_text(head)
     assert f"bind 0.0.0.0:8000 ssl crt {proxy_pem_path(head)} ssl-min-ver TLSv1.2\n" in text
     assert proxy_pem_path(head) == "/etc/sparkfleet/tls/api.pem"
-    assert "bind 0.0.0.0:9400\n" in text  # the engine's /metrics for Prometheus: plain (TLS there is later work)
+    # the engine's /metrics for Prometheus: the same certificate, the node's one
+    assert f"bind 0.0.0.0:9400 ssl crt {proxy_pem_path(head)} ssl-min-ver TLSv1.2\n" in text
+
+
+def test_the_router_node_is_one_more_server_like_any_node_and_holds_the_router_hops_certificate_besides():
+    from sparkfleet.model.tls import HOP_CN, ca_node_name, client_cert_path, hop_pem_path, serves_tls
+    from tests.unit.test_router_render import fleet_hosts
+
+    def unmonitored(router="spark-b", **changes):
+        """fleet_hosts with monitoring off on every node: the heads and the router node alone serve TLS."""
+        return fleet_hosts(router, **{n: {"monitoring_enabled": False, **changes.get(n, {})}
+                                      for n in ("spark-a", "spark-b", "spark-c", "spark-d")})
+
+    fleet = build_cluster(unmonitored())  # the router on spark-b, a worker
+    assert [n.name for n in fleet.nodes if serves_tls(n)] == ["spark-a", "spark-b", "spark-c"]
+    assert [n.name for n in tls.scope(fleet)] == ["spark-a", "spark-b", "spark-c"]
+    # with monitoring on, every node holds one (its exporters), each for serverAuth alone, the router node's too
+    monitored = build_cluster(fleet_hosts())
+    assert [n.name for n in tls.certified(monitored)] == ["spark-a", "spark-b", "spark-c", "spark-d"]
+    assert {tls.node_cert(n).usage for n in monitored.nodes} == {("serverAuth",)}
+    assert [tls.node_cert(n).cn for n in monitored.nodes] == ["spark-a", "spark-b", "spark-c", "spark-d"]
+    # the router hop's certificate: the router node's alone, its own file, clientAuth only, no node's name
+    router = fleet.node("spark-b")
+    hop = tls.hop_cert(router)
+    assert (hop.pem, hop.cn, hop.usage, hop.sans, hop.purpose) == (
+        "/etc/sparkfleet/tls/router-hop.pem", HOP_CN, ("clientAuth",), frozenset(), "sslclient")
+    assert client_cert_path(router) == hop_pem_path(router) != proxy_pem_path(router)
+    assert [n.name for n in fleet.nodes if tls.hop_cert(n)] == ["spark-b"] and client_cert_path(fleet.node("spark-a")) is None
+    assert HOP_CN not in {n.name for n in fleet.nodes}
+    plain = build_cluster(unmonitored(**{n: OFF for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    assert tls.hop_cert(plain.node("spark-b")) is None and client_cert_path(plain.node("spark-b")) is None
+    # a site's certificate on the router node, as on any node with a listener: its own gate serves it
+    site = {"tls_cert_file": "/etc/ssl/api.pem", "tls_key_file": "/etc/ssl/api.key", "tls_cert_ca_file": "/etc/ssl/ca.pem"}
+    site_router = build_cluster(fleet_hosts(router="spark-a", **{"spark-a": site})).node("spark-a")
+    assert site_router.tls_cert_file == site["tls_cert_file"]
+    # the facts pass reads the site's files there, and the router hop's certificate from the fleet CA besides
+    script = tls.state_command(site_router, ca=True)
+    assert "site_cert=" in script and "pem_end=" not in script and "hop_mode=" in script and "-purpose sslclient" in script
+    # every certified node with a site's certificate: with a router the fleet CA is still made (the hop's), without none
+    sites = build_cluster(unmonitored(**{"spark-a": site, "spark-b": site, "spark-c": site}))
+    assert ca_node_name(sites.nodes) == "spark-a"
+    assert ca_node_name(build_cluster(unmonitored(router=None, **{"spark-a": site, "spark-c": site})).nodes) is None
 
 
 # --- the commands, for real ----------------------------------------------------------------------------
@@ -117,7 +161,10 @@ def pem_text(path) -> str:
 
 
 def node_in(tmp_path, address="10.0.0.11", **data):
-    """The pair with `data` (a site's certificate keys on the head only), its head's serving_dir `tmp_path`."""
+    """The pair with `data` (a site's certificate keys on the head only), its head's serving_dir `tmp_path`;
+    monitoring off unless `data` turns it on, so that the head alone serves TLS (the exporters' TLS, with
+    its paths outside serving_dir: tests/unit/test_monitoring_tls.py)."""
+    data = {"monitoring_enabled": False, **data}
     shared = {k: v for k, v in data.items() if k not in SITE_KEYS}
     cluster = build_cluster(pair(**{"spark-a": data, "spark-b": shared}))
     head = cluster.head.model_copy(update={"serving_dir": str(tmp_path), "management_address": address})
@@ -221,6 +268,133 @@ def test_a_certificate_is_issued_again_near_its_end_for_a_new_address_from_a_new
     assert plan.issue["spark-a"] == ("another CA issued it",) and plan.bundle == {"spark-a": "the trust bundle changed"}
 
 
+def verify(purpose: str, ca: str, pem: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["openssl", "verify", "-purpose", purpose, "-CAfile", ca, pem], capture_output=True, text=True)
+
+
+def router_fleet(tmp_path, **changes):
+    """tests/unit/test_router_render.py's fleet, the router on spark-b (a worker), g2 serving another model,
+    monitoring off (the exporters' copy and Prometheus' bundle live outside serving_dir: with them,
+    tests/unit/test_monitoring_tls.py), each node's serving_dir under tmp_path. Returns (fleet, nodes by name)."""
+    from tests.unit.test_router_render import fleet_hosts
+
+    built = build_cluster(fleet_hosts(**{n: {"monitoring_enabled": False, **changes,
+                                             **({"serving_profile": "qwen3.8-flash-next"}
+                                                if n in ("spark-c", "spark-d") else {})}
+                                         for n in ("spark-a", "spark-b", "spark-c", "spark-d")}))
+    nodes = {n.name: n.model_copy(update={"serving_dir": str(tmp_path / n.name)}) for n in built.nodes}
+    return built.model_copy(update={"nodes": tuple(nodes.values())}), nodes
+
+
+def test_the_router_node_gets_a_server_certificate_and_the_router_hops_client_certificate_and_keeps_them(tmp_path):
+    """A fleet whose router is a worker (spark-b): the plan issues it its node's certificate (serverAuth, for its
+    address) and the router hop's client certificate (clientAuth only, CN sparkfleet-router-hop, no address, in
+    its own root-only file), both from the fleet CA made on spark-a, and writes its bundle; each verifies for its
+    one use and not the other; the next look changes nothing and prints the days each has left."""
+    fleet, nodes = router_fleet(tmp_path)
+    head, router = nodes["spark-a"], nodes["spark-b"]
+
+    def facts():
+        return {name: facts_of(nodes[name], ca=name == "spark-a") for name in ("spark-a", "spark-b", "spark-c")}
+
+    plan = tls.decide(fleet, facts())
+    assert plan.create_ca and plan.issue["spark-b"] == ("no certificate yet",) and "spark-b" in plan.bundle
+    assert plan.hop == {"spark-b": ("no certificate yet",)}  # the router node's alone
+    assert "    router hop's client certificate issued on spark-b: no certificate yet" in tls.plan_lines(fleet, plan)
+    sh(tls.create_ca_command(head, 3650, tls.ca_subject(head)))
+    for name in plan.issue:
+        issue(nodes[name], head, 365)
+    for name in plan.hop:
+        issue(nodes[name], head, 365, kind=tls.hop_cert(nodes[name]))
+    for name in plan.bundle:
+        Path(ca_bundle_path(nodes[name])).write_bytes(tls.bundle_text(Path(tls.ca_cert_path(head)).read_bytes(), ()))
+    node_pem, hop_pem = proxy_pem_path(router), tls.hop_cert(router).pem
+    text = pem_text(node_pem)
+    assert "TLS Web Server Authentication\n" in text and "Client Authentication" not in text and "CN = spark-b" in text
+    assert re.search(r"IP Address:10\.0\.0\.12\n", text)
+    hop_text = pem_text(hop_pem)
+    assert "X509v3 Extended Key Usage: \n                TLS Web Client Authentication\n" in hop_text, hop_text
+    assert "Server Authentication" not in hop_text and "Subject Alternative Name" not in hop_text
+    assert "Subject: O = sparkfleet, CN = sparkfleet-router-hop\n" in hop_text and "CA:FALSE" in hop_text
+    assert Path(hop_pem).stat().st_uid == os.geteuid() and oct(Path(hop_pem).stat().st_mode & 0o777) == "0o600"
+    assert "PRIVATE KEY" in Path(hop_pem).read_text() and not list(Path(hop_pem).parent.glob("*.new"))
+    assert oct(Path(hop_pem).parent.stat().st_mode & 0o777) == "0o700"
+    # the hop's key is its own, not the node's
+    pub = {p: sh(f"openssl pkey -in {p} -pubout") for p in (node_pem, hop_pem)}
+    assert pub[node_pem] != pub[hop_pem]
+    bundle = ca_bundle_path(router)
+    assert verify("sslserver", bundle, node_pem).returncode == 0 and verify("sslclient", bundle, hop_pem).returncode == 0
+    # neither passes for the other use: the node's certificate (and the exporters' copy of it) is no client's
+    for purpose, pem in (("sslclient", node_pem), ("sslserver", hop_pem)):
+        wrong = verify(purpose, bundle, pem)
+        assert wrong.returncode != 0 and "error 26 at 0 depth lookup: unsuitable certificate purpose" in wrong.stderr, wrong
+    again = tls.decide(fleet, facts())
+    assert not again.changes and again.problems == (), again
+    lines = "\n".join(tls.plan_lines(fleet, again))
+    assert "issued" not in lines and again.hop_days_left["spark-b"] in (364, 365)
+    assert re.search(r"    spark-b: the router hop's client certificate has 36[45] day\(s\) left", lines), lines
+
+
+def test_a_node_certificate_with_client_auth_is_issued_again_and_the_hops_by_the_same_rules(tmp_path):
+    """The router node's certificate as this branch's first design issued it (clientAuth besides serverAuth),
+    or a head's that was the router node's: issued again, serverAuth only. The router hop's certificate is
+    issued again when it is missing, near its end, for another use or subject, not root-only, not its key's or
+    from another CA, and a due one while the CA node is left out is refused."""
+    import dataclasses
+
+    fleet, nodes = router_fleet(tmp_path)
+    head, router = nodes["spark-a"], nodes["spark-b"]
+
+    def facts():
+        return {name: facts_of(nodes[name], ca=name == "spark-a") for name in ("spark-a", "spark-b", "spark-c")}
+
+    sh(tls.create_ca_command(head, 3650, tls.ca_subject(head)))
+    for name in ("spark-a", "spark-b", "spark-c"):
+        issue(nodes[name], head, 365)
+        Path(ca_bundle_path(nodes[name])).write_bytes(tls.bundle_text(Path(tls.ca_cert_path(head)).read_bytes(), ()))
+    hop = tls.hop_cert(router)
+    issue(router, head, 365, kind=hop)
+    assert not tls.decide(fleet, facts()).changes
+    both_usages = {n: dataclasses.replace(tls.node_cert(nodes[n]), usage=("serverAuth", "clientAuth"))
+                   for n in ("spark-a", "spark-b")}
+    for name, kind in both_usages.items():
+        issue(nodes[name], head, 365, kind=kind)
+    plan = tls.decide(fleet, facts())
+    assert plan.issue == {n: ("it is for clientAuth, serverAuth, not serverAuth",) for n in ("spark-a", "spark-b")}
+    assert plan.hop == {} and plan.exporter_pem == {}  # monitoring off here (with it: test_monitoring_tls.py)
+    for name in plan.issue:
+        issue(nodes[name], head, 365)
+
+    def hop_reasons():
+        return tls.decide(fleet, facts()).hop.get("spark-b")
+
+    issue(router, head, 10, kind=hop)
+    [why] = hop_reasons()
+    assert re.fullmatch(r"(9|10) day\(s\) left, fewer than tls_renew_before_days = 30", why)
+    issue(router, head, 365, kind=dataclasses.replace(hop, usage=("serverAuth", "clientAuth")))
+    assert hop_reasons() == ("it is for clientAuth, serverAuth, not clientAuth",)
+    issue(router, head, 365, kind=dataclasses.replace(hop, cn="spark-b"))
+    assert hop_reasons() == ("its subject is CN=spark-b,O=sparkfleet, not CN=sparkfleet-router-hop,O=sparkfleet",)
+    issue(router, head, 365, kind=dataclasses.replace(hop, sans=frozenset({"IP:10.0.0.12"})))
+    assert hop_reasons() == ("it names IP:10.0.0.12, not none",)
+    issue(router, head, 365, kind=hop)
+    Path(hop.pem).chmod(0o640)
+    assert hop_reasons() == ("its file is root 640 (owner, mode), not root 600",)
+    Path(hop.pem).chmod(0o600)
+    Path(hop.pem).unlink()
+    assert hop_reasons() == ("no certificate yet",)
+    # from another CA with the same name and use: issued again; the node's certificates with it
+    stranger = router.model_copy(update={"serving_dir": str(tmp_path / "stranger")})
+    sh(tls.create_ca_command(stranger, 3650, tls.ca_subject(stranger)))
+    issue(router, stranger, 365, kind=hop)
+    assert hop_reasons() == ("another CA issued it",)
+    # due while the CA node is left out of the run (--limit): refused, naming it
+    limited = {"spark-b": facts()["spark-b"]}
+    [p] = [p for p in tls.decide(fleet, limited).problems if "router hop" in p]
+    assert p.startswith("spark-b: its router hop's client certificate is due (it does not verify against the fleet CA")
+    assert p.endswith("and the fleet CA is on spark-a, which this run leaves out (--limit): run with spark-a too")
+
+
 def test_a_ca_the_deploy_must_not_use_stops_the_run_naming_it(tmp_path):
     fleet, head = node_in(tmp_path)
     run_plan(fleet, tls.decide(fleet, {"spark-a": facts_of(head)}), head)
@@ -246,15 +420,35 @@ def test_a_head_due_a_certificate_while_the_ca_node_is_left_out_is_refused(tmp_p
     fleet, head = node_in(tmp_path, tls_ca_node="spark-b")
     plan = tls.decide(fleet, {"spark-a": facts_of(head, ca=False)})  # spark-b not in the run (--limit)
     [p] = plan.problems
-    assert p.startswith("spark-a: its API certificate is due (no certificate yet)") and "run with spark-b too" in p
+    assert p.startswith("spark-a: its certificate is due (no certificate yet)") and "run with spark-b too" in p
 
 
 def test_the_renewal_verdict_is_a_function_of_the_facts():
     want = frozenset({"IP:10.0.0.11"})
     now = 1_800_000_000
     good = {"now": str(now), "pem_mode": "root 600", "pem_match": "yes", "pem_end": str(now + 200 * 86400),
-            "pem_sans": "IPAddress:10.0.0.11", "pem_aki": "AB12", "pem_verify": "/x/api.pem: OK"}
+            "pem_sans": "IPAddress:10.0.0.11", "pem_aki": "AB12", "pem_verify": "/x/api.pem: OK",
+            "pem_eku": "TLSWebServerAuthentication"}
     assert tls.renewal_reasons(good, want, "ab12", True, 30) == []
+    # the extended key usages: serverAuth alone on every node's (a router node's of the first design had clientAuth)
+    both_usages = {**good, "pem_eku": "TLSWebServerAuthentication,TLSWebClientAuthentication"}
+    assert tls.renewal_reasons(both_usages, want, "AB12", True, 30) == ["it is for clientAuth, serverAuth, not serverAuth"]
+    # the subject, when asked for
+    named = {**good, "pem_subject": "CN=spark-a,O=sparkfleet"}
+    assert tls.renewal_reasons(named, want, "AB12", True, 30, subject="CN=spark-a,O=sparkfleet") == []
+    assert tls.renewal_reasons(named, want, "AB12", True, 30, subject="CN=spark-z,O=sparkfleet") == [
+        "its subject is CN=spark-a,O=sparkfleet, not CN=spark-z,O=sparkfleet"]
+    # the router hop's, from its own lines (hop_*): clientAuth alone, no address
+    hop = {"now": str(now), "hop_mode": "root 600", "hop_match": "yes", "hop_end": str(now + 200 * 86400),
+           "hop_sans": "", "hop_aki": "AB12", "hop_verify": "/x/router-hop.pem: OK", "hop_eku": "TLSWebClientAuthentication",
+           "hop_subject": "CN=sparkfleet-router-hop,O=sparkfleet"}
+    assert tls.renewal_reasons(hop, frozenset(), "AB12", True, 30, ("clientAuth",),
+                               "CN=sparkfleet-router-hop,O=sparkfleet", prefix="hop") == []
+    assert tls.renewal_reasons({**hop, **good}, frozenset(), "AB12", True, 30, ("clientAuth",), prefix="hop") == []
+    assert tls.renewal_reasons({**hop, "hop_eku": both_usages["pem_eku"]}, frozenset(), "AB12", True, 30,
+                               ("clientAuth",), prefix="hop") == ["it is for clientAuth, serverAuth, not clientAuth"]
+    assert tls.renewal_reasons(good, frozenset(), "AB12", True, 30, ("clientAuth",), prefix="hop") == [
+        "no certificate yet"]
     assert tls.renewal_reasons({**good, "pem_end": str(now - 2 * 86400)}, want, "AB12", True, 30) == [
         "it expired 2 day(s) ago"]
     assert tls.renewal_reasons({**good, "pem_sans": "IPAddress:10.0.0.11,DNS:spark-a"}, want, "AB12", True, 30) == [
