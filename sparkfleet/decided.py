@@ -18,6 +18,7 @@ from sparkfleet.verdicts import (
 
 _KEY = "_sparkfleet_decisions"
 _FLEET_KEY = "_sparkfleet_fleet_decision"
+_AFTER_BUILD = "_sparkfleet_caches_after_build"
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Decisions:
 class FleetDecision:
     """The fleet's verdicts, taken at step 1b with the groups' from the same facts pass: the turn
     order, the routing (what is routed again, drained for a restart; a drain of a model's last routed
-    group was refused there), the fleet key's fate and TLS (the fleet CA, the heads' certificates, the
+    group was refused there), the fleet key's fate and TLS (the fleet CA, the nodes' certificates, the
     trust bundles). The rolling, router, key, TLS and API proxy steps read it."""
     summary: FleetPlan  # what the plan prints and `sparkfleet plan` reads
     key: FleetKey | None  # roles/router fleet_key.decide: the key (in memory only) and where it is written
@@ -94,3 +95,17 @@ def decisions(state) -> Decisions:
 def fleet_summary(state) -> dict[str, GroupPlan]:
     """Every group's plan as the table printed it: group -> GroupPlan."""
     return {name: d.summary for name, d in fleet_decisions(state).items()}
+
+
+def record_after_build(state, head: str, caches: CachePlan) -> None:
+    """roles/kernel_cache's verdict for the group of `head`, taken after the build where the plan left it
+    to then (CachePlan.after_build: the same decide() on the facts read once the image exists), for
+    the steps after it to read (prewarmed)."""
+    state.__dict__.setdefault(_AFTER_BUILD, {})[head] = caches
+
+
+def prewarmed(state, head: str, planned: CachePlan) -> bool:
+    """This run's kernel-cache step prewarms (prewarmed) the group of `head`: its plan says so, or the
+    verdict it took after the build does. Read while operations run (an operation's _if)."""
+    after = state.__dict__.get(_AFTER_BUILD, {}).get(head)
+    return planned.prewarm or (after is not None and after.prewarm)

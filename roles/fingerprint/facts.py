@@ -3,6 +3,7 @@ and its parser are roles/fingerprint/sfl_fingerprint.py's, which each node also 
 from pyinfra.api import FactBase
 
 from roles.fingerprint.sfl_fingerprint import fingerprint_command, parse_fingerprint, visible_files  # noqa: F401
+from roles.kernel_cache.engine_key import layers_command, parse_layers
 
 
 class Fingerprint(FactBase):
@@ -35,8 +36,11 @@ class Fingerprint(FactBase):
 class EngineVersions(FactBase):
     """The engine (name and version, from the dist-info in the image's layers, as Fingerprint reads
     it) of the image the head's unit runs now and of the image this run serves (`ref`): what the
-    plan prints as the engine's move ("vllm 0.31.0 -> 0.32.0"). {"running": str | None, "image": str |
-    None}; None where there is no such container or image yet (the run builds it)."""
+    plan prints as the engine's move ("vllm 0.31.0 -> 0.32.0"); and what in that image the engine
+    folds into its compile-cache keys, read from the same layers in the same round trip (the
+    kernel-cache generation's key: roles/kernel_cache/engine_key.py). {"running": str | None, "image":
+    str | None, "layers": dict | None}; None where there is no such container or image yet (the run
+    builds it), and "layers" None too from a record taken before it was read (a capture bundle)."""
 
     def command(self, netdev: str, unit: str, ref: str, engine: str) -> str:
         running = fingerprint_command(netdev, "$r", engine).replace("'$r'", '"$r"')
@@ -46,13 +50,17 @@ class EngineVersions(FactBase):
             'if [ -n "$r" ]; then', running, "fi",
             'echo "== image"',
             fingerprint_command(netdev, ref, engine),
+            'echo "== layers"',
+            layers_command(ref, engine),
         ])
 
     def process(self, output):
-        parts, current = {"running": [], "image": []}, None
+        parts, current = {"running": [], "image": [], "layers": []}, None
         for line in output:
             if line.startswith("== "):
                 current = line[3:].strip()
             elif current in parts:
                 parts[current].append(line)
-        return {k: parse_fingerprint(v)["engine"] for k, v in parts.items()}
+        out = {k: parse_fingerprint(parts[k])["engine"] for k in ("running", "image")}
+        out["layers"] = parse_layers(parts["layers"])
+        return out

@@ -19,14 +19,14 @@ import sys
 
 # Where pip puts an engine and NCCL's wheel in the images DGX Spark recipes build: the system
 # Python (NGC and CUDA bases), and a venv under /opt (uv- and conda-based recipes).
-_SITE_DIRS = ("usr/local/lib/python3*/*-packages", "usr/lib/python3*/*-packages", "opt/*/lib/python3*/site-packages")
+SITE_DIRS = ("usr/local/lib/python3*/*-packages", "usr/lib/python3*/*-packages", "opt/*/lib/python3*/site-packages")
 # A system NCCL (a .deb from NVIDIA's repository or built from source) is a versioned file.
 _NCCL_LIBS = ("usr/lib/*-linux-gnu/libnccl.so.2.*", "usr/local/lib/libnccl.so.2.*")
 _ENV_KEYS = ("NCCL_VERSION", "VLLM_VERSION", "SGLANG_VERSION")
 
 
 def _layer_globs(engine: str) -> list[str]:
-    return [f"{site}/{name}-*.dist-info" for site in _SITE_DIRS for name in (engine, "nvidia_nccl_cu*")] + list(_NCCL_LIBS)
+    return [f"{site}/{name}-*.dist-info" for site in SITE_DIRS for name in (engine, "nvidia_nccl_cu*")] + list(_NCCL_LIBS)
 
 
 def fingerprint_command(netdev: str, ref: str, engine: str) -> str:
@@ -65,7 +65,7 @@ def fingerprint_command(netdev: str, ref: str, engine: str) -> str:
     ])
 
 
-def _dist_info(name: str) -> tuple[str, str] | None:
+def dist_info(name: str) -> tuple[str, str] | None:
     """'vllm-0.11.0.dist-info' -> ('vllm', '0.11.0'); wheel names have no '-' in either part."""
     if not name.endswith(".dist-info") or "-" not in name:
         return None
@@ -103,7 +103,7 @@ def parse_fingerprint(lines: list[str]) -> dict:
     out["image_id"] = raw.get("id") or None
     engines, pip_nccl, lib_nccl = [], [], []
     for name in visible_files(layers):
-        info = _dist_info(name)
+        info = dist_info(name)
         if info and info[0].startswith("nvidia_nccl_cu"):
             pip_nccl.append(info[1])
         elif info:

@@ -1,10 +1,14 @@
 """What roles/kernel_cache must do, decided once at prepare time, and the step that does it.
 
-One cache generation per image ID and compile key on every node
-(<kernel_cache_dir>/<12 hex of the ID>-<8 hex of the compile settings>/, with 'current' linking to
-the served one and <generation>.manifest beside it): the compile settings are the rendered flags and
-variables the engine folds into its own compile-cache key (sparkfleet/model/compile_key.py), so a
-changed pin the engine hashes is a generation never warmed, and one it does not hash is not.
+One cache generation per engine in the image and compile key on every node
+(<kernel_cache_dir>/e-<12 hex of the engine's identity>-<8 hex of the compile settings>/, or
+<12 hex of the image ID>-<8 hex> where the engine cannot be read from the image's layers, with
+'current' linking to the served one and <generation>.manifest beside it): the engine's identity is
+what it folds into its compile-cache keys from the image (roles/kernel_cache/engine_key.py), so a
+recipe bump that changes nothing compiled reuses the generation; the compile settings are the
+rendered flags and variables the engine folds into its own compile-cache key
+(sparkfleet/model/compile_key.py), so a changed pin the engine hashes is a generation never warmed,
+and one it does not hash is not.
 The head's manifest is the reference. A generation the head has no manifest for is warmed: the
 pair runs once, with production's command line and environment (plus only PREWARM_ENV_ADDITIONS,
 which enter no cache key), and the fixed warm-up set until no rank's cache grows. Then every rank gets
@@ -13,8 +17,10 @@ each rank writes its own manifest, which must equal the head's before production
 """
 import dataclasses
 import json
+import re
 import shlex
 import time
+from typing import Callable
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
@@ -22,7 +28,10 @@ from pyinfra.api.exceptions import DeployError
 
 from roles.fanout.commands import rsync_pull_command
 from roles.fanout.sfl_files import absent, parse_manifest
-from roles.kernel_cache.facts import CacheState, is_generation
+from roles.kernel_cache.engine_key import (
+    EngineIdentity, engine_identity, identity_changes, layers_command, parse_layers, recorded,
+)
+from roles.kernel_cache.facts import ENGINE_GENERATION, CacheState, GenerationState, is_generation
 from roles.kernel_cache.warmup import warmup_requests
 from roles.serving.api_key import curl_config, key_file
 from roles.serving.ready import POLL_S, wait_for_health
@@ -42,6 +51,7 @@ from sparkfleet.progress import phase_text, watched
 from sparkfleet.render import render
 from sparkfleet.run_failure import RunFailed, RunFailure, on_node
 from sparkfleet.watchdog_handover import resume_watchdogs
+from sparkfleet.decided import record_after_build
 from sparkfleet.verdicts import CachePlan  # noqa: F401 (this role's verdict, on the ground floor)
 
 
@@ -58,6 +68,28 @@ def generation(image_id: str | None, compile_key: dict[str, str] | str | None = 
     if compile_key is None:
         return base
     return f"{base}-{compile_key if isinstance(compile_key, str) else settings_key(compile_key)}"
+
+
+def engine_generation(identity: EngineIdentity | None, settings: dict[str, str]) -> str | None:
+    """The generation keyed by the engine in the image (roles/kernel_cache/engine_key.py) and the compile
+    settings: 'e-<12 hex of the identity>-<8 hex of the settings>'; None when the identity was not read."""
+    if identity is None or identity.key is None:
+        return None
+    return f"e-{identity.key}-{settings_key(settings)}"
+
+
+def generation_of(identity: EngineIdentity | None, image_id: str | None, settings: dict[str, str]) -> str | None:
+    """The head's generation for this run: keyed by the engine when its identity was read, else by the
+    image ID (generation), as before issue 44: when in doubt, a new image is a new generation."""
+    return engine_generation(identity, settings) or generation(image_id, settings)
+
+
+_IMAGE_KEYED = re.compile(r"[0-9a-f]{12}-[0-9a-f]{8}")
+
+
+def generation_base(name: str) -> str:
+    """A generation's name without its compile key: 'e-<12 hex>' (the engine) or 12 hex (the image)."""
+    return name.rsplit("-", 1)[0] if ENGINE_GENERATION.fullmatch(name) or _IMAGE_KEYED.fullmatch(name) else name
 
 
 def compile_version(profile) -> str | None:
@@ -93,6 +125,11 @@ def group_compile_settings(cluster) -> dict[str, str]:
         else:
             out.update({f"{name}@{rank}": value for rank, value in values.items() if value is not None})
     return out
+
+
+def engine_header(identity: EngineIdentity) -> str:
+    """The manifest header line's value that records the engine's identity a generation was warmed for."""
+    return json.dumps(identity.record(), sort_keys=True, separators=(",", ":"))
 
 
 def compile_header(settings: dict[str, str]) -> str:
@@ -142,9 +179,9 @@ def warmed_caches(engine: str) -> str:
 def compile_changes(gen: str, settings: dict[str, str] | None, current: str | None,
                     current_header: dict[str, str] | None) -> list[str]:
     """'NAME OLD -> NEW' per compile setting that differs from those the served generation of the
-    same image was warmed with (its manifest's 'compile' header); [] where that cannot be told (another
-    image, no such header: an older sparkfleet's generation)."""
-    if settings is None or not current or current == gen or current.split("-")[0] != gen.split("-")[0]:
+    same image (or engine) was warmed with (its manifest's 'compile' header); [] where that cannot be
+    told (another image, no such header: an older sparkfleet's generation)."""
+    if settings is None or not current or current == gen or generation_base(current) != generation_base(gen):
         return []
     try:
         old = json.loads((current_header or {}).get("compile", ""))
@@ -153,23 +190,71 @@ def compile_changes(gen: str, settings: dict[str, str] | None, current: str | No
     return settings_changes(old, settings) if isinstance(old, dict) else []
 
 
+def engine_changes(gen: str, settings: dict[str, str] | None, current: str | None,
+                   current_header: dict[str, str] | None, identity: EngineIdentity | None) -> list[str]:
+    """Between two engine-keyed generations, what moved the name: each input of the engine's identity
+    that differs from the one the served generation `current` was warmed with (its manifest's
+    'engine' record), and the compile settings (its 'compile' record). [] where that cannot be told
+    (the served one keyed by its image, or an older header)."""
+    if (identity is None or identity.key is None or not current or current == gen or not ENGINE_GENERATION.fullmatch(gen)
+            or not ENGINE_GENERATION.fullmatch(current) or generation_base(current) == generation_base(gen)):
+        return []
+    old = recorded((current_header or {}).get("engine"))
+    if old is None:
+        return []
+    changed = identity_changes(old, identity)
+    try:
+        old_settings = json.loads((current_header or {}).get("compile", ""))
+    except ValueError:
+        old_settings = None
+    moved = settings_changes(old_settings, settings) if isinstance(old_settings, dict) and settings is not None else []
+    return changed + ([f"a compile-relevant setting changed: {'; '.join(moved)}"] if moved else [])
+
+
 def prewarm_reason(gen: str | None, reference: str | None, engine: str, settings: dict[str, str] | None = None,
-                   current: str | None = None, current_header: dict[str, str] | None = None) -> str | None:
-    """Why the head's generation must be warmed before production, or None: the image is new, a
-    compile setting changed (from those `current`, the served generation of the same image, was
-    warmed with), the generation was never warmed, or it was warmed for another set of cache
-    variables (an older sparkfleet's, or another engine's), so caches production now writes were
-    never warmed."""
+                   current: str | None = None, current_header: dict[str, str] | None = None,
+                   identity: EngineIdentity | None = None) -> str | None:
+    """Why the head's generation must be warmed before production, or None: the image is new (built in
+    this run), the engine in it or a compile setting changed (from what `current`, the served
+    generation, was warmed with: engine_changes, compile_changes), the generation was never warmed
+    (saying why when the engine could not be read and the image keys it), it was warmed for another
+    set of cache variables (an older sparkfleet's, or another engine's), so caches production now
+    writes were never warmed, or its manifest records another engine than its name says."""
     if gen is None:
         return "the image is built in this run"
     if not reference or not parse_manifest(reference)[1]:
+        moved = engine_changes(gen, settings, current, current_header, identity)
+        if moved:
+            return "; ".join(moved)
         changed = compile_changes(gen, settings, current, current_header)
         if changed:
             return f"a compile-relevant setting changed: {'; '.join(changed)}"
-        return f"generation {gen} was never warmed"
-    if parse_manifest(reference)[0].get("caches") != warmed_caches(engine):
+        why = f"generation {gen} was never warmed"
+        if identity is not None and identity.key is None and identity.image_id:
+            why += f" (keyed by the image ID: the engine in it could not be read: {identity.problem})"
+        elif identity is not None and identity.key and current and _IMAGE_KEYED.fullmatch(current):
+            why += f" (the served {current} is keyed by its image, not by the engine in it)"
+        return why
+    header = parse_manifest(reference)[0]
+    if header.get("caches") != warmed_caches(engine):
         return f"generation {gen} was warmed for another set of cache variables"
+    if ENGINE_GENERATION.fullmatch(gen) and identity is not None and recorded(header.get("engine")) != identity.record():
+        return f"generation {gen}'s manifest records another engine than the image's ({identity.engine}): warmed again"
     return None
+
+
+def reuse_note(gen: str | None, reference: str | None, identity: EngineIdentity | None,
+               image_id: str | None) -> str | None:
+    """Why a warmed engine-keyed generation serves an image it was not warmed under (a recipe bump that
+    changed nothing the engine compiles: its manifest names another image), or None."""
+    if gen is None or not reference or identity is None or identity.key is None or not ENGINE_GENERATION.fullmatch(gen):
+        return None
+    warmed_under = parse_manifest(reference)[0].get("image")
+    if not warmed_under or not image_id or warmed_under == image_id:
+        return None
+    return (f"generation {gen} reused for image {image_id.removeprefix('sha256:')[:12]} (sealed under "
+            f"{warmed_under.removeprefix('sha256:')[:12]}): the engine ({identity.described()}), the image's "
+            f"environment and entrypoint, and the compile settings are the ones it was warmed with")
 
 
 def foreign_summary(entries: list[tuple[str, str]]) -> str:
@@ -194,26 +279,61 @@ def dropped_lines(node_name: str, gen: str, output: str) -> list[str]:
     return lines
 
 
-def cache_facts(state) -> dict[str, dict]:
-    """node name -> its CacheState for the profile's image (every node of the run at once)."""
+def cache_facts(state, image_layers: Callable[[], dict | None] = lambda: None) -> dict[str, dict]:
+    """node name -> its CacheState for the profile's image (every node of the run at once), of the
+    generation keyed by the engine in the head's image when `image_layers()` (the head's image's layers,
+    roles/kernel_cache/engine_key.py parse_layers: the facts pass reads them with the head's
+    EngineVersions, tools/plan.py) tells its identity, else of the one keyed by the image ID. The
+    head's entry carries that identity ("engine")."""
     cluster = cluster_from_state(state)
-    ref = node_profile(cluster.head).image_ref
-    key = settings_key(group_compile_settings(cluster))
-    return per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir, ref=ref, key=key))
+    profile = node_profile(cluster.head)
+    settings = group_compile_settings(cluster)
+    identity = engine_identity(image_layers(), profile.engine)
+    gen = engine_generation(identity, settings)
+    if gen is not None:
+        facts = per_host(state, lambda h: h.get_fact(GenerationState, root=cluster.node(h.name).kernel_cache_dir,
+                                                     ref=profile.image_ref, gen=gen))
+    else:
+        key = settings_key(settings)
+        facts = per_host(state, lambda h: h.get_fact(CacheState, root=cluster.node(h.name).kernel_cache_dir,
+                                                     ref=profile.image_ref, key=key))
+    if cluster.head.name in facts:
+        facts[cluster.head.name] = {**facts[cluster.head.name], "engine": identity}
+    return facts
+
+
+def warmed_engine_generations(head_facts: dict, settings: dict[str, str]) -> list[str]:
+    """The head's sealed engine-keyed generations for these compile settings: those a new image's
+    engine may turn out to be warmed in already (its generation's name is one of them)."""
+    suffix = f"-{settings_key(settings)}"
+    return sorted(g for g in head_facts["generations"] if ENGINE_GENERATION.fullmatch(g) and g.endswith(suffix))
 
 
 def decide(facts: dict[str, dict], cluster) -> CachePlan:
-    """Prewarm, repair or nothing, a pure function of every rank's CacheState: the head's manifest
-    is the reference; a generation it never warmed is warmed (and then every rank merged); else
-    each rank whose files or manifest differ is synced, each whose 'current' links elsewhere is
-    linked, and generations past kernel_cache_keep_generations are expired."""
+    """Prewarm, repair or nothing, a pure function of every rank's CacheState: the head's generation
+    is the one of the engine in its image and the compile settings (the image's, where the engine could
+    not be read); its manifest is the reference; a generation it never warmed is warmed (and then
+    every rank merged), saying which input moved; a warmed one serving a new image is reused, saying
+    why; else each rank whose files or manifest differ is synced, each whose 'current' links elsewhere
+    is linked, and generations past kernel_cache_keep_generations are expired. An image built in
+    this run has no identity yet: when the head holds a generation warmed for these settings by an
+    engine, which one (if any) the new image's engine is warmed in is decided after the build, by this
+    same function on the facts read then (converge_caches); else it is warmed."""
     head = cluster.head
     head_facts = facts[head.name]
     settings = group_compile_settings(cluster)
-    gen = generation(head_facts["image"], settings)
+    identity = head_facts.get("engine")
+    gen = generation_of(identity, head_facts["image"], settings)
     reference = head_facts["manifest"]
+    if gen is None and (warmed := warmed_engine_generations(head_facts, settings)):
+        return CachePlan(generation=None, after_build=True,
+                         why_after_build=(f"the image is built in this run; the head holds {', '.join(warmed)}, warmed "
+                                          f"for these compile settings: the new image's engine, read from its "
+                                          f"layers after the build, reuses its generation if it is one of them "
+                                          f"(no prewarm: the pair restarts once, warm), else it is warmed first"))
     why_prewarm = prewarm_reason(gen, reference, node_profile(head).engine, settings, head_facts["current"],
-                                 head_facts.get("current_header"))
+                                 head_facts.get("current_header"), identity)
+    reused = None if why_prewarm is not None else reuse_note(gen, reference, identity, head_facts["image"])
     sync, link, expire = {}, [], {}
     for name, f in facts.items():
         node = cluster.node(name)
@@ -232,19 +352,23 @@ def decide(facts: dict[str, dict], cluster) -> CachePlan:
         if old:
             expire[name] = old
     return CachePlan(generation=gen, prewarm=why_prewarm is not None, sync=sync, link=link,
-                     expire=expire, why_prewarm=why_prewarm)
+                     expire=expire, why_prewarm=why_prewarm, reused=reused)
 
 
 def summary(plan: CachePlan, facts: dict[str, dict], head_name: str) -> str:
     """The verdict in one line, as the deploy prints it."""
     gen = plan.generation
+    if plan.after_build:
+        return f"decided after the build: {plan.why_after_build}"
     if plan.prewarm:
         return f"prewarm ({plan.why_prewarm}), then merge on every rank"
+    reused = f"; {plan.reused}" if plan.reused else ""
     if plan.converge:
         parts = [f"{n}: {why}" for n, why in plan.sync.items()] + [f"{n}: link to {gen}" for n in plan.link]
         parts += [f"{n}: remove {', '.join(g)}" for n, g in plan.expire.items()]
-        return "repair without prewarm: " + "; ".join(parts)
-    return f"generation {gen} identical on every rank ({len(parse_manifest(facts[head_name]['manifest'])[1])} files)"
+        return "repair without prewarm: " + "; ".join(parts) + reused
+    return (f"generation {gen} identical on every rank ({len(parse_manifest(facts[head_name]['manifest'])[1])} files)"
+            + reused)
 
 
 def prewarm_command(profile, cluster, node) -> str:
@@ -284,11 +408,28 @@ class _Nodes:
             raise DeployError(f"{name}: {what} failed:\n{out.stderr or out.stdout}")
         return out.stdout
 
-    def cache_state(self, node, ref: str, key: str = "") -> dict:
-        """The node's CacheState read afresh (the prepare-time fact is stale once the step runs)."""
-        fact = CacheState()
-        command = fact.command(root=node.kernel_cache_dir, ref=ref, key=key)
+    def cache_state(self, node, ref: str, key: str = "", gen: str | None = None) -> dict:
+        """The node's CacheState read afresh (the prepare-time fact is stale once the step runs): of
+        the engine-keyed generation `gen` when given, else of the image's and `key`'s."""
+        fact, kwargs = ((GenerationState(), {"gen": gen}) if gen and ENGINE_GENERATION.fullmatch(gen)
+                        else (CacheState(), {"key": key}))
+        command = fact.command(root=node.kernel_cache_dir, ref=ref, **kwargs)
         return fact.process(self.run(node.name, command, "reading the cache").splitlines())
+
+    def identity(self, profile) -> EngineIdentity:
+        """The engine's identity in the head's image, read afresh from its layers (the image may have
+        been built in this run)."""
+        out = self.run(self.cluster.head.name, layers_command(profile.image_ref, profile.engine),
+                       "reading the image's layers", check=False)
+        return engine_identity(parse_layers(out.splitlines()), profile.engine)
+
+    def cache_facts(self, profile, settings: dict[str, str], identity: EngineIdentity) -> dict[str, dict]:
+        """cache_facts() read afresh through this step's connections: every rank's CacheState of the
+        generation of the head's image as it is now (`identity`: its engine's), the head's carrying it."""
+        gen = engine_generation(identity, settings)
+        facts = {n.name: self.cache_state(n, profile.image_ref, settings_key(settings), gen) for n in self.cluster.nodes}
+        facts[self.cluster.head.name] = {**facts[self.cluster.head.name], "engine": identity}
+        return facts
 
     def counts(self) -> dict[str, tuple[int, int]]:
         out = {}
@@ -528,9 +669,12 @@ def _restore_production(nodes: _Nodes, profile, gen: str, previous: dict[str, st
             + f" on kernel-cache generation {', '.join(links)}; restarted {restarted}; /health 200"), None
 
 
-def _merge(nodes: _Nodes, profile, gen: str, image_id: str, settings: dict[str, str]) -> int:
+def _merge(nodes: _Nodes, profile, gen: str, image_id: str, settings: dict[str, str],
+           identity: EngineIdentity | None = None) -> int:
     """Every rank gets the union of the generation's files; each writes its manifest, which must
-    equal the head's. Returns the number of files."""
+    equal the head's (with what the generation was warmed for: the image, the cache variables, the
+    compile settings and, for an engine-keyed generation, the engine's identity). Returns the number
+    of files."""
 
     cluster = nodes.cluster
     head = cluster.head
@@ -566,7 +710,9 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str, settings: dict[str, 
             f"python3 {SFL_FILES} seal {root}/{gen} --manifest {root}/{gen}.manifest "
             f"--header 'sparkfleet kernel cache manifest v1' --header 'image: {image_id}' "
             f"--header {shlex.quote('caches: ' + warmed_caches(profile.engine))} "
-            f"--header {shlex.quote('compile: ' + compile_header(settings))}",
+            f"--header {shlex.quote('compile: ' + compile_header(settings))}"
+            + (f" --header {shlex.quote('engine: ' + engine_header(identity))}"
+               if identity is not None and identity.key and ENGINE_GENERATION.fullmatch(gen) else ""),
             "writing the cache manifest",
         )
         manifests[node.name] = nodes.run(node.name, f"cat {root}/{gen}.manifest", "reading the cache manifest")
@@ -593,22 +739,40 @@ def _merge(nodes: _Nodes, profile, gen: str, image_id: str, settings: dict[str, 
 
 
 def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tuple[str, ...] = (),
-                    previous_pins: dict[str, str | None] | None = None) -> None:
-    """Operation body, on the head: link every node to the image's generation, prewarm when it was
-    never warmed, give every rank the union, write and compare the manifests, drop old generations.
+                    previous_pins: dict[str, str | None] | None = None, after_build: bool = False,
+                    planned: str | None = None) -> None:
+    """Operation body, on the head: link every node to the generation of the engine in the image (of
+    the image, where the engine could not be read), prewarm when it was never warmed, give every rank
+    the union, write and compare the manifests, drop old generations. `after_build` (the plan's: the
+    image was built in this run and the head holds generations an engine warmed for these settings):
+    whether to prewarm is decided here, by decide() on the facts read now, and printed with why.
     When a prewarm, or the merge after it, fails, the previous production comes back (its cache link,
     its units, /health awaited), the watchdogs this run paused (`watchdogs`, roles/watchdog) watch it
     again, and a generation directory this run created is removed. `previous_pins`: each worker's image
-    pin before this run (the plan's, from prepare-time facts): production ran it."""
+    pin before this run (the plan's, from prepare-time facts): production ran it. `planned`: the plan's
+    generation (None when the image was built in this run): the one read now must be it."""
 
     nodes = _Nodes(state)
     cluster = nodes.cluster
     profile = node_profile(cluster.head)
-    image_id = nodes.cache_state(cluster.head, profile.image_ref)["image"]
     settings = group_compile_settings(cluster)  # as the plan's (decide), from the same data
-    gen = generation(image_id, settings)
+    identity = nodes.identity(profile)
+    image_id = identity.image_id or nodes.cache_state(cluster.head, profile.image_ref)["image"]
+    gen = generation_of(identity, image_id, settings)
     if gen is None:
         raise DeployError(f"{cluster.head.name}: image {profile.image_ref} is missing; nothing to key the kernel cache by")
+    if planned is not None and gen != planned:  # the image was not rebuilt: its engine read now is the plan's
+        raise DeployError(
+            f"{cluster.head.name}: the kernel-cache generation of {profile.image_ref} read now is {gen}, the plan's "
+            f"was {planned} ({identity.problem or identity.engine}): nothing was linked or warmed; re-deploy "
+            f"(the plan is taken again from what the image holds then)")
+    if after_build:
+        facts = nodes.cache_facts(profile, settings, identity)
+        verdict = decide(facts, cluster)  # the plan's own rule, on the image built in this run
+        record_after_build(state, cluster.head.name, verdict)
+        logger.info(f"    [{host.name}] kernel caches, decided after the build ({profile.image_ref}): "
+                    f"{summary(verdict, facts, cluster.head.name)}")
+        prewarm, expire = verdict.prewarm, verdict.expire
     subdirs = " ".join(sorted(set(cache_vars(profile.engine).values())))  # this engine's caches only
     # What production used before, to return to when the prewarm fails: its 'current', whether the
     # new generation's directory existed (removed again if this run made it), its units.
@@ -631,7 +795,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
             f"linking the kernel cache to generation {gen}",
         )
     if not prewarm:
-        _merge(nodes, profile, gen, image_id, settings)
+        _merge(nodes, profile, gen, image_id, settings, identity)
     else:
 
         logger.info(f"    [{host.name}] prewarm of generation {gen} ({profile.image_ref})")
@@ -640,7 +804,7 @@ def converge_caches(prewarm: bool, expire: dict[str, list[str]], watchdogs: tupl
         nodes.run(cluster.head.name, record_command(history, "attempted", commit), "recording the attempted commit")
         try:
             _prewarm(nodes, profile)  # its containers are stopped and removed however it ends
-            _merge(nodes, profile, gen, image_id, settings)
+            _merge(nodes, profile, gen, image_id, settings, identity)
         except Exception as exc:
             failure = (f"the prewarm of kernel-cache generation {gen} ({profile.image_ref}) failed: "
                        f"{exc if isinstance(exc, DeployError) else repr(exc)}")

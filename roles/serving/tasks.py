@@ -17,7 +17,7 @@ from roles.receipt.receipt import note_start
 from roles.serving.api_key import curl_config, key_file
 from roles.serving.ready import wait_for_container
 from roles.serving.history import RecipeHistory, history_file, last_served, record_command, same_commit, wait_then_record
-from sparkfleet.decided import decisions
+from sparkfleet.decided import decisions, prewarmed
 from sparkfleet.model.engine import HEAD_UNIT, WORKER_UNIT, unit_name
 from sparkfleet.model.serving import SFL_GID, node_profile
 from sparkfleet.model.tls import api_base, ca_bundle_path, curl_tls
@@ -91,7 +91,7 @@ on_head, restart = node.is_head, pair.restart
 server.shell(
     name="Record the attempted recipe commit",  # a prewarm recorded it already (roles/kernel_cache)
     commands=[record_command(events_file, "attempted", commit)],
-    _if=lambda: on_head and restart and not planned.caches.prewarm,
+    _if=lambda: on_head and restart and not prewarmed(state, cluster.head.name, planned.caches),
 )
 python.call(
     name="Note when the pair's units start (the receipt's cold start)",

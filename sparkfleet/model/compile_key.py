@@ -1,8 +1,9 @@
 """What each engine release folds into the key of the compile caches roles/kernel_cache warms, of the
 settings sparkfleet renders (the `vllm serve` / `sglang.launch_server` argv and the rank's environment).
 
-A kernel-cache generation is named by the image ID and a short hash of these settings
-(roles/kernel_cache/checks.py generation): a pin the engine hashes, changed, makes the engine look
+A kernel-cache generation is named by the engine in the image (roles/kernel_cache/engine_key.py; by
+the image ID where that cannot be read) and a short hash of these settings
+(roles/kernel_cache/checks.py generation_of): a pin the engine hashes, changed, makes the engine look
 for its compiled graphs in a directory the prewarm never filled, so it must be a new generation,
 warmed before production; a pin the engine does not hash leaves the generation (and its warm
 caches) as they are.
@@ -17,7 +18,8 @@ cache <VLLM_CACHE_ROOT>/torch_compile_cache/<hash_key>, hash_key from [env, conf
   sub-config's own hash: ModelConfig, CacheConfig, ParallelConfig, CompilationConfig, KernelConfig,
   AttentionConfig (every field less an ignore list), SchedulerConfig, SpeculativeConfig (picked
   factors), StructuredOutputsConfig, LoadConfig, DeviceConfig, ObservabilityConfig (none);
-- code: the traced source files (in the image: its ID covers them); compiler: torch's own state.
+- code: the traced source files, compiler: torch's own state (both in the image: the engine's
+  identity covers them, roles/kernel_cache/engine_key.py).
 vLLM's FlashInfer autotune cache (vllm/model_executor/warmup/flashinfer_autotune_cache.py, 0.33.0) is
 keyed by the same config hash without the version: no setting outside this table.
 

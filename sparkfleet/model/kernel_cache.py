@@ -59,8 +59,9 @@ _KERNEL_LIBRARIES = {
 }
 
 # Every JIT cache each engine's stack writes, by the variable that moves it, and its directory under
-# a generation. Only what that stack reads is rendered for it. One generation per image ID: kernels
-# compiled by one build of the engine are not trusted by another.
+# a generation. Only what that stack reads is rendered for it. One generation per engine in the image
+# (roles/kernel_cache/engine_key.py: its distribution, the image's layers up to the last holding code,
+# its environment): kernels compiled by one build of the engine are not trusted by another.
 CACHE_VARS: dict[str, dict[str, CacheVar]] = {
     "vllm": {
         # torch.compile artifacts (torch_compile_cache/<hash>/rank_<r>/, with its inductor and
@@ -135,7 +136,8 @@ class KernelCacheData(BaseModel):
     kernel_cache_dir: str = Field(
         "/var/lib/sparkfleet/kernel-cache",
         pattern=r"^/",
-        description="per-node JIT cache root: one generation per image ID, `current` links to the served one",
+        description=("per-node JIT cache root: one generation per engine in the image (read from its layers; per "
+                     "image ID where it cannot be) and compile key, `current` links to the served one"),
     )
     kernel_cache_keep_generations: int = Field(
         2, ge=1, description="cache generations kept per node (the served one included); older ones are removed"

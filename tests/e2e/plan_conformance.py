@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tools.plan import TABLE_HEADER
 
 _PLAN = re.compile(r"^--> sparkfleet plan: (?P<groups>\d+) serving group\(s\), (?P<changes>\d+) with changes")
@@ -40,7 +41,7 @@ class PlannedGroup:
     build: bool = False
     ship_image: set[str] = field(default_factory=set)  # workers that pull the image
     ship_models: dict[str, int] = field(default_factory=dict)  # worker -> models it is sent
-    warm: str = "-"  # "prewarm" | "sync <nodes>; link <nodes>; expire <nodes>" | "-"
+    warm: str = "-"  # "prewarm" | WARM_AFTER_BUILD | "sync <nodes>; link <nodes>; expire <nodes>" | "-"
     restart: bool = False
     firewall_applied: list[str] = field(default_factory=list)  # nodes whose nftables table is applied
     firewall_removed: list[str] = field(default_factory=list)  # nodes whose table is removed (firewall off)
@@ -190,8 +191,12 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
                    _count(changed, w, lambda op: op.startswith("Send ") and op.endswith(" to the workers over the fabric")))
         prewarmed = _count(changed, p.head, lambda op: op == "Prewarm and merge the kernel caches") > 0
         synced = _count(changed, p.head, lambda op: op == "Bring the kernel caches in line with the head's") > 0
+        after_build = _count(changed, p.head, lambda op: op == AFTER_BUILD_STEP) > 0
         expect(name, "kernel-cache prewarm", p.warm == "prewarm", prewarmed)
-        expect(name, "kernel caches brought in line (sync, link, expire)", p.warm not in ("-", "prewarm"), synced)
+        expect(name, "kernel caches brought in line (sync, link, expire)",
+               p.warm not in ("-", "prewarm", WARM_AFTER_BUILD), synced)
+        expect(name, "kernel caches reused or prewarmed as decided after the build", p.warm == WARM_AFTER_BUILD,
+               after_build)
         restarted = [p.head] if _count(changed, p.head, lambda op: op == "Start the head (every worker is up)") else []
         restarted += [w for w in workers if _count(changed, w, lambda op: op == "Restart the workers (workers first)")]
         expect(name, "pair restart (nodes restarted)", p.nodes if p.restart else [], restarted)
@@ -205,28 +210,34 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
 # The plan's TLS lines (roles/tls/checks.py plan_lines), each an action on a node.
 _TLS_CA = re.compile(r"^fleet CA created on: (?P<node>\S+)$")
 _TLS_ISSUE = re.compile(r"^certificate issued for (?P<node>\S+?): ")
+_TLS_HOP = re.compile(r"^router hop's client certificate issued on (?P<node>\S+?): ")
 _TLS_SITE = re.compile(r"^site certificate installed on (?P<node>\S+?): ")
+_TLS_EXPORTER = re.compile(r"^exporters' copy of the certificate written on (?P<node>\S+?): ")
 _TLS_BUNDLE = re.compile(r"^trust bundle written on: (?P<nodes>.+)$")
 
 
 def tls_mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
     """TLS's actions a run took against the plan's TLS lines: the fleet CA created, each certificate
-    issued or installed and each trust bundle written on the nodes the plan named, and nowhere else."""
-    planned = {"ca": set(), "issue": set(), "site": set(), "bundle": set()}
+    issued or installed (the router hop's too), each exporters' copy and each trust bundle written on the
+    nodes the plan named, and nowhere else."""
+    planned = {"ca": set(), "issue": set(), "hop": set(), "site": set(), "exporter": set(), "bundle": set()}
     seen_plan = False
     for line in output.splitlines():
         text = line.strip()
         if text.startswith("--> sparkfleet TLS: "):
             seen_plan = True
-        for what, rule in (("ca", _TLS_CA), ("issue", _TLS_ISSUE), ("site", _TLS_SITE)):
+        for what, rule in (("ca", _TLS_CA), ("issue", _TLS_ISSUE), ("hop", _TLS_HOP), ("site", _TLS_SITE),
+                           ("exporter", _TLS_EXPORTER)):
             if m := rule.match(text):
                 planned[what].add(m["node"])
         if m := _TLS_BUNDLE.match(text):
             planned["bundle"].update(m["nodes"].split(", "))
     ran = _names(changed)
     did = {what: {h for names, h in ran if any(n.startswith(prefix) for n in names)} for what, prefix in (
-        ("ca", "Create the fleet CA on "), ("issue", "Issue the API certificate of "),
-        ("site", "Install the site certificate of "), ("bundle", "Write the trust bundle "))}
+        ("ca", "Create the fleet CA on "), ("issue", "Issue the certificate of "),
+        ("hop", "Issue the router hop's client certificate on "),
+        ("site", "Install the site certificate of "), ("exporter", "Copy the certificate of "),
+        ("bundle", "Write the trust bundle "))}
     if not seen_plan and not any(did.values()):
         return []
     return [f"TLS: {what}: the plan said {sorted(planned[what])}, the run did {sorted(did[what])}"

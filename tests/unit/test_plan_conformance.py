@@ -2,6 +2,7 @@
 applies it to every deploy; here, on output in pyinfra's and the plan's own format)."""
 from pathlib import Path
 
+from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tests.e2e.lab import Run
 from tests.e2e.plan_conformance import PlannedFleet, mismatches, parse_plan
 from tests.e2e.plan_conformance import parse_fleet as parse_plan_fleet
@@ -73,6 +74,22 @@ def test_a_planned_restart_that_skipped_a_worker_is_named():
     run = ran(*[op for op in G1_AS_PLANNED if op[0] != "Restart the workers (workers first)"])
     assert mismatches(run.output, run.changed()) == [
         "g1: pair restart (nodes restarted): the plan said ['spark-a', 'spark-b'], the run did ['spark-a']"]
+
+
+def test_a_prewarm_left_until_after_the_build_is_held_to_its_own_step():
+    """A recipe bump on a pair an engine warmed (issue 44): the warm cell says the step decides after
+    the build; its one operation must run, and neither a planned prewarm nor a repair is expected."""
+    plan = PLAN.replace("prewarm  yes", "after the build: reuse or prewarm  yes")
+    after = [op if op[0] != "Prewarm and merge the kernel caches" else (AFTER_BUILD_STEP, {"spark-a": "Success"})
+             for op in G1_AS_PLANNED]
+    lines = [plan] + [f"--> Starting operation: roles/kernel_cache/tasks.py | {name}\n"
+                      + "\n".join(f"    [{h}] {r}" for h, r in results.items()) for name, results in after]
+    run = Run(0, "\n".join(lines))
+    assert parse_plan(plan)[1]["g1"].warm == WARM_AFTER_BUILD
+    assert mismatches(run.output, run.changed()) == []
+    skipped = Run(0, "\n".join(line for line in lines if AFTER_BUILD_STEP not in line))
+    assert mismatches(skipped.output, skipped.changed()) == [
+        "g1: kernel caches reused or prewarmed as decided after the build: the plan said True, the run did False"]
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -331,8 +348,8 @@ TLS_PLAN = """\
 """
 
 
-def tls_run(*ops):
-    lines = [PLAN, TLS_PLAN]
+def tls_run(*ops, plan=TLS_PLAN):
+    lines = [PLAN, plan]
     for name, results in ops:
         lines.append(f"--> Starting operation: roles/tls/tasks.py | {name}")
         lines += [f"    [{h}] {r}" for h, r in results.items()]
@@ -341,7 +358,7 @@ def tls_run(*ops):
 
 TLS_AS_PLANNED = [
     ("Create the fleet CA on spark-a", {"spark-a": "Success"}),
-    ("Issue the API certificate of spark-a from the fleet CA on spark-a", {"spark-a": "Success"}),
+    ("Issue the certificate of spark-a from the fleet CA on spark-a", {"spark-a": "Success"}),
     ("Write the trust bundle /etc/sparkfleet/tls/ca.crt (the fleet CA is new)", {"spark-a": "Success"}),
 ]
 
@@ -350,9 +367,17 @@ def test_the_fleet_ca_certificates_and_bundles_are_made_where_the_plan_printed_a
     run = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED)
     assert mismatches(run.output, run.changed()) == []
     extra = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED,
-                    ("Issue the API certificate of spark-c from the fleet CA on spark-a", {"spark-c": "Success"}))
+                    ("Issue the certificate of spark-c from the fleet CA on spark-a", {"spark-c": "Success"}))
     assert mismatches(extra.output, extra.changed()) == [
         "TLS: issue: the plan said ['spark-a'], the run did ['spark-a', 'spark-c']"]
     missing = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED[:1])
     assert mismatches(missing.output, missing.changed()) == [
         "TLS: issue: the plan said ['spark-a'], the run did []", "TLS: bundle: the plan said ['spark-a'], the run did []"]
+    # the router hop's client certificate: issued where the plan printed it, and not elsewhere
+    hop = ("Issue the router hop's client certificate on spark-a (/etc/sparkfleet/tls/router-hop.pem) from the fleet CA "
+           "on spark-a", {"spark-a": "Success"})
+    unplanned = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED, hop)
+    assert mismatches(unplanned.output, unplanned.changed()) == ["TLS: hop: the plan said [], the run did ['spark-a']"]
+    planned = tls_run(*G1_AS_PLANNED, *TLS_AS_PLANNED, hop,
+                      plan=TLS_PLAN + "    router hop's client certificate issued on spark-a: no certificate yet\n")
+    assert mismatches(planned.output, planned.changed()) == []
