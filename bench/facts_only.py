@@ -5,7 +5,13 @@ read them, and does nothing else: no operations, no checks, no tables. The facts
 operations read for themselves (files.put's file facts, systemd's unit state) are not here: they are
 part of what the benchmark measures as sparkfleet's cost on top.
 
-tests/unit/test_facts_baseline.py fails when a role reads a fact this file does not gather."""
+Also here: what the deploy reads of a node at prepare without a pyinfra fact, the fleet's key
+(roles/router/fleet_key.py key_facts: the router group's head's key file read into memory over SSH,
+every other holder's Sha1File), so that the four-host floor pays what the fleet's deploy pays. Not
+here: the deploy lock (roles/lock), a change of the node's state, not a reading of it.
+
+tests/unit/test_facts_baseline.py fails when a role reads a fact (or a file over sparkfleet.keyfiles)
+this file does not gather."""
 from pyinfra import host, state
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Which
@@ -16,8 +22,8 @@ from sparkfleet.fabric_others import FabricConfigs
 from sparkfleet.model.fabric import NETPLAN_FILE
 from roles.fabric_speed.checks import record_path
 from roles.fabric_speed.facts import SpeedRecord
-from roles.fingerprint.facts import Fingerprint
-from sparkfleet.model.monitoring import PROMETHEUS_USER, TEXTFILE_DIR
+from roles.fingerprint.facts import EngineVersions, Fingerprint
+from sparkfleet.model.monitoring import PROMETHEUS_USER, TEXTFILE_DIR, monitoring_node_name
 from sparkfleet.root_paths import RootOnlyChain
 from sparkfleet.firewall_facts import LiveMarker, ManagementSubnet
 from roles.monitoring.checks import PACKAGES, InstalledVersions, UserPresent, monitoring_node
@@ -26,17 +32,18 @@ from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
     DeployedCommits, DockerImageId, ImagePin, LocalImages, RecipeCheckout, RepoDigests, ResolvedCommit,
 )
-from roles.kernel_cache.checks import group_compile_settings
-from roles.kernel_cache.facts import CacheState
+from roles.kernel_cache.checks import engine_generation, group_compile_settings
+from roles.kernel_cache.engine_key import engine_identity
+from roles.kernel_cache.facts import CacheState, GenerationState
 from roles.preflight.facts import NodeFacts
 from roles.api_proxy.checks import UNIT_PATH as API_PROXY_UNIT_PATH, ApiProxyHost
 from roles.router.facts import RouterHost, RouterRouting
-from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, venv_dir
+from roles.router.node_config import UNIT_PATH as ROUTER_UNIT_PATH, key_holders, venv_dir
 from roles.serving.api_key import ApiKeyState, state_command
 from roles.serving.checks import unit_path
 from sparkfleet.model.engine import env_file_path, image_pin_path, unit_name
 from roles.serving.facts import HeadHealth, UnitState
-from sparkfleet.model.tls import api_base, ca_node_name, curl_tls
+from sparkfleet.model.tls import api_base, ca_node_name, curl_tls, hop_pem_path
 from roles.tls.checks import TlsState, scope as tls_scope, state_command as tls_state_command
 from roles.serving.history import RecipeHistory, history_file
 from sparkfleet.model.serving import FULL_SHA, node_profile
@@ -44,6 +51,9 @@ from roles.watchdog.facts import WatchdogUnit
 from roles.weights.checks import profile_models
 from roles.weights.facts import ModelCopy
 from sparkfleet.inventory import cluster_from_state, fleet_from_state
+from sparkfleet.once import once_per_run
+from sparkfleet.keyfiles import read
+from sparkfleet.model.api_key import key_file
 from sparkfleet.model.compile_key import settings_key
 from sparkfleet.model.image import history_path
 from sparkfleet.model.weights import model_dir
@@ -90,14 +100,36 @@ for half in node.fabric_halves:
 host.get_fact(Which, command="rsync")
 for model, _revision in profile_models(profile):
     host.get_fact(ModelCopy, root=node.weights_dir, model=model)
-host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref, key=settings_key(group_compile_settings(cluster)))
+# tools/plan.py: the head's EngineVersions once per group (the plan's engine line, and the image's layers the
+# kernel caches are keyed by); then each node's cache state of the generation of the engine in the image (of
+# the image, where the engine cannot be read), as roles/kernel_cache/checks.py cache_facts reads it.
+_head = state.inventory.get_host(cluster.head.name)
+_versions = once_per_run(state, "engine-versions", lambda: _head.get_fact(
+    EngineVersions, netdev=cluster.head.fabric_netdev, unit=unit_name(cluster.head), ref=profile.image_ref,
+    engine=profile.engine) or {})
+_settings = group_compile_settings(cluster)
+_gen = engine_generation(engine_identity(_versions.get("layers"), profile.engine), _settings)
+if _gen is not None:
+    host.get_fact(GenerationState, root=node.kernel_cache_dir, ref=profile.image_ref, gen=_gen)
+else:
+    host.get_fact(CacheState, root=node.kernel_cache_dir, ref=profile.image_ref, key=settings_key(_settings))
 host.get_fact(WatchdogUnit)
-host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH)
+host.get_fact(RouterHost, venv=venv_dir(node.router_version), unit_path=ROUTER_UNIT_PATH, hop_pem=hop_pem_path(node))
 if node.router_node == node.name:  # roles/rolling: the router's routing, read on the router node before the turns
     host.get_fact(RouterRouting)
+    if not node.is_head:  # roles/router: the gate's pattern file derived from the fleet key there
+        host.get_fact(ApiKeyState, command=state_command(node))
 fleet = fleet_from_state(state)
 if node.tls_enabled and node.name in {n.name for n in tls_scope(fleet)}:  # roles/tls: the CA, certificates, bundles
-    host.get_fact(TlsState, script=tls_state_command(node, ca=node.name == ca_node_name(fleet.nodes)))
+    host.get_fact(TlsState, script=tls_state_command(node, ca=node.name == ca_node_name(fleet.nodes),
+                                                      scrape_ca=node.name == monitoring_node_name(list(fleet.nodes))))
+holders = key_holders(fleet)  # roles/router/fleet_key.py key_facts: the fleet's key, with a router
+if holders is not None:
+    source, targets = holders
+    if node.name == source.name:
+        read(host, key_file(node))  # the source's key file, into memory (never printed)
+    elif node.name in {n.name for n in targets}:
+        host.get_fact(Sha1File, path=key_file(node))
 host.get_fact(ApiProxyHost, unit_path=API_PROXY_UNIT_PATH)
 if node.is_head:
     host.get_fact(ModelFiles, path=model_dir(node, profile.model))

@@ -2,7 +2,8 @@
 
 Both run against the lab's two hosts in this one process, interleaved, ROUNDS times each; the
 figures printed are medians and their ratio. With --fleet (`make bench`), the same again on four
-fresh lab hosts as two serving groups behind the router, printed beside the two-host figure. The ratio says what sparkfleet's converged-deploy
+fresh lab hosts as two serving groups behind the router, with the same breakdown, and the ratios
+printed beside the two-host figure. The ratio says what sparkfleet's converged-deploy
 path (table, checks, operations that find nothing to do) costs on top of the SSH fact round trips
 any pyinfra run pays. Run with `make bench` (the lab must be up; the fabric is deployed first).
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.lab import BIN, FLEET_INVENTORY, INVENTORY, REPO, Run, deploy  # noqa: E402
+from tests.e2e.lab import BIN, FLEET_INVENTORY, INVENTORY, REPO, Run, deploy, reset_lab  # noqa: E402
 
 ROUNDS = int(os.environ.get("SFL_BENCH_ROUNDS", "5"))
 
@@ -117,12 +118,20 @@ def measure(inventory: str) -> tuple[float, float, list[float], list[float], lis
     return statistics.median(noop), statistics.median(facts), noop, facts, noop_parts, facts_parts, plans
 
 
-def lab(size: int) -> None:
-    """Fresh lab hosts of `size` (lab.sh reset): the fleet's four on a switch, or the pair."""
-    r = subprocess.run(["bash", "lab/lab.sh", "reset"], cwd=REPO, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "SFL_LAB_HOSTS": str(size)})
-    if r.returncode != 0:
-        sys.exit(f"lab.sh reset ({size} hosts) failed:\n{r.stdout}{r.stderr}")
+def print_breakdown(noop_parts: list, facts_parts: list) -> None:
+    """Where the time goes (medians over the rounds): pyinfra's phases of the no-op and of the floor,
+    the no-op's prepare up to each sparkfleet step's line, and its operation run by role file."""
+    phase_noop, phase_facts = medians(noop_parts, "phases"), medians(facts_parts, "phases")
+    print(f"{'phase (s)':<40} {'no-op':>7} {'facts':>7}")
+    for name, _ in PHASES:
+        print(f"  {name:<38} {phase_noop.get(name, 0.0):7.2f} {phase_facts.get(name, 0.0):7.2f}")
+    print("the no-op's prepare, up to each sparkfleet step's line (s):")
+    for name, seconds in medians(noop_parts, "prepare").items():
+        print(f"  {name:<38} {seconds:7.2f}")
+    counts = noop_parts[0]["op_counts"]
+    print("the no-op's operation run, by file (s):")
+    for name, seconds in medians(noop_parts, "operations").items():
+        print(f"  {name:<38} {seconds:7.2f}   ({counts.get(name, 0)} operations)")
 
 
 def main() -> int:
@@ -136,26 +145,20 @@ def main() -> int:
     print(f"ratio no-op / facts    {noop_s / facts_s:6.2f}")
     print(f"ratio plan / facts     {plan_s / facts_s:6.2f}   (the plan: the deploy's prepare under pyinfra --dry)")
     print()
-    phase_noop, phase_facts = medians(noop_parts, "phases"), medians(facts_parts, "phases")
-    print(f"{'phase (s)':<40} {'no-op':>7} {'facts':>7}")
-    for name, _ in PHASES:
-        print(f"  {name:<38} {phase_noop.get(name, 0.0):7.2f} {phase_facts.get(name, 0.0):7.2f}")
-    print("the no-op's prepare, up to each sparkfleet step's line (s):")
-    for name, seconds in medians(noop_parts, "prepare").items():
-        print(f"  {name:<38} {seconds:7.2f}")
-    counts = noop_parts[0]["op_counts"]
-    print("the no-op's operation run, by file (s):")
-    for name, seconds in medians(noop_parts, "operations").items():
-        print(f"  {name:<38} {seconds:7.2f}   ({counts.get(name, 0)} operations)")
+    print_breakdown(noop_parts, facts_parts)
     if not fleet:
         return 0
     # The four-host fleet (two TP=2 groups behind the router, a switched fabric), measured the same
     # way in this run, on fresh hosts; the lab is the pair again afterwards.
-    lab(4)
+    reset_lab(4)
     try:
-        fleet_noop, fleet_facts, fleet_runs, fleet_fact_runs, _, _, fleet_plans = measure(FLEET_INVENTORY)
+        fleet_noop, fleet_facts, fleet_runs, fleet_fact_runs, fleet_parts, fleet_facts_parts, fleet_plans = \
+            measure(FLEET_INVENTORY)
     finally:
-        lab(2)
+        reset_lab(2)
+    print()
+    print("hosts: 4 (lab/inventory_fleet.py: two groups behind the router), the same rounds, medians")
+    print_breakdown(fleet_parts, fleet_facts_parts)
     print()
     print(f"{'no-op re-deploy (medians)':<28} {'no-op s':>8} {'facts s':>8} {'ratio':>6}")
     print(f"  {'2 hosts, 1 group':<26} {noop_s:8.2f} {facts_s:8.2f} {noop_s / facts_s:6.2f}")

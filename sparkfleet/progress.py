@@ -28,6 +28,11 @@ Bytes are what landed since the step began (the first probe's figure is the base
 over the last interval. A phase is the log's last meaningful line, trimmed, with anything shaped like
 a token or key masked (redact): the hub fetch's token stays in its root-only file, and no probe
 prints the command line of any step.
+
+Every step watched here is also recorded, quiet or not: its host, its name, when it began and ended
+in the controller's clock (seconds since the epoch) and whether it succeeded (SPANS, one Span per
+step of the run). The benchmark receipt keeps its pair's (roles/receipt), and bench/bringup.py reads
+each phase of a bring-up from them (issue 44).
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ import re
 import shlex
 import threading
 import time
-from typing import Callable, TypeVar
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 PREFIX = "--> sparkfleet: "
@@ -115,15 +121,40 @@ def docker_used_probe() -> str:
     return f'df -B1 --output=used "{DOCKER_ROOT}" 2>/dev/null | tail -n 1; true'
 
 
+@dataclass(frozen=True)
+class Span:
+    """One long step as it ran: its host, its name (as its progress lines print it), when it began and
+    ended (the controller's clock, seconds since the epoch) and whether it succeeded."""
+    host: str
+    step: str
+    start: float
+    end: float
+    ok: bool
+
+
+# Every long step of this run, in the order they ended (a run is one controller process: pyinfra's CLI).
+SPANS: list[Span] = []
+
+
+def spans_of(hosts: Iterable[str], spans: Iterable[Span] | None = None) -> list[dict]:
+    """The recorded steps of `hosts` (of SPANS unless given), as JSON-ready dicts, in the order they ended."""
+    names = set(hosts)
+    return [asdict(span) for span in (SPANS if spans is None else spans) if span.host in names]
+
+
 class Ticker:
     """The lines of one step: progress (at most one per `interval`) and done. `emit` gets each line;
-    `clock` is time.monotonic (a test may pass its own)."""
+    `clock` is time.monotonic (a test may pass its own). `label` is "<host>: <step>"; when the step is
+    done it is recorded in `record` (SPANS), with its start and end in `wall`'s clock (time.time)."""
 
     def __init__(self, label: str, interval: float, emit: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 record: list[Span] | None = None):
         if interval <= 0:
             raise ValueError(f"progress interval {interval!r}: it must be > 0")
         self.label, self.interval, self.emit, self.clock = label, float(interval), emit, clock
+        self.wall, self.record = wall, SPANS if record is None else record
+        self.began_at = wall()
         self.start = self.last = clock()
         self.baseline: int | None = None
         self.previous: tuple[float, int] | None = None
@@ -164,11 +195,14 @@ class Ticker:
         self.last = now
 
     def done(self, ok: bool = True) -> None:
-        """The done line, once, when the step took at least one interval; no progress line after it."""
+        """The done line, once, when the step took at least one interval; no progress line after it.
+        The step is recorded (its Span) whatever its length."""
         with self.lock:
             if self.ended:
                 return
             self.ended = True
+            host, _, step = self.label.partition(": ")
+            self.record.append(Span(host, step, self.began_at, self.wall(), ok))
             elapsed = self.elapsed
             if elapsed >= self.interval:
                 self.emit(f"{PREFIX}{self.label}: done in {elapsed:.0f} s" + ("" if ok else " (failed)"))

@@ -83,7 +83,13 @@ def main(dest):
                 tmp.replace(path)
             lines.append(f"{hashlib.sha256(data).hexdigest()}\t{len(data)}\t{rel}")
         manifest = "# sparkfleet weights manifest v1\n# model: " + model + "\n" + "\n".join(lines) + "\n"
-        (Path(dest) / f"{model}.manifest").write_text(manifest)
+        # like the files: replaced whole, and only when it changes (every `lab.sh up` runs this while
+        # the model server may be sending it to a deploy, the other pair's in make test)
+        path = Path(dest) / f"{model}.manifest"
+        if not path.exists() or path.read_text() != manifest:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(manifest)
+            tmp.replace(path)
         total = sum(len(data) for data in files.values())
         print(f"{model}: {len(lines)} files, {total / MIB:.1f} MiB")
 

@@ -12,6 +12,11 @@ process (its pid, from the kernel: SO_PEERCRED): no other user or process of the
 the head's API through it. The receipt (JSON) is kept on the head,
 <receipt_dir>/<profile>/<UTC time>.json, with the profile, recipe commit, image ID and weights
 revision; one table is printed. `make status` shows the latest against the previous one.
+
+It also keeps how long this deploy's long steps took on the pair (deploy_steps: each host's image
+build, push and pull, weights fetch and fan-out, prewarm and start, from sparkfleet/progress.py's
+record, then the receipt's own), and when the deploy (re)started the units (units_started_at): the
+bring-up benchmark (bench/bringup.py) reads its phases from there.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from sparkfleet.model.engine_proof import engine_proof_path, proven_version
 from sparkfleet.model.fabric_speed import passed_figures, speed_record_path
 from sparkfleet.model.monitoring import RECEIPT_TEXTFILE
 from sparkfleet.model.tls import api_base as tls_api_base, ca_bundle_path
+from sparkfleet.progress import spans_of
 from sparkfleet.root_paths import textfile_write_command
 
 
@@ -47,6 +53,18 @@ REPO = Path(__file__).resolve().parents[2]
 # When the deploy (re)started each pair's units, in the controller's clock: set by the serving role's
 # "Note when the pair's units start" step, read by the receipt (cold start = first token - this).
 STARTED_AT: dict[str, float] = {}
+
+
+# The receipt's own entry among the deploy's steps (deploy_steps): from the key's read to just before the
+# record is written.
+RECEIPT_STEP = "benchmark receipt"
+
+
+def deploy_steps(nodes, host: str, began_at: float, ended_at: float, spans=None) -> list[dict]:
+    """This deploy's long steps on the pair's `nodes` (sparkfleet/progress.py's record, or `spans`), in
+    the order they ended, then the receipt's own on `host` (the head), in the controller's clock."""
+    return [*spans_of(nodes, spans),
+            {"host": host, "step": RECEIPT_STEP, "start": began_at, "end": ended_at, "ok": True}]
 
 
 def note_start(pair: str) -> None:
@@ -271,10 +289,12 @@ def receipt_path(node, profile) -> str:
     return f"{node.receipt_dir}/{profile.name}"
 
 
-def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> None:
-    """Operation body (head): the load through the API, then the receipt written on the head."""
+def take_receipt(pair: str, node, profile, key_path: str, model_dir: str, nodes: tuple[str, ...] = ()) -> None:
+    """Operation body (head): the load through the API, then the receipt written on the head; `nodes`:
+    the pair's, whose long steps of this deploy it keeps (deploy_steps)."""
     from pyinfra import host
 
+    began_at = time.time()
 
     try:
         key = read(host, key_path)
@@ -341,6 +361,9 @@ def take_receipt(pair: str, node, profile, key_path: str, model_dir: str) -> Non
         "figures": figures(result["report"]), "report": result["report"],
         # the group's last passed fabric speed proof (roles/fabric_speed), as its record on the head holds it
         "fabric_speed": passed_figures(lines[2] if len(lines) > 2 else None),
+        # this deploy's timings, in the controller's clock (seconds since the epoch): bench/bringup.py
+        "units_started_at": started,
+        "deploy_steps": deploy_steps(nodes or (host.name,), host.name, began_at, time.time()),
     }
     directory = receipt_path(node, profile)
     name = f"{directory}/{now.strftime('%Y%m%dT%H%M%SZ')}.json"

@@ -26,5 +26,6 @@ python.call(
     profile=profile,
     key_path=key_file(node),
     model_dir=model_dir(node, profile.model),
+    nodes=tuple(n.name for n in cluster.nodes),  # the pair's: its long steps of this deploy are kept
     _if=lambda: node.is_head and node.receipt_enabled and pair.restart,
 )

@@ -2,8 +2,9 @@
 only while it gathers every fact the deploy's own code reads. These tests read the code (no lab):
 every `get_fact(SomeFact, ...)` call in a module the deploy can run (deploy.py, the files it
 includes, and every repository module they import) must have a call in the baseline with the same
-fact class, the same argument names and the same literal values. A role that starts reading a fact
-the baseline does not gather fails here, naming the file and line.
+fact class, the same argument names and the same literal values; and every file read over the
+deploy's connection without a fact (REMOTE_READS: the fleet key's source) a call of the same shape. A
+role that starts reading a fact the baseline does not gather fails here, naming the file and line.
 
 What the scan cannot see: a fact read with the same argument names but another non-literal value
 (one more Sha1File(path=...)). Left out on purpose: the facts pyinfra's operations read for
@@ -20,6 +21,9 @@ PACKAGES = ("roles", "sparkfleet")
 ENTRY = REPO / "deploy.py"
 BASELINE = REPO / "bench" / "facts_only.py"
 GET_FACT = ("get_fact", "get_facts")
+# Reads of a node that are not pyinfra facts, counted as facts: a file read over the deploy's own
+# connection (the fleet key's source, roles/router/fleet_key.py), matched by its number of arguments.
+REMOTE_READS = {"sparkfleet.keyfiles.read"}
 # Read while operations run, in place of the facts pyinfra's operations read for themselves (one
 # round trip per host instead of two or three per operation): their cost, not the floor's.
 OPERATION_FACTS = {"sparkfleet.unchanged.ManagedTargets"}
@@ -87,6 +91,10 @@ def fact_reads(path: Path, source: str | None = None) -> dict[tuple, list[str]]:
         if not isinstance(node, ast.Call):
             continue
         func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if isinstance(node.func, ast.Name) and names.get(func) in REMOTE_READS:
+            key = (names[func], (("positional", str(len(node.args))),))
+            out.setdefault(key, []).append(f"{path.relative_to(REPO)}:{node.lineno}")
+            continue
         if func not in GET_FACT:
             continue
         # host.get_fact(Fact, ...) or pyinfra's get_fact(state, host, Fact, ...): the fact is the first
@@ -131,6 +139,7 @@ def test_the_deploy_reaches_every_role_and_reads_facts():
     names = {describe(key) for key in reads_of(reachable(ENTRY))}
     assert "NodeFacts(data_dir=..., hcas=..., netdev=..., twin=...)" in names
     assert "Which(command='git')" in names
+    assert "read(positional=2)" in names  # the fleet key's source file, over SSH (sparkfleet.keyfiles.read)
 
 
 def test_the_facts_only_baseline_gathers_every_fact_the_deploy_reads():
@@ -148,6 +157,8 @@ def test_the_facts_only_baseline_gathers_every_fact_the_deploy_reads():
     ("host.get_fact(NodeFacts, data_dir=d, netdev=n, extra=1)", True),  # another argument shape
     ("get_fact(state, host, LiveMarker)", False),  # pyinfra's own function, the fact third
     ("host.get_fact(Sneaky)", True),  # a fact class defined in the role itself
+    ("read(host, '/etc/sparkfleet/api-key')", False),  # a file read over SSH, as the baseline reads the fleet key
+    ("read(host, path, 'more')", True),  # another shape of it
 ])
 def test_a_fact_read_the_baseline_lacks_is_named(call, flagged):
     role = REPO / "roles" / "example" / "tasks.py"  # never written: the source is given
@@ -155,6 +166,7 @@ def test_a_fact_read_the_baseline_lacks_is_named(call, flagged):
         "from pyinfra.facts.server import Which\n"
         "from roles.preflight.facts import NodeFacts\n"
         "from sparkfleet.firewall_facts import LiveMarker\n"
+        "from sparkfleet.keyfiles import read\n"
         "from pyinfra.api import FactBase\n"
         "class Sneaky(FactBase):\n    command = 'true'\n"
         f"{call}\n"
@@ -162,4 +174,4 @@ def test_a_fact_read_the_baseline_lacks_is_named(call, flagged):
     missing = missing_from_baseline(fact_reads(role, source), reads_of([BASELINE]))
     assert bool(missing) == flagged, missing
     if flagged:
-        assert "roles/example/tasks.py:7" in missing[0]
+        assert "roles/example/tasks.py:8" in missing[0]

@@ -1,6 +1,7 @@
 """sparkfleet/progress.py, really run: a local command that writes bytes slowly, watched at a tiny
 interval by the node-side probes the roles use (du, df), through the bound every long step runs
 under (sparkfleet/bounded.py), and through pyinfra's own @local connector as a deploy runs it."""
+import json
 import os
 import re
 import subprocess
@@ -253,3 +254,73 @@ def test_an_operation_body_s_context_host_is_probed_as_itself_from_the_probe_s_t
     assert ok and out.stdout == "pushed\n"
     probes = [c for c in calls if "df " in c[1]]
     assert probes and all(thread.startswith("progress ") for thread, _ in probes), calls
+
+
+# ------------------------------------------------------------------ the record of each step (SPANS)
+
+def test_every_step_is_recorded_quiet_or_not_with_its_outcome_in_the_wall_clock(tmp_path):
+    """A step faster than its interval prints nothing, and is still recorded: the bring-up benchmark
+    reads every phase from the record (bench/bringup.py), not from the lines."""
+    before, began = len(progress.SPANS), time.time()
+    watched(lambda: sh(writer(tmp_path / "m", chunks=1, pause=0)), du_probe(tmp_path / "m"), label="spark-a: Fetch m",
+            interval=5.0, emit=Lines(), ok=lambda r: r.returncode == 0)
+    watched(lambda: sh("sleep 0.3; exit 2"), lambda: None, label="spark-b: Send m to the workers over the fabric",
+            interval=5.0, emit=Lines(), ok=lambda r: r.returncode == 0)
+    def lost():
+        raise OSError("the connection dropped")
+
+    with pytest.raises(OSError):
+        watched(lost, lambda: None, label="spark-a: prewarm", interval=5.0, emit=Lines())
+    ended = time.time()
+    fetch, send, prewarm = progress.SPANS[before:]
+    assert (fetch.host, fetch.step, fetch.ok) == ("spark-a", "Fetch m", True)
+    assert (send.host, send.step, send.ok) == ("spark-b", "Send m to the workers over the fabric", False)
+    assert (prewarm.host, prewarm.step, prewarm.ok) == ("spark-a", "prewarm", False)
+    assert began <= fetch.start <= fetch.end <= send.start <= send.end <= prewarm.start <= prewarm.end <= ended
+    assert send.end - send.start >= 0.3
+
+
+def test_a_step_done_twice_is_recorded_once_with_its_first_outcome():
+    """roles/serving/ready.py ends a start's Ticker on success, and again (failed) in its finally."""
+    wall, record = [1000.0], []
+    ticker = Ticker("spark-a: start of sparkfleet-head", 30, [].append, wall=lambda: wall[0], record=record)
+    wall[0] += 24.5
+    ticker.done()
+    wall[0] += 3
+    ticker.done(ok=False)
+    assert record == [progress.Span("spark-a", "start of sparkfleet-head", 1000.0, 1024.5, True)]
+
+
+def test_the_record_of_a_pair_is_its_hosts_steps_only():
+    spans = [progress.Span("spark-a", "prewarm", 1.0, 2.0, True), progress.Span("spark-c", "prewarm", 1.5, 2.5, True),
+             progress.Span("spark-b", "Send m to the workers over the fabric", 0.5, 0.9, False)]
+    assert progress.spans_of(["spark-a", "spark-b"], spans) == [
+        {"host": "spark-a", "step": "prewarm", "start": 1.0, "end": 2.0, "ok": True},
+        {"host": "spark-b", "step": "Send m to the workers over the fabric", "start": 0.5, "end": 0.9, "ok": False}]
+
+
+RECORDED = """
+import json
+from pyinfra.operations import python, server
+from sparkfleet.progress import dir_bytes_probe, progress_command, spans_of
+
+server.shell(name="Fetch m", commands=[progress_command("sleep 0.5", step="Fetch m", interval=30,
+                                                        probe=dir_bytes_probe({target!r}))])
+python.call(name="Print the record", function=lambda: print("RECORD " + json.dumps(spans_of(["@local"]))))
+"""
+
+
+def test_under_pyinfra_a_later_operation_reads_the_record_of_an_earlier_step(tmp_path):
+    """As the benchmark receipt reads its deploy's steps: an operation body, later in the same run."""
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(RECORDED.format(target=str(tmp_path / "m")))
+    began = time.time()
+    run = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "@local", str(deploy)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    (line,) = re.findall(r"^RECORD (.*)$", out, re.M)
+    (step,) = json.loads(line)
+    assert (step["host"], step["step"], step["ok"]) == ("@local", "Fetch m", True), step
+    assert began < step["start"] and step["end"] - step["start"] >= 0.5 and step["end"] < time.time(), step

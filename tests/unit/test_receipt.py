@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from roles.receipt.receipt import Receipts, Tunnel, drops, figures, run_load, scrub, status_lines, table
+from roles.receipt.receipt import (
+    RECEIPT_STEP, Receipts, Tunnel, deploy_steps, drops, figures, run_load, scrub, status_lines, table,
+)
 from sparkfleet.config import build_cluster
 from sparkfleet.model.serving import node_profile
 from sparkfleet.model.tls import ca_bundle_path
+from sparkfleet.progress import Span
 from tests.proxy_run import fleet_tls, running_proxy
 from tests.unit.helpers import pair
 from tests.unit import test_lab_standin as standin
@@ -74,6 +77,19 @@ def test_status_shows_the_latest_then_the_previous_then_the_verdict():
     assert any(line.startswith("previous receipt ") for line in two)
     assert two[-1].startswith("DROP at concurrency 1: decode t/s per request")
     assert status_lines([RECORDED, RECORDED], 10)[-1] == "no figure dropped by more than 10 %"
+
+
+def test_the_receipt_keeps_its_pairs_steps_of_this_deploy_then_its_own():
+    """What bench/bringup.py reads back: the pair's long steps in the order they ended, the other
+    group's left out, and the receipt's own last, on the head."""
+    spans = [Span("spark-a", "Build x on the head", 10.0, 60.0, True), Span("spark-c", "prewarm", 20.0, 30.0, True),
+             Span("spark-b", "Pull x from the head", 61.0, 70.0, True), Span("spark-a", "prewarm", 71.0, 99.5, True)]
+    steps = deploy_steps(("spark-a", "spark-b"), "spark-a", 120.0, 124.25, spans)
+    assert [(s["host"], s["step"]) for s in steps] == [
+        ("spark-a", "Build x on the head"), ("spark-b", "Pull x from the head"), ("spark-a", "prewarm"),
+        ("spark-a", RECEIPT_STEP)]
+    assert steps[-1] == {"host": "spark-a", "step": RECEIPT_STEP, "start": 120.0, "end": 124.25, "ok": True}
+    assert json.loads(json.dumps(steps)) == steps  # as the receipt's JSON keeps them
 
 
 def test_the_receipts_fact_reads_the_newest_two_and_skips_a_torn_file():
