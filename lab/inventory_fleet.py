@@ -12,7 +12,10 @@ from sparkfleet.inventory import sparks
 
 # lab/inventory.py's SSH settings and netplan renderer (the same lab state: key, known_hosts)
 _ssh = runpy.run_path(str(Path(__file__).with_name("inventory.py")))["_ssh"]
-# One endpoint for both groups: the router on spark-a (roles/router), port 8100, behind the fleet's key.
+# lab/pair.py MANAGEMENT (lab/lab.sh MGMT_IP): each host's address on the management bridge
+_address = runpy.run_path(str(Path(__file__).with_name("pair.py")))["MANAGEMENT"]
+# One endpoint for both groups: the router on spark-a (roles/router), its gate on port 8100 (TLS), behind the
+# fleet's key.
 # A dead worker is found by a request after vLLM's step timeout (the stand-in imitates it): 10 s
 # here, not the profile's 1800, so the e2e sees its group leave routing within a minute.
 _switch = {**_ssh, "fabric_topology": "switch", "router_node": "spark-a",
@@ -20,16 +23,16 @@ _switch = {**_ssh, "fabric_topology": "switch", "router_node": "spark-a",
 
 spark_hosts = sparks(
     __file__,
-    ("spark-a", {**_switch, "ssh_hostname": "198.18.0.11", "serving_group": "g1", "rank": 0,
+    ("spark-a", {**_switch, "ssh_hostname": _address["spark-a"], "serving_group": "g1", "rank": 0,
                  "fabric_address": "198.19.78.1/24",
                  "fabric_twin_address": "198.19.79.1/24"}),
-    ("spark-b", {**_switch, "ssh_hostname": "198.18.0.12", "serving_group": "g1", "rank": 1,
+    ("spark-b", {**_switch, "ssh_hostname": _address["spark-b"], "serving_group": "g1", "rank": 1,
                  "fabric_address": "198.19.78.2/24",
                  "fabric_twin_address": "198.19.79.2/24"}),
-    ("spark-c", {**_switch, "ssh_hostname": "198.18.0.13", "serving_group": "g2", "rank": 0,
+    ("spark-c", {**_switch, "ssh_hostname": _address["spark-c"], "serving_group": "g2", "rank": 0,
                  "fabric_address": "198.19.78.3/24",
                  "fabric_twin_address": "198.19.79.3/24"}),
-    ("spark-d", {**_switch, "ssh_hostname": "198.18.0.14", "serving_group": "g2", "rank": 1,
+    ("spark-d", {**_switch, "ssh_hostname": _address["spark-d"], "serving_group": "g2", "rank": 1,
                  "fabric_address": "198.19.78.4/24",
                  "fabric_twin_address": "198.19.79.4/24"}),
 )

@@ -1,4 +1,5 @@
-"""The two-Spark lab serving the real vLLM: lab/inventory.py's hosts with the lab-vllm-cpu profile.
+"""The two-Spark lab serving the real vLLM: lab/inventory.py's hosts (its pair: SFL_LAB_PAIR) with the
+lab-vllm-cpu profile.
 
 The real engine (vllm-cpu 0.32.0, roles/serving/profiles/lab-vllm-cpu.yaml) instead of the lab's
 stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy. What differs, and why:
@@ -67,10 +68,11 @@ _real = {
     "monitoring_alertmanager_group_wait_s": 2,
     "monitoring_alertmanager_group_interval_s": 5,
 }
-_hosts = {name: data for name, data in _lab["spark_hosts"]}
+# lab/inventory.py's pair (SFL_LAB_PAIR: spark-a, spark-b unless it names spark-c, spark-d), head first
+(_head, _head_data), (_worker, _worker_data) = _lab["spark_hosts"]
 
 spark_hosts = sparks(
     __file__,
-    ("spark-a", {**_hosts["spark-a"], **_real, "serving_env_pins": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}),
-    ("spark-b", {**_hosts["spark-b"], **_real, "serving_env_pins": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}),
+    (_head, {**_head_data, **_real, "serving_env_pins": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}),
+    (_worker, {**_worker_data, **_real, "serving_env_pins": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}),
 )

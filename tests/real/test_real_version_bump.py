@@ -16,9 +16,9 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.lab import REPO, deploy, on, tls_context
-from tests.real.conftest import REAL_INVENTORY
-from tests.real.test_real_pair import API, HEAD, chat_body, post
+from tests.e2e.lab import REPO, on, tls_context
+from tests.real.conftest import REAL_INVENTORY, deploy
+from tests.real.test_real_pair import API, HEAD, WORKER, chat_body, post
 
 pytestmark = pytest.mark.lab
 
@@ -72,7 +72,7 @@ def test_a_bump_across_engine_versions_is_refused_by_the_new_engine_while_the_ol
     # the plan: the running 0.31.0 and the new image's release (or "?" where the head has yet to build it)
     assert re.search(r"pair engine: vLLM 0\.31\.0\+cpu -> (0\.32\.0\+cpu|\? \(the image is built in this run\)); "
                      r"judged by .*; the image's own engine before the pair stops", refused.output), refused.output[-8000:]
-    for rank in ("rank 0 (spark-a)", "rank 1 (spark-b)"):
+    for rank in (f"rank 0 ({HEAD})", f"rank 1 ({WORKER})"):
         assert (f"pair {rank}: env VLLM_ENGINE_ITERATION_TIMEOUT_S: vLLM 0.32.0+cpu (in sparkfleet-lab/vllm-cpu:{v4}) "
                 f"does not read it") in refused.output, refused.output[-5000:]
     assert "engine proof: refused before the pair is stopped (it keeps serving as it was)" in refused.output
@@ -99,7 +99,7 @@ def test_a_compile_relevant_flag_changed_on_the_same_image_warms_a_new_generatio
     on the same image, the plan names the change, the prewarm warms a new generation, and production
     starts on it without adding a file on either rank; the flag removed again, the pair is linked back
     to its earlier generation with no prewarm."""
-    from tests.real.test_real_pair import WORKER, generation_files
+    from tests.real.test_real_pair import generation_files
 
     before = on(HEAD, "readlink /var/lib/sparkfleet/kernel-cache/current").strip()
     changed = deploy("--data", 'serving_extra_args=["--max-num-seqs","128"]', inventory=REAL_INVENTORY)
@@ -107,7 +107,10 @@ def test_a_compile_relevant_flag_changed_on_the_same_image_warms_a_new_generatio
     assert re.search(r"a compile-relevant setting changed: [^\n]*--max-num-seqs", changed.output), changed.output[-8000:]
     assert "prewarm of generation" in changed.output
     after = on(HEAD, "readlink /var/lib/sparkfleet/kernel-cache/current").strip()
-    assert after != before and after.split("-")[0] == before.split("-")[0], (before, after)  # same image, new key
+    # Keyed by the engine read from the image's layers (issue 44: e-<engine>-<compile key>): the same
+    # engine, a new compile key.
+    assert before.startswith("e-") and after.startswith("e-"), (before, after)
+    assert after != before and after.rsplit("-", 1)[0] == before.rsplit("-", 1)[0], (before, after)
     for host in (HEAD, WORKER):
         manifest, disk = generation_files(host)
         assert [f for f in manifest if f.startswith("inductor/")], manifest

@@ -1,5 +1,5 @@
 """The watchdog's drills against the real vLLM pair (after tests/real/test_real_pair.py, on the pair its
-deploy left): each rank SIGKILLed and SIGSTOPped, spark-b rebooted, a power cut of both hosts, and a
+deploy left): each rank SIGKILLed and SIGSTOPped, the worker rebooted, a power cut of both hosts, and a
 worker that dies while the pair is starting, which leaves the real head hung (LAB-NOTES: over 10
 minutes, deaf to SIGTERM). Each must serve a chat completion again with no deploy, after a request
 has failed since the fault, and the watchdog's journal must say what it saw and did; a deploy
@@ -16,8 +16,8 @@ import pytest
 
 from tests.e2e.drills import DRILLS, HEAD, UNITS, WORKER, run_drill, signal_engine, signal_every_engine_process, \
     wait_journal, wait_serving, wait_watchdog_settled, watchdog_journal
-from tests.e2e.lab import Run, deploy, head_api, management_address, on, pause_watchdogs, read_failure_log, tls_context
-from tests.real.conftest import REAL_INVENTORY, SERVED, record_drill
+from tests.e2e.lab import Run, head_api, management_address, on, pause_watchdogs, read_failure_log, tls_context
+from tests.real.conftest import REAL_INVENTORY, SERVED, deploy, record_drill
 
 pytestmark = pytest.mark.lab
 
@@ -32,8 +32,8 @@ REAL_RECOVERY_BOUND_S = 300
 # worker take different paths to the pair's restart (the head's watchdog restarts it; the worker's
 # watchdog sees its own rank and hands the restart to the head). Each is what it saw in the journal.
 FAULTS = {
-    "worker SIGKILL": (WORKER, lambda: signal_engine(WORKER, "KILL"), "spark-b"),
-    "worker SIGSTOP": (WORKER, lambda: signal_every_engine_process(WORKER, "STOP"), "spark-b: sparkfleet-worker: process"),
+    "worker SIGKILL": (WORKER, lambda: signal_engine(WORKER, "KILL"), WORKER),
+    "worker SIGSTOP": (WORKER, lambda: signal_every_engine_process(WORKER, "STOP"), f"{WORKER}: sparkfleet-worker: process"),
     "head SIGKILL": (HEAD, lambda: signal_engine(HEAD, "KILL"), "sparkfleet-head"),
     "head SIGSTOP": (HEAD, lambda: signal_every_engine_process(HEAD, "STOP"), "sparkfleet-head"),
 }
@@ -71,7 +71,7 @@ def firing(alertname: str, **labels) -> list[dict]:
 
 
 def test_a_stopped_worker_fires_rank_down_in_the_live_prometheus_and_the_restart_is_seen(real_deploy, capsys):
-    """The worker's unit stopped by hand, the watchdogs paused: SparkfleetRankDown fires for spark-b once
+    """The worker's unit stopped by hand, the watchdogs paused: SparkfleetRankDown fires for the worker once
     its `for:` has passed (15 s in lab/inventory_vllm_cpu.py) after Prometheus saw the unit inactive.
     With the watchdogs back, the pair is restarted, the alert resolves, and SparkfleetEngineRestarted
     says the engine units started again."""
@@ -274,10 +274,10 @@ def test_a_worker_that_dies_while_the_pair_starts_does_not_leave_the_head_hung(r
     head = wait_journal(HEAD, since, "the pair serves again after", timeout=REAL_RECOVERY_BOUND_S)
     report(capsys, f"worker killed during the pair's start-up: serving again after {took:.1f} s "
                    f"(bound {REAL_RECOVERY_BOUND_S} s)", "worker killed during the watchdog's restart", took,
-           first_line(head, "restart", "failed") or first_line(head, "spark-b", "does not exist"))
+           first_line(head, "restart", "failed") or first_line(head, WORKER, "does not exist"))
     assert head.count("restarting the pair") >= 2, head  # once for the first kill, again during the start
     # the first kill is the dead-worker drill: the head's probe failed naming the worker
-    assert [line for line in head.splitlines() if "probe failed" in line and "spark-b" in line], head
+    assert [line for line in head.splitlines() if "probe failed" in line and WORKER in line], head
     # what it saw of the worker during the start: its container gone, stopped, or restarted by systemd
     assert any(seen in head for seen in ("container sparkfleet-worker does not exist", "not running",
                                          "container restarted on its own")), head
@@ -303,7 +303,7 @@ def test_a_deploy_whose_worker_dies_while_the_pair_starts_stops_at_once_and_says
     run: Run = result["run"]
     took = time.monotonic() - killed
     assert run.returncode != 0, run.output[-5000:]
-    assert "spark-b: the worker's engine exited while the pair was starting" in run.output, run.output[-5000:]
+    assert f"{WORKER}: the worker's engine exited while the pair was starting" in run.output, run.output[-5000:]
     assert took < 120, f"the deploy took {took:.0f} s to stop after the worker died"
     # The five parts: the worker, what the deploy was waiting for, the worker's journal (as printed, run
     # against the worker), the key, the next step.

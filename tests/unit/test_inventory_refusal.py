@@ -96,5 +96,6 @@ def test_lab_inventory_takes_the_lab_group_data_and_the_renderer_the_lab_runs(tm
     fresh = config(tmp_path)  # no lab state: the lab's default, as DGX OS
     assert fresh.count("netplan_renderer: NetworkManager") == 2 and "gpu_expected: false" in fresh
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "renderer").write_text("networkd\n")  # what `SFL_LAB_RENDERER=networkd lab.sh up` leaves
+    for host in ("spark-a", "spark-b"):  # what `SFL_LAB_RENDERER=networkd lab.sh up` leaves (a file per host)
+        (tmp_path / "run" / f"renderer-{host}").write_text("networkd\n")
     assert config(tmp_path).count("netplan_renderer: networkd") == 2

@@ -203,8 +203,11 @@ class Deploy:
 
     def recorder(self, kind):
         def op(**kwargs):
+            # The task file's line, as pyinfra orders operations by it (its stack from the deploy file down): an
+            # operation declared through a helper (sparkfleet/unchanged.py, roles/api_proxy/gate_ops.py) takes the
+            # line of the task file's call, several from one call keep their order (`seen`).
             frame = sys._getframe(1)
-            while frame.f_code.co_filename.endswith("sparkfleet/unchanged.py"):  # the task file's line
+            while frame.f_back is not None and not frame.f_code.co_filename.endswith(self.path):
                 frame = frame.f_back
             line = frame.f_lineno
             seen = sum(1 for o in self.ops if o[:2] == (self.include_no, line) and o[3] == self.host_no)
@@ -215,6 +218,7 @@ class Deploy:
 
     def run(self, includes=INCLUDES):
         for self.include_no, path in enumerate(includes):
+            self.path = path
             for self.host_no, node in enumerate(self.cluster.nodes):
                 with ctx_state.use(self.state), ctx_host.use(FakeHost(node.name)):
                     runpy.run_path(path, run_name="__pyinfra_task__")
