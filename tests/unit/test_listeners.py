@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = sorted((Path(__file__).parent / "fixtures" / "ss").glob("*.txt"))
 # Captures taken before a change of what listens there: each test of them expected to fail (strict: once
 # the lab is captured again and the capture replaced, the marker must go).
-STALE = {"fleet-spark-a": "captured before the router's gate (issue 43 item 3): smg on every address at 8100, no "
-                          "HAProxy there nor smg on 127.0.0.1:18100; capture the four-host lab again"}
+STALE: dict[str, str] = {}
 
 
 def captures_param():
@@ -178,20 +177,23 @@ def test_a_head_s_listener_on_a_worker_is_explained_by_no_row():
 
 
 def test_the_router_nodes_rows_explain_the_gate_and_smg_on_loopback_and_nothing_beyond():
-    """Until the four-host lab is captured again (STALE): spark-a's capture with its router's sockets as the gate
-    puts them (the gate, HAProxy, on every address at router_port; smg on loopback at router_smg_port and its
-    metrics; tests/unit/test_router.py runs them so for real) is explained by the table with nothing missing,
-    and smg on every address, as before the gate, is not."""
+    """spark-a's capture (the router node, captured with the gate in place): the gate, HAProxy, on every
+    address at router_port and smg on loopback at router_smg_port, as captured, are explained by the
+    table with nothing missing; smg on every address, as before the gate, would not be; and with smg's
+    socket gone its row is missing."""
     capture = next(c for c in CAPTURES if c.stem == "fleet-spark-a")
     context = context_of(capture)
     assert "router node" in context.roles
     ports = context.ports
-    before = [s for s in captured(capture) if s.port not in (ports["router_port"],)]
+    sockets = captured(capture)
     gate = [Socket("tcp", "0.0.0.0", ports["router_port"], ("haproxy",)),
             Socket("tcp", "127.0.0.1", ports["router_smg_port"], ("python",))]
-    differences = compare(before + gate, table_rows(), context)
+    assert [s for s in sockets if s.port in (ports["router_port"], ports["router_smg_port"])] == \
+        sorted(gate, key=sockets.index), sockets  # as captured, and nothing else at either port
+    differences = compare(sockets, table_rows(), context)
     assert not differences.unexplained and not differences.missing, differences
-    old = Socket("tcp", "0.0.0.0", ports["router_port"], ("python",))
-    assert compare(before + [gate[0], old._replace(port=ports["router_smg_port"])], table_rows(), context).unexplained
-    missing = compare(before + gate[:1], table_rows(), context).missing
+    others = [s for s in sockets if s not in gate]
+    old = Socket("tcp", "0.0.0.0", ports["router_smg_port"], ("python",))  # smg on every address
+    assert compare(others + [gate[0], old], table_rows(), context).unexplained
+    missing = compare(others + gate[:1], table_rows(), context).missing
     assert [p for _, p, _ in missing] == [ports["router_smg_port"]]
