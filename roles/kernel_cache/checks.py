@@ -17,7 +17,6 @@ each rank writes its own manifest, which must equal the head's before production
 """
 import dataclasses
 import json
-import re
 import shlex
 import time
 from typing import Callable
@@ -31,7 +30,7 @@ from roles.fanout.sfl_files import absent, parse_manifest
 from roles.kernel_cache.engine_key import (
     EngineIdentity, engine_identity, identity_changes, layers_command, parse_layers, recorded,
 )
-from roles.kernel_cache.facts import ENGINE_GENERATION, CacheState, GenerationState, is_generation
+from roles.kernel_cache.facts import ENGINE_GENERATION, IMAGE_GENERATION, CacheState, GenerationState, is_generation
 from roles.kernel_cache.warmup import warmup_requests
 from roles.serving.api_key import curl_config, key_file
 from roles.serving.ready import POLL_S, wait_for_health
@@ -84,12 +83,9 @@ def generation_of(identity: EngineIdentity | None, image_id: str | None, setting
     return engine_generation(identity, settings) or generation(image_id, settings)
 
 
-_IMAGE_KEYED = re.compile(r"[0-9a-f]{12}-[0-9a-f]{8}")
-
-
 def generation_base(name: str) -> str:
     """A generation's name without its compile key: 'e-<12 hex>' (the engine) or 12 hex (the image)."""
-    return name.rsplit("-", 1)[0] if ENGINE_GENERATION.fullmatch(name) or _IMAGE_KEYED.fullmatch(name) else name
+    return name.rsplit("-", 1)[0] if ENGINE_GENERATION.fullmatch(name) or IMAGE_GENERATION.fullmatch(name) else name
 
 
 def compile_version(profile) -> str | None:
@@ -232,7 +228,7 @@ def prewarm_reason(gen: str | None, reference: str | None, engine: str, settings
         why = f"generation {gen} was never warmed"
         if identity is not None and identity.key is None and identity.image_id:
             why += f" (keyed by the image ID: the engine in it could not be read: {identity.problem})"
-        elif identity is not None and identity.key and current and _IMAGE_KEYED.fullmatch(current):
+        elif identity is not None and identity.key and current and IMAGE_GENERATION.fullmatch(current):
             why += f" (the served {current} is keyed by its image, not by the engine in it)"
         return why
     header = parse_manifest(reference)[0]

@@ -104,7 +104,8 @@ def state_command(root: str, ref: str, name_generation: str) -> str:
 # (and before issue 44); the 12 hex alone: an older sparkfleet's generation, still expired by retention
 # and linked back to by a failed prewarm's restore.
 ENGINE_GENERATION = re.compile(r"e-[0-9a-f]{12}-[0-9a-f]{8}")
-GENERATION = re.compile(rf"{ENGINE_GENERATION.pattern}|[0-9a-f]{{12}}(-[0-9a-f]{{8}})?")
+IMAGE_GENERATION = re.compile(r"[0-9a-f]{12}-[0-9a-f]{8}")
+GENERATION = re.compile(rf"{ENGINE_GENERATION.pattern}|{IMAGE_GENERATION.pattern}|[0-9a-f]{{12}}")
 KEY = re.compile(r"([0-9a-f]{8})?")
 
 
