@@ -66,9 +66,8 @@ def kv_failure(node, unit: str, tokens: int, max_model_len: int) -> RunFailure:
         what=f"the engine's KV cache holds {tokens} tokens < max_model_len {max_model_len}",
         log=journal(node.management_address, unit), key="serving_profile",
         next_step=(f"one long request would not fit: lower max_model_len or raise gpu_memory_utilization in "
-                   f"roles/serving/profiles/{profile}.yaml (a profile's fields: no data key overrides them; copy the "
-                   f"file to your site's profiles/{profile}.yaml, which replaces the shipped one, and change it "
-                   f"there), or set serving_profile to one that fits; then re-deploy"))
+                   f"roles/serving/profiles/{profile}.yaml (a profile's fields: no data key overrides them; your "
+                   f"site's profiles/{profile}.yaml with `base: {profile}` and the fields changes only them), or set serving_profile to one that fits; then re-deploy"))
 
 
 def wait_for_container(unit: str, timeout_s: int = 120) -> None:

@@ -30,8 +30,8 @@ def memory_admission(name: str, utilization: float, mem_total_gib: float, free_g
     return (
         f"memory: {utilization:.2f} x {mem_total_gib:.2f} GiB = {needed:.2f} GiB needed{extra}, "
         f"{free_gib:.2f} GiB free on {name}; lower gpu_memory_utilization in "
-        f"roles/serving/profiles/{profile}.yaml (a profile's field: no data key overrides it; copy the file to your "
-        f"site's profiles/{profile}.yaml, which replaces the shipped one, and lower it there), or free memory (see "
+        f"roles/serving/profiles/{profile}.yaml (a profile's field: no data key overrides it; your "
+        f"site's profiles/{profile}.yaml with `base: {profile}` and the field changes only it), or free memory (see "
         f"the largest consumers above)"
     )
 

@@ -513,6 +513,10 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
     if not isinstance(data, dict):
         raise ValueError(f"profile {name!r} ({path} line 1): the file must be a mapping of profile fields, found "
                          f"{type(data).__name__} {data!r:.60}")
+    where = str(path)
+    if "base" in data:  # a site's profile that changes a shipped one's fields instead of copying it whole
+        where += f", on {PROFILES_DIR / str(data['base'])}.yaml"
+        data = _on_base(name, path, data, node)
     if recipe_overrides and isinstance(data.get("recipe", {}), dict):  # else the model refuses the file's recipe
         data["recipe"] = {**data.get("recipe", {}), **recipe_overrides}
     if extra_args and isinstance(data.get("extra_args", []), list):
@@ -523,7 +527,22 @@ def load_profile(name: str, recipe_overrides: dict | None = None, extra_args=(),
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        raise ValueError(f"profile {name!r} ({path}): {profile_file.describe(err, node)}") from None
+        raise ValueError(f"profile {name!r} ({where}): {profile_file.describe(err, node)}") from None
+
+
+def _on_base(name: str, path: Path, data: dict, node) -> dict:
+    """A site profile's `base: SHIPPED` and its fields: the shipped profile's fields, each one the site's
+    file gives replaced whole (a map such as env or recipe too: give all of it); `name` is the site
+    file's, NAME when it gives none. The base is a shipped profile (roles/serving/profiles/), itself
+    whole: a site file cannot base on another site file, so no chain hides where a value came from."""
+    base = data.pop("base")
+    shipped = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    if not isinstance(base, str) or base not in shipped:
+        line = profile_file.line_of(node, ("base",))
+        raise ValueError(f"profile {name!r} ({path} line {line}): base = {base!r}: name a shipped profile "
+                         f"(roles/serving/profiles/): {', '.join(shipped)}")
+    shipped_data, _ = profile_file.read(PROFILES_DIR / f"{base}.yaml")
+    return {**shipped_data, **data, "name": data.get("name", name)}
 
 
 class ServingData(BaseModel):

@@ -25,7 +25,7 @@ def test_the_memory_refusal_names_what_the_user_can_change_the_profiles_file():
     assert re.search(r"^gpu_memory_utilization: 0\.79\b", (PROFILES_DIR.parents[2] / path).read_text(), re.M)
     assert "gpu_memory_utilization" not in DATA_FIELDS  # hence the file, copied into the site to change it
     # A site's profiles/NAME.yaml replaces the shipped one (tests/unit/test_site.py): no tracked file edited.
-    assert "copy the file to your site's profiles/glm-5.3-flash-exl3.yaml, which replaces the shipped one" in msg
+    assert "your site's profiles/glm-5.3-flash-exl3.yaml with `base: glm-5.3-flash-exl3` and the field changes only it" in msg
 
 
 def test_utilization_079_is_accepted():

@@ -18,7 +18,7 @@ import yaml
 from sparkfleet.__main__ import main, validated
 from sparkfleet.inventory import SITE_VARIABLE, load_inventory
 from sparkfleet.exit_codes import FAILED, OK
-from sparkfleet.model.serving import PROFILES_DIR, node_profile, profile_names
+from sparkfleet.model.serving import PROFILES_DIR, load_profile, node_profile, profile_names
 from tests.unit.helpers import SITE_EXAMPLE, example_site, run_pyinfra, write_site_data
 from tests.unit.test_inventory_refusal import write_inventory
 
@@ -107,6 +107,36 @@ def test_a_sites_own_profile_is_served_by_name_and_listed(tmp_path, capsys):
     (tmp_path / "site" / "profiles" / "ours.yaml").unlink()
     assert main(["config", str(inventory)]) == FAILED
     assert f"the site's {tmp_path / 'site' / 'profiles'}" in capsys.readouterr().err
+
+
+def test_a_sites_profile_on_a_shipped_base_changes_only_the_fields_it_gives(tmp_path):
+    inventory = example_site(tmp_path / "site", choice='drafter_license_acknowledged = "CC-BY-NC-ND-4.0"\n'
+                                                       'serving_profile = "ours"\n')
+    (tmp_path / "site" / "profiles").mkdir(exist_ok=True)
+    (tmp_path / "site" / "profiles" / "ours.yaml").write_text(f"base: {SHIPPED}\ngpu_memory_utilization: 0.5\n")
+    shipped, ours = load_profile(SHIPPED).model_dump(), node_profile(validated(str(inventory)).head).model_dump()
+    assert {k for k in shipped if shipped[k] != ours[k]} == {"name", "gpu_memory_utilization"}
+    assert (ours["name"], ours["gpu_memory_utilization"]) == ("ours", 0.5)
+
+
+@pytest.mark.parametrize("base", ["no-such-profile", "ours", 3])
+def test_a_base_that_is_not_a_shipped_profile_is_refused_naming_the_file_line_and_the_shipped_ones(tmp_path, base):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "ours.yaml").write_text(f"# a site's profile\nbase: {base}\nport: 8123\n")
+    with pytest.raises(ValueError) as err:
+        load_profile("ours", site_dir=str(tmp_path))
+    assert f"{profiles / 'ours.yaml'} line 2): base = {base!r}: name a shipped profile" in str(err.value)
+    assert ", ".join(profile_names()) in str(err.value)
+
+
+def test_a_refused_field_of_a_based_profile_names_both_files(tmp_path):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "ours.yaml").write_text(f"base: {SHIPPED}\ngpu_memory_utilization: 2\n")
+    with pytest.raises(ValueError) as err:
+        load_profile("ours", site_dir=str(tmp_path))
+    assert f"({profiles / 'ours.yaml'}, on {PROFILES_DIR / SHIPPED}.yaml): line 2: gpu_memory_utilization = 2" in str(err.value)
 
 
 def test_another_sites_profiles_are_not_this_ones(tmp_path):
