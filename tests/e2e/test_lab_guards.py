@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from tests.e2e.lab import BIN, INVENTORY, deploy, models_command, on, pause_watchdogs, run
+from sparkfleet.model.serving import load_profile
+from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, models_command, on, pause_watchdogs, run
 
 pytestmark = pytest.mark.lab
 
@@ -16,14 +17,16 @@ def test_memory_admission_refuses_a_bring_up_that_does_not_fit_and_changes_nothi
     pause_watchdogs()
     on("spark-a", "systemctl stop sparkfleet-head")
     on("spark-b", "systemctl stop sparkfleet-worker")
-    # Lab-sized numbers: utilization 0.79 of the lab's MemTotal fits; 64 GiB of headroom on top cannot.
+    # Lab-sized numbers: the lab's share of its MemTotal (lab/profiles/: 0.5) fits; 64 GiB of headroom on top cannot.
+    share = load_profile("glm-5.3-flash-exl3", site_dir=str(REPO / "lab")).gpu_memory_utilization
     run = deploy("--data", "guard_min_headroom_gib=64")
     assert run.returncode != 0
     assert "guards refused the deploy, nothing was changed" in run.output
     for host in ("spark-a", "spark-b"):
-        m = re.search(rf"memory: 0\.79 x ([0-9.]+) GiB = ([0-9.]+) GiB needed \+ 64\.00 GiB headroom, ([0-9.]+) GiB free on {host}", run.output)
+        m = re.search(rf"memory: {share:.2f} x ([0-9.]+) GiB = ([0-9.]+) GiB needed \+ 64\.00 GiB headroom, "
+                      rf"([0-9.]+) GiB free on {host}", run.output)
         assert m, run.output
-        assert abs(0.79 * float(m[1]) - float(m[2])) < 0.01
+        assert abs(share * float(m[1]) - float(m[2])) < 0.01
     assert run.results() == []  # refused at prepare: no operation ran
 
     # Without the headroom the same bring-up fits, and the pair serves again.

@@ -139,6 +139,11 @@ def test_a_refused_field_of_a_based_profile_names_both_files(tmp_path):
     assert f"({profiles / 'ours.yaml'}, on {PROFILES_DIR / SHIPPED}.yaml): line 2: gpu_memory_utilization = 2" in str(err.value)
 
 
+def test_the_lab_serves_the_shipped_profile_with_only_its_memory_share_changed():
+    shipped, lab = load_profile(SHIPPED).model_dump(), load_profile(SHIPPED, site_dir=str(REPO / "lab")).model_dump()
+    assert {k for k in shipped if shipped[k] != lab[k]} == {"gpu_memory_utilization"}
+
+
 def test_another_sites_profiles_are_not_this_ones(tmp_path):
     """serving_site is the inventory's own directory: two sites side by side each serve their own."""
     first, second = example_site(tmp_path / "one"), example_site(tmp_path / "two")
