@@ -119,24 +119,26 @@ def test_a_sites_profile_on_a_shipped_base_changes_only_the_fields_it_gives(tmp_
     assert (ours["name"], ours["gpu_memory_utilization"]) == ("ours", 0.5)
 
 
+def refusal_of_site_profile(site: Path, text: str) -> str:
+    """load_profile's refusal of the site's profiles/ours.yaml holding `text`."""
+    (site / "profiles").mkdir()
+    (site / "profiles" / "ours.yaml").write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_profile("ours", site_dir=str(site))
+    return str(err.value)
+
+
 @pytest.mark.parametrize("base", ["no-such-profile", "ours", 3])
 def test_a_base_that_is_not_a_shipped_profile_is_refused_naming_the_file_line_and_the_shipped_ones(tmp_path, base):
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "ours.yaml").write_text(f"# a site's profile\nbase: {base}\nport: 8123\n")
-    with pytest.raises(ValueError) as err:
-        load_profile("ours", site_dir=str(tmp_path))
-    assert f"{profiles / 'ours.yaml'} line 2): base = {base!r}: name a shipped profile" in str(err.value)
-    assert ", ".join(profile_names()) in str(err.value)
+    refusal = refusal_of_site_profile(tmp_path, f"# a site's profile\nbase: {base}\nport: 8123\n")
+    assert f"{tmp_path / 'profiles' / 'ours.yaml'} line 2): base = {base!r}: name a shipped profile" in refusal
+    assert ", ".join(profile_names()) in refusal
 
 
 def test_a_refused_field_of_a_based_profile_names_both_files(tmp_path):
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "ours.yaml").write_text(f"base: {SHIPPED}\ngpu_memory_utilization: 2\n")
-    with pytest.raises(ValueError) as err:
-        load_profile("ours", site_dir=str(tmp_path))
-    assert f"({profiles / 'ours.yaml'}, on {PROFILES_DIR / SHIPPED}.yaml): line 2: gpu_memory_utilization = 2" in str(err.value)
+    refusal = refusal_of_site_profile(tmp_path, f"base: {SHIPPED}\ngpu_memory_utilization: 2\n")
+    assert (f"({tmp_path / 'profiles' / 'ours.yaml'}, on {PROFILES_DIR / SHIPPED}.yaml): line 2: "
+            f"gpu_memory_utilization = 2") in refusal
 
 
 def test_the_lab_serves_the_shipped_profile_with_only_its_memory_share_changed():
