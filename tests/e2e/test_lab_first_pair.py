@@ -1,6 +1,6 @@
 """The README's real-hardware path, followed literally on the lab (issue 45's done-when): a site directory
 made from site.example outside the checkout, its inventory given the lab's addresses and its
-group_data the lab's settings, then the README's steps through the checkout's inventory.py: `sparkfleet
+group_data and profiles/ the lab's, then the README's steps through the checkout's inventory.py: `sparkfleet
 config`, `make plan`, `sparkfleet deploy --yes`, the state checks, and docs/first-pair.md's
 OpenAI-client example against the pair it brought up.
 
@@ -46,6 +46,9 @@ def make_site(root: Path) -> Path:
         assert text.count(example) == 1, f"site.example/inventory.py: {example} found {text.count(example)} times"
         text = text.replace(example, lab)
     inventory.write_text(text)
+    # The lab's profiles (lab/profiles/: the shipped one with the lab's memory share), as this site's own:
+    # the lab's inventory then renders what the site's did, and the bring-up's admission is the lab's.
+    shutil.copytree(REPO / "lab" / "profiles", site / "profiles", dirs_exist_ok=True)
     renderer = host_renderer(HOSTS[0])  # the site's one setting for both: use_renderer switches the pair
     settings = site / "group_data" / "all.py"
     settings.write_text(settings.read_text() + "\n# The lab's settings (lab/group_data/all.py), as this site's own:\n"
