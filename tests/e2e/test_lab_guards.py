@@ -11,6 +11,9 @@ from tests.e2e.lab import BIN, INVENTORY, REPO, deploy, models_command, on, paus
 
 pytestmark = pytest.mark.lab
 
+# The memory share the lab serves the shipped profile with (lab/profiles/glm-5.3-flash-exl3.yaml).
+SHARE = load_profile("glm-5.3-flash-exl3", site_dir=str(REPO / "lab")).gpu_memory_utilization
+
 
 def test_memory_admission_refuses_a_bring_up_that_does_not_fit_and_changes_nothing():
     # A bring-up: no engine running on either rank (and no watchdog to start them again).
@@ -18,15 +21,14 @@ def test_memory_admission_refuses_a_bring_up_that_does_not_fit_and_changes_nothi
     on("spark-a", "systemctl stop sparkfleet-head")
     on("spark-b", "systemctl stop sparkfleet-worker")
     # Lab-sized numbers: the lab's share of its MemTotal (lab/profiles/: 0.5) fits; 64 GiB of headroom on top cannot.
-    share = load_profile("glm-5.3-flash-exl3", site_dir=str(REPO / "lab")).gpu_memory_utilization
     run = deploy("--data", "guard_min_headroom_gib=64")
     assert run.returncode != 0
     assert "guards refused the deploy, nothing was changed" in run.output
     for host in ("spark-a", "spark-b"):
-        m = re.search(rf"memory: {share:.2f} x ([0-9.]+) GiB = ([0-9.]+) GiB needed \+ 64\.00 GiB headroom, "
+        m = re.search(rf"memory: {SHARE:.2f} x ([0-9.]+) GiB = ([0-9.]+) GiB needed \+ 64\.00 GiB headroom, "
                       rf"([0-9.]+) GiB free on {host}", run.output)
         assert m, run.output
-        assert abs(share * float(m[1]) - float(m[2])) < 0.01
+        assert abs(SHARE * float(m[1]) - float(m[2])) < 0.01
     assert run.results() == []  # refused at prepare: no operation ran
 
     # Without the headroom the same bring-up fits, and the pair serves again.
@@ -70,7 +72,7 @@ def test_kv_budget_refuses_a_context_that_cannot_fit_from_config_json_and_weight
     try:
         run = deploy()
         assert run.returncode != 0
-        assert re.search(r"kv budget on spark-a: 0\.79 x [0-9.]+ GiB - weights 2\.0/2 GiB - drafter 0\.0/2 GiB - "
+        assert re.search(rf"kv budget on spark-a: {SHARE:.2f} x [0-9.]+ GiB - weights 2\.0/2 GiB - drafter 0\.0/2 GiB - "
                          r"reserve 4\.0 GiB = [0-9.]+ GiB for KV at 40016 B/token = [0-9]+ tokens < max_model_len 640000",
                          run.output), run.output
         assert run.results() == []
