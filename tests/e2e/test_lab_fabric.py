@@ -7,6 +7,7 @@ which the modules after this one keep).
 """
 import json
 import os
+import select
 import signal
 import subprocess
 import time
@@ -16,7 +17,7 @@ import pytest
 from roles.fabric.facts import ping_command
 from roles.fabric_speed.checks import LISTENER_DIR, LISTENER_KILL_AFTER_S, listener_limit
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
-from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
+from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, SSH_CONFIG, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
 from tests.e2e.lab import run as run_cmd
 
 pytestmark = pytest.mark.lab
@@ -239,17 +240,33 @@ def speed_server_left(host: str = "spark-a") -> str:
 
 def deploy_until_the_speed_server_listens(log) -> tuple[subprocess.Popen, float]:
     """A deploy with the speed proof due, in the background and in a session of its own (a test may
-    kill it whole), once spark-a's iperf3 server listens: the deploy's process and when that was seen
-    (polled on the node every 0.1 s)."""
-    proc = subprocess.Popen([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py"], cwd=REPO, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        if "listening" in on("spark-a", f"for i in $(seq 300); do ss -Hltnp 'sport = :{SPEED_PORT}' | grep -q iperf3 "
-                                        "&& echo listening && break; sleep 0.1; done"):
-            return proc, time.monotonic()
-    proc.kill()
-    raise AssertionError(f"spark-a's speed server never listened during the deploy:\n{log.read_text()[-6000:]}")
+    kill it whole), once spark-a's iperf3 server listens: the deploy's process and when that was seen.
+
+    What it waits for is a state, seen from one SSH session opened before the deploy starts and polling
+    every 0.1 s for the deploy's whole length: a refused proof's server listens only while its client
+    tries (about 5 s), and an SSH call per 30 s of polling left gaps of seconds between calls on a busy
+    machine, in one of which make test of 032b71d missed that window."""
+    poller = subprocess.Popen(["ssh", "-F", str(SSH_CONFIG), "spark-a",
+                               f"echo polling; for i in $(seq 6000); do ss -Hltnp 'sport = :{SPEED_PORT}' | "
+                               f"grep -q iperf3 && echo listening && exit 0; sleep 0.1; done; exit 1"],
+                              stdout=subprocess.PIPE, bufsize=0)  # unbuffered: select sees every line
+    try:
+        assert poller.stdout.readline().strip() == b"polling", "spark-a's listener poll did not start"
+        proc = subprocess.Popen([str(BIN / "pyinfra"), "-y", INVENTORY, "deploy.py"], cwd=REPO, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        while True:
+            ended = proc.poll() is not None  # read before the poll's output: a listener seen before the end counts
+            if select.select([poller.stdout], [], [], 0.5)[0]:
+                if poller.stdout.readline().strip() == b"listening":
+                    return proc, time.monotonic()
+                break  # the poll ended (600 s) without a listener
+            if ended:
+                break
+        proc.kill()
+        raise AssertionError(f"spark-a's speed server never listened during the deploy:\n{log.read_text()[-6000:]}")
+    finally:
+        poller.kill()
+        poller.wait()
 
 
 def test_a_proof_whose_client_is_refused_fails_and_leaves_nothing_listening(renderer, tmp_path):
