@@ -536,7 +536,7 @@ def _on_base(name: str, path: Path, data: dict, node) -> dict:
     file's, NAME when it gives none. The base is a shipped profile (roles/serving/profiles/), itself
     whole: a site file cannot base on another site file, so no chain hides where a value came from."""
     base = data.pop("base")
-    shipped = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    shipped = profile_names()  # without a site: the shipped ones
     if not isinstance(base, str) or base not in shipped:
         line = profile_file.line_of(node, ("base",))
         raise ValueError(f"profile {name!r} ({path} line {line}): base = {base!r}: name a shipped profile "
