@@ -56,9 +56,11 @@ def engine_python(engine: str, version: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def run_checker(engine: str, version: str, cases: list[dict]) -> dict:
+def run_checker(engine: str, version: str, cases: list[dict], flags: bool = False) -> dict:
+    """The checker's report on `cases` at `version`; with `flags`, the serve parser's option strings too."""
+    request = {"cases": cases, **({"flags": True} if flags else {})}
     proc = subprocess.run([engine_python(engine, version), str(CHECKERS / f"check_{engine}.py")],
-                          input=json.dumps({"cases": cases}), capture_output=True, text=True, timeout=900)
+                          input=json.dumps(request), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"check_{engine}.py ({version}) failed:\n{proc.stderr[-5000:]}"
     output = json.loads(proc.stdout)
     assert output["version"] == version, f"the {engine} {version} parity virtualenv runs {output['version']}"
@@ -123,7 +125,10 @@ def group_cases(name: str) -> list[tuple[Profile, dict]]:
 @cache
 def shipped(engine: str, version: str) -> tuple[dict, dict]:
     """(cases by id, the checker's output) for every shipped profile proven against `engine` at
-    `version` (parity_version), in one run: the pair (TP 2, PP 1) and the four-node group (TP 2 x PP 2)."""
+    `version` (parity_version), in one run: the pair (TP 2, PP 1) and the four-node group (TP 2 x PP 2).
+    The same run judges the tier's broken-on-purpose cases of that release (BROKEN, the four nodes at
+    TP 2 x PP 1), each under an id of its own: each run of the checker costs the engine's whole import
+    (tens of seconds on two busy cores), so each release is imported once for all of them."""
     cases = {}
     for name in PROFILES:
         profile = load_profile(name)
@@ -134,7 +139,11 @@ def shipped(engine: str, version: str) -> tuple[dict, dict]:
                     cases[case["id"]] = (profile, case)
             for group_profile, case in group_cases(name):
                 cases[case["id"]] = (group_profile, case)
-    return cases, run_checker(engine, version, [c for _, c in cases.values()])
+    extra = [case for _, case in broken_cases(engine, version).values()]
+    four = four_nodes_at_tp2_pp1()
+    if (engine, version) == (four[0].engine, parity_version(four[0])):
+        extra.append(four[1])
+    return cases, run_checker(engine, version, [c for _, c in cases.values()] + extra, flags=True)
 
 
 pytestmark = pytest.mark.parity
@@ -163,17 +172,24 @@ def test_every_rank_of_a_four_node_tp2_pp2_group_is_accepted_by_the_real_engine(
         assert problems(p, case, output) == [], case["id"]
 
 
-def test_vllm_refuses_four_nodes_at_tp2_pp1():
-    """The tier sees a group whose TP x PP is not its node count: vLLM's mp executor cannot split two
-    ranks over four nodes (serving_problems refuses it first, so the group is built at TP 2 x PP 2)."""
+@cache
+def four_nodes_at_tp2_pp1() -> tuple[Profile, dict]:
+    """A four-node group of deepseek-v4-flash at TP 2 x PP 1, rank 2 (judged in its release's one run, shipped)."""
     with parallel_variants():
         good = load_profile("deepseek-v4-flash" + PP_VARIANT)
         c = group_cluster("spark", good.name)
     profile = good.model_copy(update={"pipeline_parallel_size": 1})
     case = render(profile, "spark", "spark-c", c)
     case["id"] += " [4 nodes at TP 2 x PP 1]"
+    return profile, case
+
+
+def test_vllm_refuses_four_nodes_at_tp2_pp1():
+    """The tier sees a group whose TP x PP is not its node count: vLLM's mp executor cannot split two
+    ranks over four nodes (serving_problems refuses it first, so the group is built at TP 2 x PP 2)."""
+    profile, case = four_nodes_at_tp2_pp1()
     version = parity_version(profile)
-    [msg] = problems(profile, case, run_checker("vllm", version, [case]))
+    [msg] = problems(profile, case, shipped("vllm", version)[1])
     assert f"--tensor-parallel-size 2: vLLM {version} refuses it" in msg
     assert "world_size (2) must be divisible by nnodes_within_dp (4)" in msg
 
@@ -230,23 +246,12 @@ def test_the_committed_known_env_snapshot_is_what_the_engine_reads(engine, versi
         f"but not read): make snapshot ENGINE={engine} VERSION={version} writes the checker's env_known into it")
 
 
-_FLAGS_PROBE = {
-    "vllm": "import check_vllm as c; c.install_spark_platform(); p = c.serve_parser(); "
-            "p = [a for a in p._actions if a.__class__.__name__ == '_SubParsersAction'][0].choices['serve']",
-    "sglang": "import argparse; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser(); "
-              "ServerArgs.add_cli_args(p)",
-}
-
 
 @cache
 def engine_flags(engine: str, version: str) -> frozenset[str]:
-    """Every option string of the engine's own serve parser (vLLM's `vllm serve`, SGLang's launch_server)."""
-    code = _FLAGS_PROBE[engine] + "; import json; print(json.dumps(sorted({o for a in p._actions for o in " \
-        "a.option_strings})))"
-    out = subprocess.run([engine_python(engine, version), "-c", code], cwd=CHECKERS, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
+    """Every option string of the engine's own serve parser (vLLM's `vllm serve`, SGLang's launch_server),
+    as the checker lists them in the release's one run (shipped)."""
+    return frozenset(shipped(engine, version)[1]["flags"])
 
 
 # Flags named like a secret whose value is not one (read in the engines' help at the pinned versions).
@@ -344,12 +349,16 @@ def proven(profile_name: str) -> str:
 
 
 @cache
+def broken_cases(engine: str, version: str) -> dict[str, tuple[Profile, dict]]:
+    """label -> (profile, case) of every BROKEN case proven against this engine release."""
+    return {label: _broken_case(label, name, change) for label, (name, change) in BROKEN.items()
+            if load_profile(name).engine == engine and parity_version(load_profile(name)) == version}
+
+
 def broken_results(engine: str, version: str) -> dict[str, list[str]]:
-    """Every broken case proven against one engine release, through the checker in one run: label -> problems."""
-    built = {label: _broken_case(label, name, change) for label, (name, change) in BROKEN.items()
-             if load_profile(name).engine == engine and parity_version(load_profile(name)) == version}
-    output = run_checker(engine, version, [case for _, case in built.values()])
-    return {label: problems(profile, case, output) for label, (profile, case) in built.items()}
+    """Every broken case proven against one engine release, in that release's one run (shipped): label -> problems."""
+    output = shipped(engine, version)[1]
+    return {label: problems(profile, case, output) for label, (profile, case) in broken_cases(engine, version).items()}
 
 
 def broken(label: str) -> str:

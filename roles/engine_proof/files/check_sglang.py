@@ -552,7 +552,16 @@ def run(request: dict) -> dict:
         if case["id"] in results:
             raise SystemExit(f"check_sglang: duplicate case id {case['id']!r}")
         results[case["id"]] = run_case(case)
-    return {"engine": "sglang", "version": sglang.__version__, "env_known": env_known(), "results": results}
+    report = {"engine": "sglang", "version": sglang.__version__, "env_known": env_known(), "results": results}
+    if request.get("flags"):  # the parity tier's secret-flag check asks; the in-image proof does not
+        import argparse
+
+        from sglang.srt.server_args import ServerArgs
+
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        report["flags"] = sorted({o for a in parser._actions for o in a.option_strings})
+    return report
 
 
 if __name__ == "__main__":

@@ -98,6 +98,13 @@ def serve_parser():
     return parser
 
 
+def serve_flags() -> list[str]:
+    """Every option string of `vllm serve`, as its own parser builds them (asked for by the parity
+    tier's secret-flag check, "flags": true; the in-image proof does not ask)."""
+    serve = next(a for a in serve_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    return sorted({o for a in serve._actions for o in a.option_strings})
+
+
 def _flag_in(message: str):
     for word in message.replace(",", " ").replace(":", " ").replace("/", " ").split():
         if word.startswith("--"):
@@ -290,6 +297,8 @@ def run(request: dict) -> dict:
         "env_known": sorted(vllm.envs.environment_variables),
         "results": results,
     }
+    if request.get("flags"):
+        report["flags"] = serve_flags()
     head = [c for c in request["cases"] if c["id"] == request.get("routes_for")]
     if head and not results[head[0]["id"]]["errors"]:  # a command line its parser refused builds no app
         report["routes"] = routes(head[0])
