@@ -33,7 +33,7 @@ def test_jumbo_frames_reach_every_peer_unfragmented(host, node, cluster):
     failures = []
     for peer in cluster.peers(node):
         for mine, theirs in zip(node.fabric_halves, peer.fabric_halves):
-            cmd = f"ping -M do -s {node.ping_payload} -c 3 -i 0.2 -W 2 -q {theirs.ip}"
+            cmd = f"ping -M do -s {node.ping_payload} -c 3 -i 0.05 -W 2 -q {theirs.ip}"
             result = host.run(cmd)
             if result.rc != 0:
                 failures.append(f"{node.name} -> {peer.name} ({theirs.ip}) over {mine.netdev}: `{cmd}` failed: "
