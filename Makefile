@@ -235,8 +235,10 @@ parity: install parity-venvs
 # vLLM (tests/real) on spark-c and spark-d (SFL_LAB_PAIR), its first deploy their first bring-up. Each
 # pair's tier mostly waits on its hosts (the real one on the engine and its drills), so together they
 # take little more than the longer one. Each writes its output to a log of its own, printed when it
-# ends, the first pair's first; a lab.sh of one (a reboot) waits for the other's lock. Then four fresh
-# hosts on a switched fabric for tests/fleet. LAB_TIERS=serial: the two-host lab instead, tests/e2e,
+# ends, the first pair's first; a lab.sh of one (a reboot) waits for the other's lock. Before them,
+# four fresh hosts on a switched fabric for tests/fleet: run last, its 7-9 minutes had nothing beside
+# them (the unit tier had ended) and left part of the two cores idle; run first, the unit tier takes
+# that part, and has less left to take from the pairs' tiers. LAB_TIERS=serial: the two-host lab instead, tests/e2e,
 # tests/state and tests/real one after another on spark-a and spark-b (as make lab-up gives it, for
 # debugging a tier without the second pair). When tests/real ends, its pair's engine is stopped (watchdog
 # first): left serving, the idle real vLLM's workers kept a quarter of the two cores busy while the
@@ -249,8 +251,8 @@ parity: install parity-venvs
 # Every run prints last the failed tests of every tier (CI shows a log's tail, which is the unit tier's
 # output: stop 50's CI said only "lab tiers exit 1"), its time, in all and per tier (CI stops at 90
 # minutes; the budget is 60), and where the tiers' records are (time per module and deploy, each tier's
-# failed tests and whole log, the real drills' figures): the lab's records directory, which the
-# four-host tier's reset keeps.
+# failed tests and whole log, the real drills' figures): the lab's records directory, which every
+# lab.sh reset keeps.
 LAB_TIERS ?= pairs
 test: python-venv test-tools install router-wheels promtool
 	@log=$$(mktemp); start=$$(date +%s); \
@@ -259,8 +261,13 @@ test: python-venv test-tools install router-wheels promtool
 	{ nice -n 10 $(MAKE) -s parity-venvs && \
 	  nice -n 10 $(BIN)/pytest tests/unit tests/parity -q --parity -p no:cacheprovider --durations=10; rc=$$?; \
 	  echo "$$(( $$(date +%s) - start ))" >"$$log.time"; exit $$rc; } >"$$log" 2>&1 & other=$$!; \
-	$(MAKE) -s lab-wheels $$lab_up || { wait $$other; cat "$$log"; rm -f "$$log" "$$log".*; exit 1; }; \
-	t=$$(date +%s); setup=$$(( t - start )); real=0; \
+	$(MAKE) -s lab-wheels || { wait $$other; cat "$$log"; rm -f "$$log" "$$log".*; exit 1; }; \
+	t2=$$(date +%s); setup=$$(( t2 - start )); \
+	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=switch bash lab/lab.sh reset >/dev/null && \
+	SFL_LAB_PAIR=spark-a,spark-b $(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10 >"$$log.fleet" 2>&1; fleet=$$?; \
+	fleet_s=$$(( $$(date +%s) - t2 )); t3=$$(date +%s); \
+	$(MAKE) -s $$lab_up || { wait $$other; cat "$$log.fleet" "$$log"; rm -f "$$log" "$$log".*; exit 1; }; \
+	t=$$(date +%s); pairs_reset=$$(( t - t3 )); real=0; \
 	if [ "$(LAB_TIERS)" = serial ]; then \
 	  SFL_LAB_PAIR=spark-a,spark-b $(BIN)/pytest tests/e2e tests/state tests/real -q --lab -p no:cacheprovider --durations=30 >"$$log.ab" 2>&1; lab=$$?; \
 	  cat "$$log.ab"; \
@@ -280,11 +287,8 @@ test: python-venv test-tools install router-wheels promtool
 	  lab_s=$$(( $$(date +%s) - t )); \
 	  tiers="lab tiers $$lab_s s (two pairs at once: tests/e2e and tests/state $$ab_s s on spark-a/b, tests/real $$cd_s s on spark-c/d)"; \
 	fi; \
-	t2=$$(date +%s); \
-	echo "== the four-host lab (fresh hosts, a switched fabric): tests/fleet"; \
-	SFL_LAB_HOSTS=4 SFL_LAB_FABRIC=switch bash lab/lab.sh reset >/dev/null && \
-	SFL_LAB_PAIR=spark-a,spark-b $(BIN)/pytest tests/fleet -q --lab -p no:cacheprovider --durations=10 >"$$log.fleet" 2>&1; fleet=$$?; \
-	cat "$$log.fleet"; fleet_s=$$(( $$(date +%s) - t2 )); \
+	echo "== the four-host lab (fresh hosts, a switched fabric), first: tests/fleet (exit $$fleet, $$fleet_s s with its reset)"; \
+	cat "$$log.fleet"; \
 	wait $$other; rest=$$?; \
 	echo "== tests/unit and tests/parity (run beside the lab tiers):"; cat "$$log"; \
 	mkdir -p $(SFL_LAB_STATE)/records; \
@@ -294,7 +298,7 @@ test: python-venv test-tools install router-wheels promtool
 	grep -hE '^(FAILED|ERROR) ' "$$log.ab" "$$log.cd" "$$log.fleet" "$$log" 2>/dev/null || echo "   none"; \
 	echo "== lab tiers exit $$lab (tests/real $$real), four-host lab exit $$fleet, unit and parity exit $$rest"; \
 	echo "== records (time per module and deploy: test-times-<tiers>.json; the real drills: real-drills.json): $(SFL_LAB_STATE)/records"; \
-	echo "== time: $$(( $$(date +%s) - start )) s in all: lab set-up $$setup s, $$tiers, four-host lab $$fleet_s s (with its reset); unit and parity $$(cat "$$log.time" 2>/dev/null || echo ?) s beside them"; \
+	echo "== time: $$(( $$(date +%s) - start )) s in all: lab set-up $$setup s, four-host lab $$fleet_s s (with its reset), the pairs' reset $$pairs_reset s, $$tiers; unit and parity $$(cat "$$log.time" 2>/dev/null || echo ?) s beside them"; \
 	rm -f "$$log" "$$log".*; \
 	[ $$lab -eq 0 ] && [ $$real -eq 0 ] && [ $$fleet -eq 0 ] && [ $$rest -eq 0 ]
 
