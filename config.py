@@ -10,7 +10,7 @@ connection, and prints every refusal as one block (see sparkfleet/run.py).
 """
 from pyinfra import config
 
-from sparkfleet import channels
+from sparkfleet import channels, op_order
 from sparkfleet.capture import install_recorder
 from sparkfleet.run import install
 
@@ -19,6 +19,9 @@ config.FAIL_PERCENT = 0
 install()
 # No more commands at once on one host's SSH connection than its sshd takes (sparkfleet/channels.py).
 channels.install()
+# Each operation's order from the call stack's file names and line numbers alone, as pyinfra's own
+# function computes it, without reading every frame's source (sparkfleet/op_order.py).
+op_order.install()
 # Only in the read-only runs of `sparkfleet capture` (its directory in the environment): every fact's
 # command and raw output kept for the bundle (sparkfleet/capture.py). A deploy records nothing.
 install_recorder()
