@@ -2,6 +2,7 @@
 import json
 
 from roles.fabric.checks import netplan_text
+from roles.fabric.facts import ping_command
 from sparkfleet.fabric_others import FabricConfigs, netconfig_problems, other_configs, renderer_in_effect
 from sparkfleet.model.fabric import NETPLAN_FILE
 
@@ -29,11 +30,11 @@ def test_netplan_drop_in_is_root_only_and_as_rendered(host, node):
 
 
 def test_jumbo_frames_reach_every_peer_unfragmented(host, node, cluster):
-    """Over each half: to the peer's address on the same half."""
+    """Over each half: to the peer's address on the same half, with the deploy's own ping (its prepare's fact)."""
     failures = []
     for peer in cluster.peers(node):
         for mine, theirs in zip(node.fabric_halves, peer.fabric_halves):
-            cmd = f"ping -M do -s {node.ping_payload} -c 3 -i 0.05 -W 2 -q {theirs.ip}"
+            cmd = ping_command(str(theirs.ip), node.ping_payload)
             result = host.run(cmd)
             if result.rc != 0:
                 failures.append(f"{node.name} -> {peer.name} ({theirs.ip}) over {mine.netdev}: `{cmd}` failed: "
