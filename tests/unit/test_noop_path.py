@@ -282,9 +282,13 @@ def test_the_fact_reads_files_directories_and_units_in_one_command(tmp_path):
     d = tmp_path / "d"
     d.mkdir(mode=0o750)
     d.chmod(0o750)
+    (tmp_path / "empty").write_text("")
+    os.mkfifo(tmp_path / "fifo")  # never read: sha1sum of it would wait for a writer forever
     command = unchanged.ManagedTargets().command(
-        files=(str(f), str(tmp_path / "missing"), str(tmp_path / "link"), str(d)), dirs=(str(d), str(f)), units=())
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
+        files=(str(f), str(tmp_path / "missing"), str(tmp_path / "link"), str(d), str(tmp_path / "empty"),
+               str(tmp_path / "fifo")), dirs=(str(d), str(f)), units=())
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                         timeout=30).stdout.splitlines()
     got = unchanged.ManagedTargets().process(out)
     me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
     assert got["files"][str(f)]["sha1"] == SHA1 and got["files"][str(f)]["mode"] == "640"
@@ -293,6 +297,10 @@ def test_the_fact_reads_files_directories_and_units_in_one_command(tmp_path):
     assert got["files"][str(tmp_path / "link")] is None  # a symlink is pyinfra's to judge
     assert got["files"][str(d)] is None and got["dirs"][str(f)] is None
     assert got["dirs"][str(d)]["mode"] == "750"
+    assert got["files"][str(tmp_path / "empty")]["sha1"] == hashlib.sha1(b"").hexdigest()  # "regular empty file"
+    assert got["files"][str(tmp_path / "fifo")] is None
+    assert set(got["files"]) == {str(f), str(tmp_path / "missing"), str(tmp_path / "link"), str(d),
+                                 str(tmp_path / "empty"), str(tmp_path / "fifo")} and set(got["dirs"]) == {str(d), str(f)}
 
 
 def test_units_parse_as_systemctl_show_prints_them():
