@@ -52,14 +52,14 @@ class ManagedTargets(FactBase):
             quoted = " ".join(shlex.quote(p) for p in files)
             lines += [
                 f"printf 'file? %s\\n' {quoted}",
-                f"stat -c 'file %F|%U|%G|%a|%n' -- {quoted} 2>/dev/null",
+                f"LC_ALL=C stat -c 'file %F|%U|%G|%a|%n' -- {quoted} 2>/dev/null",  # %F in English: regular file...
                 # sha1sum follows a symlink and reads a FIFO forever: only regular files, as pyinfra hashes
                 f"set --; for p in {quoted}; do if [ -f \"$p\" ] && [ ! -L \"$p\" ]; then set -- \"$@\" \"$p\"; fi; "
                 f"done; if [ $# -gt 0 ]; then sha1sum -- \"$@\" 2>/dev/null; fi",
             ]
         if dirs:
             quoted = " ".join(shlex.quote(p) for p in dirs)
-            lines += [f"printf 'dir? %s\\n' {quoted}", f"stat -c 'dir %F|%U|%G|%a|%n' -- {quoted} 2>/dev/null"]
+            lines += [f"printf 'dir? %s\\n' {quoted}", f"LC_ALL=C stat -c 'dir %F|%U|%G|%a|%n' -- {quoted} 2>/dev/null"]
         if units:
             lines.append(
                 "systemctl show --all --property Id --property SubState --property UnitFileState "
