@@ -92,8 +92,8 @@ def parse_targets(lines: list[str]) -> dict:
             parts = rest.split("|", 4)
             if len(parts) == 5:
                 stats["files" if kind == "file" else "dirs"][parts[4]] = parts[:4]
-        elif SHA1_LINE.match(line):
-            sha1, path = SHA1_LINE.match(line).groups()
+        elif hashed := SHA1_LINE.match(line):
+            sha1, path = hashed.groups()
             sha1s[path] = sha1
         elif line.startswith("Id="):
             unit = line[3:].strip()
