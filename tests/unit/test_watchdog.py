@@ -680,8 +680,9 @@ def test_restarts_back_off(world):
     gaps = [r[i + 1]["started_epoch"] - r[i]["finished_epoch"] for i in range(2)]
     # backoff_s * 2**(k-1) after the previous one ended (plus at most a probe or two, on a busy machine)
     assert 1.0 <= gaps[0] < 1.0 + 2.0 and 2.0 <= gaps[1] < 2.0 + 2.0, gaps
-    log = world.log("head").splitlines()
-    assert lines("\n".join(log), "restarting the pair (restart 3 within 60 s; ")
+    text = world.log("head")
+    assert lines(text, "restarting the pair (restart 3 within 60 s; ")
+    log = text.splitlines()
     # The announcement, read from the log, not from a clock: every probe that failed between restart k-1's
     # end and restart k's start came inside the backoff (else it had restarted), so the first of them says
     # so with the wait, and the rest say less. Whether any probe fails inside a 1 s backoff depends on the
