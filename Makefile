@@ -191,7 +191,8 @@ router-wheels: install
 
 # promtool and amtool from the OS's prometheus and prometheus-alertmanager packages (tests/unit/promtool.sh),
 # cached outside the checkout: the alert rules' and Alertmanager's configuration tests run them; Prometheus
-# and the node exporter from the same packages: the exporters' TLS is tested with them.
+# and the node exporter from the same packages: the exporters' TLS is tested with them; the OS's image
+# registry (the head's): roles/image/sfl_push.py is tested against it.
 SFL_PROMTOOL_CACHE ?= /var/cache/sparkfleet/promtool
 export SFL_PROMTOOL_CACHE
 promtool:
@@ -199,6 +200,7 @@ promtool:
 	@bash tests/unit/promtool.sh amtool >/dev/null
 	@bash tests/unit/promtool.sh prometheus >/dev/null
 	@bash tests/unit/promtool.sh prometheus-node-exporter >/dev/null
+	@bash tests/unit/promtool.sh docker-registry >/dev/null
 
 unit: test-tools install router-wheels promtool
 	$(BIN)/pytest tests/unit -q

@@ -89,6 +89,13 @@ def node_exporter_program() -> str:
     return _prometheus_tool("prometheus-node-exporter")
 
 
+@pytest.fixture(scope="module")
+def registry_program() -> str:
+    """The OS's image registry (docker-registry, what roles/image installs on the head; `make promtool`
+    caches it)."""
+    return _prometheus_tool("docker-registry")
+
+
 @pytest.fixture(autouse=True)
 def _addresses_resolved_afresh(monkeypatch):
     """sparkfleet/addresses.py resolves a name once per process: each test starts with nothing pinned."""

@@ -9,6 +9,8 @@
 #   promtool.sh amtool                    prints amtool's path (the `prometheus-alertmanager` package)
 #   promtool.sh prometheus                prints Prometheus' own path (the `prometheus` package)
 #   promtool.sh prometheus-node-exporter  prints the node exporter's path (`prometheus-node-exporter`)
+#   promtool.sh docker-registry           prints the registry's path (`docker-registry`: the head's, which
+#                                         roles/image installs; roles/image/sfl_push.py is tested against it)
 set -euo pipefail
 
 NAME=${1:-promtool}
@@ -17,7 +19,8 @@ case $NAME in
   amtool) PACKAGE=prometheus-alertmanager VERSION=0.25.0 ;;
   prometheus) PACKAGE=prometheus VERSION=2.42.0 ;;
   prometheus-node-exporter) PACKAGE=prometheus-node-exporter VERSION=1.5.0 ;;
-  *) echo "promtool.sh: promtool, amtool, prometheus or prometheus-node-exporter, not $NAME" >&2; exit 2 ;;
+  docker-registry) PACKAGE=docker-registry VERSION=2.8.2 ;;
+  *) echo "promtool.sh: promtool, amtool, prometheus, prometheus-node-exporter or docker-registry, not $NAME" >&2; exit 2 ;;
 esac
 CACHE=${SFL_PROMTOOL_CACHE:-/var/cache/sparkfleet/promtool}
 TOOL=$CACHE/$VERSION/$NAME
