@@ -30,7 +30,7 @@ from roles.monitoring.checks import PACKAGES, InstalledVersions, UserPresent, mo
 from roles.guards.facts import ContainerMemory, ModelFiles, ProcessMemory
 from roles.image.checks import base_record_path, recipe_dir
 from roles.image.facts import (
-    DeployedCommits, DockerImageId, ImagePin, LocalImages, PushedDigests, RecipeCheckout, RepoDigests, ResolvedCommit,
+    DeployedCommits, DockerImageId, ImagePin, LocalImages, RecipeCheckout, RepoDigests, ResolvedCommit,
 )
 from roles.kernel_cache.checks import engine_generation, group_compile_settings
 from roles.kernel_cache.engine_key import engine_identity
@@ -55,7 +55,7 @@ from sparkfleet.once import once_per_run
 from sparkfleet.keyfiles import read
 from sparkfleet.model.api_key import key_file
 from sparkfleet.model.compile_key import settings_key
-from sparkfleet.model.image import history_path, pushed_record_path
+from sparkfleet.model.image import history_path
 from sparkfleet.model.weights import model_dir
 from sparkfleet.roce_gid import RoceGids
 
@@ -85,11 +85,9 @@ host.get_fact(Which, command="dockerd")
 host.get_fact(Sha1File, path="/etc/docker/daemon.json")
 host.get_fact(DockerInfo)
 host.get_fact(DockerImageId, ref=profile.image_ref)
-if node.is_head:  # roles/image: the head's pushed digests of the image, each worker's pin and its own
-    host.get_fact(PushedDigests, ref=profile.image_ref, record=pushed_record_path(node))
-else:
+host.get_fact(RepoDigests, ref=profile.image_ref)  # roles/image: every node's registry digests of the image
+if not node.is_head:  # and each worker's pinned digest
     host.get_fact(ImagePin, path=image_pin_path(node))
-    host.get_fact(RepoDigests, ref=profile.image_ref)
 if node.serving_prune_other_profiles:
     host.get_fact(LocalImages)
 host.get_fact(Sha1File, path=env_file_path(node, node.serving_dir))

@@ -24,7 +24,6 @@ from roles.image.commands import pull_command, registry_of
 from roles.image.facts import (  # noqa: F401 (pin_of: callers of this module read the pin with it)
     DockerImageId,
     ImagePin,
-    PushedDigests,
     RepoDigests,
     pin_of,
 )
@@ -34,7 +33,7 @@ from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.docker import registry_address
 from sparkfleet.model.engine import engine_args, env_file_path, image_pin_path
-from sparkfleet.model.image import REGISTRY_ROOT, pushed_record_path
+from sparkfleet.model.image import REGISTRY_ROOT
 from sparkfleet.model.serving import FULL_SHA, load_profile, node_profile, profile_names, profile_path
 from sparkfleet.once import active_hosts, per_host
 from sparkfleet.progress import docker_used_probe, fs_used_probe, run_with_progress
@@ -192,15 +191,14 @@ def digest_ref(cluster, profile, digest: str) -> str:
 
 
 def pushed_digest(output: str) -> str | None:
-    """The manifest digest the push printed (`<tag>: digest: sha256:<64 hex> size: <n>`, sfl_push.py's
-    line, worded as `docker push` words it), or None."""
+    """The manifest digest `docker push` printed (`<tag>: digest: sha256:<64 hex> size: <n>`), or None."""
     found = _PUSHED.findall(output)
     return found[-1] if found else None
 
 
 def image_facts(state, profile) -> "ImageFacts":
     """At prepare time, every node at once: the image's ID on each (DockerImageId), the head's registry
-    digests of it (PushedDigests: what sfl_push.py recorded and Docker's RepoDigests, a list), each worker's (pinned reference: its pin file or None, its
+    digests of it (RepoDigests, a list), each worker's (pinned reference: its pin file or None, its
     local copy's registry digests)."""
     cluster = cluster_from_state(state)
 
@@ -208,7 +206,7 @@ def image_facts(state, profile) -> "ImageFacts":
         node = cluster.node(h.name)
         image_id = h.get_fact(DockerImageId, ref=profile.image_ref)
         if node.is_head:
-            return image_id, h.get_fact(PushedDigests, ref=profile.image_ref, record=pushed_record_path(node))
+            return image_id, h.get_fact(RepoDigests, ref=profile.image_ref)
         # A worker's own registry digests of its local copy too: an image it pulled by digest before
         # (a rollback to a commit every node kept) needs its pin written again, not a pull.
         return image_id, (h.get_fact(ImagePin, path=image_pin_path(node)), h.get_fact(RepoDigests, ref=profile.image_ref))
@@ -223,33 +221,33 @@ def pushed_digests(state) -> dict[str, str]:
     return state.__dict__.setdefault("_sparkfleet_pushed", {})
 
 
-def push_image(remote: str, push: str, *, step: str, interval: int) -> None:
-    """Operation body (head): send the local build to the fabric registry as `remote` (`push`:
-    roles/image/sfl_push.py, uncompressed, bounded), and keep the manifest digest it printed: what every
-    worker pulls and runs (pull_by_digest), so a push under the same tag after this one changes nothing
-    a worker gets. While it runs, `step`'s progress every `interval` s (sparkfleet/progress.py)."""
+def push_image(local: str, remote: str, push: str, *, step: str, interval: int) -> None:
+    """Operation body (head): tag the local build `local` as `remote` in the fabric registry, push it
+    (`push`, bounded), and keep the manifest digest the push printed: what every worker pulls and runs
+    (pull_by_digest), so a push under the same tag after this one changes nothing a worker gets. While
+    it runs, `step`'s progress every `interval` s (sparkfleet/progress.py)."""
 
     ok, out = run_with_progress(  # progress: the registry's filesystem growing (sparkfleet/progress.py)
-        host, StringCommand(push), step=step, interval=interval, probe=fs_used_probe(REGISTRY_ROOT))
+        host, StringCommand(f"docker tag {shlex.quote(local)} {shlex.quote(remote)} && {push}"), step=step,
+        interval=interval, probe=fs_used_probe(REGISTRY_ROOT))
     text = f"{out.stdout}\n{out.stderr}"
     if not ok:
         raise RunFailed(push_failure(cluster_from_state(state).node(host.name), remote), text)
     digest = pushed_digest(text)
     if digest is None:
-        raise DeployError(f"{host.name}: the push of {remote} printed no manifest digest:\n{text[-2000:]}")
+        raise DeployError(f"{host.name}: `docker push {remote}` printed no manifest digest:\n{text[-2000:]}")
     pushed_digests(state)[remote] = digest
-    summary = next((line for line in text.splitlines() if line.startswith("pushed ")), "")
-    logger.info(f"    [{host.name}] pushed {remote} as {digest}" + (f" ({summary.partition(': ')[2]})" if summary else ""))
+    logger.info(f"    [{host.name}] pushed {remote} as {digest}")
 
 
 def push_failure(head, remote: str) -> RunFailure:
     """The head's push to the fabric registry failed (not at its limit: bounded() says that one)."""
     return RunFailure(
-        host=head.name, waited_for=f"the push of {remote} to the head's registry (sfl_push.py)", what=f"pushing {remote} failed",
+        host=head.name, waited_for=f"docker push of {remote} to the head's registry", what=f"pushing {remote} failed",
         log=journal(head.management_address, "docker-registry"), key="docker_registry_port",
         next_step=(f"read the docker output below and the registry's log; check that the registry runs and "
                    f"listens on {registry_of(remote)} ({on_node(head.management_address, 'systemctl status docker-registry')}); "
-                   f"then re-deploy (a re-run sends the image again; the registry keeps each layer once)"))
+                   f"then re-deploy (a re-run pushes only the layers the registry lacks)"))
 
 
 def pull_failure(cluster, node, ref: str) -> RunFailure:

@@ -2,8 +2,7 @@
 (sparkfleet/bounded.py), and the names of their operations (the step a timeout names).
 
 Each resumes on a re-run: a fetch keeps the objects that arrived (a lock a KILLed git left behind is
-removed first), docker build reuses its layer cache, a pull skips the layers already there; the push
-(to the head's own registry, uncompressed: roles/image/sfl_push.py) sends the image again.
+removed first), docker build reuses its layer cache, push and pull skip the layers already there.
 
 Each failure, at its limit or before, prints one line naming the log to read, the data key that
 governs the step and the next step (sparkfleet/run_failure.py Advice). The fetch and the build write
@@ -12,7 +11,6 @@ their output to a root-only log file on the head (log_path), which the line name
 import shlex
 
 from sparkfleet.bounded import bounded
-from sparkfleet.model.image import SFL_PUSH
 from sparkfleet.run_failure import Advice, journal, on_node
 
 q = shlex.quote
@@ -80,20 +78,15 @@ def build_command(node, profile, src: str) -> str:
     )
 
 
-def push_command(node, profile, ref: str, record: str) -> str:
-    """The head's push of its local build `profile.image_ref` to its registry as `ref`
-    (`<registry>/<repo>:<tag>`), uncompressed (sfl_push.py, installed by roles/image), recorded in `record`."""
-    registry, _, rest = ref.partition("/")
-    repository, _, tag = rest.rpartition(":")
+def push_command(node, profile, ref: str) -> str:
     return bounded(
-        f"python3 {SFL_PUSH} {q(profile.image_ref)} {q(registry)} {q(repository)} {q(tag)} --record {q(record)}",
-        step=push_step(profile), host=node.name, limit_s=node.image_push_timeout_s,
-        key="image_push_timeout_s", resume="a re-run sends the image again (the registry keeps each layer once)",
+        f"docker push {q(ref)}", step=push_step(profile), host=node.name, limit_s=node.image_push_timeout_s,
+        key="image_push_timeout_s", resume="a re-run pushes only the layers the registry lacks",
         advice=Advice(
             log=journal(node.management_address, "docker-registry"), key="docker_registry_port",
             next_step=f"check that the head's registry runs and listens on {registry_of(ref)} "
                       f"({on_node(node.management_address, 'systemctl status docker-registry')}); "
-                      f"a re-run sends the image again"),
+                      f"a re-run pushes only the layers the registry lacks"),
     )
 
 

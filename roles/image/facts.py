@@ -49,31 +49,6 @@ class RepoDigests(FactBase):
         return []
 
 
-class PushedDigests(FactBase):
-    """The head's manifest digests (`<registry>/<repo>@sha256:...`) of its local image `ref`: those
-    roles/image/sfl_push.py recorded for the image's ID in `record` (`<ref@digest> <image ID>` per
-    line), and the RepoDigests Docker recorded (a `docker push` of an earlier sparkfleet, a pull);
-    sorted, [] when none or no image. One read: the image's ID and RepoDigests, then the record."""
-
-    def command(self, ref: str, record: str) -> str:
-        return (f"docker image inspect --format '{{{{.Id}}}} {{{{json .RepoDigests}}}}' {shlex.quote(ref)} 2>/dev/null"
-                f" && cat {shlex.quote(record)} 2>/dev/null; true")
-
-    def process(self, output):
-        import json
-
-        lines = [line.strip() for line in output if line.strip()]
-        if not lines or not lines[0].startswith("sha256:"):
-            return []
-        image_id, _, repo_digests = lines[0].partition(" ")
-        found = {d for d in json.loads(repo_digests or "[]") if isinstance(d, str)}
-        for line in lines[1:]:
-            ref, _, recorded_id = line.partition(" ")
-            if recorded_id.strip() == image_id and "@" in ref and DIGEST.match(ref.rpartition("@")[2]):
-                found.add(ref)
-        return sorted(found)
-
-
 class ImagePin(FactBase):
     """The image reference a worker's unit runs (sparkfleet/model/engine.py's pin file), or None."""
 

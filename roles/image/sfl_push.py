@@ -223,8 +223,8 @@ def main(argv: list[str]) -> int:
         return 1
     took = time.monotonic() - began
     print(f"{tag}: digest: {digest} size: {len(manifest)}")
-    print(f"pushed {address}/{repository}:{tag}: {sent} bytes uncompressed in {took:.1f} s, "
-          f"{sent / max(took, 1e-6) / 1e6:.0f} MB/s")
+    print(f"pushed {address}/{repository}:{tag} uncompressed: {sent} bytes in {took:.1f} s "
+          f"({sent / max(took, 1e-6) / 1e6:.0f} MB/s)")
     return 0
 
 

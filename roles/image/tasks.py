@@ -1,8 +1,8 @@
 """roles/image: the recipe's overlay image, built once on the head and shipped to every node.
 
 The head checks the recipe out at the pinned commit and builds the image there, tagged with the
-commit; a registry on the head's fabric address serves it, its layers uncompressed (sfl_push.py), so
-each worker pulls only the layers it lacks over the CX7 link, at the link's pace rather than gzip's. Every node must end with the same image ID. Older images stay (rollback).
+commit; a registry on the head's fabric address serves it, so each worker pulls only the layers it
+lacks over the CX7 link. Every node must end with the same image ID. Older images stay (rollback).
 
 Operations that depend on another host's (push before pull, pull before the ID check) are defined
 on every host and gated with _if: pyinfra orders operations by merging each host's sequence, so
@@ -10,7 +10,6 @@ an operation defined on one host alone has no order against the other hosts' ope
 """
 import shlex
 from io import StringIO
-from pathlib import Path
 
 from pyinfra import host, logger, state
 from pyinfra.facts.files import File
@@ -30,7 +29,7 @@ from sparkfleet.decided import decisions
 from sparkfleet.progress import docker_used_probe, progress_command
 from sparkfleet.image_pin import repin_command
 from sparkfleet.model.docker import registry_address
-from sparkfleet.model.image import REGISTRY_DROPIN, REGISTRY_ROOT, SFL_PUSH, history_path, pushed_record_path
+from sparkfleet.model.image import REGISTRY_DROPIN, REGISTRY_ROOT, history_path
 from sparkfleet.model.engine import image_pin_path, pinned_env
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from sparkfleet import unchanged
@@ -125,16 +124,7 @@ if on_head:
         _if=any_changed(registry_config, registry_dropin),
     )
 
-# 4. Build once on the head, tagged with the commit; push it to the registry for the workers with the
-#    head's own pusher (Python's standard library; the tools directory roles/fanout owns).
-if on_head:
-    unchanged.put(
-        name="Install sfl_push.py (the image's push, uncompressed)",
-        src=str(Path(__file__).with_name("sfl_push.py")),
-        dest=SFL_PUSH,
-        mode="0755",
-        create_remote_dir=True,
-    )
+# 4. Build once on the head, tagged with the commit; push it to the registry for the workers.
 #    First the Dockerfile's base images, by digest: pulled when absent (docker build then uses exactly
 #    that local image) and recorded on the head beside the served-commit history.
 has_base_record = on_head and base_record_file is not None
@@ -179,9 +169,9 @@ python.call(
 python.call(
     name=push_step(profile),
     function=push_image,
+    local=profile.image_ref,
     remote=registry_ref(cluster, profile),
-    # bounded: image_push_timeout_s; uncompressed (sfl_push.py: docker push would gzip every layer)
-    push=push_command(node, profile, registry_ref(cluster, profile), pushed_record_path(node)),
+    push=push_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_push_timeout_s
     step=push_step(profile),
     interval=node.progress_interval_s,
     _if=lambda: on_head and not in_sync,

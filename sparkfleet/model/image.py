@@ -1,8 +1,8 @@
 """Data of roles/image: how long each of its network-bound steps may take (sparkfleet/bounded.py).
 
 A step past its limit stops the deploy naming the step, the host, the limit and the key; a re-run
-resumes (the fetch keeps what arrived, docker build its layer cache, the pull the layers already
-there; the push sends the image again, to the head's own registry)."""
+resumes (the fetch keeps what arrived, docker build its layer cache, push and pull the layers
+already there)."""
 from pydantic import BaseModel, Field
 
 # The head's registry unit, retried until the fabric address binds (templates beside this file).
@@ -10,8 +10,6 @@ REGISTRY_DROPIN = "/etc/systemd/system/docker-registry.service.d/50-sparkfleet.c
 # Where the head's registry keeps what is pushed to it (its config's storage root; the Debian
 # package's own): the push's progress is this filesystem growing (sparkfleet/progress.py).
 REGISTRY_ROOT = "/var/lib/docker-registry"
-# The head's push, uncompressed (roles/image/sfl_push.py, installed by roles/image).
-SFL_PUSH = "/usr/local/libexec/sparkfleet/sfl_push.py"
 
 
 class ImageData(BaseModel):
@@ -24,19 +22,13 @@ class ImageData(BaseModel):
         "build on a Spark can take an hour; a re-run reuses the layer cache)",
     )
     image_push_timeout_s: int = Field(
-        1800, ge=1, description="seconds the head's push to its own fabric registry may take (roles/image/sfl_push.py: "
-        "`docker save` of the overlay, tens of GiB, sent uncompressed)",
+        1800, ge=1, description="seconds the head's `docker push` to its own fabric registry may take (the overlay "
+        "is tens of GiB; compressing it is the slow part)",
     )
     image_pull_timeout_s: int = Field(
         1800, ge=1, description="seconds a worker's `docker pull` from the head's registry over the fabric may take "
-        "(tens of GiB, uncompressed: the link and the unpacking are the slow parts)",
+        "(tens of GiB; decompressing is the slow part)",
     )
-
-
-def pushed_record_path(node) -> str:
-    """What the head pushed to its registry, one `<registry>/<repo>@<digest> <image ID>` per line
-    (sfl_push.py writes it, root-only; roles/image's facts read it where `docker push` left RepoDigests)."""
-    return f"{node.preflight_data_dir}/image/pushed"
 
 
 def history_path(node, profile) -> str:

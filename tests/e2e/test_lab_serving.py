@@ -335,14 +335,14 @@ def test_a_health_wait_a_push_and_a_pull_that_fail_say_their_five_parts_and_a_re
         assert (f"Build {IMAGE}:{v2} on the head", "spark-a") in unpushed.changed()
         remote = f"{REGISTRY}/{IMAGE}:{v2}"
         pushing = unpushed.failure("spark-a", "docker_registry_port", form="block")
-        assert pushing.what == f"pushing {remote} failed" and pushing.waited_for == f"the push of {remote} to the head's registry (sfl_push.py)"
+        assert pushing.what == f"pushing {remote} failed" and pushing.waited_for == f"docker push of {remote} to the head's registry"
         assert pushing.log == f"ssh root@{head_at} 'journalctl -u docker-registry -n 200 --no-pager'"
         assert f"listens on {REGISTRY} (ssh root@{head_at} 'systemctl status docker-registry')" in pushing.next_step
         read_failure_log(pushing)
         # Under the block, docker's words and the push's own line: refused, not stopped at its limit.
         line = unpushed.failure("spark-a", "docker_registry_port", form="line")
         assert line.waited_for == f'"Push {IMAGE}:{v2} to the fabric registry"' and line.what.startswith("failed (exit status")
-        assert "connection refused" in unpushed.output.lower()  # sfl_push.py's: "[Errno 111] Connection refused"
+        assert "connection refused" in unpushed.output
         assert not [op for op, _ in unpushed.changed() if op.startswith(("Pull", "Prewarm", "Restart", "Start"))]
         assert "stays paused" not in unpushed.output  # it paused nothing (the images come before step 7c)
         print(f"\nrefused push: the deploy stopped after {took:.1f} s")

@@ -7,7 +7,7 @@ import pytest
 
 from roles.image.checks import decide, digest_ref, image_facts, pin_of, pushed_digest
 from sparkfleet.image_pin import pin_text
-from roles.image.facts import ImagePin, PushedDigests, RepoDigests
+from roles.image.facts import ImagePin, RepoDigests
 from sparkfleet.model.serving import node_profile
 from sparkfleet.config import build_cluster
 from tests.unit.helpers import pair
@@ -44,20 +44,6 @@ def test_repo_digests_reads_dockers_json_list():
     assert RepoDigests().process([]) == [] and RepoDigests().process(["[]"]) == []
 
 
-def test_pushed_digests_reads_the_record_lines_of_the_image_s_id_and_docker_s_own():
-    image_id, other_id = "sha256:" + "a" * 64, "sha256:" + "b" * 64
-    ref = "10.77.77.1:5000/sparkfleet/m"
-    output = [f'{image_id} ["{ref}@{D2}"]',  # docker image inspect: the ID, then RepoDigests
-              f"{ref}@{D1} {image_id}",  # sfl_push.py's record: this image's push
-              f"{ref}@sha256:{'3' * 64} {other_id}",  # another image's
-              f"{ref}@sha256:abc {image_id}", ""]  # not a digest
-    assert PushedDigests().process(output) == [f"{ref}@{D1}", f"{ref}@{D2}"]
-    assert PushedDigests().process([f"{image_id} []", f"{ref}@{D1} {image_id}"]) == [f"{ref}@{D1}"]
-    # no image: the record alone names nothing (its lines are another image's, or a removed one's)
-    assert PushedDigests().process([f"{ref}@{D1} {image_id}"]) == [] and PushedDigests().process([]) == []
-    assert "cat /var/lib/sparkfleet/image/pushed" in PushedDigests().command("sparkfleet/m:1", "/var/lib/sparkfleet/image/pushed")
-
-
 @pytest.fixture
 def plan_of(monkeypatch):
     cluster = build_cluster(pair())
@@ -65,7 +51,7 @@ def plan_of(monkeypatch):
     pushed = digest_ref(cluster, profile, D1)
 
     def plan(head_id="sha256:aa", worker_id="sha256:aa", head_digests=(pushed,), worker_pin=pushed, worker_digests=()):
-        hosts = [Host("spark-a", {"DockerImageId": head_id, "PushedDigests": list(head_digests)}),
+        hosts = [Host("spark-a", {"DockerImageId": head_id, "RepoDigests": list(head_digests)}),
                  Host("spark-b", {"DockerImageId": worker_id, "ImagePin": worker_pin,
                                   "RepoDigests": list(worker_digests)})]
         state = fake_state(cluster, hosts)

@@ -145,8 +145,8 @@ def image_steps(c, tmp_path):
                       "serving_recipe_repository", f"cat {fetch_log(head)}"),
         "docker build": (build_command(head, PROFILE, str(src)), "docker", "spark-a", "serving_recipe_commit",
                          f"tail -n 200 {build_log(head, PROFILE)}"),
-        "image push": (push_command(head, PROFILE, ref, "/x/pushed"), "python3", "spark-a", "docker_registry_port",
-                       "journalctl -u docker-registry"),
+        "docker push": (push_command(head, PROFILE, ref), "docker", "spark-a", "docker_registry_port",
+                        "journalctl -u docker-registry"),
         "docker pull": (image_pull(worker, PROFILE, ref), "docker", "spark-b", "docker_registry_port",
                         "journalctl -u docker "),
         "weights fetch": (fetch_command(head, PROFILE, "org/m", "abc"), "docker", "spark-a", "weights_source",
@@ -159,7 +159,7 @@ def image_steps(c, tmp_path):
     }
 
 
-STEPS = ("git fetch", "docker build", "image push", "docker pull", "weights fetch", "weights pull",
+STEPS = ("git fetch", "docker build", "docker push", "docker pull", "weights fetch", "weights pull",
          "kernel cache rsync")
 
 
@@ -179,7 +179,7 @@ def test_each_step_that_fails_on_the_node_prints_its_five_parts(step, tmp_path):
     assert p["waited"].startswith('"') and p["next"]
 
 
-@pytest.mark.parametrize("step", ["image push", "weights fetch"])
+@pytest.mark.parametrize("step", ["docker push", "weights fetch"])
 def test_each_step_at_a_1_s_limit_names_the_limit_and_the_log(step, tmp_path, monkeypatch):
     monkeypatch.setattr("sparkfleet.bounded.KILL_AFTER_S", 1)
     c = cluster(tmp_path, image_push_timeout_s=1, weights_fetch_timeout_s=1)
@@ -188,7 +188,7 @@ def test_each_step_at_a_1_s_limit_names_the_limit_and_the_log(step, tmp_path, mo
     done, took = sh(command, stubs(tmp_path, '[ "$1" = rm ] && exit 0; exec sleep 30', tool))
     assert done.returncode == 124 and took < 10, done.stderr
     p = parts(sparkfleet_line(done.stderr))
-    limit = {"image push": "image_push_timeout_s", "weights fetch": "weights_fetch_timeout_s"}[step]
+    limit = {"docker push": "image_push_timeout_s", "weights fetch": "weights_fetch_timeout_s"}[step]
     assert p["host"] == host and p["what"] == "stopped after 1 s, its limit" and p["key"] == limit
     assert log in p["log"] and f"raise {limit}" in p["next"]
 
@@ -305,16 +305,15 @@ def image_body(monkeypatch, name, answers):
 
 
 def test_a_failed_push_names_the_registrys_journal_and_port(monkeypatch):
-    push = "python3 /usr/local/libexec/sparkfleet/sfl_push.py sparkfleet/x:c 10.77.77.1:5000 sparkfleet/x c --record /x"
-    image_body(monkeypatch, "spark-a", {push: (False, "sfl_push.py: registry 10.77.77.1:5000: POST /v2/sparkfleet/x/blobs/"
-                                                      "uploads/: [Errno 111] Connection refused")})
+    image_body(monkeypatch, "spark-a", {"docker push": (False, "Get http://10.77.77.1:5000/v2/: connection refused")})
     with pytest.raises(RunFailed) as err:
-        image_checks.push_image(remote="10.77.77.1:5000/sparkfleet/x:c", push=push, step="Push", interval=30)
+        image_checks.push_image(local="sparkfleet/x:c", remote="10.77.77.1:5000/sparkfleet/x:c",
+                                push="docker push 10.77.77.1:5000/sparkfleet/x:c", step="Push", interval=30)
     b = block_of(err)
     assert b["title"] == "sparkfleet: spark-a: pushing 10.77.77.1:5000/sparkfleet/x:c failed"
     assert b["log"] == "ssh root@10.0.0.11 'journalctl -u docker-registry -n 200 --no-pager'"
     assert b["key"] == "docker_registry_port" and "10.77.77.1:5000" in b["next"]
-    assert "Connection refused" in b["text"]
+    assert "connection refused" in b["text"]
 
 
 def test_a_failed_pull_names_the_workers_docker_journal_and_how_to_reach_the_registry(monkeypatch):

@@ -234,7 +234,7 @@ def test_the_image_steps_carry_their_limits():
     build = build_command(head, profile, "/var/lib/sparkfleet/recipes/x")
     assert limit_of(build) == "22 (image_build_timeout_s)" and f"docker build --quiet -f {profile.recipe.dockerfile}" in build
     assert f'"Build {profile.image_ref} on the head": stopped after 22 s' in build
-    assert limit_of(push_command(head, profile, "10.77.77.1:5000/x:y", "/x/pushed")) == "33 (image_push_timeout_s)"
+    assert limit_of(push_command(head, profile, "10.77.77.1:5000/x:y")) == "33 (image_push_timeout_s)"
     pull = image_pull(worker, profile, "10.77.77.1:5000/x:y")
     assert limit_of(pull) == "44 (image_pull_timeout_s)" and "docker pull 10.77.77.1:5000/x:y" in pull
     assert 'sparkfleet: spark-b: "Pull' in pull
