@@ -4,10 +4,10 @@ On the two-host lab, with the pair deployed (deploy.py on BENCH_INVENTORY, defau
 lab/inventory_vllm_cpu.py, whose image is 3.4 GB; the lab's stand-in image is 0.7 GB), the image the
 head serves is shipped BENCH_ROUNDS times each way, interleaved:
 
-  docker push + pull   what roles/image ran before sfl_push.py: `docker push` to the head's registry
-                       (Docker gzips every layer), then the worker's `docker pull` by the digest it printed
-  sfl_push.py + pull   what roles/image runs: roles/image/sfl_push.py (docker save's layers, uncompressed),
-                       then the same `docker pull` by digest
+  docker push + pull   what roles/image runs: `docker push` to the head's registry (Docker gzips every
+                       layer), then the worker's `docker pull` by the digest it printed
+  sfl_push.py + pull   roles/image/sfl_push.py (docker save's layers, uncompressed; copied to the head,
+                       the deploy does not run it), then the same `docker pull` by digest
 
 Before each ship the head's registry is emptied (its storage moved aside for the run and put back
 after) and the worker's copy of the image removed, so each ship carries every layer; the head's own
@@ -23,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from sparkfleet.model.image import REGISTRY_ROOT, SFL_PUSH  # noqa: E402
+from sparkfleet.model.image import REGISTRY_ROOT  # noqa: E402
 from tests.e2e.lab import SSH_CONFIG, deploy  # noqa: E402
 
 BENCH_INVENTORY = os.environ.get("BENCH_INVENTORY", "lab/inventory_vllm_cpu.py")
@@ -33,6 +34,10 @@ BENCH_ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 REGISTRY = "198.19.77.1:5000"  # the lab head's fabric address and docker_registry_port
 KEPT = f"{REGISTRY_ROOT}.bench-kept"
 RECORD = "/var/tmp/sparkfleet-bench-pushed"  # the bench's pushes are not the deploy's record
+# roles/image/sfl_push.py, which the deploy does not install (it pushes with docker push: a later push
+# of sfl_push.py re-saves the whole image, docs/performance.md): copied to the head for the bench.
+PUSHER = REPO / "roles" / "image" / "sfl_push.py"
+SFL_PUSH = "/var/tmp/sparkfleet-bench-sfl_push.py"
 
 
 def on(host: str, command: str, check: bool = True) -> str:
@@ -78,6 +83,7 @@ def main() -> int:
         return 1
     head_id = on("spark-a", f"docker image inspect --format '{{{{.Id}}}}' {image}").strip()
     size = int(on("spark-a", f"docker image inspect --format '{{{{.Size}}}}' {image}"))
+    subprocess.run(["ssh", "-F", str(SSH_CONFIG), "spark-a", f"cat > {SFL_PUSH}"], input=PUSHER.read_bytes(), check=True)
     for h, unit in (("spark-a", "sparkfleet-head"), ("spark-b", "sparkfleet-worker")):
         on(h, f"systemctl stop sparkfleet-watchdog 2>/dev/null; systemctl stop {unit}; true")
     on("spark-a", f"systemctl stop docker-registry && mv {REGISTRY_ROOT} {KEPT}")
@@ -92,7 +98,7 @@ def main() -> int:
                 same = "the head's" if r["id"] == head_id else f"{r['id'][:19]} (NOT the head's)"
                 print(f"{n:>5}  {name:<20} {r['push']:7.1f} {r['pull']:7.1f} {r['ship']:7.1f}  {r['registry']:>8}  {same}")
     finally:
-        on("spark-a", f"systemctl stop docker-registry; rm -rf {REGISTRY_ROOT} {RECORD}; mv {KEPT} {REGISTRY_ROOT} && "
+        on("spark-a", f"systemctl stop docker-registry; rm -rf {REGISTRY_ROOT} {RECORD} {SFL_PUSH}; mv {KEPT} {REGISTRY_ROOT} && "
                       "systemctl start docker-registry")
     med = {way: {k: statistics.median(r[k] for r in rs) for k in ("push", "pull", "ship")} for way, rs in runs.items()}
     print(f"medians: gzip push {med['gzip']['push']:.1f} s pull {med['gzip']['pull']:.1f} s; uncompressed push "

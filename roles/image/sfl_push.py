@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """sparkfleet's image push on the head: a local Docker image into the head's fabric registry with its
 layers as they are stored, uncompressed. Python 3 standard library only (DGX OS's python3, the lab's
-Debian's); installed by roles/image as /usr/local/libexec/sparkfleet/sfl_push.py.
+Debian's). The deploy does not run it (roles/image pushes with `docker push`): a first ship is faster
+this way, a later one is not, since `docker save` writes the whole image where `docker push` sends only
+the layers the registry lacks (docs/performance.md, measured); bench/image_ship.py runs it.
 
-Why not `docker push`: it gzips every layer on the head (moby distribution/push_v2.go compressStream,
-Docker 20.10 to 28, no setting turns it off) and every worker's dockerd gunzips it again, so shipping
+What `docker push` costs: it gzips every layer on the head (the lab's Docker 20.10: moby
+distribution/push_v2.go compressStream, which no daemon setting turns off) and every worker's dockerd gunzips it again, so shipping
 an image over the fabric runs at gzip's pace on one core (34 MB/s pushed, 51 MB/s pulled in the lab,
 docs/performance.md), not the link's. Here the image leaves `docker save` as tar streams and goes to
 the registry as they are: the manifest (Docker's schema 2) names each uncompressed layer with its
@@ -18,8 +20,7 @@ checks it again before it accepts the blob; the config's digest must be the loca
 uncompressed layer's digest its diff ID (`docker image inspect` RootFS.Layers, in order), so the
 manifest describes exactly the image the head built; the registry's Docker-Content-Digest must be
 the sha256 of the manifest sent. Then one line is added to RECORD (`<registry>/<repo>@<digest> <image
-ID>`): what the head has pushed, the role's facts read it where `docker push` would have left a
-RepoDigest.
+ID>`): what the head has pushed (`docker push` leaves a RepoDigest instead; this push leaves none).
 
   sfl_push.py IMAGE REGISTRY REPOSITORY TAG --record RECORD
 

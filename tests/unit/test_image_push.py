@@ -1,8 +1,8 @@
 """roles/image/sfl_push.py against the real registry the head runs (the OS's docker-registry 2.8.2,
 tests/unit/promtool.sh), fed by a stand-in `docker` CLI that answers `image inspect` and `save` from an
-image this test writes in both of `docker save`'s layouts: Docker < 25's (the lab's Docker 20.10: the
-lab's deploys push every image through the real one, tests/e2e and tests/real) and the OCI layout of
-Docker >= 25 (DGX OS's docker-ce), which no lab host runs. The layouts are written as moby's
+image this test writes in both of `docker save`'s layouts: Docker < 25's (the lab's Docker 20.10, whose
+real `docker save` and `docker pull` bench/image_ship.py runs it with: the deploy does not) and the OCI
+layout of Docker >= 25 (DGX OS's docker-ce), which no lab host runs. The layouts are written as moby's
 image/tarexport/save.go writes them (v1 directories with a symlink for a repeated layer; blobs/sha256
 with index.json); the registry is the real one, and what it stores is read back from it."""
 import gzip
