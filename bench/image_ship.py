@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from sparkfleet.model.image import REGISTRY_ROOT  # noqa: E402
 from tests.e2e.lab import SSH_CONFIG, deploy  # noqa: E402
+from tests.e2e.lab import on as lab_on  # noqa: E402
 
 BENCH_INVENTORY = os.environ.get("BENCH_INVENTORY", "lab/inventory_vllm_cpu.py")
 BENCH_ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
@@ -41,11 +42,7 @@ SFL_PUSH = "/var/tmp/sparkfleet-bench-sfl_push.py"
 
 
 def on(host: str, command: str, check: bool = True) -> str:
-    """tests/e2e/lab.py's `on`, with room for a ship (a gzip push of the real image takes minutes)."""
-    done = subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, command], capture_output=True, text=True, timeout=1800)
-    if check and done.returncode != 0:
-        raise SystemExit(f"{host}: `{command}` failed ({done.returncode}): {done.stdout}{done.stderr}")
-    return done.stdout
+    return lab_on(host, command, check=check, timeout=1800)  # a gzip push of the real image takes minutes
 
 
 def fresh(repo: str) -> None:

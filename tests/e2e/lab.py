@@ -193,8 +193,9 @@ def state_checks(*extra: str, path: str = "tests/state", hosts=HOSTS, inventory:
     ])
 
 
-def on(host: str, command: str, check=True) -> str:
-    result = subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, command], capture_output=True, text=True, timeout=120)
+def on(host: str, command: str, check=True, timeout: float = 120) -> str:
+    result = subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, command], capture_output=True, text=True,
+                            timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{host}: `{command}` failed ({result.returncode}): {result.stdout}{result.stderr}")
     return result.stdout
