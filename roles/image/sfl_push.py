@@ -6,9 +6,9 @@ this way, a later one is not, since `docker save` writes the whole image where `
 the layers the registry lacks (docs/performance.md, measured); bench/image_ship.py runs it.
 
 What `docker push` costs: it gzips every layer on the head (the lab's Docker 20.10: moby
-distribution/push_v2.go compressStream, which no daemon setting turns off) and every worker's dockerd gunzips it again, so shipping
-an image over the fabric runs at gzip's pace on one core (34 MB/s pushed, 51 MB/s pulled in the lab,
-docs/performance.md), not the link's. Here the image leaves `docker save` as tar streams and goes to
+distribution/push_v2.go compressStream, which no daemon setting turns off) and every worker's dockerd
+gunzips it again, so shipping an image over the fabric runs at gzip's pace on one core (34 MB/s pushed,
+51 MB/s pulled in the lab, docs/performance.md), not the link's. Here the image leaves `docker save` as tar streams and goes to
 the registry as they are: the manifest (Docker's schema 2) names each uncompressed layer with its
 media type application/vnd.docker.image.rootfs.diff.tar (a gzip one, from a store that keeps layers
 compressed, keeps its .tar.gzip type), and a worker's `docker pull <registry>/<repo>@<digest>` takes
