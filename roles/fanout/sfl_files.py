@@ -26,7 +26,15 @@ Two nodes hold the same files when their manifests are byte-identical.
         already in DEST at the right size are hashed meanwhile and sent again only when they differ.
         An interrupted pull resumes from the partial file (only what is missing crosses the link).
         OUT, the head's manifest byte for byte, is written once every file is verified and in place.
-        --bwlimit is the whole pull's cap, shared between the streams
+        --bwlimit is the whole pull's cap, shared between the streams.
+        With an http:// URL (the head's `serve`), the same pull over HTTP: each stream GETs its files
+        one by one, hashing every byte as it is received (no second read), and resumes a partial file
+        with a Range request after hashing what it holds
+  sfl_files.py serve DIR --address IP --port P --allow CIDR [--allow CIDR ...]
+        read-only HTTP/1.0 server of DIR's regular files (GET, with a `bytes=N-` Range) for the clients
+        in the CIDRs alone (403 to any other), bound to IP: the body leaves by sendfile(2), the page
+        cache to the socket. Nothing else is answered: no listing, no path with a '..' or bookkeeping
+        component, no symlink on the way, nothing but a regular file (404)
   sfl_files.py scrub DIR [--dry-run]
         print, one line each (kind TAB path), what under DIR is not a regular file or a directory:
         device nodes, fifos, sockets, symlinks that resolve outside DIR, setuid/setgid files; and
@@ -39,11 +47,14 @@ Two nodes hold the same files when their manifests are byte-identical.
 
 Exit codes: 0 done, 1 verification failed (scrub: a directory swapped or an entry not dropped),
 3 not enough free disk (nothing transferred), 2 usage; pull and fetch-dir: rsync's own exit code when a transfer fails (a re-run resumes), unless a file
-also failed verification (1).
+also failed verification (1); an http:// pull whose transfer fails: 4 (a re-run resumes).
 """
 import argparse
 import concurrent.futures
 import hashlib
+import http.client
+import http.server
+import ipaddress
 import math
 import os
 import shutil
@@ -699,9 +710,202 @@ class Pull:
         return code
 
 
+# Node to node over the fabric: never through a proxy the environment may name for the uplink.
+FABRIC = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+HTTP_FAILED = 4  # an http:// pull's exit code when a transfer failed (rsync's own codes are its)
+CHUNK = 1024 * 1024  # one read of the socket, hashed and written at once (sha256_file's reasons)
+
+
+class Stopped(Exception):
+    """A TERM reached an http:// pull: each stream ends at its next read, its partial file kept."""
+
+
+class HttpPull(Pull):
+    """Pull over the head's `serve`: the same stage, verification and installation as the rsync
+    streams', with each file's sha256 taken from the bytes as they are received (the rsync pull hashes
+    each file again once it is whole). A file lands in stage/<path> and is installed once its size and
+    sha256 are the manifest's; a shorter one left there is resumed (its bytes hashed, the rest asked
+    for with a Range); a failed stream stops, keeping its partial file, and the pull exits 4."""
+
+    def __init__(self, src, dest, a):
+        super().__init__(src, dest, a)
+        self.rate = a.bwlimit * 1024  # bytes per second for the whole pull (0: none), as rsync's KiB
+        self.paced = time.monotonic()
+        self.stopping = False
+        self.failures = []
+
+    def launch(self):
+        return []  # no processes: the streams are this process's threads
+
+    @staticmethod
+    def release(procs):
+        pass
+
+    def stop(self, signum, _frame):
+        self.stopping = True
+
+    def pace(self, n):
+        """The shared cap: each chunk reserves its share of time after the previous ones'."""
+        if not self.rate:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.paced = max(self.paced, now) + n / self.rate
+            wait = self.paced - now - 1.0  # up to a second's worth of credit, as a token bucket's
+        if wait > 0:
+            time.sleep(wait)
+
+    def fetch(self, rel):
+        """stage/rel whole from the head (resuming what is there), then verified and installed."""
+        size, sha = self.entries[rel]
+        staged = os.path.join(self.stage, rel)
+        os.makedirs(os.path.dirname(staged), exist_ok=True)
+        rsync_part = os.path.join(os.path.dirname(staged), PARTIAL, os.path.basename(staged))
+        if os.path.isfile(rsync_part) and not os.path.exists(staged):
+            os.replace(rsync_part, staged)  # an rsync pull's partial file: as good a start as any
+        h = hashlib.sha256()
+        have = os.path.getsize(staged) if os.path.isfile(staged) and not os.path.islink(staged) else 0
+        if have > size:
+            os.remove(staged)
+            have = 0
+        if have:
+            with open(staged, "rb", buffering=0) as f:  # what is here already, hashed before more is asked
+                buf = bytearray(CHUNK)
+                view = memoryview(buf)
+                while n := f.readinto(buf):
+                    h.update(view[:n])
+        if have < size:
+            request = urllib.request.Request(f"{self.src}/{urllib.parse.quote(rel)}",
+                                             headers={"Range": f"bytes={have}-"} if have else {})
+            with FABRIC.open(request, timeout=self.a.io_timeout or None) as r:
+                if have and r.status != 206:
+                    raise OSError(f"{rel}: the server answered a Range request with {r.status}")
+                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if have else os.O_TRUNC), 0o644)
+                try:
+                    buf = bytearray(CHUNK)
+                    view = memoryview(buf)
+                    while have < size:
+                        if self.stopping:
+                            raise Stopped()
+                        n = r.readinto(buf)
+                        if not n:
+                            raise OSError(f"{rel}: the connection ended at {have} of {size} bytes")
+                        h.update(view[:n])
+                        os.write(fd, view[:n])  # the deploy's progress probe sees the file grow
+                        have += n
+                        with self.lock:
+                            self.crossed += n
+                        self.pace(n)
+                finally:
+                    os.close(fd)
+        if have != size or h.hexdigest() != sha:
+            os.remove(staged)
+            with self.lock:
+                self.problems.append(f"sha256 {rel} differs from the head's manifest (removed, not installed; "
+                                     "a re-run fetches it again)")
+            return
+        final = os.path.join(self.dest, rel)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.replace(staged, final)
+        with self.lock:
+            self.verified.add(rel)
+
+    def stream(self, rels):
+        for rel in rels:
+            try:
+                self.fetch(rel)
+            except Stopped:
+                with self.lock:
+                    self.failures.append("stopped by a signal")
+                return
+            except (OSError, http.client.HTTPException) as e:  # HTTPError, timeouts, a short body
+                with self.lock:  # the stream goes on with its next file, as an rsync stream does
+                    self.failures.append(f"{rel}: {e}")
+
+    def transfer(self, rels, procs):
+        groups = balance({rel: self.entries[rel][0] for rel in rels}, self.a.streams)
+        threads = [threading.Thread(target=self.stream, args=(g,)) for g in groups]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.failures:
+            say("transfer failed: " + "; ".join(self.failures))
+            return HTTP_FAILED
+        return 0
+
+
+def http_manifest(url, dest, io_timeout):
+    """The head's manifest at `url`, saved to dest (the rsync pull's copy of it)."""
+    try:
+        with FABRIC.open(url, timeout=io_timeout or None) as r:
+            data = r.read()
+    except (OSError, http.client.HTTPException) as e:
+        say(f"{url}: {e}; a re-run resumes from what arrived")
+        sys.exit(HTTP_FAILED)
+    with open(dest, "wb") as f:
+        f.write(data)
+
+
+class Serve(http.server.BaseHTTPRequestHandler):
+    """`serve`'s requests: GET of a regular file under the root, for an allowed client."""
+
+    root, allowed = "/nonexistent", ()
+    protocol_version = "HTTP/1.0"  # one file per connection: nothing to keep alive between shards
+    server_version = "sfl_files"
+    sys_version = ""
+
+    def log_message(self, *args):  # nothing per request: the pulls log on the worker
+        pass
+
+    def do_GET(self):
+        client = ipaddress.ip_address(self.client_address[0])
+        if not any(client in net for net in self.allowed):
+            return self.send_error(403)
+        rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
+        if path_problem(rel) or any(part in SKIP_DIRS for part in rel.split("/")):
+            return self.send_error(404)
+        try:
+            fd = os.open(confined(self.root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, ManifestError):
+            return self.send_error(404)
+        import stat
+
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return self.send_error(404)
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            start, ask = 0, self.headers.get("Range", "")
+            if ask.startswith("bytes=") and ask.endswith("-") and ask[6:-1].isdigit():
+                start = int(ask[6:-1])
+                if start > st.st_size:
+                    return self.send_error(416)
+            self.send_response(206 if ask and start else 200)
+            self.send_header("Content-Length", str(st.st_size - start))
+            if ask and start:
+                self.send_header("Content-Range", f"bytes {start}-{st.st_size - 1}/{st.st_size}")
+            self.end_headers()
+            self.wfile.flush()
+            if st.st_size > start:
+                self.connection.sendfile(f, start, st.st_size - start)
+
+
+def serve(a):
+    Serve.root = os.path.realpath(a.dir)
+    Serve.allowed = tuple(ipaddress.ip_network(c, strict=False) for c in a.allow)
+    Serve.timeout = a.io_timeout or None  # a client that sends no request in this long is dropped
+    server = http.server.ThreadingHTTPServer((a.address, a.port), Serve)
+    server.daemon_threads = True
+    say(f"serving {Serve.root} read-only on {a.address}:{a.port} to {', '.join(a.allow)}")
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+    server.server_close()
+
+
 def pull(a):
     src = a.url.rstrip("/")
-    job = Pull(src, a.dest, a)
+    job = (HttpPull if src.startswith("http://") else Pull)(src, a.dest, a)
     if threading.current_thread() is threading.main_thread():  # signal.signal's condition
         before = signal.signal(signal.SIGTERM, job.stop)
         try:
@@ -718,7 +922,10 @@ def pulled(a, src, job):
     try:
         with tempfile.TemporaryDirectory() as tmp:
             theirs = os.path.join(tmp, "manifest")
-            rsync([src + ".manifest", theirs], a.io_timeout)
+            if isinstance(job, HttpPull):
+                http_manifest(src + ".manifest", theirs, a.io_timeout)
+            else:
+                rsync([src + ".manifest", theirs], a.io_timeout)
             with open(theirs) as f:
                 text = f.read()
         header, entries = checked_manifest(text, src + ".manifest")
@@ -728,7 +935,7 @@ def pulled(a, src, job):
         t0 = time.monotonic()
         code = job.run(entries, streams)
     finally:
-        Pull.release(streams)  # on a refusal: they end having transferred nothing
+        job.release(streams)  # on a refusal: they end having transferred nothing
     seconds = time.monotonic() - t0
     total = sum(size for size, _ in entries.values())
     say(f"{len(job.verified)} of {len(entries)} files verified and in place, {total / GIB:.2f} GiB, "
@@ -737,7 +944,8 @@ def pulled(a, src, job):
     if job.problems:
         say(f"{a.dest} does not match the head's manifest:\n  " + "\n  ".join(sorted(job.problems)))
     if code:
-        say(f"rsync exited {code}; a re-run resumes from what arrived")
+        say(("the transfer failed" if isinstance(job, HttpPull) else f"rsync exited {code}")
+            + "; a re-run resumes from what arrived")
     if job.problems:
         sys.exit(1)
     if code:
@@ -789,6 +997,12 @@ def main(argv):
     u.add_argument("--bwlimit", type=int, default=0)
     u.add_argument("--margin-gib", type=float, default=0.0)
     u.add_argument("--io-timeout", type=int, default=0)
+    w = sub.add_parser("serve")
+    w.add_argument("dir")
+    w.add_argument("--address", required=True)
+    w.add_argument("--port", type=int, required=True)
+    w.add_argument("--allow", action="append", required=True, metavar="CIDR")
+    w.add_argument("--io-timeout", type=int, default=600)
     a = p.parse_args(argv)
     if a.cmd == "manifest":
         sys.stdout.write(manifest_text(a.dir, a.header))
@@ -803,7 +1017,7 @@ def main(argv):
             print(line)
         return 1 if problems else 0
     else:
-        {"fetch-http": fetch_http, "fetch-dir": fetch_dir, "fetch-hub": fetch_hub, "pull": pull}[a.cmd](a)
+        {"fetch-http": fetch_http, "fetch-dir": fetch_dir, "fetch-hub": fetch_hub, "pull": pull, "serve": serve}[a.cmd](a)
     return 0
 
 

@@ -1,7 +1,12 @@
-"""sfl_files.py pull: a worker's copy of a model from the head's read-only rsync daemon, in parallel
-streams, each file's sha256 checked as it arrives and installed only then. Real rsync against a real
-daemon on loopback, configured like roles/fanout's (chroot, read-only; loopback for the fabric)."""
+"""sfl_files.py pull: a worker's copy of a model from the head, in parallel streams, each file's
+sha256 checked as it arrives and installed only then. Each behaviour twice, one per transport: real
+rsync against a real daemon on loopback, configured like roles/fanout's (chroot, read-only; loopback
+for the fabric), and HTTP against `sfl_files.py serve` on loopback (sendfile on the head, the hash
+taken from the bytes as they are received)."""
+import http.client
 import os
+import socket
+import contextlib
 import re
 import shutil
 import signal
@@ -15,7 +20,6 @@ import pytest
 from roles.fanout import sfl_files
 from tests.unit.helpers import fanout_rsyncd
 
-pytestmark = pytest.mark.skipif(not shutil.which("rsync"), reason="rsync is not installed")
 
 SFL = str(Path(sfl_files.__file__))
 SHARDS = {f"model-{i:05d}-of-00005.safetensors": 200_000 + 50_000 * i for i in range(1, 6)}
@@ -30,19 +34,57 @@ def write_model(root: Path) -> dict[str, bytes]:
     return files
 
 
-@pytest.fixture
-def head(tmp_path):
-    """(rsync URL of org/m on a read-only daemon on loopback, the model's directory, its files)."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(root: Path, allow: str = "127.0.0.0/8"):
+    """`sfl_files.py serve root` on loopback, for clients in `allow`; yields its http:// URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, SFL, "serve", str(root), "--address", "127.0.0.1", "--port", str(port),
+                             "--allow", allow], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # listening once a connection is accepted
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "no listener"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(params=["rsync", "http"])
+def head(request, tmp_path):
+    """(URL of org/m from the head on loopback, the model's directory, its files): roles/fanout's
+    read-only rsync daemon, or `sfl_files.py serve` over the same directory."""
+    models = tmp_path / "head"
+    files = write_model(models / "org" / "m")
+    (models / "org" / "m.manifest").write_text(sfl_files.manifest_text(models / "org" / "m", ["model: org/m"]))
+    if request.param == "http":
+        with served(models) as url:
+            yield f"{url}/org/m", models / "org" / "m", files
+        return
+    if not shutil.which("rsync"):
+        pytest.skip("rsync is not installed")
     if os.geteuid() != 0:
         # roles/fanout's daemon chroots (root only); without it rsync 3.5 sends no file of a
         # --files-from list under a module's subdirectory ("file has vanished").
         pytest.skip("the rsync daemon's chroot needs root")
-    models = tmp_path / "head"
-    files = write_model(models / "org" / "m")
-    (models / "org" / "m.manifest").write_text(sfl_files.manifest_text(models / "org" / "m", ["model: org/m"]))
     # roles/fanout's own daemon config: the pulls below are accepted by what every node runs.
     with fanout_rsyncd(tmp_path, weights=models) as (url, _):
         yield f"{url}/weights/org/m", models / "org" / "m", files
+
+
+def over_http(url: str) -> bool:
+    return url.startswith("http://")
 
 
 def pull(url, dest, *extra):
@@ -118,21 +160,24 @@ def test_an_interrupted_pull_resumes_from_its_partial_file(head, tmp_path, capsy
     slow = subprocess.Popen([sys.executable, SFL, "pull", url, str(dest), "--manifest", f"{dest}.manifest",
                              "--streams", "2", "--bwlimit", "1024"], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "slow.err", "w"))
+    # rsync writes a temporary .<name>.XXXXXX and keeps it in its --partial-dir on a TERM; the HTTP
+    # pull writes stage/<name> itself and keeps it there.
+    growing = (lambda: [stage / big]) if over_http(url) else (lambda: stage.glob(f".{big}.*"))
     deadline = time.monotonic() + 60
     arriving = 0
     while arriving < 1024 * 1024 and time.monotonic() < deadline:
         time.sleep(0.05)
-        arriving = max((p.stat().st_size for p in stage.glob(f".{big}.*")), default=0)
+        arriving = max((p.stat().st_size for p in growing() if p.exists()), default=0)
     os.killpg(slow.pid, signal.SIGTERM)
     slow.wait(timeout=20)
     assert slow.returncode != 0 and arriving >= 1024 * 1024, f"{arriving} bytes arrived before the stop"
-    partial = stage / sfl_files.PARTIAL / big  # rsync's --partial-dir, inside the stage
+    partial = stage / big if over_http(url) else stage / sfl_files.PARTIAL / big
     deadline = time.monotonic() + 20
     while not partial.exists() and time.monotonic() < deadline:  # rsync moves it there as it exits
         time.sleep(0.05)
     assert partial.exists(), sorted((str(p.relative_to(dest)), p.stat().st_size) for p in dest.rglob("*") if p.is_file())
     kept = partial.stat().st_size
-    assert kept >= 1024 * 1024 and not (dest / big).exists()
+    assert kept >= 1024 * 1024 and kept < len(files[big]) and not (dest / big).exists()
     assert not Path(f"{dest}.manifest").exists()
 
     assert pull(url, dest, "--streams", "2") == 0
@@ -174,6 +219,16 @@ def test_a_whole_file_left_in_the_stage_is_verified_and_installed_without_crossi
 
 def test_the_bandwidth_cap_is_the_whole_pulls_shared_by_its_streams(head, tmp_path, monkeypatch):
     url, _, files = head
+    if over_http(url):
+        # The cap paces every stream's reads from one shared clock, with a second's worth of credit:
+        # 3 streams at 500 KiB/s take at least (the bytes - 1 s of credit) / the rate, whatever the load.
+        dest = tmp_path / "worker" / "org" / "m"
+        t0 = time.monotonic()
+        assert pull(url, dest, "--streams", "3", "--bwlimit", "500", "--io-timeout", "45") == 0
+        total = sum(len(d) for d in files.values())
+        assert time.monotonic() - t0 >= (total / (500 * 1024) - 1.0) * 0.95
+        assert same_tree(dest, files)
+        return
     started, real = [], subprocess.Popen
 
     def popen(cmd, *a, **kw):
@@ -196,8 +251,14 @@ def test_a_transport_failure_exits_with_rsyncs_code_and_writes_no_manifest(head,
     url, src, files = head
     (src / "config.json").unlink()  # listed by the head's manifest, gone from its directory
     dest = tmp_path / "worker" / "org" / "m"
-    assert pull(url, dest, "--streams", "2") == 23  # rsync: partial transfer due to error
-    assert "rsync exited 23; a re-run resumes from what arrived" in capsys.readouterr().err
+    if over_http(url):
+        assert pull(url, dest, "--streams", "2") == sfl_files.HTTP_FAILED
+        err = capsys.readouterr().err
+        assert "transfer failed: config.json: HTTP Error 404" in err
+        assert "the transfer failed; a re-run resumes from what arrived" in err
+    else:
+        assert pull(url, dest, "--streams", "2") == 23  # rsync: partial transfer due to error
+        assert "rsync exited 23; a re-run resumes from what arrived" in capsys.readouterr().err
     assert not Path(f"{dest}.manifest").exists() and not (dest / "config.json").exists()
     assert same_tree(dest, {rel: d for rel, d in files.items() if rel != "config.json"})
 
@@ -221,3 +282,59 @@ def test_a_partial_file_left_where_the_stage_keeps_whole_files_is_the_basis_of_t
     assert pull(url, dest, "--streams", "2") == 0
     assert crossed(capsys.readouterr().err) < sum(len(d) for d in files.values()) - len(files[half]) // 2 + 64 * 1024
     assert same_tree(dest, files) and not (dest / sfl_files.PARTIAL).exists()
+
+
+# --- sfl_files.py serve: what the head answers, and to whom -----------------------------------
+
+def get(url: str, path: str, headers=None) -> tuple[int, bytes, dict]:
+    """A raw GET of `path` as written (no client-side normalising of '..')."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read(), dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+def test_serve_answers_a_file_and_a_range_of_it(tmp_path):
+    files = write_model(tmp_path / "head" / "org" / "m")
+    with served(tmp_path / "head") as url:
+        status, body, _ = get(url, "/org/m/config.json")
+        assert (status, body) == (200, files["config.json"])
+        shard = "model-00002-of-00005.safetensors"
+        status, body, headers = get(url, f"/org/m/{shard}", {"Range": "bytes=1000-"})
+        assert (status, body) == (206, files[shard][1000:])
+        assert headers["Content-Range"] == f"bytes 1000-{len(files[shard]) - 1}/{len(files[shard])}"
+        assert get(url, f"/org/m/{shard}", {"Range": f"bytes={len(files[shard]) + 1}-"})[0] == 416
+
+
+def test_serve_refuses_what_is_no_regular_file_inside_its_directory(tmp_path):
+    root = tmp_path / "head"
+    write_model(root / "org" / "m")
+    (tmp_path / "secret").write_text("not served\n")
+    (root / "org" / "m" / "out").symlink_to(tmp_path / "secret")
+    (root / "org" / "m" / sfl_files.PARTIAL).mkdir()
+    (root / "org" / "m" / sfl_files.PARTIAL / "half").write_text("a partial download\n")
+    with served(root) as url:
+        for path in ("/org/m/out", "/org/m/../../secret", "/org/m/%2e%2e/%2e%2e/secret",
+                     f"/org/m/{sfl_files.PARTIAL}/half", "/org/m", "/org/m/", "/", "/org/m/absent"):
+            status, body, _ = get(url, path)
+            assert status == 404 and b"not served" not in body and b"partial" not in body, path
+
+
+def test_serve_answers_no_client_outside_its_networks(tmp_path):
+    files = write_model(tmp_path / "head" / "org" / "m")
+    with served(tmp_path / "head", allow="10.77.77.0/24") as url:
+        assert get(url, "/org/m/config.json")[0] == 403
+    with served(tmp_path / "head", allow="127.0.0.1/32") as url:
+        assert get(url, "/org/m/config.json")[1] == files["config.json"]
+
+
+def test_an_http_pull_from_no_server_exits_4_naming_the_manifest_and_writes_nothing(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}/org/m"  # nothing listens there
+    dest = tmp_path / "worker" / "org" / "m"
+    assert pull(url, dest) == sfl_files.HTTP_FAILED
+    assert f"{url}.manifest: <urlopen error [Errno 111] Connection refused>; a re-run resumes" in capsys.readouterr().err
+    assert not (tmp_path / "worker").exists()
