@@ -11,6 +11,9 @@ the head's weights module, then measured:
                       the head's manifest fetched, disk checked, the shards received, every byte's
                       sha256 checked against the head's manifest, installed, the manifest written;
                       its whole wall time on spark-b (not the SSH round trip)
+  over HTTP, N        the same pull from the head's `sfl_files.py serve` (an http:// URL): sendfile(2)
+                      on the head, each byte hashed as it is received on the worker (no second read);
+                      the server started for the bench on the head's fabric address, stopped after it
 
 Each figure is the median of BENCH_REPEAT runs (default 3). Throughput is the blob's bytes / wall
 time, so rsync's per-connection cost (~0.15 s of handshakes whatever it carries; a pull's streams
@@ -31,6 +34,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roles.fanout import sfl_files  # noqa: E402
-from tests.e2e.lab import deploy, on  # noqa: E402
+from tests.e2e.lab import SSH_CONFIG, deploy, on  # noqa: E402
 
 BENCH_MIB = int(os.environ.get("BENCH_MIB", "512"))
 BENCH_SHARDS = int(os.environ.get("BENCH_SHARDS", "8"))
@@ -51,6 +55,9 @@ DEST = "/var/tmp/sparkfleet-bench"
 # The options every sparkfleet rsync carries, and without which the head's daemon refuses a client.
 RSYNC = shlex.join(["rsync", "--archive", *sfl_files.SAFE_RSYNC])
 SFL = "python3 /usr/local/libexec/sparkfleet/sfl_files.py"
+HTTP_PORT = int(os.environ.get("BENCH_HTTP_PORT", "8873"))
+HTTP_URL = f"http://{HEAD_IP}:{HTTP_PORT}/.bench/blob"
+BENCH_SFL = "/var/tmp/sfl_files_bench.py"  # this tree's sfl_files.py, copied to both hosts for the bench
 MIB = 1024 * 1024
 
 
@@ -111,13 +118,23 @@ def main() -> int:
                   + " && ".join(f"head -c {per} /dev/urandom > {SRC}/blob/{shard(i)}" for i in range(BENCH_SHARDS))
                   + f" && echo {{}} > {SRC}/blob/config.json && {SFL} seal {SRC}/blob --manifest {SRC}/blob.manifest")
     fresh = f"rm -rf {DEST} && mkdir -p {DEST}/raw"
+    for h in ("spark-a", "spark-b"):
+        subprocess.run(["ssh", "-F", str(SSH_CONFIG), h, f"cat > {BENCH_SFL}"],
+                       input=Path(sfl_files.__file__).read_bytes(), check=True)
+    on("spark-a", f"systemd-run --unit sfl-bench-serve --collect python3 {BENCH_SFL} serve "
+                  f"/var/lib/sparkfleet/models --address {HEAD_IP} --port {HTTP_PORT} --allow {HEAD_IP}/24")
     try:
         link = {n: iperf3(n) for n in STREAMS}
         connect, _ = median_run("spark-b", fresh, f"{RSYNC} {URL}/config.json {DEST}/raw/")
         alone = {n: median_run("spark-b", fresh, rsync_alone(n)) for n in STREAMS}
         verified = {n: median_run("spark-b", fresh, f"{SFL} pull {URL} {DEST}/blob --manifest {DEST}/blob.manifest "
                                                      f"--streams {n}") for n in STREAMS}
+        http = {n: median_run("spark-b", fresh, f"python3 {BENCH_SFL} pull {HTTP_URL} {DEST}/blob "
+                                                f"--manifest {DEST}/blob.manifest --streams {n}") for n in STREAMS}
     finally:
+        on("spark-a", "systemctl stop sfl-bench-serve", check=False)
+        for h in ("spark-a", "spark-b"):
+            on(h, f"rm -f {BENCH_SFL}", check=False)
         on("spark-a", f"rm -rf {SRC} {SRC}.manifest", check=False)
         on("spark-b", f"rm -rf {DEST}", check=False)
     rate = lambda s: total / s  # noqa: E731
@@ -133,6 +150,12 @@ def main() -> int:
         (ta, ca), (tv, cv) = alone[n], verified[n]
         print(f"{n:7d}   {rate(ta) / MIB:6.0f} MiB/s cpu {ca:3.1f}   {rate(tv) / MIB:6.0f} MiB/s {tv:5.2f} s cpu {cv:3.1f}"
               f"           {rate(tv) / link[1]:5.2f}                {rate(tv) / link[n]:5.2f}                {rate(ta) / link[1]:5.2f}")
+    print()
+    print("streams   verified copy over HTTP (sfl_files.py serve -> pull http://)   /iperf3-P1   /the rsync pull's")
+    for n in STREAMS:
+        th, ch = http[n]
+        print(f"{n:7d}   {rate(th) / MIB:6.0f} MiB/s {th:5.2f} s cpu {ch:3.1f}"
+              f"                                 {rate(th) / link[1]:5.2f}        {verified[n][0] / th:5.2f}")
     best = max(STREAMS, key=lambda n: rate(verified[n][0]))
     default = sfl_files.STREAMS
     print()
@@ -140,6 +163,9 @@ def main() -> int:
         print(f"headline: verified copy at the default {default} streams / iperf3 -P1 = "
               f"{rate(verified[default][0]) / link[1]:.2f}")
     print(f"best:     verified copy at {best} streams / iperf3 -P1 = {rate(verified[best][0]) / link[1]:.2f}")
+    fast = max(STREAMS, key=lambda n: rate(http[n][0]))
+    print(f"over HTTP: at the default {default} streams / iperf3 -P1 = {rate(http[default][0]) / link[1]:.2f}; "
+          f"best at {fast} streams: {rate(http[fast][0]) / link[1]:.2f}")
     return 0
 
 
