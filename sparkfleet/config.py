@@ -576,6 +576,7 @@ def _data_only_guards(nodes: list[NodeConfig]) -> list[Problem]:
     # (what, port, the data key that sets it): everything that listens on the head must differ.
     ports = [("docker_registry_port", head.docker_registry_port, "docker_registry_port"),
              ("fanout_rsync_port", head.fanout_rsync_port, "fanout_rsync_port"),
+             ("fanout_http_port", head.fanout_http_port, "fanout_http_port"),
              (f"profile {profile.name}'s port", profile.port, None),
              (f"profile {profile.name}'s master_port", profile.master_port, None),
              ("api_proxy_engine_port", head.api_proxy_engine_port, "api_proxy_engine_port")]

@@ -44,7 +44,8 @@ from sparkfleet.render import render, sha1_text
 ENGINE_PORT_USERS = ("root", PROXY_USER)
 # Who may open a connection to the fabric's services and to any fabric address: root alone. Every real
 # client is root's: the engines' ranks and the speed proof's collective (containers on the host's
-# network, run as root), iperf3 and ib_write_bw, dockerd's push and pulls, every rsync between nodes
+# network, run as root), iperf3 and ib_write_bw, dockerd's push and pulls, a worker's weights pull over
+# HTTP (sfl_files.py pull, root's), every rsync between nodes
 # (fan-out, kernel caches, the watchdog's read of a peer's state), the fabric's pings.
 FABRIC_USERS = ("root",)
 # Who may reach Prometheus and Alertmanager on the monitoring node's loopback: root (the doctor,
@@ -57,7 +58,8 @@ MONITORING_USERS = ("root", PROMETHEUS_USER)
 def fabric_ports(cluster, node) -> list[int]:
     profile = node_profile(cluster.head)
     # fabric_speed_port: iperf3's server and the speed proof's rendezvous (roles/fabric_speed).
-    return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port, node.fabric_speed_port})
+    return sorted({profile.master_port, node.docker_registry_port, node.fanout_rsync_port, node.fanout_http_port,
+                   node.fabric_speed_port})
 
 
 def fabric_addresses(cluster) -> list[str]:

@@ -6,6 +6,7 @@ its manifest is byte-identical to the head's and its files match too. Anything e
 (head) or pulled over the fabric (workers); nothing else moves.
 """
 import shlex
+import urllib.parse
 from dataclasses import dataclass
 
 from pyinfra.api.exceptions import DeployError
@@ -198,11 +199,11 @@ def _fetch(node, profile, model: str, revision: str) -> str:
 
 
 def pull_command(cluster, node, model: str) -> str:
-    """A worker's pull of one model from the head's rsync daemon over the fabric in fanout_streams
-    streams, verified; rsync's --timeout from fanout_rsync_io_timeout_s, the whole pull bounded by
-    fanout_rsync_timeout_s."""
+    """A worker's pull of one model from the head's HTTP server of its weights (sfl_files.py serve) over
+    the fabric in fanout_streams streams, each byte hashed as it arrives; a read that waits longer than
+    fanout_rsync_io_timeout_s gives up, the whole pull bounded by fanout_rsync_timeout_s."""
     head = cluster.head
-    url = f"rsync://{head.fabric_ip}:{head.fanout_rsync_port}/weights/{model}"
+    url = f"http://{head.fabric_ip}:{head.fanout_http_port}/{urllib.parse.quote(model)}"
     q = shlex.quote
     command = (
         f"python3 {SFL_FILES} pull {q(url)} {q(model_dir(node, model))} --manifest {q(manifest_path(node, model))} "
@@ -213,7 +214,7 @@ def pull_command(cluster, node, model: str) -> str:
     return bounded(command, step=pull_step(model), host=node.name, limit_s=node.fanout_rsync_timeout_s,
                    key="fanout_rsync_timeout_s", log_file=log,
                    advice=Advice(
-                       log=on_node(node.management_address, f"tail -n 200 {log}"), key="fanout_rsync_port",
-                       next_step=f"check that the head's rsync daemon runs and answers on {head.fabric_ip}:"
-                                 f"{head.fanout_rsync_port} ({on_node(head.management_address, 'systemctl status sparkfleet-rsyncd')}) "
+                       log=on_node(node.management_address, f"tail -n 200 {log}"), key="fanout_http_port",
+                       next_step=f"check that the head's HTTP server of its weights runs and answers on {head.fabric_ip}:"
+                                 f"{head.fanout_http_port} ({on_node(head.management_address, 'systemctl status sparkfleet-fanout-http')}) "
                                  f"and {node.name}'s free space (the log names it); a re-run resumes from what arrived"))

@@ -10,13 +10,18 @@ class FanoutData(BaseModel):
         873, ge=1, le=65535, description="port of each node's read-only rsync daemon, bound to its fabric address "
         "only"
     )
+    fanout_http_port: int = Field(
+        8874, ge=1, le=65535, description="port of each node's read-only HTTP server of its weights (sfl_files.py "
+        "serve: sendfile on the head, each byte hashed as the worker receives it), bound to its fabric address only; "
+        "a worker's weights pull comes from the head's"
+    )
     fanout_bwlimit_kib: int = Field(
         0, ge=0, description="per-pull cap of the fan-out in KiB/s; 0 is the link's full speed"
     )
     fanout_streams: int = Field(
-        4, ge=1, le=64, description="concurrent rsync streams of a worker's weights pull, over disjoint sets of the "
-        "model's files balanced by size, each file's sha256 checked as it arrives: one rsync is one process per end, "
-        "bound by one core, short of a CX7 link; 4 keeps a Spark's cores for the hashing (fanout_bwlimit_kib is "
+        4, ge=1, le=64, description="concurrent HTTP streams of a worker's weights pull, over disjoint sets of the "
+        "model's files balanced by size, each file's sha256 taken as it arrives: one stream's hash is bound by one "
+        "core, short of a CX7 link; 4 leaves a Spark's other cores to the head's sends (fanout_bwlimit_kib is "
         "shared between them)",
     )
     fanout_rsync_timeout_s: int = Field(

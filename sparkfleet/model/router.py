@@ -90,7 +90,7 @@ def router_problems(nodes) -> list[Problem]:
             f"key 'serving_api_key_file' differs between nodes ({found}); behind the router the fleet has one API "
             f"key, the router group's head's, written by the deploy to every routed head and to {wanted}", names,
             key="serving_api_key_file", fix="set it once for every node (group_data), or not at all"))
-    taken = {router.fanout_rsync_port: "fanout_rsync_port"}
+    taken = {router.fanout_rsync_port: "fanout_rsync_port", router.fanout_http_port: "fanout_http_port"}
     if router.is_head:
         try:
             profile = node_profile(router)

@@ -89,6 +89,7 @@ def services_from(cluster, node, monitoring: bool) -> list[Service]:
     found.append(Service("the registry", head.fabric_ip, registry))
     for n in (node, *cluster.peers(node)):
         found.append(Service(f"{n.name}'s rsync daemon", n.fabric_ip, rsync))
+        found.append(Service(f"{n.name}'s weights HTTP server", n.fabric_ip, n.fanout_http_port))
         found.append(Service(f"{n.name}'s speed-proof port", n.fabric_ip, speed))
         found += [Service(f"{n.name}'s socket on {half.netdev}", half.ip, RANK_PORT) for half in n.fabric_halves]
     monitor = monitoring_node(cluster)
@@ -169,7 +170,8 @@ def check_every_node(cluster, monitoring: bool) -> list[str]:
 
 def root_requests(cluster, monitoring: bool) -> dict[str, str]:
     """Root's own requests on the head, each service's own protocol: the registry's API, an rsync
-    module list, Prometheus' and Alertmanager's readiness (with monitoring): what -> the answer."""
+    module list, the weights' HTTP server, Prometheus' and Alertmanager's readiness (with monitoring):
+    what -> the answer."""
     head = cluster.head
     out = {
         "registry /v2/": on(head.name, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' "
@@ -177,6 +179,9 @@ def root_requests(cluster, monitoring: bool) -> dict[str, str]:
         "rsync weights module": "ok" if on(head.name, f"rsync --list-only --port={head.fanout_rsync_port} "
                                                       f"rsync://{head.fabric_ip}/weights/ >/dev/null && echo ok",
                                            check=False).strip() == "ok" else "failed",
+        # A worker's weights pull asks the head's HTTP server for a manifest; a path that is none: 404.
+        "weights HTTP server": on(head.name, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' "
+                                             f"http://{head.fabric_ip}:{head.fanout_http_port}/no-such-model.manifest").strip(),
     }
     monitor = monitoring_node(cluster)
     if monitoring and monitor is not None:

@@ -92,7 +92,7 @@ def test_a_local_user_and_a_host_network_container_are_refused_every_internal_se
     tried = local_users.check_every_node(cluster, monitoring=False)
     assert len(tried) == 2, tried
     answers = local_users.root_requests(cluster, monitoring=False)
-    assert answers == {"registry /v2/": "200", "rsync weights module": "ok"}, answers
+    assert answers == {"registry /v2/": "200", "rsync weights module": "ok", "weights HTTP server": "404"}, answers
     # and the pair still serves: nothing the probes did disturbed it
     checks = firewall_checks()
     assert checks.returncode == 0, checks.output

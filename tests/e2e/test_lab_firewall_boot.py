@@ -19,13 +19,14 @@ TABLE = "inet sparkfleet"
 FIREWALL = "sparkfleet-firewall.service"
 APPLY = "Apply the nftables table inet sparkfleet (one transaction)"
 RULES = "/etc/sparkfleet/firewall.nft"  # <serving_dir>/firewall.nft, the lab's serving_dir the default
-# Every unit that listens, per lab host: the rsync daemon, the head's registry, each rank's engine.
+# Every unit that listens, per lab host: the rsync daemon, the weights' HTTP server, the head's registry,
+# each rank's engine.
 LISTENING = {
-    "spark-a": ("sparkfleet-rsyncd.service", "docker-registry.service", "sparkfleet-head.service",
-                "sparkfleet-api-proxy.service"),
-    "spark-b": ("sparkfleet-rsyncd.service", "sparkfleet-worker.service"),
+    "spark-a": ("sparkfleet-rsyncd.service", "sparkfleet-fanout-http.service", "docker-registry.service",
+                "sparkfleet-head.service", "sparkfleet-api-proxy.service"),
+    "spark-b": ("sparkfleet-rsyncd.service", "sparkfleet-fanout-http.service", "sparkfleet-worker.service"),
 }
-PORTS = {"spark-a": (873, 5000, 8000, 18000), "spark-b": (873,)}
+PORTS = {"spark-a": (873, 8874, 5000, 8000, 18000), "spark-b": (873, 8874)}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -118,19 +118,19 @@ def test_an_interrupted_fan_out_resumes_instead_of_restarting():
             out = on("spark-b", f"du -sb --apparent-size {WEIGHTS} 2>/dev/null | cut -f1", check=False).strip()
             partial = int(out or 0)
         assert total // 3 <= partial < total, f"fan-out never got a third in: {partial} of {total} bytes"
-        on("spark-b", "pkill -TERM -f '[r]sync --archive' || true")  # the pull, not the daemon ([r]: not this shell)
+        on("spark-b", "pkill -TERM -f '^python3 [^ ]*sfl_files.py pull' || true")  # the pull (not its shell, not this one)
         output, _ = first.communicate(timeout=120)
     finally:
         first.kill()
     assert first.returncode != 0, output
     # The cut pull's five parts, in the one line it printed on the worker.
-    cut = Run(first.returncode, output).failure("spark-b", "fanout_rsync_port", form="line")
+    cut = Run(first.returncode, output).failure("spark-b", "fanout_http_port", form="line")
     assert cut.waited_for == f'"Send {MODEL} to the workers over the fabric"'
     assert cut.what.startswith("failed (exit status ") and not cut.what.startswith("failed (exit status 0)"), cut
     pull_log = f"/var/lib/sparkfleet/logs/weights-pull-{MODEL.replace('/', '--')}.log"
     assert cut.log == f"ssh root@{management_address('spark-b')} 'tail -n 200 {pull_log}'", cut.log
-    assert "answers on 198.19.77.1:" in cut.next_step, cut.next_step  # the head's rsync daemon, on the fabric
-    assert f"(ssh root@{management_address('spark-a')} 'systemctl status sparkfleet-rsyncd')" in cut.next_step
+    assert "answers on 198.19.77.1:8874" in cut.next_step, cut.next_step  # the head's HTTP server, on the fabric
+    assert f"(ssh root@{management_address('spark-a')} 'systemctl status sparkfleet-fanout-http')" in cut.next_step
     assert cut.next_step.endswith("a re-run resumes from what arrived"), cut.next_step
     assert read_failure_log(cut).splitlines()[-1].endswith(f"; next: {cut.next_step}")  # the log ends with the line
     assert "stays paused" not in output  # the fan-out comes before the watchdogs are paused (step 7c)
@@ -143,7 +143,7 @@ def test_an_interrupted_fan_out_resumes_instead_of_restarting():
     assert (f"Send {MODEL} to the workers over the fabric", "spark-b") in run.changed()
     sent = fabric_rx_bytes("spark-b") - rx
     print(f"fan-out resumed: {total} bytes in the model, {kept} kept by the interrupted pull, {sent} crossed the fabric")
-    # Resumed: what crossed is what was missing (plus rsync's checksums), not the whole model again.
+    # Resumed: what crossed is what was missing (a Range from each partial file), not the whole model again.
     assert sent < total - kept // 2, f"{sent} bytes crossed for {total - kept} missing of {total}"
     assert state_checks("tests/state/test_weights_and_caches.py").returncode == 0
     assert deploy().changed() == []

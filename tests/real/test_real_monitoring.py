@@ -430,8 +430,8 @@ def test_a_local_user_and_a_host_network_container_reach_neither_prometheus_nor_
     tried = local_users.check_every_node(cluster, monitoring=True)
     assert any("Prometheus" in line and "Alertmanager" in line for line in tried), tried
     answers = local_users.root_requests(cluster, monitoring=True)
-    assert answers == {"registry /v2/": "200", "rsync weights module": "ok", "Prometheus /-/ready": "200",
-                       "Alertmanager /-/ready": "200"}, answers
+    assert answers == {"registry /v2/": "200", "rsync weights module": "ok", "weights HTTP server": "404",
+                       "Prometheus /-/ready": "200", "Alertmanager /-/ready": "200"}, answers
     # Prometheus (user prometheus) reaches Alertmanager through the output chain: its own counters (it
     # does not scrape itself) say every notification went (the drills above sent some) and none failed.
     counters = {}

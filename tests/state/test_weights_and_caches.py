@@ -43,6 +43,21 @@ def test_weight_manifests_are_equal_on_every_node_and_match_the_files(node, clus
             assert not wrong, f"{name}: {model}: missing or resized: {', '.join(sorted(wrong))}"
 
 
+def test_the_heads_weights_http_server_answers_a_worker_over_the_fabric_with_its_manifest(node, cluster, node_hosts,
+                                                                                         models):
+    """What a worker's weights pull asks first (roles/weights pull_command): the head's manifest, over
+    the fabric, from its sfl_files.py serve; the same bytes as the worker's own copy of it."""
+    if node.is_head:
+        pytest.skip("a worker pulls; the head serves")
+    head = cluster.head
+    for model, _ in models:
+        url = f"http://{head.fabric_ip}:{head.fanout_http_port}/{model}.manifest"
+        got = node_hosts[node.name].run(f"curl -sS -m 10 --noproxy '*' {url}")
+        assert got.rc == 0, f"{node.name}: {url}: {got.stderr}"
+        assert got.stdout == manifest_of(node_hosts[node.name], manifest_path(node, model)), \
+            f"{node.name}: {url} is not the manifest {node.name} holds"
+
+
 def cache_manifest(host, node):
     gen = host.check_output(f"readlink {node.kernel_cache_dir}/current")
     return gen, manifest_of(host, f"{node.kernel_cache_dir}/{gen}.manifest")

@@ -210,6 +210,8 @@ def test_two_services_on_one_port_of_the_head_are_refused():
     [msg] = problems(pair(**{n: {"fanout_rsync_port": 5000} for n in ("spark-a", "spark-b")}))
     assert msg.startswith("spark-a: port 5000 is both docker_registry_port and fanout_rsync_port")
     assert msg.fix == "set docker_registry_port to a free port"
+    [msg] = problems(pair(**{n: {"fanout_http_port": 873} for n in ("spark-a", "spark-b")}))
+    assert msg.startswith("spark-a: port 873 is both fanout_rsync_port and fanout_http_port")
 
 
 def test_the_license_gate_needs_only_data():

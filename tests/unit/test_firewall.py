@@ -32,7 +32,7 @@ def test_the_head_opens_the_api_to_the_management_subnet_and_the_fabric_services
     assert 'ip daddr 10.77.78.1 iifname != "enP2p1s0f0np0" drop' in text
     assert 'iifname "enP2p1s0f0np0" ip saddr != { 10.77.78.2 } drop' in text
     assert 'iifname "enP2p1s0f0np0" meta nfproto ipv6 drop' in text
-    assert 'tcp dport { 873, 5000, 29501, 29510 } iifname != { "enp1s0f0np0", "enP2p1s0f0np0" } drop' in text
+    assert 'tcp dport { 873, 5000, 8874, 29501, 29510 } iifname != { "enp1s0f0np0", "enP2p1s0f0np0" } drop' in text
     assert text.index("tcp dport 8000 ip saddr { 10.0.0.0/24 } accept") < text.index("tcp dport 8000 drop")
     assert "policy accept;" in text[4]  # drops only what it names
     worker = rules(rules_text(c, c.workers[0], MGMT))
@@ -107,6 +107,9 @@ def listening_units(c) -> dict[str, str]:
     head = c.head
     return {
         "sparkfleet-rsyncd": render("fanout", "/etc/systemd/system/sparkfleet-rsyncd.service", node=head, firewall_enabled=head.firewall_enabled),
+        "sparkfleet-fanout-http": render("fanout", "/etc/systemd/system/sparkfleet-fanout-http.service", node=head,
+                                         sfl_files="/usr/local/libexec/sparkfleet/sfl_files.py",
+                                         firewall_enabled=head.firewall_enabled, fabric_network=head.fabric_address.network),
         "docker-registry (drop-in)": render("image", REGISTRY_DROPIN, firewall_enabled=head.firewall_enabled),
         "sparkfleet-head": rendered_files(c, head, 3)[unit_path(head)][0],
         "sparkfleet-worker": rendered_files(c, c.workers[0], 3)[unit_path(c.workers[0])][0],
@@ -168,7 +171,7 @@ def test_a_port_of_one_half_filters_that_netdev_alone():
 
     c = build_cluster(pair(**{"spark-a": ONE_HALF, "spark-b": ONE_HALF}))
     text = rules(rules_text(c, c.head, MGMT))
-    assert 'tcp dport { 873, 5000, 29501, 29510 } iifname != "enp1s0f0np0" drop' in text
+    assert 'tcp dport { 873, 5000, 8874, 29501, 29510 } iifname != "enp1s0f0np0" drop' in text
     assert not any("enP2p1s0f0np0" in line for line in text)
 
 

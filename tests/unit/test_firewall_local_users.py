@@ -17,7 +17,7 @@ from sparkfleet.model.monitoring import PROMETHEUS_ADDUSER, PROMETHEUS_USER
 from tests.unit.test_firewall import MGMT, both, rules
 
 RECEIVERS = [{"name": "team", "webhook_configs": [{"url": "https://alerts.example.com/hook"}]}]
-FABRIC = "tcp dport { 873, 5000, 29501, 29510 }"
+FABRIC = "tcp dport { 873, 5000, 8874, 29501, 29510 }"
 ADDRESSES = "ip daddr { 10.77.77.1, 10.77.77.2, 10.77.78.1, 10.77.78.2 }"
 
 
@@ -105,11 +105,12 @@ def test_in_a_namespace_every_other_user_is_refused_every_internal_service_and_r
     peer_fabric = worker.fabric_halves[0].ip
     management = head.management_address
     # What listens on a head, as the listener table has it (docs/security.md): the rendezvous on every
-    # address (both families), the registry, rsync and speed proof on the fabric address, a collective's
-    # socket on each half's, the engine on loopback, Prometheus and Alertmanager on loopback; and a
-    # port nothing internal uses (a user's own service), to show the rules refuse only what they name.
+    # address (both families), the registry, rsync, the weights' HTTP server and speed proof on the
+    # fabric address, a collective's socket on each half's, the engine on loopback, Prometheus and
+    # Alertmanager on loopback; and a port nothing internal uses (a user's own service), to show the
+    # rules refuse only what they name.
     rendezvous = [["127.0.0.1", 29501], ["::1", 29501], [fabric, 29501], [management, 29501]]
-    services = [[fabric, 5000], [fabric, 873], [fabric, 29510], [fabric, 40001], [twin, 40002]]
+    services = [[fabric, 5000], [fabric, 873], [fabric, 8874], [fabric, 29510], [fabric, 40001], [twin, 40002]]
     engine, monitoring, own = [["127.0.0.1", 18000]], [["127.0.0.1", 9090], ["127.0.0.1", 9093]], [["127.0.0.1", 8080]]
     peer = [[peer_fabric, 40003]]  # a socket of the peer's rank on its fabric address
     internal = rendezvous + services + peer

@@ -151,7 +151,7 @@ def image_steps(c, tmp_path):
                         "journalctl -u docker "),
         "weights fetch": (fetch_command(head, PROFILE, "org/m", "abc"), "docker", "spark-a", "weights_source",
                           f"tail -n 200 {weights_log(head, 'fetch', 'org/m')}"),
-        "weights pull": (weights_pull(c, worker, "org/m"), "python3", "spark-b", "fanout_rsync_port",
+        "weights pull": (weights_pull(c, worker, "org/m"), "python3", "spark-b", "fanout_http_port",
                          f"tail -n 200 {weights_log(worker, 'pull', 'org/m')}"),
         "kernel cache rsync": (rsync_pull_command(head, "rsync://10.77.77.2:873/kernel-cache/g/", str(tmp_path / "k"),
                                                   "Pull spark-b's kernel cache g onto spark-a", source=worker),

@@ -176,7 +176,7 @@ def test_directory_and_url_sources_and_the_pull_over_the_fabric():
     assert "fetch-dir /srv/models/org/m" in fetch_command(c.head, load_profile("glm-5.3-flash-exl3"), "org/m", "r")
     worker = c.node("spark-b")
     assert (  # bounded by fanout_rsync_timeout_s (tests/unit/test_timeouts.py)
-        "python3 /usr/local/libexec/sparkfleet/sfl_files.py pull rsync://10.77.77.1:873/weights/org/m "
+        "python3 /usr/local/libexec/sparkfleet/sfl_files.py pull http://10.77.77.1:8874/org/m "
         "/var/lib/sparkfleet/models/org/m --manifest /var/lib/sparkfleet/models/org/m.manifest --streams 3 "
         "--bwlimit 1000"
     ) in pull_command(c, worker, "org/m")
