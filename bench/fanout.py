@@ -1,40 +1,40 @@
 """Benchmark: weight fan-out throughput over the fabric against the raw link, in one run.
 
-On the lab pair (deployed first, so the hosts run this tree's sfl_files.py), spark-b <- spark-a:
-a model-shaped blob (BENCH_SHARDS shards totalling BENCH_MIB MiB, and a config.json) is sealed under
-the head's weights module, then measured:
+On the lab pair (deployed first, so the hosts run this tree's sfl_files.py and the head its HTTP
+server of the weights), spark-b <- spark-a: a model-shaped blob (BENCH_SHARDS shards totalling
+BENCH_MIB MiB, and a config.json) is sealed under the head's weights directory, then measured:
 
   iperf3 -P N         TCP over the fabric, N parallel streams, 5 s (N = 1, 2, 4)
   rsync alone, N      N concurrent `rsync --archive` from the head's daemon over disjoint shard sets,
-                      no verification: what the transfer costs by itself
-  verified copy, N    `sfl_files.py pull --streams N` exactly as roles/weights runs it on a worker:
-                      the head's manifest fetched, disk checked, the shards received, every byte's
-                      sha256 checked against the head's manifest, installed, the manifest written;
-                      its whole wall time on spark-b (not the SSH round trip)
-  over HTTP, N        the same pull from the head's `sfl_files.py serve` (an http:// URL): sendfile(2)
-                      on the head, each byte hashed as it is received on the worker (no second read);
-                      the server started for the bench on the head's fabric address, stopped after it
+                      no verification: what an rsync transfer costs by itself
+  verified copy, N    `sfl_files.py pull --streams N` exactly as roles/weights runs it on a worker,
+                      from the head's HTTP server (sparkfleet-fanout-http, `sfl_files.py serve`):
+                      the head's manifest fetched, disk checked, the shards received by sendfile(2),
+                      every byte's sha256 taken as it arrives and checked against the head's manifest,
+                      installed, the manifest written; its whole wall time on spark-b (not the SSH
+                      round trip)
+  rsync pull, N       the same pull from the head's rsync daemon (an rsync:// URL, the transport the
+                      deploy used before): rsync's streams, each file hashed again once it is whole
 
 Each figure is the median of BENCH_REPEAT runs (default 3). Throughput is the blob's bytes / wall
-time, so rsync's per-connection cost (~0.15 s of handshakes whatever it carries; a pull's streams
-connect while its manifest crosses, so it pays about one) is in every figure, as it is in a deploy:
-it weighs on a 512 MiB blob, not on 164 GiB of weights.
+time, so each transport's connection cost (rsync's ~0.15 s of handshakes; a pull's streams connect
+while its manifest crosses) is in every figure, as it is in a deploy: it weighs on a 512 MiB blob,
+not on 164 GiB of weights.
 
 Ratios printed:
-  verified / iperf3 -P1   the headline: the verified copy over one TCP stream's throughput, for the
-                          default stream count (sfl_files.STREAMS) and for the best of 1, 2, 4
-  verified / iperf3 -PN   the same copy against the link at as many TCP streams as rsync streams: on a
-                          link where one TCP stream does not fill the pipe, this is the one to read
-  rsync alone / -P1       the transfer without verification
+  verified / iperf3 -P1   the headline: the deploy's verified copy over one TCP stream's throughput,
+                          for the default stream count (sfl_files.STREAMS) and for the best of 1, 2, 4
+  verified / iperf3 -PN   the same copy against the link at as many TCP streams as the pull's
+  rsync pull / verified   the rsync pull's time over the HTTP pull's: what the transport change bought
+  rsync alone / -P1       an rsync transfer without verification
 "cpu" is the cores busy on the machine during the run (/proc/stat): the two lab hosts are containers
-sharing its cores, so iperf3, both rsync ends and sha256 all compete for them.
+sharing its cores, so iperf3, both ends of a transfer and sha256 all compete for them.
 Run with `make bench`; nothing here is a test.
 """
 import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roles.fanout import sfl_files  # noqa: E402
-from tests.e2e.lab import SSH_CONFIG, deploy, on  # noqa: E402
+from tests.e2e.lab import deploy, on  # noqa: E402
 
 BENCH_MIB = int(os.environ.get("BENCH_MIB", "512"))
 BENCH_SHARDS = int(os.environ.get("BENCH_SHARDS", "8"))
@@ -55,9 +55,7 @@ DEST = "/var/tmp/sparkfleet-bench"
 # The options every sparkfleet rsync carries, and without which the head's daemon refuses a client.
 RSYNC = shlex.join(["rsync", "--archive", *sfl_files.SAFE_RSYNC])
 SFL = "python3 /usr/local/libexec/sparkfleet/sfl_files.py"
-HTTP_PORT = int(os.environ.get("BENCH_HTTP_PORT", "8873"))
-HTTP_URL = f"http://{HEAD_IP}:{HTTP_PORT}/.bench/blob"
-BENCH_SFL = "/var/tmp/sfl_files_bench.py"  # this tree's sfl_files.py, copied to both hosts for the bench
+HTTP_URL = f"http://{HEAD_IP}:8874/.bench/blob"  # the head's sparkfleet-fanout-http (fanout_http_port)
 MIB = 1024 * 1024
 
 
@@ -118,23 +116,15 @@ def main() -> int:
                   + " && ".join(f"head -c {per} /dev/urandom > {SRC}/blob/{shard(i)}" for i in range(BENCH_SHARDS))
                   + f" && echo {{}} > {SRC}/blob/config.json && {SFL} seal {SRC}/blob --manifest {SRC}/blob.manifest")
     fresh = f"rm -rf {DEST} && mkdir -p {DEST}/raw"
-    for h in ("spark-a", "spark-b"):
-        subprocess.run(["ssh", "-F", str(SSH_CONFIG), h, f"cat > {BENCH_SFL}"],
-                       input=Path(sfl_files.__file__).read_bytes(), check=True)
-    on("spark-a", f"systemd-run --unit sfl-bench-serve --collect python3 {BENCH_SFL} serve "
-                  f"/var/lib/sparkfleet/models --address {HEAD_IP} --port {HTTP_PORT} --allow {HEAD_IP}/24")
     try:
         link = {n: iperf3(n) for n in STREAMS}
         connect, _ = median_run("spark-b", fresh, f"{RSYNC} {URL}/config.json {DEST}/raw/")
         alone = {n: median_run("spark-b", fresh, rsync_alone(n)) for n in STREAMS}
-        verified = {n: median_run("spark-b", fresh, f"{SFL} pull {URL} {DEST}/blob --manifest {DEST}/blob.manifest "
+        verified = {n: median_run("spark-b", fresh, f"{SFL} pull {HTTP_URL} {DEST}/blob --manifest {DEST}/blob.manifest "
                                                      f"--streams {n}") for n in STREAMS}
-        http = {n: median_run("spark-b", fresh, f"python3 {BENCH_SFL} pull {HTTP_URL} {DEST}/blob "
-                                                f"--manifest {DEST}/blob.manifest --streams {n}") for n in STREAMS}
+        over_rsync = {n: median_run("spark-b", fresh, f"{SFL} pull {URL} {DEST}/blob --manifest {DEST}/blob.manifest "
+                                                       f"--streams {n}") for n in STREAMS}
     finally:
-        on("spark-a", "systemctl stop sfl-bench-serve", check=False)
-        for h in ("spark-a", "spark-b"):
-            on(h, f"rm -f {BENCH_SFL}", check=False)
         on("spark-a", f"rm -rf {SRC} {SRC}.manifest", check=False)
         on("spark-b", f"rm -rf {DEST}", check=False)
     rate = lambda s: total / s  # noqa: E731
@@ -145,17 +135,13 @@ def main() -> int:
         print(f"iperf3 TCP -P{n}, 5 s            {link[n] / MIB:8.1f} MiB/s")
     print(f"rsync connection (config.json)   {connect:8.2f} s   (a pull pays it for its manifest, its streams connecting meanwhile)")
     print()
-    print("streams   rsync alone          verified copy (sfl_files.py pull)   verified/iperf3-P1   verified/iperf3-PN   rsync alone/iperf3-P1")
+    print("streams   verified copy (sfl_files.py pull http://)   verified/iperf3-P1   verified/iperf3-PN   "
+          "rsync pull (rsync://)         rsync pull/verified   rsync alone          rsync alone/iperf3-P1")
     for n in STREAMS:
-        (ta, ca), (tv, cv) = alone[n], verified[n]
-        print(f"{n:7d}   {rate(ta) / MIB:6.0f} MiB/s cpu {ca:3.1f}   {rate(tv) / MIB:6.0f} MiB/s {tv:5.2f} s cpu {cv:3.1f}"
-              f"           {rate(tv) / link[1]:5.2f}                {rate(tv) / link[n]:5.2f}                {rate(ta) / link[1]:5.2f}")
-    print()
-    print("streams   verified copy over HTTP (sfl_files.py serve -> pull http://)   /iperf3-P1   /the rsync pull's")
-    for n in STREAMS:
-        th, ch = http[n]
-        print(f"{n:7d}   {rate(th) / MIB:6.0f} MiB/s {th:5.2f} s cpu {ch:3.1f}"
-              f"                                 {rate(th) / link[1]:5.2f}        {verified[n][0] / th:5.2f}")
+        (tv, cv), (tr, cr), (ta, ca) = verified[n], over_rsync[n], alone[n]
+        print(f"{n:7d}   {rate(tv) / MIB:6.0f} MiB/s {tv:5.2f} s cpu {cv:3.1f}         {rate(tv) / link[1]:5.2f}"
+              f"                {rate(tv) / link[n]:5.2f}                {rate(tr) / MIB:6.0f} MiB/s {tr:5.2f} s cpu {cr:3.1f}"
+              f"   {tr / tv:5.2f}                 {rate(ta) / MIB:6.0f} MiB/s cpu {ca:3.1f}   {rate(ta) / link[1]:5.2f}")
     best = max(STREAMS, key=lambda n: rate(verified[n][0]))
     default = sfl_files.STREAMS
     print()
@@ -163,9 +149,6 @@ def main() -> int:
         print(f"headline: verified copy at the default {default} streams / iperf3 -P1 = "
               f"{rate(verified[default][0]) / link[1]:.2f}")
     print(f"best:     verified copy at {best} streams / iperf3 -P1 = {rate(verified[best][0]) / link[1]:.2f}")
-    fast = max(STREAMS, key=lambda n: rate(http[n][0]))
-    print(f"over HTTP: at the default {default} streams / iperf3 -P1 = {rate(http[default][0]) / link[1]:.2f}; "
-          f"best at {fast} streams: {rate(http[fast][0]) / link[1]:.2f}")
     return 0
 
 
