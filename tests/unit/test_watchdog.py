@@ -558,6 +558,7 @@ def test_it_gives_up_after_max_restarts_and_clears_once_the_pair_serves(world):
     calls = world.calls(since=t0)
     assert calls.count(f"start {HEAD}.service") == 2 and calls.count(f"restart {WORKER}.service") == 2, calls
     assert calls[-2:] == [f"stop {HEAD}.service", f"stop {WORKER}.service"], calls
+    wait_for(lambda: world.state("head").get("gave_up"), 10, "the give-up in the head's state")  # after its line
     head = world.state("head")
     assert head["want"] == "stopped" and "2 restart(s) within 60 s" in head["gave_up"]["reason"]
     assert [r["ok"] for r in head["restarts"]] == [False, False]
@@ -606,6 +607,9 @@ def test_a_worker_that_cannot_start_fails_the_restart_at_once_and_the_watchdog_g
     assert f"a worker's unit did not start (spark-b: {why})" in failed, failed
     assert lines(world.log("worker"), f"{why}; handled generation 1 as failed")
     assert "last probe" in lines(world.log("head"), "GAVE UP")[0]
+    # The journal's line comes before the state that says it is saved; `status` reads the state (make
+    # test of 508f7d8: the status of the state before, "restarting the pair (generation 2)").
+    wait_for(lambda: world.state("head").get("gave_up"), 10, "the give-up in the head's state")
     status = world.command("status", "head")
     assert status.returncode == 1 and "GAVE UP" in status.stdout.splitlines()[-1], status.stdout
 
