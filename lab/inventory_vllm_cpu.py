@@ -14,7 +14,7 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
 - progress lines every 10 s (progress_interval_s; docs/deploy.md#progress-of-long-steps), so that the
   tier's first deploy shows each long step's progress for tests/real to read;
 - the weights arrive at an uplink's pace, not this machine's: the hub fetch through the model server's
-  /uplink/320/ (lab/model/serve.py: 320 KiB/s) and the fan-out's streams at 320 KiB/s each (fanout_bwlimit_kib),
+  /uplink/320/ (lab/model/serve.py: 320 KiB/s) and the fan-out at 320 KiB/s (fanout_bwlimit_kib),
   so that the real model's 4.3 MiB take about 14 s each way and print their bytes and rate like a
   Spark's 164 GiB (the stand-in pair's modules fetch at full speed);
 - the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
@@ -49,9 +49,9 @@ _real = {
     "progress_interval_s": 10,
     # An uplink's pace for the fetch and the fan-out (see above): 4.3 MiB at 320 KiB/s, about 14 s each way.
     "weights_source": "http://198.18.0.1:8089/uplink/320",
-    # The cap is the whole pull's, shared by its fanout_streams (4) streams (roles/fanout/sfl_files.py):
-    # 1280 gives the stream carrying the model's 4 MiB shard 320 KiB/s (at 320 the shard took 55 s).
-    "fanout_bwlimit_kib": 1280,
+    # The cap is the whole pull's, shared by its fanout_streams (4) streams from one clock
+    # (roles/fanout/sfl_files.py HttpPull.pace): the model's 4 MiB shard crosses at 320 KiB/s when alone.
+    "fanout_bwlimit_kib": 320,
     # roles/monitoring against the real engine's /metrics (the stand-ins serve none): Prometheus on the
     # head, scraping every 5 s so that tests/real sees a stopped worker's alert within a minute.
     "monitoring_enabled": True,

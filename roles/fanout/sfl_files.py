@@ -745,13 +745,14 @@ class HttpPull(Pull):
         self.stopping = True
 
     def pace(self, n):
-        """The shared cap: each chunk reserves its share of time after the previous ones'."""
+        """The shared cap: each chunk reserves its share of time after the previous ones' and its
+        stream waits until then, so the pull as a whole never runs ahead of the rate."""
         if not self.rate:
             return
         with self.lock:
             now = time.monotonic()
             self.paced = max(self.paced, now) + n / self.rate
-            wait = self.paced - now - 1.0  # up to a second's worth of credit, as a token bucket's
+            wait = self.paced - now
         if wait > 0:
             time.sleep(wait)
 

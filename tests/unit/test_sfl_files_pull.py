@@ -220,13 +220,13 @@ def test_a_whole_file_left_in_the_stage_is_verified_and_installed_without_crossi
 def test_the_bandwidth_cap_is_the_whole_pulls_shared_by_its_streams(head, tmp_path, monkeypatch):
     url, _, files = head
     if over_http(url):
-        # The cap paces every stream's reads from one shared clock, with a second's worth of credit:
-        # 3 streams at 500 KiB/s take at least (the bytes - 1 s of credit) / the rate, whatever the load.
+        # The cap paces every stream's reads from one shared clock: 3 streams at 500 KiB/s take at least
+        # the bytes / the rate, whatever the load (a lower bound: a busy machine only adds to it).
         dest = tmp_path / "worker" / "org" / "m"
         t0 = time.monotonic()
         assert pull(url, dest, "--streams", "3", "--bwlimit", "500", "--io-timeout", "45") == 0
         total = sum(len(d) for d in files.values())
-        assert time.monotonic() - t0 >= (total / (500 * 1024) - 1.0) * 0.95
+        assert time.monotonic() - t0 >= total / (500 * 1024) * 0.95
         assert same_tree(dest, files)
         return
     started, real = [], subprocess.Popen
