@@ -608,7 +608,12 @@ class Pull:
         """Hash stage/rel; move it into dest when it is the manifest's, remove it when it is not."""
         staged = os.path.join(self.stage, rel)
         size, sha = self.entries[rel]
-        if os.path.getsize(staged) != size or sha256_file(staged) != sha:
+        self.settle(rel, os.path.getsize(staged) == size and sha256_file(staged) == sha)
+
+    def settle(self, rel, matches):
+        """stage/rel into dest when `matches` (its size and sha256 are the manifest's), else removed."""
+        staged = os.path.join(self.stage, rel)
+        if not matches:
             os.remove(staged)
             with self.lock:
                 self.problems.append(f"sha256 {rel} differs from the head's manifest (removed, not installed; "
@@ -799,17 +804,7 @@ class HttpPull(Pull):
                         self.pace(n)
                 finally:
                     os.close(fd)
-        if have != size or h.hexdigest() != sha:
-            os.remove(staged)
-            with self.lock:
-                self.problems.append(f"sha256 {rel} differs from the head's manifest (removed, not installed; "
-                                     "a re-run fetches it again)")
-            return
-        final = os.path.join(self.dest, rel)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        os.replace(staged, final)
-        with self.lock:
-            self.verified.add(rel)
+        self.settle(rel, have == size and h.hexdigest() == sha)
 
     def stream(self, rels):
         for rel in rels:
