@@ -59,17 +59,25 @@ with refusals_stop_the_run():
     # 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
     local.include("roles/docker/tasks.py")
 
-    # 5. The recipe's overlay image: built once on the head, pulled by every worker over the fabric.
+    # 4a. The fabric's file path: a read-only rsync daemon and HTTP server of the weights per node, and
+    #     the fetch/pull/manifest tool (roles/fanout).
+    local.include("roles/fanout/tasks.py")
+
+    # 4b. The head's weights fetch, started in the background when it needs no image (a URL or a
+    #     directory, or the image already on the head): it runs while the image is built and shipped.
+    local.include("roles/weights/fetch_start_tasks.py")
+
+    # 5. The recipe's overlay image: built once on the head; a fetch from the hub (its client runs in
+    #    the image) started in the background right after; then pulled by every worker over the fabric.
     local.include("roles/image/tasks.py")
+    local.include("roles/weights/hub_fetch_start_tasks.py")
+    local.include("roles/image/ship_tasks.py")
 
     # 5a. The collective the engine runs (all_gather, in the serving image, its buffer from the memory
     #     budget) against its bar; the passed proof recorded on every node (roles/fabric_speed).
     local.include("roles/fabric_speed/collective_tasks.py")
 
-    # 6. The fabric's file path: a read-only rsync daemon per node, and the fetch/pull/manifest tool.
-    local.include("roles/fanout/tasks.py")
-
-    # 7. Weights: fetched once on the head, pulled by every worker over the fabric, proven by manifests.
+    # 7. Weights: the head's fetch waited for, then pulled by every worker over the fabric, proven by manifests.
     local.include("roles/weights/tasks.py")
 
     # 7a. The engine in the image judges: before anything stops the pair, the image's own engine (with

@@ -136,6 +136,14 @@ class Span:
 SPANS: list[Span] = []
 
 
+def record_span(host: str, step: str, start: float, end: float, ok: bool) -> None:
+    """Record `step` on `host` as it ran on the node (start and end in the node's clock, seconds since the
+    epoch), in place of what the controller recorded of it: a step that ran in the background
+    (roles/weights/background.py) was only waited for by the operation that watched it."""
+    SPANS[:] = [span for span in SPANS if (span.host, span.step) != (host, step)]
+    SPANS.append(Span(host, step, start, end, ok))
+
+
 def spans_of(hosts: Iterable[str], spans: Iterable[Span] | None = None) -> list[dict]:
     """The recorded steps of `hosts` (of SPANS unless given), as JSON-ready dicts, in the order they ended."""
     names = set(hosts)
@@ -246,19 +254,35 @@ def watched(run: Callable[[], T], probe: Callable[[], int | str | None], *, labe
         ticker.done(succeeded)
 
 
+IN_THE_BACKGROUND = " (in the background)"
+
+
+def background_done_line(host: str, step: str, seconds: float, ok: bool, interval: float) -> str | None:
+    """The done line of a step that ran in the background and ended before the deploy waited for it
+    (roles/weights/background.py), with its own duration; None when it took less than an interval
+    (quiet when fast, as Ticker.done). It had no progress lines: nothing watched it while it ran."""
+    if seconds < interval:
+        return None
+    return f"{PREFIX}{host}: {step}: done in {seconds:.0f} s" + ("" if ok else " (failed)") + IN_THE_BACKGROUND
+
+
 _TICK = re.compile(rf"^.*?{re.escape(PREFIX)}(?P<host>\S+): (?P<step>.+?): (?P<s>\d+) s(?:, (?P<what>.*))?$")
-_DONE = re.compile(rf"^.*?{re.escape(PREFIX)}(?P<host>\S+): (?P<step>.+?): done in (?P<s>\d+) s(?P<failed> \(failed\))?$")
+_DONE = re.compile(rf"^.*?{re.escape(PREFIX)}(?P<host>\S+): (?P<step>.+?): done in (?P<s>\d+) s(?P<failed> \(failed\))?"
+                   rf"(?P<background>{re.escape(IN_THE_BACKGROUND)})?$")
 BYTES_FIGURE = re.compile(r"^[\d.]+ (?:B|KiB|MiB|GiB|TiB) \([\d.]+ (?:B|KiB|MiB|GiB|TiB)/s\)$")
 
 
 def read_progress(output: str) -> dict[tuple[str, str], dict]:
     """A run's progress, read back from its output (tests/real reads a lab deploy's): (host, step) ->
-    {"ticks": [(elapsed s, what)], "done": (elapsed s, failed) or None}, in the order printed."""
+    {"ticks": [(elapsed s, what)], "done": (elapsed s, failed) or None}, in the order printed; and
+    "background": True for a step whose done line says it ran in the background (background_done_line)."""
     steps: dict[tuple[str, str], dict] = {}
     for line in output.splitlines():
         if done := _DONE.match(line):
             entry = steps.setdefault((done["host"], done["step"]), {"ticks": [], "done": None})
             entry["done"] = (int(done["s"]), bool(done["failed"]))
+            if done["background"]:
+                entry["background"] = True
         elif tick := _TICK.match(line):
             entry = steps.setdefault((tick["host"], tick["step"]), {"ticks": [], "done": None})
             entry["ticks"].append((int(tick["s"]), tick["what"] or ""))

@@ -1,5 +1,9 @@
 """roles/image: the recipe's overlay image, built once on the head and shipped to every node.
 
+This file: the checkout, drift, the registry, the build (and the exact drift it allows), pruning; the
+ship (push, pulls, pins, the same ID everywhere) is roles/image/ship_tasks.py, after the head's hub
+fetch has started in the background (deploy.py step 5).
+
 The head checks the recipe out at the pinned commit and builds the image there, tagged with the
 commit; a registry on the head's fabric address serves it, so each worker pulls only the layers it
 lacks over the CX7 link. Every node must end with the same image ID. Older images stay (rollback).
@@ -19,18 +23,15 @@ from pyinfra.operations.util import any_changed
 
 from roles.image.checks import (
     RECORD_BASE_STEP, base_record_path, check_exact_drift, check_recipe_drift, exact_drift_ranks, other_profile_images,
-    pull_by_digest, push_image, recipe_dir, record_base_images, refuse_loose_commit, registry_ref, verify_same_image,
+    recipe_dir, record_base_images, refuse_loose_commit,
 )
-from roles.image.commands import (
-    build_command, build_step, checkout_step, git_fetch_command, pull_step, push_command, push_step,
-)
+from roles.image.commands import build_command, build_step, checkout_step, git_fetch_command
 from roles.image.facts import DeployedCommits, LocalImages, RecipeCheckout, ResolvedCommit
 from sparkfleet.decided import decisions
 from sparkfleet.progress import docker_used_probe, progress_command
-from sparkfleet.image_pin import repin_command
 from sparkfleet.model.docker import registry_address
 from sparkfleet.model.image import REGISTRY_DROPIN, REGISTRY_ROOT, history_path
-from sparkfleet.model.engine import image_pin_path, pinned_env
+from sparkfleet.model.engine import pinned_env
 from sparkfleet.model.serving import FULL_SHA, node_profile
 from sparkfleet import unchanged
 from sparkfleet.inventory import cluster_from_state
@@ -43,7 +44,6 @@ profile = node_profile(node)
 recipe = profile.recipe
 plan = decisions(state).image  # the run's plan (tools/plan.py): build on the head, ship to workers
 head_id = plan.head_id
-in_sync = plan.in_sync
 on_head = node.is_head
 src = recipe_dir(node, profile)
 
@@ -166,46 +166,8 @@ python.call(
     acknowledged=node.recipe_drift_acknowledged,
     _if=lambda: exact,
 )
-python.call(
-    name=push_step(profile),
-    function=push_image,
-    local=profile.image_ref,
-    remote=registry_ref(cluster, profile),
-    push=push_command(node, profile, registry_ref(cluster, profile)),  # bounded: image_push_timeout_s
-    step=push_step(profile),
-    interval=node.progress_interval_s,
-    _if=lambda: on_head and not in_sync,
-)
 
-# 5. Workers pull what they lack, over the fabric, by the digest the head's push printed (the tag is
-#    anyone's on the fabric to push), tag it with the plain name, and pin their unit to that digest.
-python.call(
-    name=pull_step(profile),
-    function=pull_by_digest,  # bounded: image_pull_timeout_s
-    remote=registry_ref(cluster, profile),
-    local=profile.image_ref,
-    pin=image_pin_path(node),
-    step=pull_step(profile),
-    _if=lambda: not on_head and node.name in plan.ship,
-)
-
-# 5b. A worker that already holds the head's image by one of its digests (a rollback to a commit
-#     every node kept) has its pin written again: nothing is pulled.
-server.shell(
-    name=f"Pin the worker's unit to the head's digest of {profile.image_ref} (the image is here)",
-    commands=[repin_command(node, plan.repin[node.name])] if node.name in plan.repin else [],
-    _if=lambda: node.name in plan.repin,
-)
-
-# 6. The same image ID everywhere: true at prepare when in sync, checked after the pulls otherwise.
-python.call(
-    name="Check every node has the same image ID",
-    function=verify_same_image,
-    ref=profile.image_ref,
-    _if=lambda: on_head and not in_sync,
-)
-
-# 7. Other profiles' images stay for switching back, unless data says to prune them.
+# 5. Other profiles' images stay for switching back, unless data says to prune them.
 stale = (
     other_profile_images(local_images, profile, registry_address(cluster), node.serving_site)
     if node.serving_prune_other_profiles

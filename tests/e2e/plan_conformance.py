@@ -1,4 +1,5 @@
-"""The plan a deploy printed against the operations it ran: every planned fetch, build, shipment,
+"""The plan a deploy printed against the operations it ran: every planned fetch (started in the
+background, then waited for), build, shipment,
 cache warm-up, pair restart, firewall table applied or removed, fleet CA made, certificate issued and
 trust bundle written happened, on the node the plan names,
 and none happened that the plan did not announce; and so for the fleet's actions: every group routed again, taken out of routing
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from roles.weights.background import START_STEP as FETCH_START_STEP
 from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tools.plan import TABLE_HEADER
 
@@ -184,6 +186,8 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
                _count(changed, p.head, lambda op: op.startswith("Build ") and op.endswith(" on the head")) > 0)
         expect(name, f"models fetched on {p.head}", p.fetch,
                _count(changed, p.head, lambda op: op.startswith("Fetch ") and " on the head (" in op))
+        expect(name, f"the fetch started in the background on {p.head}", p.fetch > 0,
+               _count(changed, p.head, lambda op: op.startswith(FETCH_START_STEP)) > 0)
         for w in workers:
             expect(name, f"image pulled by {w}", w in p.ship_image,
                    _count(changed, w, lambda op: op.startswith("Pull ") and op.endswith(" from the head")) > 0)

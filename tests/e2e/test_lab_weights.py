@@ -12,6 +12,7 @@ import time
 import pytest
 
 from sparkfleet.model.serving import load_profile
+from roles.weights.background import FETCH_UNIT, START_STEP as FETCH_START_STEP
 from tests.e2e.lab import BIN, INVENTORY, REPO, Run, deploy, fabric_rx_bytes, management_address, on, plan, \
     read_failure_log, state_checks
 from tests.e2e.lab import run as run_cmd
@@ -101,6 +102,14 @@ def test_a_shortfall_of_disk_stops_the_fetch_with_the_numbers_before_any_byte_mo
     assert run.returncode == 0, run.output
     revision = PROFILE.speculative.draft_model_revision
     assert (f"Fetch {drafter} at {revision} on the head (http://198.18.0.1:8089)", "spark-a") in run.changed()
+    # The fetch ran in the background (roles/weights/background.py): started before the image step, as a
+    # transient unit now gone, its status beside its script on the head: ended with status 0.
+    names = [op for op, _ in run.changed()]
+    assert names.index(FETCH_START_STEP) < names.index(f"Fetch {drafter} at {revision} on the head (http://198.18.0.1:8089)")
+    assert on("spark-a", f"systemctl is-active {FETCH_UNIT}", check=False).strip() == "inactive"
+    status = f"/var/lib/sparkfleet/weights-fetch/{drafter.replace('/', '--')}"
+    started, (ended, code) = float(on("spark-a", f"cat {status}.start")), on("spark-a", f"cat {status}.end").split()
+    assert started <= float(ended) and code == "0"
 
 
 def test_an_interrupted_fan_out_resumes_instead_of_restarting():

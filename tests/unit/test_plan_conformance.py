@@ -4,7 +4,7 @@ from pathlib import Path
 
 from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tests.e2e.lab import Run
-from tests.e2e.plan_conformance import PlannedFleet, mismatches, parse_plan
+from tests.e2e.plan_conformance import APPLY, PlannedFleet, mismatches, parse_plan
 from tests.e2e.plan_conformance import parse_fleet as parse_plan_fleet
 
 PLAN = """\
@@ -28,6 +28,8 @@ def ran(*ops):
 
 
 G1_AS_PLANNED = [
+    ("Start the head's weights fetch in the background (the hub's client, in the image just built)",
+     {"spark-a": "Success", "spark-c": "No changes"}),
     ("Fetch m1 at abc on the head (hub)", {"spark-a": "Success", "spark-c": "No changes"}),
     ("Fetch m2 at def on the head (hub)", {"spark-a": "Success"}),
     ("Build sparkfleet/glm:fd5f on the head", {"spark-a": "Success"}),
@@ -103,31 +105,18 @@ def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
     assert pair.ship_image == {"spark-b"} and pair.ship_models == {"spark-b": 2} and pair.warm == "prewarm"
     assert pair.restart and len(run.changed()) > 20
     assert mismatches(run.output, run.changed()) == []
-    # The lab's hosts kept their tables (every firewall operation 'No changes'): the plan printed no
-    # firewall line. Had it printed one (today's printer), the tables it did not apply are named.
-    output = with_firewall_line(run.output, "pair", "applied on spark-a, spark-b (no table live)")
-    assert parse_plan(output)[1]["pair"].firewall_applied == ["spark-a", "spark-b"]
-    assert mismatches(output, run.changed()) == [
+    # Fresh hosts, no table live: the plan printed the firewall's line and the run applied both tables;
+    # the same run with the tables' applies lost names them.
+    assert pair.firewall_applied == ["spark-a", "spark-b"]
+    assert mismatches(run.output, [(op, h) for op, h in run.changed() if APPLY not in op]) == [
         "pair: firewall table applied on: the plan said ['spark-a', 'spark-b'], the run did []"]
+    # The fetch was started in the background before it was waited for; without its start, named.
+    assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start the head's weights")]) \
+        == ["pair: the fetch started in the background on spark-a: the plan said True, the run did False"]
     # The same run with the worker's restart lost: named.
     without = [(op, h) for op, h in run.changed() if op != "Restart the workers (workers first)"]
     assert mismatches(run.output, without) == [
         "pair: pair restart (nodes restarted): the plan said ['spark-a', 'spark-b'], the run did ['spark-a']"]
-
-
-def with_firewall_line(output: str, group: str, firewall: str) -> str:
-    """`output` with the group's firewall line where tools/plan.py plan_table prints it (after the
-    group's other lines under the table), built by that printer."""
-    from sparkfleet.plan_types import GroupPlan
-    from tools.plan import plan_table
-
-    line = next(l for l in plan_table({group: GroupPlan(group=group, profile="p", image="i", nodes=[], firewall=firewall)})
-                if " firewall: " in l)
-    lines = output.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("--> sparkfleet plan: "))
-    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
-    indent = lines[start + 1][:len(lines[start + 1]) - len(lines[start + 1].lstrip())]
-    return "\n".join(lines[:end] + [indent + line] + lines[end:])
 
 
 def test_the_firewall_is_applied_and_removed_where_the_plan_printed_and_nowhere_else():

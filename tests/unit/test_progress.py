@@ -324,3 +324,14 @@ def test_under_pyinfra_a_later_operation_reads_the_record_of_an_earlier_step(tmp
     (step,) = json.loads(line)
     assert (step["host"], step["step"], step["ok"]) == ("@local", "Fetch m", True), step
     assert began < step["start"] and step["end"] - step["start"] >= 0.5 and step["end"] < time.time(), step
+
+
+def test_a_step_that_ran_in_the_background_has_its_own_done_line_read_back_as_such():
+    from sparkfleet.progress import background_done_line
+
+    assert background_done_line("spark-a", "Fetch m", 9.9, True, interval=10) is None  # quiet when fast
+    line = background_done_line("spark-a", "Fetch m", 81.6, False, interval=10)
+    assert line == f"{PREFIX}spark-a: Fetch m: done in 82 s (failed) (in the background)"
+    read = read_progress("    [spark-a] Success\n" + line + f"\n{PREFIX}spark-b: Send m: done in 14 s")
+    assert read == {("spark-a", "Fetch m"): {"ticks": [], "done": (82, True), "background": True},
+                    ("spark-b", "Send m"): {"ticks": [], "done": (14, False)}}

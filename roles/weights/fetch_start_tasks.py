@@ -1,0 +1,5 @@
+"""roles/weights, step 4b: the head's fetch started in the background before the image step, when it
+needs no image: a URL or a directory source, or an image the head already holds (roles/weights/background.py)."""
+from roles.weights.background import define_start
+
+define_start(before_build=True)

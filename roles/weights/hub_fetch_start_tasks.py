@@ -1,0 +1,5 @@
+"""roles/weights, step 5, after the build: the head's fetch from the hub started in the background as soon
+as the image its client runs in is built, while the image ships (roles/weights/background.py)."""
+from roles.weights.background import define_start
+
+define_start(before_build=False)

@@ -1,0 +1,168 @@
+"""roles/weights/background.py: the head's fetch as a transient unit, started early, waited for at step 7.
+
+The script, the start and the wait are run here by sh for real; systemd's two programs are stood in for
+by small scripts on PATH (systemctl: is-active from a flag file, stop and reset-failed recorded;
+systemd-run: its arguments recorded, the flag set). The lab's deploys run them under the real systemd
+(tests/e2e: every fresh deploy fetches this way; test_lab_timeouts.py's fetch that never answers).
+"""
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from roles.weights import background
+from roles.weights.background import (
+    FETCH_UNIT, fetch_script, fetch_span, slug, start_command, starts_before_build, wait_command,
+)
+from sparkfleet import progress
+from sparkfleet.config import build_cluster
+from sparkfleet.model.serving import load_profile
+from tests.unit.helpers import pair
+
+PROFILE = load_profile("glm-5.3-flash-exl3")
+
+
+def head(tmp_path):
+    """The pair's head, its data directory under tmp_path (the config refuses /tmp: copied past it)."""
+    return build_cluster(pair()).head.model_copy(update={"preflight_data_dir": str(tmp_path / "data")})
+
+
+@pytest.fixture
+def fake_systemd(tmp_path):
+    """PATH with systemctl, systemd-run, journalctl and docker stood in for; returns (env, flag, log)."""
+    bin_dir, flag, log = tmp_path / "bin", tmp_path / "active", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    scripts = {
+        "systemctl": f"""#!/bin/sh
+echo "systemctl $*" >> {log}
+case "$1" in
+  is-active) [ -f {flag} ] ;;
+  stop) rm -f {flag} ;;
+  *) exit 0 ;;
+esac
+""",
+        "systemd-run": f"""#!/bin/sh
+echo "systemd-run $*" >> {log}
+touch {flag}
+""",
+        "journalctl": f"""#!/bin/sh
+echo "the journal of $*"
+""",
+        "docker": f"""#!/bin/sh
+echo "docker $*" >> {log}
+""",
+    }
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return env, flag, log
+
+
+def sh(command: str, env=None, timeout=30) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_the_fetch_starts_before_the_build_unless_the_hub_client_needs_the_image_being_built():
+    assert starts_before_build("http://mirror/models", image_on_head=False)
+    assert starts_before_build("/srv/models", image_on_head=False)
+    assert starts_before_build("hub", image_on_head=True)  # the image is on the head already: no build
+    assert not starts_before_build("hub", image_on_head=False)
+
+
+def test_the_script_fetches_each_model_in_turn_and_stops_at_the_first_that_fails(tmp_path, monkeypatch):
+    node = head(tmp_path)
+    exits = {"org/first": 0, "org/second": 3, "org/third": 0}
+    monkeypatch.setattr(background, "fetch_command",
+                        lambda node, profile, model, revision: f"echo fetching {model} at {revision}; exit {exits[model]}")
+    script = fetch_script(node, PROFILE, [(m, "r1") for m in exits])
+    assert script.startswith("#!/bin/sh\n# managed by sparkfleet")
+    base = Path(background.fetch_dir(node))
+    base.mkdir(parents=True)
+    before = time.time()
+    run = sh(script)
+    assert run.returncode == 3  # the second model's status
+    for model, rc in (("org/first", 0), ("org/second", 3)):
+        start = float((base / f"{slug(model)}.start").read_text())
+        end, status = (base / f"{slug(model)}.end").read_text().split()
+        assert before - 1 <= start <= float(end) <= time.time() + 1 and int(status) == rc
+        assert (base / f"{slug(model)}.out").read_text() == f"fetching {model} at r1\n"
+    assert not (base / f"{slug('org/third')}.start").exists()  # never begun
+    assert slug("org/Model v2") == "org--Model-v2"
+
+
+def test_a_start_runs_the_unit_once_attaches_to_the_same_script_and_replaces_another(tmp_path, fake_systemd, monkeypatch):
+    env, flag, log = fake_systemd
+    node = head(tmp_path)
+    monkeypatch.setattr(background, "fetch_command", lambda node, profile, model, revision: f"echo {model} {revision}")
+    first = fetch_script(node, PROFILE, [("org/m", "r1")])
+    run = sh(start_command(node, first), env)
+    assert run.returncode == 0, run.stderr
+    base = Path(background.fetch_dir(node))
+    assert (base / "fetch.sh").read_text() == first
+    assert oct(base.stat().st_mode & 0o777) == "0o700" and oct((base / "fetch.sh").stat().st_mode & 0o777) == "0o700"
+    assert log.read_text().count("systemd-run") == 1
+    assert f"systemd-run --quiet --collect --unit={FETCH_UNIT}" in log.read_text()
+    assert log.read_text().rstrip().endswith(f"/bin/sh {base}/fetch.sh")
+
+    # The same script while the unit runs (an earlier run stopped before its wait): waited for, not restarted.
+    (base / "org--m.start").write_text("1.0\n")
+    run = sh(start_command(node, first), env)
+    assert run.returncode == 0 and "already fetching" in run.stdout
+    assert log.read_text().count("systemd-run") == 1 and "systemctl stop" not in log.read_text()
+    assert (base / "org--m.start").exists()
+
+    # Another revision: the running fetch is stopped (its hub container removed), its status cleared, the new one run.
+    second = fetch_script(node, PROFILE, [("org/m", "r2")])
+    run = sh(start_command(node, second), env)
+    assert run.returncode == 0, run.stderr
+    calls = log.read_text()
+    assert f"systemctl stop {FETCH_UNIT}" in calls and "docker rm -f sparkfleet-weights-fetch" in calls
+    assert calls.count("systemd-run") == 2 and (base / "fetch.sh").read_text() == second
+    assert not (base / "org--m.start").exists()
+
+
+def test_the_wait_ends_with_the_fetch_printing_what_it_printed_and_its_span(tmp_path, fake_systemd):
+    env, flag, _ = fake_systemd
+    node = head(tmp_path)
+    base = Path(background.fetch_dir(node))
+    base.mkdir(parents=True)
+    flag.touch()  # the unit runs
+
+    def fetch_ends():
+        time.sleep(1.5)
+        (base / "org--m.start").write_text("100.25\n")
+        (base / "org--m.out").write_text('sparkfleet: spark-a: "Fetch org/m" stopped after 5 s, its limit\n')
+        (base / "org--m.end").write_text("190.5 124\n")
+
+    thread = threading.Thread(target=fetch_ends)
+    thread.start()
+    began = time.monotonic()
+    run = sh(wait_command(node, "org/m"), env)
+    thread.join()
+    assert time.monotonic() - began >= 1.4  # it waited for the status, not returned at once
+    assert run.returncode == 124
+    assert 'stopped after 5 s, its limit' in run.stderr
+    assert fetch_span(run.stdout) == (100.25, 190.5, 124)
+
+
+def test_a_unit_that_ended_without_the_models_status_fails_the_wait_naming_the_unit(tmp_path, fake_systemd):
+    env, flag, _ = fake_systemd
+    node = head(tmp_path)
+    Path(background.fetch_dir(node)).mkdir(parents=True)
+    run = sh(wait_command(node, "org/m"), env)  # no flag: the unit is not running, and no .end
+    assert run.returncode == 1
+    assert f"the background fetch of org/m ({FETCH_UNIT}) ended without finishing it" in run.stderr
+    assert f"the journal of -u {FETCH_UNIT}" in run.stderr
+    assert fetch_span(run.stdout) is None
+
+
+def test_the_fetch_is_recorded_as_it_ran_in_place_of_the_wait(monkeypatch):
+    monkeypatch.setattr(progress, "SPANS", [progress.Span("spark-a", "Fetch m", 500.0, 510.0, True),
+                                           progress.Span("spark-a", "Build", 1.0, 2.0, True)])
+    progress.record_span("spark-a", "Fetch m", 100.0, 190.0, False)
+    assert progress.SPANS == [progress.Span("spark-a", "Build", 1.0, 2.0, True),
+                              progress.Span("spark-a", "Fetch m", 100.0, 190.0, False)]
