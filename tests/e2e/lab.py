@@ -151,13 +151,24 @@ def _timed(cmd: list[str], timeout=900, env: dict | None = None) -> tuple[Run, d
     return Run(proc.returncode, "".join(lines)), steps, end - start
 
 
+# The benchmark receipt (roles/receipt) is a fixed load through the API after every deploy that restarts
+# the pair: about 1.3 s each on the stand-in, taken by 95 of tests/e2e's 119 deploys (make test of
+# adce184: 124 s of the tier). The deploys of lab/inventory.py take none unless the test asks
+# (receipt=True: tests/e2e/test_lab_serving.py, whose tests are about receipts); the README's path
+# (tests/e2e/test_lab_first_pair.py, through inventory.py), tests/real and tests/fleet take theirs.
+NO_RECEIPT = ("--data", "receipt_enabled=false")
+
+
 def deploy(*extra: str, inventory: str = INVENTORY, front_door: bool = False, env: dict | None = None,
-           timeout: float = 900) -> Run:
+           timeout: float = 900, receipt: bool = False) -> Run:
     """A lab deploy; one that succeeded must have done exactly what its printed plan said
     (tests/e2e/plan_conformance.py): every end-to-end test that deploys checks that too. Its time and
     each step's are kept in DEPLOY_TIMES. front_door: through `sparkfleet deploy INVENTORY --yes` (the
     README's way: validate, plan, then pyinfra -y), not pyinfra itself; env: the run's environment;
-    timeout: seconds before the run is killed."""
+    timeout: seconds before the run is killed; receipt: whether a deploy of lab/inventory.py takes the
+    benchmark receipt when it restarts the pair (NO_RECEIPT otherwise; other inventories as they say)."""
+    if inventory == INVENTORY and not receipt:
+        extra = (*extra, *NO_RECEIPT)
     cmd = ([str(BIN / "sparkfleet"), "deploy", inventory, "--yes", *extra] if front_door
            else [str(BIN / "pyinfra"), "-y", inventory, "deploy.py", *extra])
     result, steps, seconds = _timed(cmd, timeout=timeout, env=env)
@@ -179,9 +190,12 @@ def reset_lab(size: int = 2) -> None:
         sys.exit(f"lab.sh reset ({size} hosts) failed:\n{r.stdout}{r.stderr}")
 
 
-def plan(*extra: str, inventory: str = INVENTORY) -> Run:
+def plan(*extra: str, inventory: str = INVENTORY, receipt: bool = False) -> Run:
     """`python -m sparkfleet plan` on the lab: what a deploy would do, changing nothing (exit 0
-    nothing, 2 changes, 1 error); its output after the deploy's own prepare output."""
+    nothing, 2 changes, 1 error); its output after the deploy's own prepare output. receipt: as
+    deploy()'s, so that a plan and the deploy it predicts are of the same data."""
+    if inventory == INVENTORY and not receipt:
+        extra = (*extra, *NO_RECEIPT)
     return run([str(BIN / "python"), "-m", "sparkfleet", "plan", inventory, *extra])
 
 

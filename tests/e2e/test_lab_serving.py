@@ -41,7 +41,7 @@ def started_at(host: str, container: str) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def serving_pair():
-    run = deploy()
+    run = deploy(receipt=True)  # this module's deploys take the benchmark receipt (tests/e2e/lab.py NO_RECEIPT)
     assert run.returncode == 0, run.output
     yield
 
@@ -132,7 +132,7 @@ def test_a_hand_stopped_worker_is_caught_and_the_pair_is_brought_back():
     assert "spark-b: no container sparkfleet-worker" in checks.output or "spark-b: sparkfleet-worker is not active" in checks.output
 
     before = receipts()
-    run = deploy()
+    run = deploy(receipt=True)
     assert run.returncode == 0, run.output
     assert ("Restart the workers (workers first)", "spark-b") in run.changed()
     assert ("Start the head (every worker is up)", "spark-a") in run.changed()
@@ -233,7 +233,7 @@ def test_a_recipe_bump_stops_on_an_unpinned_default_until_pinned_then_ships_only
     assert state_checks().returncode == 0
     # A deploy that restarts nothing takes no benchmark receipt.
     kept = receipts()
-    unchanged = deploy()
+    unchanged = deploy(receipt=True)
     assert unchanged.changed() == [] and receipts() == kept, unchanged.output
     assert "Take the benchmark receipt" not in [op for op, _, result in unchanged.results() if result != "No changes"]
 
