@@ -221,10 +221,10 @@ def test_a_throttled_half_stops_the_deploy_naming_it_and_a_failed_proof_runs_aga
 
 
 # The speed proof's servers (roles/fabric_speed/checks.py bounded_listeners): spark-a, rank 0, serves
-# every link's test; the lab's tests run fabric_speed_seconds = 2 (lab/group_data/all.py) on the
-# default fabric_speed_port, so a server's bound is 62 s.
+# every link's test; the lab's tests run fabric_speed_seconds = 1 (lab/group_data/all.py) on the
+# default fabric_speed_port, so a server's bound is 61 s.
 SPEED_PORT = 29510
-SPEED_SECONDS = 2
+SPEED_SECONDS = 1
 SPEED_SERVER = f"^iperf3 --server --one-off --bind [0-9.]+ --port {SPEED_PORT}$"
 # spark-b's client of the first half, as the proof runs it (in a shell's loop of ten tries); escaped,
 # so that the pattern does not match the shell that carries it.
