@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import shlex
-
 import time
 
 from pyinfra import host, logger, state
