@@ -15,7 +15,7 @@ import time
 import pytest
 
 from roles.fabric.facts import ping_command
-from roles.fabric_speed.checks import LISTENER_DIR, LISTENER_KILL_AFTER_S, listener_limit
+from roles.fabric_speed.checks import IPERF3_TRIES, LISTENER_DIR, LISTENER_KILL_AFTER_S, listener_limit
 from sparkfleet.model.fabric import NETPLAN_FILE, RENDERERS_SETTLED
 from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, SSH_CONFIG, deploy, on, pause_watchdogs, reboot, state_checks, use_renderer
 from tests.e2e.lab import run as run_cmd
@@ -280,10 +280,14 @@ def test_a_proof_whose_client_is_refused_fails_and_leaves_nothing_listening(rend
     try:
         proc, seen = deploy_until_the_speed_server_listens(tmp_path / "deploy.log")
         returncode = proc.wait(timeout=600)
+        # the refusals the rule sent, one per try (a refused SYN is not sent again)
+        refused = on("spark-a", f"iptables -L INPUT -v -x -n | awk '/dpt:{SPEED_PORT} reject-with tcp-reset/ {{print $1}}'")
     finally:
         on("spark-a", f"iptables -D {refuse}")
     output = (tmp_path / "deploy.log").read_text()
     assert returncode != 0, output[-4000:]
+    # every try made (iperf3 3.12 --json exits 0 on the refusal: the loop goes by its report)
+    assert int(refused) >= IPERF3_TRIES, refused
     assert (f"fabric speed: spark-b {NETDEV} -> spark-a {NETDEV} ({ADDRESS['spark-a'].split('/')[0]}): "
             "iperf3: unable to connect to server") in output, output[-4000:]
     assert speed_server_left() == ""

@@ -169,6 +169,40 @@ def test_iperf3_per_half_bound_to_its_addresses_and_held_to_the_bar():
         iperf3_gbits(json.dumps({"error": "unable to connect to server"}))
 
 
+def _client_run(tmp_path, refusals: int, status: int) -> tuple[str, int]:
+    """The client command in a real shell, `iperf3` on its PATH answering the first `refusals` calls
+    with Debian 12's recorded refusal (exit `status`), then with a report: its output, and the calls."""
+    tmp_path.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    fake = tmp_path / "iperf3"
+    report = json.dumps({"end": {"sum_received": {"bits_per_second": 9.5e9}}})
+    fake.write_text(f"#!/bin/sh\necho x >> {calls}\n"
+                    f"if [ $(wc -l < {calls}) -le {refusals} ]; then cat {REFUSED}; exit {status}; fi\n"
+                    f"echo '{report}'\n")
+    fake.chmod(0o755)
+    (link,) = speed_links(build_cluster(pair()))
+    s, cl = link.halves[0]
+    out = subprocess.run(["sh", "-c", iperf3_client_command(s, cl, 29510, 1)], capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, timeout=30)
+    return out.stdout, len(calls.read_text().splitlines())
+
+
+REFUSED = REPO / "tests/unit/fixtures/iperf3-3.12-refused.json"
+
+
+def test_a_refused_client_is_tried_again_whatever_iperf3s_exit_status_says(tmp_path):
+    """iperf3 3.12 --json exits 0 on a refused connection (the recording): the loop goes by the
+    report's error, so a server not yet reachable gets its ten tries, under either status."""
+    assert '"error":\t"unable to connect to server: Connection refused"' in REFUSED.read_text()
+    for status in (0, 1):
+        out, calls = _client_run(tmp_path / str(status), refusals=3, status=status)
+        assert calls == 4 and iperf3_gbits(out) == pytest.approx(9.5)
+    out, calls = _client_run(tmp_path / "never", refusals=99, status=0)
+    assert calls == 10
+    with pytest.raises(ValueError, match="iperf3: unable to connect to server: Connection refused"):
+        iperf3_gbits(out)
+
+
 def test_the_collectives_buffer_is_the_largest_size_with_a_bar_the_memory_budget_allows():
     c = spark()
     # a Spark with the engine stopped: ~118 GiB available -> the 2 GiB cap, held to that size's bar
