@@ -155,7 +155,8 @@ def _timed(cmd: list[str], timeout=900, env: dict | None = None) -> tuple[Run, d
 # the pair: about 1.3 s each on the stand-in, taken by 95 of tests/e2e's 119 deploys (make test of
 # adce184: 124 s of the tier). The deploys of lab/inventory.py take none unless the test asks
 # (receipt=True: tests/e2e/test_lab_serving.py, whose tests are about receipts); the README's path
-# (tests/e2e/test_lab_first_pair.py, through inventory.py), tests/real and tests/fleet take theirs.
+# (tests/e2e/test_lab_first_pair.py, through inventory.py) and tests/fleet take theirs; tests/real's first
+# deploy takes one, its others none (tests/real/conftest.py).
 NO_RECEIPT = ("--data", "receipt_enabled=false")
 
 
