@@ -68,14 +68,11 @@ with refusals_stop_the_run():
     local.include("roles/weights/fetch_start_tasks.py")
 
     # 5. The recipe's overlay image: built once on the head; a fetch from the hub (its client runs in
-    #    the image) started in the background right after; then pulled by every worker over the fabric.
+    #    the image) started in the background right after; then pushed to the head's fabric registry,
+    #    and every worker's pull started in the background: it runs while steps 7 to 7b2 do.
     local.include("roles/image/tasks.py")
     local.include("roles/weights/hub_fetch_start_tasks.py")
     local.include("roles/image/ship_tasks.py")
-
-    # 5a. The collective the engine runs (all_gather, in the serving image, its buffer from the memory
-    #     budget) against its bar; the passed proof recorded on every node (roles/fabric_speed).
-    local.include("roles/fabric_speed/collective_tasks.py")
 
     # 7. Weights: the head's fetch waited for, then pulled by every worker over the fabric, proven by manifests.
     local.include("roles/weights/tasks.py")
@@ -99,6 +96,13 @@ with refusals_stop_the_run():
     # 7b2. The API proxy on each head: TLS with the head's certificate, the key on every path but
     #      /health, the engine on loopback behind it (neither engine's own check covers every route).
     local.include("roles/api_proxy/tasks.py")
+
+    # 7d. Every worker's pull of the image waited for, then the same image ID proven on every node.
+    local.include("roles/image/pull_wait_tasks.py")
+
+    # 7e. The collective the engine runs (all_gather, in the serving image on every rank, its buffer
+    #     from the memory budget) against its bar; the passed proof recorded on every node (roles/fabric_speed).
+    local.include("roles/fabric_speed/collective_tasks.py")
 
     # 7c-11, one serving group after the other (roles/rolling): out of the router, the watchdog
     #     paused, kernel caches warmed, units restarted workers first, the watchdog back, the receipt;

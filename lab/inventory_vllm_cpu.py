@@ -17,7 +17,7 @@ stand-ins: the same hosts, SSH settings, group data (lab/group_data) and deploy.
   /uplink/320/ (lab/model/serve.py: 320 KiB/s) and the fan-out at 320 KiB/s (fanout_bwlimit_kib),
   so that the real model's 4.3 MiB take about 14 s each way and print their bytes and rate like a
   Spark's 164 GiB (the stand-in pair's modules fetch at full speed);
-- the fabric's speed proof runs its collective too (roles/fabric_speed, step 5a): all_gather over gloo
+- the fabric's speed proof runs its collective too (roles/fabric_speed, step 7e): all_gather over gloo
   inside this image, as the engine's own ranks meet. The stand-in image has no torch, so this is the
   lab's one run of it. Its one bar is a floor at 64 MiB (0.05 GB/s, about 400 Mbit/s) a working link
   clears on any machine and a link throttled below it does not, so its buffer is 64 MiB (both hosts

@@ -1,5 +1,5 @@
-"""Step 5a, once every rank holds the serving image: the collective the engine runs, across the
-group, inside that image (files/sfl_gather.py: all_gather, NCCL on GPU nodes, gloo without), held
+"""Step 7e, once every rank holds the serving image (step 7d waited for the pulls): the collective the
+engine runs, across the group, inside that image (files/sfl_gather.py: all_gather, NCCL on GPU nodes, gloo without), held
 to the bar for the size it gathers (fabric_speed_busbw_bars_gbytes); then, the whole proof passed,
 each node's record.
 

@@ -20,7 +20,7 @@ from roles.guards.exact_drift import (
     recorder_run,
     stop_message,
 )
-from roles.image.commands import pull_command, registry_of
+from roles.image.commands import registry_of
 from roles.image.facts import (  # noqa: F401 (pin_of: callers of this module read the pin with it)
     DockerImageId,
     ImagePin,
@@ -29,7 +29,6 @@ from roles.image.facts import (  # noqa: F401 (pin_of: callers of this module re
 )
 from sparkfleet.bounded import bounded
 from sparkfleet.decided import decisions
-from sparkfleet.image_pin import repin_command
 from sparkfleet.inventory import cluster_from_state
 from sparkfleet.model.docker import registry_address
 from sparkfleet.model.engine import engine_args, env_file_path, image_pin_path
@@ -224,7 +223,7 @@ def pushed_digests(state) -> dict[str, str]:
 def push_image(local: str, remote: str, push: str, *, step: str, interval: int) -> None:
     """Operation body (head): tag the local build `local` as `remote` in the fabric registry, push it
     (`push`, bounded), and keep the manifest digest the push printed: what every worker pulls and runs
-    (pull_by_digest), so a push under the same tag after this one changes nothing a worker gets. While
+    (roles/image/background.py), so a push under the same tag after this one changes nothing a worker gets. While
     it runs, `step`'s progress every `interval` s (sparkfleet/progress.py)."""
 
     ok, out = run_with_progress(  # progress: the registry's filesystem growing (sparkfleet/progress.py)
@@ -259,30 +258,6 @@ def pull_failure(cluster, node, ref: str) -> RunFailure:
                    f"({on_node(node.management_address, f'curl -sS http://{registry_of(ref)}/v2/')} answers {{}}) "
                    f"and that it runs there ({on_node(cluster.head.management_address, 'systemctl status docker-registry')}); "
                    f"then re-deploy (a re-run pulls only the layers this node lacks)"))
-
-
-def pull_by_digest(remote: str, local: str, pin: str, *, step: str) -> None:
-    """Operation body (a worker, after the head's push_image): pull the manifest the head pushed by its
-    digest (<registry>/<repo>@digest; Docker checks the content against it), tag it with the plain
-    name `local`, and write the pin file `pin` its unit runs it from."""
-
-
-    cluster = cluster_from_state(state)
-    node = cluster.node(host.name)
-    profile = node_profile(node)
-    digest = pushed_digests(state).get(remote)
-    if digest is None:
-        raise DeployError(f"{host.name}: the head pushed no digest for {remote} in this run; nothing to pull by")
-    ref = digest_ref(cluster, profile, digest)
-    q = shlex.quote
-    where = q(node.serving_dir)  # roles/serving's directory (0700), made here on a first deploy
-    command = (f"{pull_command(node, profile, ref)} && docker tag {q(ref)} {q(local)} && "
-               f"{{ [ -d {where} ] || mkdir -p -m 0700 {where}; }} && {repin_command(node, ref)}")
-    ok, out = run_with_progress(host, StringCommand(command), step=step, interval=node.progress_interval_s,
-                                probe=docker_used_probe())  # progress: docker's filesystem growing
-    if not ok:
-        raise RunFailed(pull_failure(cluster, node, ref), out.stderr or out.stdout)
-    logger.info(f"    [{host.name}] pulled {ref}; its unit runs that digest ({pin})")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """roles/image: the recipe's overlay image, built once on the head and shipped to every node.
 
 This file: the checkout, drift, the registry, the build (and the exact drift it allows), pruning; the
-ship (push, pulls, pins, the same ID everywhere) is roles/image/ship_tasks.py, after the head's hub
-fetch has started in the background (deploy.py step 5).
+ship is roles/image/ship_tasks.py (the push, the workers' pulls started in the background, after the
+head's hub fetch has started: deploy.py step 5) and pull_wait_tasks.py (the pulls waited for, the same
+ID everywhere: step 7d).
 
 The head checks the recipe out at the pinned commit and builds the image there, tagged with the
 commit; a registry on the head's fabric address serves it, so each worker pulls only the layers it

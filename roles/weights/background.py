@@ -8,46 +8,35 @@ directory, or when the head already holds the image; right after the build when 
 needs the image being built. Step 7's fetch operation then waits for it (with its progress, as
 before), prints what it printed and fails the run as the fetch did.
 
-The unit runs one script (`<preflight_data_dir>/weights-fetch/fetch.sh`, root-only), which fetches
-each model of the plan in turn, each exactly as the foreground fetch did (roles/weights/checks.py
-fetch_command: bounded by weights_fetch_timeout_s, its log, free disk first, the manifest last),
-stopping at the first that fails. Per model it leaves `<slug>.start` (the node's clock when the
-fetch began), `<slug>.out` (what it printed: on a failure, its log's tail and the failure line) and
-`<slug>.end` (when it ended, and its exit status). The wait reads them back and records the fetch's
-own start and end (sparkfleet/progress.py SPANS: what bench/bringup.py reads as the fetch phase).
+The unit (sparkfleet/background.py: its script, status files, start and wait) fetches each model
+of the plan in turn, each exactly as the foreground fetch did (roles/weights/checks.py fetch_command:
+bounded by weights_fetch_timeout_s, its log, free disk first, the manifest last), stopping at the
+first that fails; a model's output is, on a failure, its log's tail and the failure line. The wait
+records the fetch's own start and end (sparkfleet/progress.py SPANS: what bench/bringup.py reads as
+the fetch phase).
 
 A run that stops after the start (a failed build, a Ctrl-C) leaves the fetch running, bounded as
-ever: the next run finds the unit active with the same script and waits for it instead of starting
-again; a script that differs (another revision, source or model) stops it first. A re-run resumes a
-fetch that failed, as the foreground fetch did.
+ever, and the next run waits for it (or stops it, for another revision, source or model). A re-run
+resumes a fetch that failed, as the foreground fetch did.
 """
 from __future__ import annotations
 
-import re
-import shlex
-import time
-
-from pyinfra import host, logger, state
-from pyinfra.api import StringCommand
+from pyinfra import host, state
 from pyinfra.api.exceptions import DeployError
 
 from roles.weights.checks import HUB_FETCH_CONTAINER, fetch_command, fetch_step
-from sparkfleet.progress import background_done_line, dir_bytes_probe, record_span, run_with_progress
+from sparkfleet import background
+from sparkfleet.background import job_span as fetch_span, slug  # noqa: F401 (this role's names for them)
+from sparkfleet.progress import dir_bytes_probe
 from sparkfleet.model.weights import model_dir
 
 FETCH_UNIT = "sparkfleet-weights-fetch.service"
 START_STEP = "Start the head's weights fetch in the background"
-_SPAN = re.compile(r"^sparkfleet-fetch-span (?P<start>[\d.]+) (?P<end>[\d.]+) (?P<rc>\d+)$", re.M)
 
 
 def fetch_dir(node) -> str:
     """Where the background fetch keeps its script and each model's status files (root-only)."""
     return f"{node.preflight_data_dir}/weights-fetch"
-
-
-def slug(model: str) -> str:
-    """A model id as a file name: '/' as '--', anything else outside [A-Za-z0-9._-] as '-'."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", model.replace("/", "--"))
 
 
 def starts_before_build(source: str, image_on_head: bool) -> bool:
@@ -58,73 +47,31 @@ def starts_before_build(source: str, image_on_head: bool) -> bool:
 
 
 def fetch_script(node, profile, models: list[tuple[str, str]]) -> str:
-    """The unit's script: each model's fetch in turn, its status files around it; the first failure
-    ends the script with its exit status."""
-    base = fetch_dir(node)
-    lines = ["#!/bin/sh",
-             "# managed by sparkfleet (roles/weights/background.py): the head's weights fetch, run by "
-             f"{FETCH_UNIT}"]
-    for model, revision in models:
-        b = shlex.quote(f"{base}/{slug(model)}")
-        lines += [
-            f"date +%s.%N > {b}.start",
-            f"( {fetch_command(node, profile, model, revision)} ) > {b}.out 2>&1",
-            "rc=$?",
-            f'echo "$(date +%s.%N) $rc" > {b}.end.tmp && mv {b}.end.tmp {b}.end',
-            '[ "$rc" -eq 0 ] || exit "$rc"',
-        ]
-    return "\n".join(lines) + "\n"
+    """The unit's script: each model's fetch in turn (a job named by the model), stopping at the first
+    that fails."""
+    return background.job_script(
+        f"managed by sparkfleet (roles/weights/background.py): the head's weights fetch, run by {FETCH_UNIT}",
+        [(model, fetch_command(node, profile, model, revision)) for model, revision in models], fetch_dir(node))
 
 
 def start_command(node, script: str) -> str:
     """Start FETCH_UNIT running `script`, unless it runs that very script already (an earlier run's
     fetch: waited for, not started again). A unit running another script is stopped first, with the
     hub client's container a stopped docker client leaves."""
-    base = shlex.quote(fetch_dir(node))
-    path = f"{base}/fetch.sh"
-    return "\n".join([
-        f"umask 077 && mkdir -p {base} && chmod 0700 {base}",
-        f"printf '%s' {shlex.quote(script)} > {path}.new",
-        f"if systemctl is-active --quiet {FETCH_UNIT}; then",
-        f"  if cmp -s {path}.new {path}; then",
-        f"    rm -f {path}.new; echo 'already fetching (started by an earlier run): waited for at step 7'; exit 0",
-        "  fi",
-        f"  systemctl stop {FETCH_UNIT}; command -v docker >/dev/null && docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1",
-        "fi",
-        f"systemctl reset-failed {FETCH_UNIT} 2>/dev/null",
-        f"rm -f {base}/*.start {base}/*.out {base}/*.end {base}/*.end.tmp",
-        f"mv {path}.new {path} && chmod 0700 {path}",
-        f"systemd-run --quiet --collect --unit={FETCH_UNIT} --description='sparkfleet: the head weights fetch' "
-        f"/bin/sh {path}",
-    ])
+    return background.start_command(
+        FETCH_UNIT, fetch_dir(node), script, description="sparkfleet: the head weights fetch",
+        already="already fetching (started by an earlier run): waited for at step 7",
+        stop_also=f"command -v docker >/dev/null && docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1")
 
 
 def wait_command(node, model: str) -> str:
-    """Wait for the background fetch of `model` to end; print what it printed (to stderr), then its
-    span on stdout, and exit with its status. A unit that ended without ending this model's fetch
-    (stopped, killed, or an earlier model failed) fails naming the unit and its journal."""
-    b = shlex.quote(f"{fetch_dir(node)}/{slug(model)}")
-    lost = (f"sparkfleet: {node.name}: the background fetch of {model} ({FETCH_UNIT}) ended without finishing it; "
+    """Wait for the background fetch of `model` to end (sparkfleet/background.py wait_command)."""
+    return background.wait_command(FETCH_UNIT, fetch_dir(node), model, _lost(node, model))
+
+
+def _lost(node, model: str) -> str:
+    return (f"sparkfleet: {node.name}: the background fetch of {model} ({FETCH_UNIT}) ended without finishing it; "
             f"its journal: journalctl -u {FETCH_UNIT}; a re-run starts it again")
-    return "\n".join([
-        f"while [ ! -f {b}.end ]; do",
-        f"  if ! systemctl is-active --quiet {FETCH_UNIT}; then",
-        f"    [ -f {b}.end ] && break",
-        f"    echo {shlex.quote(lost)} >&2; journalctl -u {FETCH_UNIT} -n 20 --no-pager >&2; exit 1",
-        "  fi",
-        "  sleep 1",
-        "done",
-        f"cat {b}.out >&2",
-        f"read started < {b}.start; read ended rc < {b}.end",
-        'echo "sparkfleet-fetch-span $started $ended $rc"',
-        'exit "$rc"',
-    ])
-
-
-def fetch_span(stdout: str) -> tuple[float, float, int] | None:
-    """(start, end, exit status) of the fetch, as wait_command printed them; None when it printed none."""
-    m = _SPAN.search(stdout)
-    return (float(m["start"]), float(m["end"]), int(m["rc"])) if m else None
 
 
 def define_start(*, before_build: bool) -> None:
@@ -155,19 +102,8 @@ def await_fetch(*, model: str, revision: str) -> None:
 
     node = cluster_from_state(state).node(host.name)
     step = fetch_step(node, model, revision)
-    began = time.monotonic()
-    ok, out = run_with_progress(host, StringCommand(wait_command(node, model)), step=step,
-                                interval=node.progress_interval_s, probe=dir_bytes_probe(model_dir(node, model)))
-    waited = time.monotonic() - began
-    span = fetch_span(out.stdout)
-    if span is not None:
-        start, end, status = span
-        record_span(host.name, step, start, end, status == 0)
-        # Waited for less than an interval: the fetch ran (mostly) before this step, unwatched; its own
-        # duration is its done line. Otherwise the wait's progress and done lines were printed already.
-        line = background_done_line(host.name, step, end - start, status == 0, node.progress_interval_s) \
-            if waited < node.progress_interval_s else None
-        if line:
-            logger.info(line)
+    ok, out = background.await_job(host, unit=FETCH_UNIT, base=fetch_dir(node), name=model, lost=_lost(node, model),
+                                   step=step, interval=node.progress_interval_s,
+                                   probe=dir_bytes_probe(model_dir(node, model)))
     if not ok:
         raise DeployError(f"{host.name}: \"{step}\" failed; what it printed:\n{out.stderr[-6000:]}")

@@ -191,6 +191,9 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
         for w in workers:
             expect(name, f"image pulled by {w}", w in p.ship_image,
                    _count(changed, w, lambda op: op.startswith("Pull ") and op.endswith(" from the head")) > 0)
+            expect(name, f"image pull started in the background on {w}", w in p.ship_image,
+                   _count(changed, w, lambda op: op.startswith("Start pulling ")
+                          and op.endswith(" from the head, in the background")) > 0)
             expect(name, f"models sent to {w}", p.ship_models.get(w, 0),
                    _count(changed, w, lambda op: op.startswith("Send ") and op.endswith(" to the workers over the fabric")))
         prewarmed = _count(changed, p.head, lambda op: op == "Prewarm and merge the kernel caches") > 0

@@ -145,7 +145,7 @@ def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stop
 
 
 def test_the_collective_ran_in_the_real_image_across_both_ranks_before_the_engine_started(real_deploy):
-    """roles/fabric_speed step 5a with the real image: all_gather over gloo between the two hosts, in
+    """roles/fabric_speed step 7e with the real image: all_gather over gloo between the two hosts, in
     the image the engine runs, with each rank's own environment; the figure is held to the floor in
     lab/inventory_vllm_cpu.py and lands in both nodes' records, and the deploy says why it ran."""
     run, _ = real_deploy

@@ -33,9 +33,10 @@ G1_AS_PLANNED = [
     ("Fetch m1 at abc on the head (hub)", {"spark-a": "Success", "spark-c": "No changes"}),
     ("Fetch m2 at def on the head (hub)", {"spark-a": "Success"}),
     ("Build sparkfleet/glm:fd5f on the head", {"spark-a": "Success"}),
-    ("Pull sparkfleet/glm:fd5f from the head", {"spark-b": "Success"}),
+    ("Start pulling sparkfleet/glm:fd5f from the head, in the background", {"spark-b": "Success"}),
     ("Send m1 to the workers over the fabric", {"spark-b": "Success"}),
     ("Send m2 to the workers over the fabric", {"spark-b": "Success"}),
+    ("Pull sparkfleet/glm:fd5f from the head", {"spark-b": "Success"}),
     ("Prewarm and merge the kernel caches", {"spark-a": "Success"}),
     ("Restart the workers (workers first)", {"spark-b": "Success"}),
     ("Start the head (every worker is up)", {"spark-a": "Success"}),
@@ -113,6 +114,9 @@ def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
     # The fetch was started in the background before it was waited for; without its start, named.
     assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start the head's weights")]) \
         == ["pair: the fetch started in the background on spark-a: the plan said True, the run did False"]
+    # So was the worker's pull of the image (step 5, waited for at 7d); without its start, named.
+    assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start pulling ")]) \
+        == ["pair: image pull started in the background on spark-b: the plan said True, the run did False"]
     # The same run with the worker's restart lost: named.
     without = [(op, h) for op, h in run.changed() if op != "Restart the workers (workers first)"]
     assert mismatches(run.output, without) == [

@@ -317,11 +317,20 @@ def test_a_failed_push_names_the_registrys_journal_and_port(monkeypatch):
 
 
 def test_a_failed_pull_names_the_workers_docker_journal_and_how_to_reach_the_registry(monkeypatch):
-    image_body(monkeypatch, "spark-b", {"docker pull": (False, "manifest unknown")})
+    """The worker's pull runs in the background (roles/image/background.py); its wait fails with what
+    the pull printed, under the pull's own failure block."""
+    from roles.image import background as image_background
+
+    c = build_cluster(pair())
+    fake = FakeHost("spark-b", {image_background.PULL_UNIT: (False, "manifest unknown")})
     remote = f"10.77.77.1:5000/{PROFILE.image}:{PROFILE.recipe.commit}"
-    monkeypatch.setattr(image_checks, "pushed_digests", lambda state: {remote: "sha256:" + "1" * 64})
+    monkeypatch.setattr(image_background, "host", fake)
+    monkeypatch.setattr(image_background, "state", SimpleNamespace())
+    monkeypatch.setattr(image_background, "cluster_from_state", lambda state: c)
+    monkeypatch.setattr(image_background, "pushed_digests", lambda state: {remote: "sha256:" + "1" * 64})
     with pytest.raises(RunFailed) as err:
-        image_checks.pull_by_digest(remote=remote, local=PROFILE.image_ref, pin="/x/pin", step="Pull")
+        image_background.await_pull(remote=remote, pin="/x/pin", step="Pull")
+    assert any(f"systemctl is-active --quiet {image_background.PULL_UNIT}" in cmd for cmd in fake.commands)
     b = block_of(err)
     assert b["title"].startswith("sparkfleet: spark-b: pulling 10.77.77.1:5000/") and b["key"] == "docker_registry_port"
     assert b["log"] == "ssh root@10.0.0.12 'journalctl -u docker -n 200 --no-pager'"

@@ -102,11 +102,11 @@ def test_a_start_runs_the_unit_once_attaches_to_the_same_script_and_replaces_ano
     run = sh(start_command(node, first), env)
     assert run.returncode == 0, run.stderr
     base = Path(background.fetch_dir(node))
-    assert (base / "fetch.sh").read_text() == first
-    assert oct(base.stat().st_mode & 0o777) == "0o700" and oct((base / "fetch.sh").stat().st_mode & 0o777) == "0o700"
+    assert (base / "run.sh").read_text() == first
+    assert oct(base.stat().st_mode & 0o777) == "0o700" and oct((base / "run.sh").stat().st_mode & 0o777) == "0o700"
     assert log.read_text().count("systemd-run") == 1
     assert f"systemd-run --quiet --collect --unit={FETCH_UNIT}" in log.read_text()
-    assert log.read_text().rstrip().endswith(f"/bin/sh {base}/fetch.sh")
+    assert log.read_text().rstrip().endswith(f"/bin/sh {base}/run.sh")
 
     # The same script while the unit runs (an earlier run stopped before its wait): waited for, not restarted.
     (base / "org--m.start").write_text("1.0\n")
@@ -121,7 +121,7 @@ def test_a_start_runs_the_unit_once_attaches_to_the_same_script_and_replaces_ano
     assert run.returncode == 0, run.stderr
     calls = log.read_text()
     assert f"systemctl stop {FETCH_UNIT}" in calls and "docker rm -f sparkfleet-weights-fetch" in calls
-    assert calls.count("systemd-run") == 2 and (base / "fetch.sh").read_text() == second
+    assert calls.count("systemd-run") == 2 and (base / "run.sh").read_text() == second
     assert not (base / "org--m.start").exists()
 
 

@@ -1,0 +1,58 @@
+"""roles/image/background.py: a worker's pull as a transient unit, started after the head's push and
+waited for at step 7d. Its job (the bounded pull by digest, the tag, the pin) is run here by sh for real,
+`docker` stood in for by a script on PATH; the unit's start and wait are sparkfleet/background.py's,
+run by tests/unit/test_weights_background.py; the lab's deploys run all of it under the real systemd and
+Docker (tests/e2e: every fresh deploy ships the image this way)."""
+import os
+import subprocess
+from pathlib import Path
+
+from roles.image.background import JOB, pull_dir, pull_job
+from sparkfleet import background
+from sparkfleet.config import build_cluster
+from sparkfleet.model.engine import image_pin_path
+from tests.unit.helpers import pair
+
+REF = "10.77.77.1:5000/sparkfleet/glm@sha256:" + "1" * 64
+
+
+def worker(tmp_path):
+    """The pair's worker, its directories under tmp_path (the config refuses /tmp: copied past it)."""
+    return build_cluster(pair()).nodes[1].model_copy(
+        update={"serving_dir": str(tmp_path / "serving"), "preflight_data_dir": str(tmp_path / "data")})
+
+
+def run_job(tmp_path, pull_exit: int) -> tuple[subprocess.CompletedProcess, Path, str]:
+    node = worker(tmp_path)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "docker.log"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\necho "docker $*" >> {calls}\n'
+                                    f'[ "$1" = pull ] && {{ echo "pulling $2"; exit {pull_exit}; }}\nexit 0\n')
+    (bin_dir / "docker").chmod(0o755)
+    base = Path(pull_dir(node))
+    base.mkdir(parents=True)
+    script = background.job_script("test", [(JOB, pull_job(node, REF, "sparkfleet/glm:c"))], str(base))
+    run = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    return run, base, image_pin_path(node)
+
+
+def test_a_pull_that_lands_tags_the_image_then_pins_the_unit_to_its_digest(tmp_path):
+    run, base, pin = run_job(tmp_path, pull_exit=0)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "docker.log").read_text().splitlines() == [f"docker pull {REF}", f"docker tag {REF} sparkfleet/glm:c"]
+    assert Path(pin).read_text() == f"SPARKFLEET_IMAGE={REF}\n"
+    assert oct((tmp_path / "serving").stat().st_mode & 0o777) == "0o700"  # made by the job on a first deploy
+    assert (base / "pull.end").read_text().split()[1] == "0" and f"pulling {REF}" in (base / "pull.out").read_text()
+
+
+def test_a_failed_pull_writes_no_pin_and_leaves_its_status_and_reason_for_the_wait(tmp_path):
+    run, base, pin = run_job(tmp_path, pull_exit=1)
+    assert run.returncode == 1
+    assert not Path(pin).exists()  # a pin names only an image the node holds
+    assert "docker tag" not in (tmp_path / "docker.log").read_text()
+    assert (base / "pull.end").read_text().split()[1] == "1"
+    out = (base / "pull.out").read_text()
+    assert 'sparkfleet: spark-b: "Pull sparkfleet/glm-5.3-flash-exl3:' in out and "failed (exit status 1)" in out
+    assert "key: docker_registry_port" in out
+
