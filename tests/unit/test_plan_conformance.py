@@ -114,7 +114,13 @@ def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
     # The fetch was started in the background before it was waited for; without its start, named.
     assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start the head's weights")]) \
         == ["pair: the fetch started in the background on spark-a: the plan said True, the run did False"]
-    # So was the worker's pull of the image (step 5, waited for at 7d); without its start, named.
+    # So was the worker's pull of the image: started once the head pushed, it ran while the weights were
+    # sent and the head's engine proof and proxy ran, and was waited for before the collective ran in it.
+    order = [line.split(" | ", 1)[1].strip() for line in run.output.splitlines() if line.startswith("--> Starting operation: ")]
+    first = lambda prefix: next(i for i, op in enumerate(order) if op.startswith(prefix))  # noqa: E731
+    assert (first("Push ") < first("Start pulling ") < first("Send ") < first("Prove the command lines ")
+            < first("Run sparkfleet-api-proxy") < first("Pull ") < first("Record the passed fabric speed proof")), order
+    # Without its start, named.
     assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start pulling ")]) \
         == ["pair: image pull started in the background on spark-b: the plan said True, the run did False"]
     # The same run with the worker's restart lost: named.
