@@ -38,8 +38,9 @@ REAL_DEPLOY_TIMEOUT_S = 1800
 
 def deploy(*extra: str, receipt: bool = False, **kw) -> Run:
     """tests/e2e/lab.py deploy, bounded by REAL_DEPLOY_TIMEOUT_S: every deploy of the tier may build,
-    prewarm or start the real engine. Only the tier's first deploy takes the benchmark receipt
-    (receipt=True: test_real_pair and test_real_monitoring read that one); the others take none
+    prewarm or start the real engine. Two take the benchmark receipt (receipt=True): the tier's first
+    deploy (test_real_pair and test_real_monitoring read it) and the version bump's deploy of the new
+    release (its receipt must name it); the others take none
     (tests/e2e/lab.py NO_RECEIPT: make test of 6532203 spent 83 s on 8 receipts here)."""
     kw.setdefault("timeout", REAL_DEPLOY_TIMEOUT_S)
     return lab_deploy(*extra, *(() if receipt else NO_RECEIPT), **kw)

@@ -81,7 +81,7 @@ def test_a_bump_across_engine_versions_is_refused_by_the_new_engine_while_the_ol
     assert started_at() == before  # the 0.31.0 head's container, never stopped
 
     # 2. The data fixed: one deploy serves the new release; the receipt names it.
-    bumped = deploy(inventory=REAL_INVENTORY)
+    bumped = deploy(inventory=REAL_INVENTORY, receipt=True)  # its receipt names the new release (below)
     assert bumped.returncode == 0, bumped.output[-8000:]
     assert "pair engine: vLLM 0.31.0+cpu -> 0.32.0+cpu" in bumped.output, bumped.output[-8000:]
     assert re.search(r"engine proof: pair: vLLM 0\.32\.0\+cpu .* accepted", bumped.output)
