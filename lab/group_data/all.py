@@ -40,6 +40,10 @@ kernel_cache_prewarm_long_prompt_words = 1024
 watchdog_interval_s = 5
 watchdog_probe_timeout_s = 5
 watchdog_failures_before_restart = 2
+# One vLLM CPU step of a 7000-token prefill outlasted a 5 s probe interval on the loaded 2-core
+# machine (make test of 311a735: "no progress in 5.4 s with 12 request(s) in hand"): a stall is
+# judged after 20 s of flat counters with requests in hand.
+watchdog_stall_s = 20
 watchdog_backoff_s = 5
 watchdog_startup_grace_s = 120
 watchdog_window_s = 900

@@ -52,6 +52,7 @@ def watch_config(cluster, node, profile, wd) -> dict:
         "follow_interval_s": wd.watchdog_follow_interval_s,
         "probe_timeout_s": wd.watchdog_probe_timeout_s,
         "failures_before_restart": wd.watchdog_failures_before_restart,
+        "stall_s": wd.watchdog_stall_s,
         "max_restarts": wd.watchdog_max_restarts,
         "window_s": wd.watchdog_window_s,
         "backoff_s": wd.watchdog_backoff_s,

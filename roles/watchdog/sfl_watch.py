@@ -59,9 +59,14 @@ its /metrics, vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:reque
 the gauges vllm:num_requests_running + vllm:num_requests_waiting), sampled at every probe: when a
 counter rose since the last probe, the engine is producing tokens and completing requests and the
 probe only waited behind its queue: alive, not a failure, whatever its latency (journal: "busy, not
-judged"). A failure is judged when nothing moved while requests are in hand (stuck), when nothing is
-in hand (the queue is empty and the probe still fails), or without two comparable samples (no
-counters, or the metrics unreadable).
+judged"). So is an engine whose counters have been flat, with requests in hand, for less than
+stall_s: one engine step (a long prompt's prefill, max_num_batched_tokens at a time) rises no
+counter until it ends, and on a loaded machine it can outlast a probe interval (seen in the lab: a
+probe judged "no progress in 5.4 s with 12 request(s) in hand" under 7000-token prompts). The stall
+clock runs from the last sample at which a counter rose or nothing was in hand. A failure is judged
+when nothing moved for stall_s while requests are in hand (stuck), when nothing is in hand (the
+queue is empty and the probe still fails), or without two comparable samples (no counters, or the
+metrics unreadable).
 Backoff: a restart waits backoff_s * 2**f after the previous one ended, f being the restarts within
 window_s that did not end the failure: that did not bring the pair back, or after which it failed
 again within recovered_after_s (the probe keeps running meanwhile; a pass cancels it).
@@ -135,6 +140,9 @@ DEFAULTS = {
     "follow_interval_s": 5.0,  # worker: seconds between reads of the head's state
     "probe_timeout_s": 30.0,  # bound on the completion request
     "failures_before_restart": 3,
+    # With requests in hand, counters flat for less than this is an engine step still running, not
+    # a stall: the probe is not judged (progress_verdict).
+    "stall_s": 60.0,
     "max_restarts": 3,
     "window_s": 7200.0,
     "backoff_s": 60.0,
@@ -195,7 +203,7 @@ class Config:
                     raise ConfigError(f"{path}: each worker needs a name and a state source: {w!r}")
         elif not isinstance(self.head, dict) or not self.head.get("name") or not self.head.get("state"):
             raise ConfigError(f"{path}: a worker needs head: {{name, state}}")
-        for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "window_s", "backoff_s",
+        for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "stall_s", "window_s", "backoff_s",
                     "startup_grace_s", "recovered_after_s", "worker_wait_s", "ready_timeout_s", "command_timeout_s",
                     "stop_timeout_s", "rsync_timeout_s", "unreachable_log_every_s"):
             v = getattr(self, key)
@@ -722,13 +730,16 @@ def read_metrics(cfg):
     return (sum(found[m] for m in pm["progress"]), sum(found[m] for m in pm["work"])), None
 
 
-def progress_verdict(before, now, elapsed):
+def progress_verdict(before, now, elapsed, stall_s):
     """How a pair whose probe failed is doing, from two samples of its counters `elapsed` seconds
-    apart (each (progress, work), or None): ('moving', why) when a progress counter rose (tokens
-    produced, requests completed: the engine works, however slow a probe behind its queue is);
-    ('stuck', why) when work is in hand and nothing moved; ('idle', why) when nothing is in hand (a
-    probe that fails with the queue empty is the engine's fault); ('unknown', why) without two
-    comparable samples (no counters, the first sample, or counters that went back: a new engine)."""
+    apart (each (progress, work), or None; `before` is where the stall clock started: the last
+    sample at which a counter rose or nothing was in hand): ('moving', why) when a progress counter
+    rose (tokens produced, requests completed: the engine works, however slow a probe behind its
+    queue is); ('stepping', why) when work is in hand and nothing moved for less than stall_s (one
+    engine step rises no counter until it ends); ('stuck', why) when work is in hand and nothing
+    moved for stall_s or more; ('idle', why) when nothing is in hand (a probe that fails with the
+    queue empty is the engine's fault); ('unknown', why) without two comparable samples (no
+    counters, the first sample, or counters that went back: a new engine)."""
     if now is None or before is None:
         return "unknown", "no earlier sample of the engine's counters"
     (p0, _w0), (p1, w1) = before, now
@@ -737,6 +748,9 @@ def progress_verdict(before, now, elapsed):
     if p1 > p0:
         return "moving", f"the engine made progress: its token and request counters rose by {num(round(p1 - p0, 1))} " \
                          f"in {secs(elapsed)}, {num(round(w1))} request(s) in hand"
+    if w1 > 0 and elapsed < stall_s:
+        return "stepping", f"no counter rose in {secs(elapsed)} with {num(round(w1))} request(s) in hand, under " \
+                           f"stall_s ({secs(stall_s)}): an engine step still running"
     if w1 > 0:
         return "stuck", f"no progress in {secs(elapsed)} with {num(round(w1))} request(s) in hand"
     return "idle", "no request in hand"
@@ -932,7 +946,9 @@ class Head(Node):
         self.probe = Probe(cfg, self.runner)
         self.failures = 0
         self.failing_since = None  # monotonic time of the first judged failure of the current run of them
-        self.sample = None  # (monotonic time, (progress, work)) of the engine's counters at the last probe
+        # (monotonic time, (progress, work)) of the engine's counters where the stall clock started:
+        # the last probe's sample at which a counter rose or nothing was in hand (progress())
+        self.sample = None
         self.grace_exempt_start = None  # the unit start this watchdog made and already waited for
         self.backoff_told = None  # the backoff already announced in the journal
         self.state.setdefault("generation", 0)
@@ -984,8 +1000,9 @@ class Head(Node):
             self.sleep(started + cfg.interval_s - time.monotonic())
 
     def progress(self, result):
-        """The engine's counters now, against those of the last probe: progress_verdict's (kind, why);
-        ('unknown', why) without counters. Sampled at every probe that reached the API."""
+        """The engine's counters now, against those where the stall clock started: progress_verdict's
+        (kind, why); ('unknown', why) without counters. Sampled at every probe that reached the API;
+        the clock starts again at every sample but one that finds the counters flat with work in hand."""
         cfg = self.cfg
         if not cfg.progress_metrics:
             return "unknown", "the engine exposes no counters"
@@ -994,10 +1011,15 @@ class Head(Node):
             return "unknown", "a rank is down"
         now = time.monotonic()
         counters, why = read_metrics(cfg)
-        before, self.sample = self.sample, (None if counters is None else (now, counters))
         if counters is None:
+            self.sample = None
             return "unknown", why
-        return progress_verdict(before[1] if before else None, counters, now - before[0] if before else 0.0)
+        before = self.sample
+        verdict = progress_verdict(before[1] if before else None, counters, now - before[0] if before else 0.0,
+                                   cfg.stall_s)
+        if verdict[0] not in ("stepping", "stuck"):
+            self.sample = (now, counters)
+        return verdict
 
     def tick(self, first=False):
         cfg = self.cfg
@@ -1012,7 +1034,7 @@ class Head(Node):
             elif first or "grace" in self._limited:  # the first pass, or the first after a start-up
                 say(f"probe ok ({result['reason']})")
             self.failures, self.failing_since = 0, None
-            self.forget("watch", "grace", "gave-up", "busy")
+            self.forget("watch", "grace", "gave-up", "busy", "stepping")
             g = self.state.get("gave_up")
             if g:
                 self.act(f"probe passes again ({result['reason']}): clearing the give-up of {g.get('at')} "
@@ -1042,17 +1064,21 @@ class Head(Node):
             self.save()
             return
         self.forget("watch")
-        if progress == "moving" and result["severity"] < HARD:
-            # Alive: the engine produces tokens and completes requests; the probe only waited behind
-            # its queue. Not a failure, whatever the probe's latency.
-            if self.failures:
-                self.act(f"probe failed ({result['reason']}) but {progress_why}: alive, not a failure "
-                         f"(the {self.failures} failure(s) before are forgiven)")
-            self.failures, self.failing_since = 0, None
+        if progress in ("moving", "stepping") and result["severity"] < HARD:
+            # Alive: the engine produces tokens and completes requests (moving), or is inside one step
+            # that rises no counter until it ends (stepping); the probe only waited behind its queue.
+            # Not judged, whatever the probe's latency. Only a rise is evidence enough to forgive the
+            # failures before; a step keeps their count, and stall_s bounds it (then: stuck).
+            if progress == "moving":
+                if self.failures:
+                    self.act(f"probe failed ({result['reason']}) but {progress_why}: alive, not a failure "
+                             f"(the {self.failures} failure(s) before are forgiven)")
+                self.failures, self.failing_since = 0, None
             result = {**result, "reason": f"{result['reason']}; {progress_why}"}
             self.record_probe(result)
             self.state["last_probe"]["kind"] = "busy"
-            self.say_limited("busy", f"probe failed ({result['reason']}); busy, not judged", 60)
+            self.say_limited("busy" if progress == "moving" else "stepping",
+                             f"probe failed ({result['reason']}); busy, not judged", 60)
             self.save()
             return
         if result["severity"] < HARD and cfg.progress_metrics:

@@ -36,6 +36,12 @@ class WatchdogData(BaseModel):
         3, ge=1, description="consecutive failed probes before the pair restarts (a container not running, a stopped "
         "process or a rank restarted alone is judged at once, grace or not)"
     )
+    watchdog_stall_s: int = Field(
+        60, ge=1, description="with requests in hand, how long the engine's token and request counters may stay flat "
+        "before a failed probe counts as a failure: longer than the engine's longest step (a long prompt's prefill, "
+        "`max_num_batched_tokens` at a time, rises no counter until it ends); a hang with work in hand is seen this "
+        "much later. Engines without counters: unused"
+    )
     watchdog_max_restarts: int = Field(
         3, ge=1, description="restarts that did not end the failure (the pair not serving again, or failing again "
         "within `watchdog_recovered_after_s`) within `watchdog_window_s` after which the watchdog gives up: the pair "
@@ -77,8 +83,10 @@ SHARED_WATCHDOG_KEYS = tuple(k for k in WatchdogData.model_fields if k != "watch
 def hang_seen_after_s(node) -> int:
     """Seconds after which the head's watchdog calls a pair that stopped answering hung (and restarts
     it): watchdog_failures_before_restart probes, each up to watchdog_probe_timeout_s, one every
-    watchdog_interval_s."""
-    return node.watchdog_failures_before_restart * (node.watchdog_interval_s + node.watchdog_probe_timeout_s)
+    watchdog_interval_s, after watchdog_stall_s of flat counters when requests are in hand (the
+    engine's counters are read on both engines sparkfleet serves: roles/watchdog/node_config.py)."""
+    return node.watchdog_stall_s + node.watchdog_failures_before_restart * (
+        node.watchdog_interval_s + node.watchdog_probe_timeout_s)
 
 
 def give_up_span_s(node) -> int:
@@ -120,8 +128,8 @@ def watchdog_problems(nodes) -> list[Problem]:
                 f"watchdog_max_restarts ({n.watchdog_max_restarts}) restarts of a pair that never comes back take "
                 f"before the give-up ({n.watchdog_max_restarts} x serving_health_timeout_s "
                 f"{n.serving_health_timeout_s}, the backoffs of watchdog_backoff_s {n.watchdog_backoff_s} and "
-                f"watchdog_failures_before_restart x (watchdog_interval_s + watchdog_probe_timeout_s) between "
-                f"them); with less the first restart leaves the window first, and the watchdog never gives up",
+                f"watchdog_stall_s + watchdog_failures_before_restart x (watchdog_interval_s + "
+                f"watchdog_probe_timeout_s) between them); with less the first restart leaves the window first, and the watchdog never gives up",
                 [n.name], key="watchdog_window_s",
                 fix=f"set watchdog_window_s above {span} (or lower watchdog_max_restarts, watchdog_backoff_s or "
                     f"serving_health_timeout_s)",

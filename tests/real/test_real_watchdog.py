@@ -207,8 +207,11 @@ def test_a_busy_real_pair_whose_probe_waits_behind_long_prompts_is_not_restarted
                 c.join(timeout=600)
         on(HEAD, "systemctl restart sparkfleet-watchdog")
     assert on(HEAD, f"cat {config}") == original
-    busy = [line for line in journal.splitlines() if "busy, not judged" in line]
-    assert busy and "the engine made progress: its token and request counters rose by" in busy[0], journal
+    # Busy: counters that rose since the last probe, or (an engine step outlasting a probe interval on
+    # a loaded machine) counters flat for less than watchdog_stall_s; at least one probe saw them rise.
+    busy = [line for line in journal.splitlines() if "busy, not judged" in line
+            and "the engine made progress: its token and request counters rose by" in line]
+    assert busy, journal
     assert "restarting the pair" not in journal and "probe failed 2/2" not in journal, journal
     assert container_started(HEAD) == started, "the head was restarted under load"
     served = sum(1 for r in results if r == 200)

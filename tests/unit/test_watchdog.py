@@ -344,6 +344,7 @@ class World:
         common = {
             "state_dir": str(self.dir / f"{role}-state"),
             "interval_s": 0.2, "follow_interval_s": 0.1, "probe_timeout_s": 0.5, "failures_before_restart": 2,
+            "stall_s": 0.3,
             "max_restarts": 3, "window_s": 60, "backoff_s": 0.2, "startup_grace_s": 0, "worker_wait_s": 3,
             "ready_timeout_s": 2, "stop_timeout_s": 5, "command_timeout_s": 5, "rsync_timeout_s": 2,
             "stale_after_s": 2.5,
@@ -1219,15 +1220,41 @@ def test_which_restarts_ended_the_failure():
     assert unended([{"ok": None, "started_mono": 1.0}], failing_since=None, recovered_after_s=0) != []  # interrupted
 
 
-@pytest.mark.parametrize("before, now, kind", [
-    (None, (10.0, 3.0), "unknown"),
-    ((10.0, 3.0), (12.0, 3.0), "moving"),
-    ((10.0, 3.0), (10.0, 3.0), "stuck"),
-    ((10.0, 0.0), (10.0, 0.0), "idle"),
-    ((10.0, 3.0), (2.0, 3.0), "unknown"),  # counters went back: a new engine process
+@pytest.mark.parametrize("before, now, elapsed, kind", [
+    (None, (10.0, 3.0), 0.0, "unknown"),
+    ((10.0, 3.0), (12.0, 3.0), 5.0, "moving"),
+    ((10.0, 3.0), (10.0, 3.0), 5.0, "stepping"),  # flat with work in hand, under stall_s: one step running
+    ((10.0, 3.0), (10.0, 3.0), 20.0, "stuck"),  # flat for stall_s: a stall
+    ((10.0, 3.0), (10.0, 3.0), 25.0, "stuck"),
+    ((10.0, 0.0), (10.0, 0.0), 25.0, "idle"),
+    ((10.0, 0.0), (10.0, 0.0), 5.0, "idle"),
+    ((10.0, 3.0), (2.0, 3.0), 5.0, "unknown"),  # counters went back: a new engine process
 ])
-def test_the_progress_verdict(before, now, kind):
-    assert sfl_watch.progress_verdict(before, now, 5.0)[0] == kind
+def test_the_progress_verdict(before, now, elapsed, kind):
+    assert sfl_watch.progress_verdict(before, now, elapsed, 20.0)[0] == kind
+
+
+def test_an_engine_step_longer_than_a_probe_interval_is_not_judged_until_stall_s(world):
+    """Counters flat with requests in hand: for stall_s that is one engine step still running (a long
+    prefill rises no counter until it ends: make test of 311a735 judged "no progress in 5.4 s with 12
+    request(s) in hand" on the real busy pair), never a failure; past stall_s it is a stall, judged
+    and restarted as before, the clock running from the last sample that moved."""
+    world.deploy()
+    world.start_pair(head={"progress_metrics": VLLM_METRICS, "stall_s": 3})
+    wait_for(lambda: (world.state("head").get("last_probe") or {}).get("ok"), 10, "a first good probe")
+    world.set_metrics(rate=0, running=2, waiting=5)
+    t0 = time.time()
+    world.set_api("hang")
+    wait_for(lambda: lines(world.log("head"), "restarting the pair"), 30, "the restart")
+    log = world.log("head")
+    stepping = lines(log, "an engine step still running")
+    assert stepping and "busy, not judged" in stepping[0] and "7 request(s) in hand, under stall_s (3.0 s)" in stepping[0], log
+    assert log.index(stepping[0]) < log.index(lines(log, "restarting the pair")[0]), log
+    restarting = lines(log, "restarting the pair")[0]
+    stalled = re.search(r"no progress in ([0-9.]+) s with 7 request\(s\) in hand", restarting)
+    assert stalled and float(stalled.group(1)) >= 3, restarting
+    assert not lines(log, "are forgiven"), log  # a step is not judged, but it forgives nothing
+    assert time.time() - t0 >= 3
 
 
 def test_metrics_are_summed_over_label_sets_and_only_exact_names_count():

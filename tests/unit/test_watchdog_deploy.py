@@ -47,8 +47,9 @@ def test_a_grace_shorter_than_a_cold_start_is_refused_naming_host_key_and_bound(
 def test_a_window_that_cannot_hold_max_restarts_cold_starts_is_refused_with_the_arithmetic():
     node = both().head
     span = give_up_span_s(node)
-    # 3 cold starts of 1200 s; before restart 2 and 3: max(3 x (30 + 30), 60 x 2) and max(180, 240); then 180.
-    assert span == 3 * 1200 + 180 + 240 + 180 == 4200
+    # 3 cold starts of 1200 s; the failed probes, each time: 60 s of stall + 3 x (30 + 30) = 240; before
+    # restart 2 and 3: max(240, 60 x 2) and max(240, 60 x 4); then 240.
+    assert span == 3 * 1200 + 240 + 240 + 240 == 4320
     err = refused(watchdog_window_s=span)
     [problem] = [p for p in err.problems if p.hosts == ("spark-a",)]
     assert problem.key == "watchdog_window_s"
