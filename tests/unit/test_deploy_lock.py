@@ -118,7 +118,11 @@ def test_a_session_whose_leader_has_exited_is_held_by_a_living_ancestor(tmp_path
     path, out = tmp_path / "deploy.lock", tmp_path / "out"
     take = f"{sys.executable} -c \"$P\" take {path} '{{}}'"
     show = f"{sys.executable} -c \"$P\" show {path}"
-    script = f"( {take} > {out}.take; sleep 0.5; {show} > {out}.show ) & exit 0"
+    # The job takes the lock once the leader is gone (`$$`, the leader's pid, no longer signalled), a
+    # state, not a time: make test of 71eb0f7 ran the take first on its loaded machine, and the lock
+    # rightly named the leader still alive ("via": "session leader").
+    script = (f"( while kill -0 $$ 2>/dev/null; do sleep 0.05; done; {take} > {out}.take; {show} > {out}.show ) "
+              f"& exit 0")
     subprocess.run(["setsid", "--wait", "sh", "-c", script], env={**os.environ, "P": PROGRAM.read_text()},
                    check=True)
     deadline = time.monotonic() + 20
