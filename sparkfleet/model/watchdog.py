@@ -129,7 +129,8 @@ def watchdog_problems(nodes) -> list[Problem]:
                 f"before the give-up ({n.watchdog_max_restarts} x serving_health_timeout_s "
                 f"{n.serving_health_timeout_s}, the backoffs of watchdog_backoff_s {n.watchdog_backoff_s} and "
                 f"watchdog_stall_s + watchdog_failures_before_restart x (watchdog_interval_s + "
-                f"watchdog_probe_timeout_s) between them); with less the first restart leaves the window first, and the watchdog never gives up",
+                f"watchdog_probe_timeout_s) between them); with less the first restart leaves the window first, "
+                f"and the watchdog never gives up",
                 [n.name], key="watchdog_window_s",
                 fix=f"set watchdog_window_s above {span} (or lower watchdog_max_restarts, watchdog_backoff_s or "
                     f"serving_health_timeout_s)",

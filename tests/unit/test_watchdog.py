@@ -1119,8 +1119,8 @@ def test_backoff_and_window_arithmetic_in_the_schema_defaults():
         import sfl_watch
     finally:
         sys.path.pop(0)
-    for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "failures_before_restart", "max_restarts",
-                "window_s", "backoff_s", "startup_grace_s", "recovered_after_s"):
+    for key in ("interval_s", "follow_interval_s", "probe_timeout_s", "failures_before_restart", "stall_s",
+                "max_restarts", "window_s", "backoff_s", "startup_grace_s", "recovered_after_s"):
         assert sfl_watch.DEFAULTS[key] == getattr(wd, f"watchdog_{key}"), key
 
 
