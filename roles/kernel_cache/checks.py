@@ -546,8 +546,15 @@ def _prewarm(nodes: _Nodes, profile) -> None:
         watched(warm, phase, label=f"{head.name}: prewarm", interval=head.progress_interval_s, emit=logger.info)
     finally:
         report_compile_log(nodes, profile)
-        for node in (head, *workers):  # each rank's log kept (prewarm_log) before its container goes
-            nodes.run(node.name, f"docker stop --time=30 {PREWARM_CONTAINER} >/dev/null 2>&1; {save_prewarm_log_command(node)}; "
+        # Each rank's log kept (prewarm_log) before its container goes. The grace before SIGKILL is the
+        # profile's stop_timeout_s, as for production's units (and the container's own --stop-timeout),
+        # not a longer one of its own: the warm-up is over (its rounds end once no rank's cache grew), and
+        # the merge checks what each rank holds after the stop. vLLM 0.32's headless worker, its head gone,
+        # waits VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, SIGTERMs its worker process and waits 4 s more
+        # (vllm/v1/executor/multiproc_executor.py): 11 s in the lab, where the grace is 5 s.
+        for node in (head, *workers):
+            nodes.run(node.name, f"docker stop --time={profile.container.stop_timeout_s} {PREWARM_CONTAINER} >/dev/null 2>&1; "
+                                 f"{save_prewarm_log_command(node)}; "
                                  f"docker rm -f {PREWARM_CONTAINER} >/dev/null 2>&1; true", "stopping the prewarm container", check=False)
 
 
