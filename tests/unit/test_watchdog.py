@@ -370,9 +370,12 @@ class World:
         return self.procs[role]
 
     def start_pair(self, head=None, worker=None):
-        """The worker's watchdog first (its state exists when the head's first probe reads it)."""
+        """The worker's watchdog first: two states of its own written when the head's first probe reads
+        them. Counted from the seq the worker's state had before: a state a deploy or an earlier run left
+        already has seq >= 2, and a wait for seq >= 2 let the head start before this worker wrote."""
+        before = self.state("worker").get("seq") or 0
         self.start("worker", **(worker or {}))
-        wait_for(lambda: self.state("worker").get("seq", 0) >= 2, 10, "the worker's first states")
+        wait_for(lambda: (self.state("worker").get("seq") or 0) >= before + 2, 10, "the worker's first states")
         self.start("head", **(head or {}))
 
     def stop(self, role):
@@ -871,9 +874,16 @@ def test_a_deploy_hands_back_a_pair_whose_restart_it_interrupted(world):
     t0 = time.time()
     world.start_pair()
     seq = world.state("head")["seq"]
-    wait_for(lambda: world.state("head").get("seq", 0) >= seq + 6, 15, "six more head states")
+    # Six more head states, the last with a good probe. make test of 2100f72 read a failed probe in the
+    # sixth (its log keeps only `assert (False)`, not the reason): on a machine loaded by two real pairs a
+    # probe may miss its 0.5 s once. One failure is no restart (that takes failures_before_restart in a
+    # row), and calls() below would show a restart.
+    def six_more_and_good(head):
+        return head.get("seq", 0) >= seq + 6 and (head.get("last_probe") or {}).get("ok")
+
+    wait_for(lambda: six_more_and_good(world.state("head")), 15, "six more head states and a good probe")
     assert world.calls(since=t0) == []  # neither the head's restart resumed nor the worker's for generation 1
-    assert world.state("head")["last_probe"]["ok"] and world.command("status", "head").returncode == 0
+    assert world.command("status", "head").returncode == 0
     wait_for(lambda: world.state("worker").get("handled_generation") == 1, 10, "the worker adopting generation 1")
     assert lines(world.log("worker"), "without a restart")
 
