@@ -341,7 +341,10 @@ def live_line(live: dict | None, group: str) -> str:
     def num(key, fmt):
         return "-" if f.get(key) is None else fmt.format(f[key])
 
-    text = (f"{num('tokens_s', '{:.1f}')} tokens/s, {num('running', '{:.0f}')} running, {num('waiting', '{:.0f}')} "
+    # Below 1 token/s two significant digits, so a trickle is no 0.0: 16 tokens in 5 minutes are 0.053
+    # (make test of 2100f72 printed such a window as "0.0 tokens/s").
+    rate = "{:.1f}" if (f.get("tokens_s") or 0) >= 1 else "{:.2g}"
+    text = (f"{num('tokens_s', rate)} tokens/s, {num('running', '{:.0f}')} running, {num('waiting', '{:.0f}')} "
             f"waiting, KV {num('kv', '{:.0%}')}, TTFT p50 {num('ttft_p50', '{:.3f}')} s p95 {num('ttft_p95', '{:.3f}')} s "
             "(5 min)")
     alerts = [name + (f" ({node})" if node else "") for name, g, node in live.get("alerts") or [] if g in ("", group)]

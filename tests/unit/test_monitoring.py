@@ -253,6 +253,10 @@ def test_status_s_live_line_reads_prometheus_answers_and_shows_the_group_s_alert
     assert live_line(live, "g1") == ("12.3 tokens/s, 2 running, 0 waiting, KV 25%, TTFT p50 - s p95 - s (5 min); "
                                      "firing: SparkfleetRankDown (spark-b)")
     assert live_line(live, "g2").endswith("firing: SparkfleetKvCacheFull")
+    trickle = LiveFigures().process([f"tokens_s\t{answer('0.0533')}", f"alerts\t{alerts}"])
+    assert live_line(trickle, "g1").startswith("0.053 tokens/s, - running")  # not 0.0
+    idle = LiveFigures().process([f"tokens_s\t{answer('0')}", f"alerts\t{alerts}"])
+    assert live_line(idle, "g1").startswith("0 tokens/s,")
     down = LiveFigures().process(["tokens_s\t{}", "alerts\t{}"])
     assert live_line(down, "g1") == "no figures: Prometheus did not answer"
     assert live_line(None, "g1") == "monitoring off, or its node not in this run"
