@@ -16,8 +16,15 @@ Two nodes hold the same files when their manifests are byte-identical.
   sfl_files.py fetch-hub REPO REVISION DEST [--margin-gib G]
         Hugging Face hub (run inside the serving image, which has huggingface_hub); the token is read
         by the hub client from the file HF_TOKEN_PATH names, never from the command line
+  sfl_files.py land DIR --landed OUT [--interval S] -- COMMAND...
+        run a fetch COMMAND into DIR and, while it runs, publish OUT: a manifest of the files that have
+        landed so far (each hashed once it is in place and has not changed between two looks; rsync's
+        temporary .name.XXXXXX files never), rewritten atomically as files land, its header saying
+        `fetch: running`, then `fetch: done` or `fetch: failed <status>`. A worker's `pull --follow`
+        reads it to pull each file as it lands instead of after the whole model. Exits with
+        COMMAND's status; a TERM is passed on to it
   sfl_files.py pull RSYNC_URL DEST --manifest OUT [--streams N] [--bwlimit KIB] [--margin-gib G]
-                   [--io-timeout S]
+                   [--io-timeout S] [--follow]
         the head's copy over its rsync daemon (RSYNC_URL.manifest beside it), in N concurrent rsync
         streams (default 4) over disjoint sets of the manifest's files balanced by size. Each file
         arrives in DEST/.sparkfleet-partial/, is hashed there as soon as rsync finishes it (from the
@@ -29,7 +36,12 @@ Two nodes hold the same files when their manifests are byte-identical.
         --bwlimit is the whole pull's cap, shared between the streams.
         With an http:// URL (the head's `serve`), the same pull over HTTP: each stream GETs its files
         one by one, hashing every byte as it is received (no second read), and resumes a partial file
-        with a Range request after hashing what it holds
+        with a Range request after hashing what it holds. --follow (http:// only): while the head's
+        fetch runs, pull each file its `land` list (URL.landed) names as it lands, verified against the
+        list's sha256, polling once a second; once the list says `done`, the pull as above against the
+        manifest the fetch wrote (a manifest there before is an older one: never read before), where a
+        file already pulled with the manifest's sha256 is not hashed again. No list yet: the fetch has
+        not begun, wait. A list that says the fetch failed ends the pull (exit 4)
   sfl_files.py serve DIR --address IP --port P --allow CIDR [--allow CIDR ...]
         read-only HTTP/1.0 server of DIR's regular files (GET, with a `bytes=N-` Range) for the clients
         in the CIDRs alone (403 to any other), bound to IP: the body leaves by sendfile(2), the page
@@ -57,6 +69,7 @@ import http.server
 import ipaddress
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,6 +77,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -335,6 +349,81 @@ def fetch_hub(a):
     say(f"hub {a.repo} at {a.revision} (commit {info.sha}): {len(sizes)} files")
     snapshot_download(a.repo, revision=info.sha, local_dir=a.dest)
     print(f"resolved-revision={info.sha}", flush=True)
+
+
+LANDED_HEADER = "sparkfleet landing v1"
+# rsync's temporary file for NAME while it arrives (receiver.c get_tmpname: ".NAME.XXXXXX"): never landed.
+RSYNC_TEMP = re.compile(r"^\..+\.[A-Za-z0-9]{6}$")
+
+
+def landed_text(entries, fetch):
+    lines = [f"# {LANDED_HEADER}", f"# fetch: {fetch}"]
+    lines += [f"{sha}\t{size}\t{rel}" for rel, (size, sha) in sorted(entries.items())]
+    return "\n".join(lines) + "\n"
+
+
+class Landing:
+    """What has landed under root: each regular file in place whose size and mtime did not change
+    between two scans, hashed once (again only when it changes)."""
+
+    def __init__(self, root):
+        self.root, self.entries, self.hashed, self.last = root, {}, {}, {}
+
+    def scan(self, final=False):
+        """One look; True when the landed set changed. `final`: the fetch has ended, so nothing is
+        still being written: every file in place is landed without a second look."""
+        now = {}
+        for rel in listing(self.root) if os.path.isdir(self.root) else {}:
+            if RSYNC_TEMP.match(os.path.basename(rel)):
+                continue
+            try:
+                st = os.stat(os.path.join(self.root, rel))
+            except OSError:
+                continue
+            now[rel] = (st.st_size, st.st_mtime_ns)
+        changed = False
+        for rel in [r for r in self.entries if r not in now]:  # replaced or removed meanwhile
+            del self.entries[rel]
+            changed = True
+        for rel, sig in sorted(now.items()):
+            if self.hashed.get(rel, (None,))[0] == sig or (self.last.get(rel) != sig and not final):
+                continue  # hashed as it is, or new or still changing since the last look
+            try:
+                sha = sha256_file(os.path.join(self.root, rel))
+                st = os.stat(os.path.join(self.root, rel))
+            except OSError:
+                continue
+            if (st.st_size, st.st_mtime_ns) != sig:
+                continue  # changed while hashed: the next look
+            self.hashed[rel] = (sig, sha)
+            self.entries[rel] = (sig[0], sha)
+            changed = True
+        self.last = now
+        return changed
+
+
+def land(a):
+    command = a.command
+    if not command:
+        say("land: no command to run (land DIR --landed OUT -- COMMAND...)")
+        return 2
+    landing = Landing(a.dir)
+    landing.scan()  # the files in place before the fetch: hashed from the second look on
+    write_atomic(a.landed, landed_text({}, "running"))
+    proc = subprocess.Popen(command)
+    before = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        while proc.poll() is None:
+            time.sleep(a.interval)
+            if landing.scan():
+                write_atomic(a.landed, landed_text(landing.entries, "running"))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    rc = proc.wait()
+    rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's 128 + N, as a status
+    landing.scan(final=True)
+    write_atomic(a.landed, landed_text(landing.entries, "done" if rc == 0 else f"failed {rc}"))
+    return rc
 
 
 def shown(rel):
@@ -831,6 +920,66 @@ class HttpPull(Pull):
         return 0
 
 
+def http_text(url, io_timeout):
+    """The text at `url` over the fabric, or None when the server has no such file (404)."""
+    try:
+        with FABRIC.open(url, timeout=io_timeout or None) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        say(f"{url}: {e}; a re-run resumes from what arrived")
+        sys.exit(HTTP_FAILED)
+    except (OSError, http.client.HTTPException) as e:
+        say(f"{url}: {e}; a re-run resumes from what arrived")
+        sys.exit(HTTP_FAILED)
+
+
+def follow(a, src, job, poll=1.0):
+    """--follow: until the head's fetch has ended, pull each file it has landed (src.landed, `land`'s
+    list) as it lands, verified against that list. Returns (the manifest's text, {path: sha256} of
+    what this pull installed or found in place with that sha256). The head's manifest is read only once
+    the list says the fetch is done: until then a manifest there is an older one (the fetch writes its
+    own last), and no list yet means the fetch has not begun (the deploy removes the last one first)."""
+    held, told = {}, None
+    while True:
+        landed = http_text(src + ".landed", a.io_timeout)
+        header, entries = checked_manifest(landed, src + ".landed") if landed is not None else ({}, {})
+        fetch = header.get("fetch", "not started")
+        if fetch == "done":
+            text = http_text(src + ".manifest", a.io_timeout)
+            if text is None:
+                say(f"the head's fetch is done but {src}.manifest is missing; a re-run resumes from what arrived")
+                sys.exit(HTTP_FAILED)
+            return text, held
+        refuse_escapes(a.dest, entries, src + ".landed")
+        new = {rel: e for rel, e in entries.items() if held.get(rel) != e[1]}
+        if new:
+            check_disk(a.dest, missing_bytes(a.dest, new), a.margin_gib)
+            os.makedirs(a.dest, exist_ok=True)
+            job.entries = {**job.entries, **new}
+            present = listing(a.dest)
+            job.verified -= set(new)
+            sent = [rel for rel in absent(new, present)]
+            for rel in sorted(set(new) - set(sent)):  # in place at its size (an earlier pull's): hashed
+                if not job.in_place(rel):
+                    sent.append(rel)
+            if job.transfer(sorted(sent), []):
+                say("the transfer failed; a re-run resumes from what arrived")
+                sys.exit(HTTP_FAILED)
+            # A file the head replaced between its list and the GET differs from the list: not held,
+            # fetched again once the list names its new sha256 (or the manifest does).
+            job.problems.clear()
+            held.update({rel: sha for rel, (_, sha) in new.items() if rel in job.verified})
+        if fetch.startswith("failed"):
+            say(f"the head's fetch {fetch} ({src}.landed; no manifest): a re-run resumes from what arrived")
+            sys.exit(HTTP_FAILED)
+        if told != (fetch, len(held)):
+            say(f"following the head's fetch ({fetch}): {len(held)} file(s) landed and pulled so far")
+            told = (fetch, len(held))
+        time.sleep(poll)
+
+
 def http_manifest(url, dest, io_timeout):
     """The head's manifest at `url`, saved to dest (the rsync pull's copy of it)."""
     try:
@@ -901,6 +1050,9 @@ def serve(a):
 
 def pull(a):
     src = a.url.rstrip("/")
+    if a.follow and not src.startswith("http://"):
+        say("--follow needs the head's HTTP server (an http:// URL)")
+        return 2
     job = (HttpPull if src.startswith("http://") else Pull)(src, a.dest, a)
     if threading.current_thread() is threading.main_thread():  # signal.signal's condition
         before = signal.signal(signal.SIGTERM, job.stop)
@@ -915,20 +1067,27 @@ def pulled(a, src, job):
     # The streams connect while the manifest crosses: a connection to an rsync daemon costs ~0.15 s of
     # handshakes whatever it carries; paid once here, not twice in a row.
     streams = job.launch()
+    held = {}
+    t0 = time.monotonic()
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            theirs = os.path.join(tmp, "manifest")
-            if isinstance(job, HttpPull):
-                http_manifest(src + ".manifest", theirs, a.io_timeout)
-            else:
-                rsync([src + ".manifest", theirs], a.io_timeout)
-            with open(theirs) as f:
-                text = f.read()
+        if a.follow:
+            text, held = follow(a, src, job)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                theirs = os.path.join(tmp, "manifest")
+                if isinstance(job, HttpPull):
+                    http_manifest(src + ".manifest", theirs, a.io_timeout)
+                else:
+                    rsync([src + ".manifest", theirs], a.io_timeout)
+                with open(theirs) as f:
+                    text = f.read()
         header, entries = checked_manifest(text, src + ".manifest")
         refuse_escapes(a.dest, entries, src + ".manifest")
+        # What --follow pulled and verified against the landing list, where the manifest says the same:
+        # in place already, not hashed again (this process installed or hashed each of them).
+        job.verified = {rel for rel, sha in held.items() if rel in entries and entries[rel][1] == sha}
         check_disk(a.dest, missing_bytes(a.dest, entries), a.margin_gib)
         os.makedirs(a.dest, exist_ok=True)
-        t0 = time.monotonic()
         code = job.run(entries, streams)
     finally:
         job.release(streams)  # on a refusal: they end having transferred nothing
@@ -993,19 +1152,31 @@ def main(argv):
     u.add_argument("--bwlimit", type=int, default=0)
     u.add_argument("--margin-gib", type=float, default=0.0)
     u.add_argument("--io-timeout", type=int, default=0)
+    u.add_argument("--follow", action="store_true")
+    d = sub.add_parser("land")
+    d.add_argument("dir")
+    d.add_argument("--landed", required=True)
+    d.add_argument("--interval", type=float, default=1.0)
     w = sub.add_parser("serve")
     w.add_argument("dir")
     w.add_argument("--address", required=True)
     w.add_argument("--port", type=int, required=True)
     w.add_argument("--allow", action="append", required=True, metavar="CIDR")
     w.add_argument("--io-timeout", type=int, default=600)
+    command = []
+    if argv[:1] == ["land"] and "--" in argv:  # land's COMMAND: everything after the first "--", verbatim
+        at = argv.index("--")
+        argv, command = argv[:at], argv[at + 1:]
     a = p.parse_args(argv)
+    a.command = command
     if a.cmd == "manifest":
         sys.stdout.write(manifest_text(a.dir, a.header))
     elif a.cmd == "seal":
         finish(a.dir, a.manifest, a.header)
     elif a.cmd == "scrub":
         return scrub(a)
+    elif a.cmd == "land":
+        return land(a)
     elif a.cmd == "verify":
         with open(a.manifest) as f:
             problems = differences(a.dir, checked_manifest(f.read(), a.manifest)[1])
@@ -1013,7 +1184,8 @@ def main(argv):
             print(line)
         return 1 if problems else 0
     else:
-        {"fetch-http": fetch_http, "fetch-dir": fetch_dir, "fetch-hub": fetch_hub, "pull": pull, "serve": serve}[a.cmd](a)
+        return {"fetch-http": fetch_http, "fetch-dir": fetch_dir, "fetch-hub": fetch_hub, "pull": pull,
+                "serve": serve}[a.cmd](a) or 0
     return 0
 
 
