@@ -64,7 +64,8 @@ with refusals_stop_the_run():
     local.include("roles/fanout/tasks.py")
 
     # 4b. The head's weights fetch, started in the background when it needs no image (a URL or a
-    #     directory, or the image already on the head): it runs while the image is built and shipped.
+    #     directory, or the image already on the head): it runs while the image is built and shipped;
+    #     each worker's pull follows it in the background, taking each file as it lands.
     local.include("roles/weights/fetch_start_tasks.py")
 
     # 5. The recipe's overlay image: built once on the head; a fetch from the hub (its client runs in

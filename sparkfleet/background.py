@@ -45,11 +45,14 @@ def job_script(header: str, jobs: list[tuple[str, str]], base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_command(unit: str, base: str, script: str, *, description: str, already: str, stop_also: str = "") -> str:
+def start_command(unit: str, base: str, script: str, *, description: str, already: str, stop_also: str = "",
+                  before_start: str = "") -> str:
     """Start `unit` running `script` (kept as `<base>/run.sh`, root-only), unless it runs that very
     script already (an earlier run's: `already` is printed, and it is waited for, not started again).
     A unit running another script is stopped first, then `stop_also` runs (what a stopped job can
-    leave behind, such as its container)."""
+    leave behind, such as its container). `before_start` runs right before the unit starts (never
+    when it is waited for instead): what must be gone when this operation ends, whatever the unit has
+    done by then."""
     b = shlex.quote(base)
     path = f"{b}/run.sh"
     return "\n".join([
@@ -64,6 +67,7 @@ def start_command(unit: str, base: str, script: str, *, description: str, alread
         f"systemctl reset-failed {unit} 2>/dev/null",
         f"rm -f {b}/*.start {b}/*.out {b}/*.end {b}/*.end.tmp",
         f"mv {path}.new {path} && chmod 0700 {path}",
+        *([before_start] if before_start else []),
         f"systemd-run --quiet --collect --unit={unit} --description={shlex.quote(description)} /bin/sh {path}",
     ])
 

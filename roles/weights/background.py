@@ -18,13 +18,22 @@ the fetch phase).
 A run that stops after the start (a failed build, a Ctrl-C) leaves the fetch running, bounded as
 ever, and the next run waits for it (or stops it, for another revision, source or model). A re-run
 resumes a fetch that failed, as the foreground fetch did.
+
+The workers do not wait for the whole model either. Each fetch runs under `sfl_files.py land`, which
+lists the files landed so far beside the manifest (<model>.landed), and in the operation after the
+start each worker lacking a model the head fetches starts its pull as a transient unit of its own
+(PULL_UNIT): `sfl_files.py pull --follow` takes each listed file as it lands, verified against the
+list, and finishes against the manifest the fetch writes last. Step 7's pull operation on that worker
+waits for it, as the head's waits for the fetch.
 """
 from __future__ import annotations
+
+import shlex
 
 from pyinfra import host, state
 from pyinfra.api.exceptions import DeployError
 
-from roles.weights.checks import HUB_FETCH_CONTAINER, fetch_command, fetch_step
+from roles.weights.checks import HUB_FETCH_CONTAINER, fetch_command, fetch_step, landed_path, pull_command, pull_step
 from sparkfleet import background
 from sparkfleet.background import job_span as fetch_span, slug  # noqa: F401 (this role's names for them)
 from sparkfleet.progress import dir_bytes_probe
@@ -32,6 +41,9 @@ from sparkfleet.model.weights import model_dir
 
 FETCH_UNIT = "sparkfleet-weights-fetch.service"
 START_STEP = "Start the head's weights fetch in the background"
+# Each worker's pull of what the head fetches in this run, following the fetch file by file.
+PULL_UNIT = "sparkfleet-weights-pull.service"
+FOLLOW_STEP = "Start the workers' pulls of the weights the head fetches, in the background"
 
 
 def fetch_dir(node) -> str:
@@ -54,14 +66,46 @@ def fetch_script(node, profile, models: list[tuple[str, str]]) -> str:
         [(model, fetch_command(node, profile, model, revision)) for model, revision in models], fetch_dir(node))
 
 
-def start_command(node, script: str) -> str:
+def start_command(node, script: str, models: list[str] = ()) -> str:
     """Start FETCH_UNIT running `script`, unless it runs that very script already (an earlier run's
     fetch: waited for, not started again). A unit running another script is stopped first, with the
-    hub client's container a stopped docker client leaves."""
+    hub client's container a stopped docker client leaves. Before it starts, each model's landing list
+    goes: a worker that follows the fetch (next operation) must not take an earlier fetch's list (its
+    `done` or `failed`) for this one's. The manifest stays until the fetch writes its own: a fetch
+    that fails leaves the head's copy as it was, and a following pull reads no manifest before the
+    list says `done`."""
+    stale = " ".join(shlex.quote(landed_path(node, m)) for m in models)
     return background.start_command(
         FETCH_UNIT, fetch_dir(node), script, description="sparkfleet: the head weights fetch",
         already="already fetching (started by an earlier run): waited for at step 7",
-        stop_also=f"command -v docker >/dev/null && docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1")
+        stop_also=f"command -v docker >/dev/null && docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1",
+        before_start=f"rm -f {stale}" if stale else "")
+
+
+def pull_dir(node) -> str:
+    """Where a worker's background pull keeps its script and each model's status files (root-only)."""
+    return f"{node.preflight_data_dir}/weights-pull"
+
+
+def follow_script(cluster, node, models: list[str]) -> str:
+    """A worker's unit script: each model's pull following the head's fetch, in turn."""
+    return background.job_script(
+        f"managed by sparkfleet (roles/weights/background.py): the worker's weights pull, run by {PULL_UNIT}",
+        [(model, pull_command(cluster, node, model, follow=True)) for model in models], pull_dir(node))
+
+
+def follow_start_command(node, script: str) -> str:
+    return background.start_command(
+        PULL_UNIT, pull_dir(node), script, description="sparkfleet: the worker weights pull",
+        already="already pulling (started by an earlier run): waited for at step 7")
+
+
+def followed(plan, cluster, node, models: list[str]) -> list[str]:
+    """The models `node` (a worker) pulls while the head fetches them: those the head fetches in this
+    run and this worker lacks (the plan's fetch and pull)."""
+    if node.is_head:
+        return []
+    return [m for m in models if m in plan.weights.fetch and (m, node.name) in plan.weights.pull]
 
 
 def wait_command(node, model: str) -> str:
@@ -83,16 +127,43 @@ def define_start(*, before_build: bool) -> None:
     from sparkfleet.inventory import cluster_from_state
     from sparkfleet.model.serving import node_profile, profile_models
 
-    node = cluster_from_state(state).node(host.name)
+    cluster = cluster_from_state(state)
+    node = cluster.node(host.name)
     profile = node_profile(node)
     plan = decisions(state)
     models = [(m, r) for m, r in profile_models(profile) if m in plan.weights.fetch] if node.is_head else []
-    here = bool(models) and starts_before_build(node.weights_source, plan.image.head_id is not None) == before_build
+    # The head's source decides the place, for its workers too.
+    place = starts_before_build(cluster.head.weights_source, plan.image.head_id is not None) == before_build
+    here = bool(models) and place
     server.shell(
         name=START_STEP if before_build else f"{START_STEP} (the hub's client, in the image just built)",
-        commands=[start_command(node, fetch_script(node, profile, models))] if here else [],
+        commands=[start_command(node, fetch_script(node, profile, models), [m for m, _ in models])] if here else [],
         _if=lambda: here,
     )
+    # Then each worker's pull, following the fetch: after the start above on every host (pyinfra runs
+    # one operation on every host before the next), so the stale manifest and list are gone by then.
+    follows = followed(plan, cluster, node, [m for m, _ in profile_models(profile)]) if place else []
+    server.shell(
+        name=FOLLOW_STEP if before_build else f"{FOLLOW_STEP} (after the build)",
+        commands=[follow_start_command(node, follow_script(cluster, node, follows))] if follows else [],
+        _if=lambda: bool(follows),
+    )
+
+
+def await_pull(*, model: str) -> None:
+    """Operation body (a worker, step 7): wait for its background pull of `model`, which followed the
+    head's fetch, with its progress (the model's directory growing); record the pull's own start and
+    end; fail as it failed (its log's tail and its line, as the foreground pull's)."""
+    from sparkfleet.inventory import cluster_from_state
+
+    node = cluster_from_state(state).node(host.name)
+    lost = (f"sparkfleet: {node.name}: the background pull of {model} ({PULL_UNIT}) ended without finishing it; "
+            f"its journal: journalctl -u {PULL_UNIT}; a re-run resumes from what arrived")
+    ok, out = background.await_job(host, unit=PULL_UNIT, base=pull_dir(node), name=model, lost=lost,
+                                   step=pull_step(model), interval=node.progress_interval_s,
+                                   probe=dir_bytes_probe(model_dir(node, model)))
+    if not ok:
+        raise DeployError(f"{host.name}: \"{pull_step(model)}\" failed; what it printed:\n{out.stderr[-6000:]}")
 
 
 def await_fetch(*, model: str, revision: str) -> None:

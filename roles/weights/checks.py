@@ -33,6 +33,12 @@ def manifest_path(node, model: str) -> str:
     return f"{node.weights_dir}/{model}.manifest"
 
 
+def landed_path(node, model: str) -> str:
+    """The head's list of the files its running fetch has landed (sfl_files.py land), beside the
+    manifest; what a worker's following pull reads (issue 44 item 2)."""
+    return f"{node.weights_dir}/{model}.landed"
+
+
 def manifest_header(model: str, revision: str, source: str) -> list[str]:
     return ["sparkfleet weights manifest v1", f"model: {model}", f"revision: {revision}", f"source: {source}"]
 
@@ -151,8 +157,13 @@ def fetch_command(node, profile, model: str, revision: str) -> str:
     source = node.weights_source
     reach = ("the Hugging Face hub, with a token that may read the model when it is gated (weights_hf_token_file "
              f"{node.weights_hf_token_file})" if source == "hub" else source)
+    # Under `land`: while the fetch runs, the files it has landed are listed (landed_path) for the
+    # workers' following pulls; its status passes through, and a TERM at the limit reaches the fetch.
+    q = shlex.quote
+    landing = (f"python3 {SFL_FILES} land {q(model_dir(node, model))} --landed {q(landed_path(node, model))} -- "
+               f"sh -c {q(_fetch(node, profile, model, revision))}")
     return bounded(
-        _fetch(node, profile, model, revision), step=fetch_step(node, model, revision), host=node.name,
+        landing, step=fetch_step(node, model, revision), host=node.name,
         limit_s=node.weights_fetch_timeout_s, key="weights_fetch_timeout_s",
         cleanup=f"docker rm -f {HUB_FETCH_CONTAINER} >/dev/null 2>&1" if source == "hub" else None,
         log_file=log,
@@ -198,10 +209,12 @@ def _fetch(node, profile, model: str, revision: str) -> str:
     )
 
 
-def pull_command(cluster, node, model: str) -> str:
+def pull_command(cluster, node, model: str, follow: bool = False) -> str:
     """A worker's pull of one model from the head's HTTP server of its weights (sfl_files.py serve) over
     the fabric in fanout_streams streams, each byte hashed as it arrives; a read that waits longer than
-    fanout_rsync_io_timeout_s gives up, the whole pull bounded by fanout_rsync_timeout_s."""
+    fanout_rsync_io_timeout_s gives up, the whole pull bounded by fanout_rsync_timeout_s. `follow`: the
+    head fetches it in this run, and the pull takes each file as it lands there (sfl_files.py pull
+    --follow), so its bound is the fetch's and the pull's together."""
     head = cluster.head
     url = f"http://{head.fabric_ip}:{head.fanout_http_port}/{urllib.parse.quote(model)}"
     q = shlex.quote
@@ -209,10 +222,14 @@ def pull_command(cluster, node, model: str) -> str:
         f"python3 {SFL_FILES} pull {q(url)} {q(model_dir(node, model))} --manifest {q(manifest_path(node, model))} "
         f"--streams {node.fanout_streams} --bwlimit {node.fanout_bwlimit_kib} "
         f"--margin-gib {node.weights_free_margin_gib:g} --io-timeout {node.fanout_rsync_io_timeout_s}"
+        + (" --follow" if follow else "")
     )
     log = weights_log(node, "pull", model)
-    return bounded(command, step=pull_step(model), host=node.name, limit_s=node.fanout_rsync_timeout_s,
-                   key="fanout_rsync_timeout_s", log_file=log,
+    limit, key = ((node.fanout_rsync_timeout_s + head.weights_fetch_timeout_s,
+                   "fanout_rsync_timeout_s + the head's weights_fetch_timeout_s")
+                  if follow else (node.fanout_rsync_timeout_s, "fanout_rsync_timeout_s"))
+    return bounded(command, step=pull_step(model), host=node.name, limit_s=limit,
+                   key=key, log_file=log,
                    advice=Advice(
                        log=on_node(node.management_address, f"tail -n 200 {log}"), key="fanout_http_port",
                        next_step=f"check that the head's HTTP server of its weights runs and answers on {head.fabric_ip}:"

@@ -16,7 +16,7 @@ from sparkfleet.decided import decisions
 from sparkfleet.model.serving import node_profile
 from sparkfleet.model.weights import model_dir
 from sparkfleet.progress import dir_bytes_probe, progress_command
-from roles.weights.background import await_fetch
+from roles.weights.background import await_fetch, await_pull, followed
 from roles.weights.checks import fetch_step, profile_models, pull_command, pull_step
 from sparkfleet.inventory import cluster_from_state
 
@@ -37,11 +37,20 @@ for model, revision in profile_models(profile):
         revision=revision,
         _if=lambda model=model: on_head and model in plan.fetch,
     )
-    # 2. Then to every worker over the fabric; defined on every host so it runs after the fetch.
+    # 2. Then to every worker over the fabric; defined on every host so it runs after the fetch. A worker
+    #    whose pull followed the head's fetch in the background (step 4b or 5: followed) waits for it
+    #    here; any other pulls now.
+    follows = model in followed(decisions(state), cluster, node, [model])
+    python.call(
+        name=pull_step(model),
+        function=await_pull,
+        model=model,
+        _if=lambda follows=follows: follows,
+    )
     server.shell(
         name=pull_step(model),
-        commands=[] if on_head else [progress_command(  # progress: bytes landed in the model's directory
+        commands=[] if on_head or follows else [progress_command(  # progress: bytes landed in the model's directory
             pull_command(cluster, node, model), step=pull_step(model), interval=node.progress_interval_s,
             probe=dir_bytes_probe(model_dir(node, model)))],
-        _if=lambda model=model: not on_head and (model, node.name) in plan.pull,
+        _if=lambda model=model, follows=follows: not on_head and not follows and (model, node.name) in plan.pull,
     )

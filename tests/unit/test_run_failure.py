@@ -163,6 +163,15 @@ STEPS = ("git fetch", "docker build", "docker push", "docker pull", "weights fet
          "kernel cache rsync")
 
 
+@pytest.fixture(autouse=True)
+def sfl_files_from_the_repository(monkeypatch):
+    """The weights fetch runs under sfl_files.py land: here the repository's copy, where a node has it
+    installed (roles/fanout), so that the fetch's own tools are what the stubs stand in for."""
+    import roles.fanout.sfl_files
+
+    monkeypatch.setattr("roles.weights.checks.SFL_FILES", roles.fanout.sfl_files.__file__)
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_each_step_that_fails_on_the_node_prints_its_five_parts(step, tmp_path):
     c = cluster(tmp_path)

@@ -166,3 +166,44 @@ def test_the_fetch_is_recorded_as_it_ran_in_place_of_the_wait(monkeypatch):
     progress.record_span("spark-a", "Fetch m", 100.0, 190.0, False)
     assert progress.SPANS == [progress.Span("spark-a", "Build", 1.0, 2.0, True),
                               progress.Span("spark-a", "Fetch m", 100.0, 190.0, False)]
+
+
+def test_a_start_removes_the_models_landing_list_only_when_it_starts_the_fetch(tmp_path, fake_systemd, monkeypatch):
+    """A worker follows the fetch from the next operation on: an earlier fetch's landing list must be
+    gone by then. The manifest stays (a failed fetch leaves the head's copy as it was; a following pull
+    reads it only once the list says done). A fetch already running (attached to) keeps its list."""
+    env, flag, log = fake_systemd
+    node = head(tmp_path).model_copy(update={"weights_dir": str(tmp_path / "models")})
+    monkeypatch.setattr(background, "fetch_command", lambda node, profile, model, revision: f"echo {model}")
+    stale = [tmp_path / "models" / "org" / name for name in ("m.manifest", "m.landed", "other.manifest")]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# sparkfleet weights manifest v1\n# revision: old\n")
+    script = fetch_script(node, PROFILE, [("org/m", "r2")])
+    assert sh(start_command(node, script, ["org/m"]), env).returncode == 0
+    assert [p.exists() for p in stale] == [True, False, True]
+    for path in stale[:2]:
+        path.write_text("written by the running fetch\n")
+    run = sh(start_command(node, script, ["org/m"]), env)
+    assert "already fetching" in run.stdout and all(p.exists() for p in stale)
+
+
+def test_a_worker_follows_only_the_models_the_head_fetches_in_this_run_and_it_lacks(tmp_path):
+    from types import SimpleNamespace
+
+    from roles.weights.background import follow_script, followed
+    from sparkfleet.verdicts import WeightsPlan
+
+    cluster = build_cluster(pair())
+    worker = cluster.node("spark-b")
+    plan = SimpleNamespace(weights=WeightsPlan(
+        fetch={"org/m": "no manifest", "org/d": "revision"},
+        pull={("org/m", "spark-b"): "the head fetches it", ("org/x", "spark-b"): "manifest differs from the head's"}))
+    assert followed(plan, cluster, worker, ["org/m", "org/d", "org/x"]) == ["org/m"]
+    assert followed(plan, cluster, cluster.head, ["org/m", "org/d", "org/x"]) == []
+    script = follow_script(cluster, worker, ["org/m"])
+    assert f"sfl_files.py pull http://{cluster.head.fabric_ip}:{cluster.head.fanout_http_port}/org/m" in script
+    assert " --follow" in script and f"{background.pull_dir(worker)}/org--m.start" in script
+    # Bounded by the fetch's limit and the pull's together: it runs while the head fetches.
+    limit = worker.fanout_rsync_timeout_s + cluster.head.weights_fetch_timeout_s
+    assert f"timeout --kill-after=" in script and f" {limit} " in script
