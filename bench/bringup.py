@@ -82,7 +82,9 @@ MUST_FOLLOW: dict[str, tuple[str, ...]] = {
     "fetch weights": (),
     # The head pushes the image it built; each worker pulls it by the digest that push printed.
     "ship image": ("build image",),
-    # A worker pulls against the head's manifest, written once the whole model is fetched and sealed.
+    # A worker's pull ends with the head's manifest, written once the whole model is fetched and sealed.
+    # Since the pull follows the fetch file by file (sfl_files.py pull --follow), only its part after
+    # the fetch's end must follow it: the path weighs that part (for_path).
     "ship weights": ("fetch weights",),
     # The prewarm runs the pair: every rank needs the image and the weights.
     "prewarm": ("ship image", "ship weights"),
@@ -175,6 +177,18 @@ def critical_path(graph: Mapping[str, Sequence[str]], measured: Mapping[str, Seq
     return max((ending_with(p) for p in graph), key=lambda c: c[0], default=(0.0, []))
 
 
+def for_path(measured: Mapping[str, Sequence[Interval]]) -> dict[str, list[Interval]]:
+    """The phases as the critical path weighs them: the weights' ship only after the fetch's end. A
+    pull that follows the fetch runs beside it, mostly waiting for the next file to land; what must
+    follow the fetch is what it still does once the fetch has ended (its last files and the manifest)."""
+    out = {phase: list(spans) for phase, spans in measured.items()}
+    fetched = [b for _, b in measured.get("fetch weights", ())]
+    if fetched and out.get("ship weights"):
+        end = max(fetched)
+        out["ship weights"] = [(max(a, end), b) for a, b in out["ship weights"] if b > max(a, end)]
+    return out
+
+
 def outside(start: float, end: float, measured: Mapping[str, Sequence[Interval]]) -> float:
     """The time in [start, end] that no phase covers."""
     inside = [(max(a, start), min(b, end)) for spans in measured.values() for a, b in spans]
@@ -188,7 +202,8 @@ def latest_receipt() -> dict:
 
 
 def report(wall: float, began: float, measured: dict[str, list[Interval]], graph: dict, steps: dict[str, float]) -> None:
-    seconds, chain = critical_path(graph, measured)
+    weighed = for_path(measured)
+    seconds, chain = critical_path(graph, weighed)
     print(f"bring-up of a fresh pair: {INVENTORY} (the real vLLM's CPU build), its weights at {UPLINK_KIB_S} KiB/s "
           f"({MODELS}/uplink/{UPLINK_KIB_S})")
     print(f"wall time (the deploy, start to exit)   {wall:7.1f} s")
@@ -202,6 +217,9 @@ def report(wall: float, began: float, measured: dict[str, list[Interval]], graph
         print(f"  {phase:<14} {busy(spans):8.1f} {first:8.1f} {last:8.1f}   {len(spans)}")
     print(f"  {'(in no phase)':<14} {outside(began, began + wall, measured):8.1f}   "
           f"prepare, the fabric's proofs, docker, the engine proof, the caches' merge, the watchdog, ...")
+    if measured.get("ship weights") and measured.get("fetch weights"):
+        print(f"  the weights' ship after the fetch's end: {busy(weighed.get('ship weights', ())):.1f} s "
+              f"(what the path weighs: the pull followed the fetch file by file)")
     print(f"critical path {seconds:7.1f} s: {' -> '.join(chain)}")
     print(f"ratio wall / critical path  {wall / seconds:5.2f}")
     build, fetch = busy(measured.get("build image", ())), busy(measured.get("fetch weights", ()))

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from bench.bringup import (
-    HUB_FETCH_FOLLOWS, MUST_FOLLOW, PHASE_STEPS, RECORDED_BUILD_S, UPLINK_KIB_S, busy, critical_path, graph_for,
-    outside, phase_intervals, phase_of,
+    HUB_FETCH_FOLLOWS, MUST_FOLLOW, PHASE_STEPS, RECORDED_BUILD_S, UPLINK_KIB_S, busy, critical_path, for_path,
+    graph_for, outside, phase_intervals, phase_of,
 )
 from roles.image.commands import build_step, pull_step as image_pull_step, push_step
 from roles.receipt.receipt import RECEIPT_STEP, deploy_steps
@@ -93,6 +93,23 @@ def test_from_the_hub_the_fetch_follows_the_build():
     assert critical_path(MUST_FOLLOW, measured) == (35, ["build image", "ship image", "prewarm"])
     assert critical_path(graph_for("hub"), measured) == (
         44, ["build image", "fetch weights", "ship weights", "prewarm"])
+
+
+def test_a_pull_that_followed_the_fetch_weighs_only_what_it_did_after_the_fetchs_end():
+    # the worker's pull began with the fetch (issue 44 item 2) and ended 3 s after it
+    measured = intervals(build_image=[(0, 10)], fetch_weights=[(0, 40)], ship_image=[(10, 15)],
+                         ship_weights=[(1, 43)], prewarm=[(43, 63)])
+    weighed = for_path(measured)
+    assert weighed["ship weights"] == [(40, 43)] and weighed["fetch weights"] == [(0, 40)]
+    assert critical_path(MUST_FOLLOW, weighed) == (63, ["fetch weights", "ship weights", "prewarm"])
+    # unweighed, the pull's waiting would count twice: a path longer than the wall time
+    assert critical_path(MUST_FOLLOW, measured)[0] == 102
+    # a pull after the fetch (the head had it), or no fetch at all: as measured
+    after = intervals(fetch_weights=[(0, 40)], ship_weights=[(41, 45)])
+    assert for_path(after) == after
+    assert for_path(intervals(ship_weights=[(1, 4)])) == intervals(ship_weights=[(1, 4)])
+    # wholly inside the fetch (the last file landed before the fetch's own end): nothing follows it
+    assert for_path(intervals(fetch_weights=[(0, 40)], ship_weights=[(1, 39)]))["ship weights"] == []
 
 
 def test_a_graph_that_cannot_give_a_path_is_refused_naming_the_phase():
