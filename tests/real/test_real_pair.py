@@ -106,6 +106,23 @@ def test_the_real_pair_deploys_and_a_second_deploy_changes_nothing(real_deploy):
     assert again.returncode == 0 and again.changed() == [], again.output[-8000:]
 
 
+def test_the_worker_pulled_the_weights_as_they_landed_on_the_head(real_deploy):
+    """Issue 44 item 2 on the fresh pair: the head's fetch (the lab's uplink, 320 KiB/s) listed what it
+    had landed, the worker's pull followed that list and held files before the fetch ended, then
+    finished against the head's manifest; the head's list ends `done`, naming the manifest's files."""
+    from roles.fanout.sfl_files import parse_manifest
+
+    model, weights = "sparkfleet-lab/tiny-llama", "/var/lib/sparkfleet/models"
+    log = on(WORKER, f"cat /var/lib/sparkfleet/logs/weights-pull-{model.replace('/', '--')}.log")
+    during = [int(n) for n in re.findall(r"following the head's fetch \(running\): (\d+) file\(s\) landed", log)]
+    assert during and max(during) >= 1, log[-3000:]  # pulled while the head still fetched
+    assert re.search(r"verified \d+ files against the head's manifest", log), log[-3000:]
+    header, landed = parse_manifest(on(HEAD, f"cat {weights}/{model}.landed"))
+    _, manifest = parse_manifest(on(HEAD, f"cat {weights}/{model}.manifest"))
+    assert header["fetch"] == "done" and landed == manifest
+    assert on(WORKER, f"cat {weights}/{model}.manifest") == on(HEAD, f"cat {weights}/{model}.manifest")
+
+
 def test_a_flag_the_image_s_engine_refuses_stops_the_deploy_before_the_pair_stops_and_it_keeps_answering(real_deploy):
     """Step 7a with the real engine: `--disable-log-requests` is a flag of vLLM 0.33.0's parser (the parity
     snapshot's version) and not of 0.32.0's, the version the lab image ships. The deploy stops at the
