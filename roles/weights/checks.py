@@ -39,6 +39,11 @@ def landed_path(node, model: str) -> str:
     return f"{node.weights_dir}/{model}.landed"
 
 
+# Why a worker pulls a model the head fetches in this run: whatever it holds, it follows the fetch
+# (roles/weights/background.py), file by file as each lands on the head.
+FOLLOWS_FETCH = "the head fetches it: pulled as each file lands there"
+
+
 def manifest_header(model: str, revision: str, source: str) -> list[str]:
     return ["sparkfleet weights manifest v1", f"model: {model}", f"revision: {revision}", f"source: {source}"]
 
@@ -125,7 +130,7 @@ def decide(facts: WeightsFacts, cluster) -> WeightsPlan:
         for node in cluster.workers:
             if node.name not in facts.copies:  # not in this run
                 continue
-            problem = "the head fetches it" if why else copy_problem(facts.copies[node.name][model],
+            problem = FOLLOWS_FETCH if why else copy_problem(facts.copies[node.name][model],
                                                                      reference=head_copy["manifest"])
             if problem:
                 pull[(model, node.name)] = problem

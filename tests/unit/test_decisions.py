@@ -113,7 +113,7 @@ def test_weights_a_fresh_pair_fetches_once_on_the_head_and_sends_each_model_to_t
     plan = weights_checks.decide(weights_facts(cluster), cluster)
     models = [m for m, _ in weights_checks.profile_models(node_profile(cluster.head))]
     assert plan.fetch == {m: "no manifest" for m in models}
-    assert plan.pull == {(m, "spark-b"): "the head fetches it" for m in models}
+    assert plan.pull == {(m, "spark-b"): weights_checks.FOLLOWS_FETCH for m in models}
 
 
 def test_weights_a_worker_missing_a_file_is_sent_it_and_the_head_fetches_nothing(cluster):
@@ -133,7 +133,7 @@ def test_weights_a_new_revision_in_data_is_fetched_on_the_head_and_sent_on(clust
     place_model(cluster.head, model, "0" * 40, {"config.json": b"{}"})
     plan = weights_checks.decide(weights_facts(cluster), cluster)
     assert plan.fetch == {model: f"revision {'0' * 40!r} -> {revision!r}"}
-    assert plan.pull[(model, "spark-b")] == "the head fetches it"
+    assert plan.pull[(model, "spark-b")] == weights_checks.FOLLOWS_FETCH
 
 
 def test_weights_a_hub_token_file_anyone_can_read_refuses_the_run_before_anything_moves(cluster):

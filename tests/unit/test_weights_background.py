@@ -192,13 +192,14 @@ def test_a_worker_follows_only_the_models_the_head_fetches_in_this_run_and_it_la
     from types import SimpleNamespace
 
     from roles.weights.background import follow_script, followed
+    from roles.weights.checks import FOLLOWS_FETCH
     from sparkfleet.verdicts import WeightsPlan
 
     cluster = build_cluster(pair())
     worker = cluster.node("spark-b")
     plan = SimpleNamespace(weights=WeightsPlan(
         fetch={"org/m": "no manifest", "org/d": "revision"},
-        pull={("org/m", "spark-b"): "the head fetches it", ("org/x", "spark-b"): "manifest differs from the head's"}))
+        pull={("org/m", "spark-b"): FOLLOWS_FETCH, ("org/x", "spark-b"): "manifest differs from the head's"}))
     assert followed(plan, cluster, worker, ["org/m", "org/d", "org/x"]) == ["org/m"]
     assert followed(plan, cluster, cluster.head, ["org/m", "org/d", "org/x"]) == []
     script = follow_script(cluster, worker, ["org/m"])
