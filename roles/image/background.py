@@ -33,8 +33,11 @@ PULL_UNIT = "sparkfleet-image-pull.service"
 JOB = "pull"  # the unit's one job
 
 
+START_PREFIX = "Start pulling "  # every start_step begins so: what tests and the plan's check match
+
+
 def start_step(profile) -> str:
-    return f"Start pulling {profile.image_ref} from the head, in the background"
+    return f"{START_PREFIX}{profile.image_ref} from the head, in the background"
 
 
 def pull_dir(node) -> str:

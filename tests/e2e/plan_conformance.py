@@ -15,9 +15,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from roles.weights.background import START_STEP as FETCH_START_STEP
+from roles.image.background import START_PREFIX as IMAGE_PULL_START
+from roles.weights.background import FOLLOW_STEP, START_STEP as FETCH_START_STEP
 from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tools.plan import TABLE_HEADER
+
+# The operations that start a long step as a transient unit (sparkfleet/background.py): none of them
+# starts, stops or restarts the pair, whatever its name begins with.
+BACKGROUND_STARTS = (IMAGE_PULL_START, FETCH_START_STEP, FOLLOW_STEP)
+
+
+def starts_in_background(op: str) -> bool:
+    return op.startswith(BACKGROUND_STARTS)
+
 
 _PLAN = re.compile(r"^--> sparkfleet plan: (?P<groups>\d+) serving group\(s\), (?P<changes>\d+) with changes")
 # The fleet's lines under the table (sparkfleet/plan_types.py FleetPlan.router_lines, tools/plan.py fleet_lines).
@@ -192,8 +202,11 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
             expect(name, f"image pulled by {w}", w in p.ship_image,
                    _count(changed, w, lambda op: op.startswith("Pull ") and op.endswith(" from the head")) > 0)
             expect(name, f"image pull started in the background on {w}", w in p.ship_image,
-                   _count(changed, w, lambda op: op.startswith("Start pulling ")
+                   _count(changed, w, lambda op: op.startswith(IMAGE_PULL_START)
                           and op.endswith(" from the head, in the background")) > 0)
+            # The head fetches a model: every worker pulls it (the plan's FOLLOWS_FETCH), following the fetch.
+            expect(name, f"the pull following the fetch started in the background on {w}", p.fetch > 0,
+                   _count(changed, w, lambda op: op.startswith(FOLLOW_STEP)) > 0)
             expect(name, f"models sent to {w}", p.ship_models.get(w, 0),
                    _count(changed, w, lambda op: op.startswith("Send ") and op.endswith(" to the workers over the fabric")))
         prewarmed = _count(changed, p.head, lambda op: op == "Prewarm and merge the kernel caches") > 0

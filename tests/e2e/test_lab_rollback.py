@@ -13,6 +13,7 @@ import re
 import pytest
 
 from tests.e2e.lab import BIN, HOSTS, INVENTORY, REPO, deploy, models_command, on, read_failure_log, run, running_tag
+from tests.e2e.plan_conformance import starts_in_background
 
 pytestmark = pytest.mark.lab
 
@@ -120,7 +121,7 @@ def test_a_failed_prewarm_leaves_v1_serving_and_rollback_stays_there():
     assert (f"Build {IMAGE}:{V2} on the head", "spark-a") in ops
     assert not [op for op, _ in ops  # the worker's pull of v2 started (step 5) is no start of the pair
                 if op.startswith(("Restart", "Start", "Stop", "Record the attempted", "Record the served"))
-                and not op.startswith("Start pulling ")], ops
+                and not starts_in_background(op)], ops
     serves(V1)  # both containers on v1's image, 'current' back at v1's generation, the API answers
     v2_generation = generation_of("spark-a", V2)
     for host in ("spark-a", "spark-b"):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tests.e2e.lab import Run
-from tests.e2e.plan_conformance import APPLY, PlannedFleet, mismatches, parse_plan
+from tests.e2e.plan_conformance import APPLY, IMAGE_PULL_START, PlannedFleet, mismatches, parse_plan
 from tests.e2e.plan_conformance import parse_fleet as parse_plan_fleet
 
 PLAN = """\
@@ -30,6 +30,8 @@ def ran(*ops):
 G1_AS_PLANNED = [
     ("Start the head's weights fetch in the background (the hub's client, in the image just built)",
      {"spark-a": "Success", "spark-c": "No changes"}),
+    ("Start the workers' pulls of the weights the head fetches, in the background (after the build)",
+     {"spark-b": "Success", "spark-d": "No changes"}),
     ("Fetch m1 at abc on the head (hub)", {"spark-a": "Success", "spark-c": "No changes"}),
     ("Fetch m2 at def on the head (hub)", {"spark-a": "Success"}),
     ("Build sparkfleet/glm:fd5f on the head", {"spark-a": "Success"}),
@@ -56,6 +58,12 @@ def test_the_table_is_read_back():
 def test_a_run_that_did_what_its_plan_printed_passes():
     run = ran(*G1_AS_PLANNED)
     assert mismatches(run.output, run.changed()) == []
+
+
+def test_a_worker_that_did_not_follow_the_heads_fetch_is_named():
+    run = ran(*[(op, r) for op, r in G1_AS_PLANNED if not op.startswith("Start the workers' pulls")])
+    assert mismatches(run.output, run.changed()) == [
+        "g1: the pull following the fetch started in the background on spark-b: the plan said True, the run did False"]
 
 
 def test_no_plan_printed_is_nothing_to_hold_a_run_to():
@@ -114,14 +122,17 @@ def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
     # The fetch was started in the background before it was waited for; without its start, named.
     assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start the head's weights")]) \
         == ["pair: the fetch started in the background on spark-a: the plan said True, the run did False"]
+    # And the worker's pull, following that fetch: without its start, named too.
+    assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start the workers' pulls")]) \
+        == ["pair: the pull following the fetch started in the background on spark-b: the plan said True, the run did False"]
     # So was the worker's pull of the image: started once the head pushed, it ran while the weights were
     # sent and the head's engine proof and proxy ran, and was waited for before the collective ran in it.
     order = [line.split(" | ", 1)[1].strip() for line in run.output.splitlines() if line.startswith("--> Starting operation: ")]
     first = lambda prefix: next(i for i, op in enumerate(order) if op.startswith(prefix))  # noqa: E731
-    assert (first("Push ") < first("Start pulling ") < first("Send ") < first("Prove the command lines ")
+    assert (first("Push ") < first(IMAGE_PULL_START) < first("Send ") < first("Prove the command lines ")
             < first("Run sparkfleet-api-proxy") < first("Pull ") < first("Record the passed fabric speed proof")), order
     # Without its start, named.
-    assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith("Start pulling ")]) \
+    assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith(IMAGE_PULL_START)]) \
         == ["pair: image pull started in the background on spark-b: the plan said True, the run did False"]
     # The same run with the worker's restart lost: named.
     without = [(op, h) for op, h in run.changed() if op != "Restart the workers (workers first)"]
