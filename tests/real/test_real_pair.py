@@ -80,13 +80,14 @@ def assert_progress(output: str, changed: list[tuple[str, str]]) -> None:
     if not os.environ.get("SFL_REAL_KEEP_CACHES"):  # conftest.py: then the deploy changes nothing
         assert (HEAD, "prewarm") in steps, f"the prewarm printed no progress ({sorted(steps)}):\n{tail}"
     # The weights, when this deploy moved them (a fresh lab: tiny-llama is the real pair's alone), at the
-    # inventory's uplink pace (~14 s each way): the fan-out printed bytes and a rate; the fetch, started in
-    # the background before the image's build (roles/weights/background.py), either as well (the deploy
-    # waited for it) or, having ended while the image was built and shipped, its done line with its own time.
+    # inventory's uplink pace (~14 s each way): the fetch and the worker's pull following it, both started
+    # in the background before the image's build (roles/weights/background.py), each either printed bytes
+    # and a rate (the deploy waited for it) or, having ended while the image was built and shipped, its
+    # done line with its own time.
     for op, host in changed:
         if op.startswith(("Fetch sparkfleet-lab/tiny-llama ", "Send sparkfleet-lab/tiny-llama ")):
             seen = steps.get((host, op))
-            background = op.startswith("Fetch ") and seen and seen.get("background") and seen["done"]
+            background = seen and seen.get("background") and seen["done"]
             assert seen and (seen["ticks"] or background), f"{host}: {op}: no progress line ({sorted(steps)}):\n{tail}"
             print(f"\n  {host}: {op}: " + (f"in the background, done in {seen['done'][0]} s" if not seen["ticks"]
                                            else f"{seen['ticks'][-1][1]}, done in {seen['done'][0]} s"))
