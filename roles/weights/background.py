@@ -141,7 +141,7 @@ def define_start(*, before_build: bool) -> None:
         _if=lambda: here,
     )
     # Then each worker's pull, following the fetch: after the start above on every host (pyinfra runs
-    # one operation on every host before the next), so the stale manifest and list are gone by then.
+    # one operation on every host before the next), so the last fetch's list is gone by then.
     follows = followed(plan, cluster, node, [m for m, _ in profile_models(profile)]) if place else []
     server.shell(
         name=FOLLOW_STEP if before_build else f"{FOLLOW_STEP} (after the build)",
