@@ -367,7 +367,12 @@ class Landing:
     between two scans, hashed once (again only when it changes)."""
 
     def __init__(self, root):
-        self.root, self.entries, self.hashed, self.last = root, {}, {}, {}
+        self.root, self.hashed, self.last = root, {}, {}  # hashed: path -> ((size, mtime_ns), sha256)
+
+    @property
+    def entries(self):
+        """{path: (size, sha256)} of what has landed: the manifest lines of the list."""
+        return {rel: (sig[0], sha) for rel, (sig, sha) in self.hashed.items()}
 
     def scan(self, final=False):
         """One look; True when the landed set changed. `final`: the fetch has ended, so nothing is
@@ -382,8 +387,8 @@ class Landing:
                 continue
             now[rel] = (st.st_size, st.st_mtime_ns)
         changed = False
-        for rel in [r for r in self.entries if r not in now]:  # replaced or removed meanwhile
-            del self.entries[rel]
+        for rel in [r for r in self.hashed if r not in now]:  # removed meanwhile
+            del self.hashed[rel]
             changed = True
         for rel, sig in sorted(now.items()):
             if self.hashed.get(rel, (None,))[0] == sig or (self.last.get(rel) != sig and not final):
@@ -396,7 +401,6 @@ class Landing:
             if (st.st_size, st.st_mtime_ns) != sig:
                 continue  # changed while hashed: the next look
             self.hashed[rel] = (sig, sha)
-            self.entries[rel] = (sig[0], sha)
             changed = True
         self.last = now
         return changed
@@ -920,13 +924,14 @@ class HttpPull(Pull):
         return 0
 
 
-def http_text(url, io_timeout):
-    """The text at `url` over the fabric, or None when the server has no such file (404)."""
+def http_text(url, io_timeout, missing_ok=False):
+    """The text at `url` over the fabric; `missing_ok`: None when the server has no such file (404).
+    Any other failure (and a 404 otherwise) ends the pull, exit 4, naming the URL."""
     try:
         with FABRIC.open(url, timeout=io_timeout or None) as r:
             return r.read().decode()
     except urllib.error.HTTPError as e:
-        if e.code == 404:
+        if missing_ok and e.code == 404:
             return None
         say(f"{url}: {e}; a re-run resumes from what arrived")
         sys.exit(HTTP_FAILED)
@@ -943,15 +948,11 @@ def follow(a, src, job, poll=1.0):
     own last), and no list yet means the fetch has not begun (the deploy removes the last one first)."""
     held, told = {}, None
     while True:
-        landed = http_text(src + ".landed", a.io_timeout)
+        landed = http_text(src + ".landed", a.io_timeout, missing_ok=True)
         header, entries = checked_manifest(landed, src + ".landed") if landed is not None else ({}, {})
         fetch = header.get("fetch", "not started")
         if fetch == "done":
-            text = http_text(src + ".manifest", a.io_timeout)
-            if text is None:
-                say(f"the head's fetch is done but {src}.manifest is missing; a re-run resumes from what arrived")
-                sys.exit(HTTP_FAILED)
-            return text, held
+            return http_text(src + ".manifest", a.io_timeout), held  # written before the list said done
         refuse_escapes(a.dest, entries, src + ".landed")
         new = {rel: e for rel, e in entries.items() if held.get(rel) != e[1]}
         if new:
@@ -960,7 +961,7 @@ def follow(a, src, job, poll=1.0):
             job.entries = {**job.entries, **new}
             present = listing(a.dest)
             job.verified -= set(new)
-            sent = [rel for rel in absent(new, present)]
+            sent = absent(new, present)
             for rel in sorted(set(new) - set(sent)):  # in place at its size (an earlier pull's): hashed
                 if not job.in_place(rel):
                     sent.append(rel)
@@ -978,18 +979,6 @@ def follow(a, src, job, poll=1.0):
             say(f"following the head's fetch ({fetch}): {len(held)} file(s) landed and pulled so far")
             told = (fetch, len(held))
         time.sleep(poll)
-
-
-def http_manifest(url, dest, io_timeout):
-    """The head's manifest at `url`, saved to dest (the rsync pull's copy of it)."""
-    try:
-        with FABRIC.open(url, timeout=io_timeout or None) as r:
-            data = r.read()
-    except (OSError, http.client.HTTPException) as e:
-        say(f"{url}: {e}; a re-run resumes from what arrived")
-        sys.exit(HTTP_FAILED)
-    with open(dest, "wb") as f:
-        f.write(data)
 
 
 class Serve(http.server.BaseHTTPRequestHandler):
@@ -1072,13 +1061,12 @@ def pulled(a, src, job):
     try:
         if a.follow:
             text, held = follow(a, src, job)
+        elif isinstance(job, HttpPull):
+            text = http_text(src + ".manifest", a.io_timeout)
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 theirs = os.path.join(tmp, "manifest")
-                if isinstance(job, HttpPull):
-                    http_manifest(src + ".manifest", theirs, a.io_timeout)
-                else:
-                    rsync([src + ".manifest", theirs], a.io_timeout)
+                rsync([src + ".manifest", theirs], a.io_timeout)
                 with open(theirs) as f:
                     text = f.read()
         header, entries = checked_manifest(text, src + ".manifest")
