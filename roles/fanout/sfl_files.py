@@ -72,6 +72,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1025,13 +1026,26 @@ class Serve(http.server.BaseHTTPRequestHandler):
                 self.connection.sendfile(f, start, st.st_size - start)
 
 
+def notify_ready():
+    """Tell systemd the server listens (its unit is Type=notify: sd_notify(3)'s READY=1 on $NOTIFY_SOCKET),
+    so `systemctl restart` returns only once it answers: a worker's pull started right after the
+    restart (a loaded head binds late) finds it answering, not refusing. Without the variable, nothing."""
+    path = os.environ.get("NOTIFY_SOCKET", "")
+    if not path:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect("\0" + path[1:] if path.startswith("@") else path)  # '@': an abstract socket
+        s.sendall(b"READY=1")
+
+
 def serve(a):
     Serve.root = os.path.realpath(a.dir)
     Serve.allowed = tuple(ipaddress.ip_network(c, strict=False) for c in a.allow)
     Serve.timeout = a.io_timeout or None  # a client that sends no request in this long is dropped
-    server = http.server.ThreadingHTTPServer((a.address, a.port), Serve)
+    server = http.server.ThreadingHTTPServer((a.address, a.port), Serve)  # bound and listening
     server.daemon_threads = True
     say(f"serving {Serve.root} read-only on {a.address}:{a.port} to {', '.join(a.allow)}")
+    notify_ready()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever()
     server.server_close()

@@ -338,3 +338,22 @@ def test_an_http_pull_from_no_server_exits_4_naming_the_manifest_and_writes_noth
     assert pull(url, dest) == sfl_files.HTTP_FAILED
     assert f"{url}.manifest: <urlopen error [Errno 111] Connection refused>; a re-run resumes" in capsys.readouterr().err
     assert not (tmp_path / "worker").exists()
+
+
+def test_serve_tells_systemd_it_is_ready_only_once_it_listens(tmp_path):
+    """Its unit is Type=notify: READY=1 reaches $NOTIFY_SOCKET after the port is bound, so a connection
+    made as soon as it arrives is accepted (the deploy starts the workers' pulls right after a restart)."""
+    (tmp_path / "head").mkdir()
+    port = free_port()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(tmp_path / "notify"))
+        notify.settimeout(20)
+        proc = subprocess.Popen([sys.executable, SFL, "serve", str(tmp_path / "head"), "--address", "127.0.0.1",
+                                 "--port", str(port), "--allow", "127.0.0.0/8"], stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")})
+        try:
+            assert notify.recv(64) == b"READY=1"
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()  # no retry: it listens already
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
