@@ -37,6 +37,13 @@ with refusals_stop_the_run():
 
     # 2b. Host settings a pair needs to stay up (logind's RemoveIPC), each a file, applied on change.
     local.include("roles/host/tasks.py")
+    # 2c. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
+    #     Before the fabric: the build needs Docker and nothing of steps 3 to 4b.
+    local.include("roles/docker/tasks.py")
+    # 2d. The recipe checked out at its pinned commit on the head, its launch defaults checked against
+    #     the served commit, and the overlay image's build started in the background: the fabric, the
+    #     firewall, their proofs and the file path run while it builds; step 5 waits for it.
+    local.include("roles/image/build_start_tasks.py")
 
     # 3. The CX7 fabric: netplan drop-in, applied on change, jumbo frames proven between all nodes.
     local.include("roles/fabric/tasks.py")
@@ -56,21 +63,20 @@ with refusals_stop_the_run():
     #     against its bar in data, when no passed proof of this fabric is on record (roles/fabric_speed).
     local.include("roles/fabric_speed/link_tasks.py")
 
-    # 4. Docker: the engine, the NVIDIA runtime on GPU nodes, log rotation; restarted only on change.
-    local.include("roles/docker/tasks.py")
 
     # 4a. The fabric's file path: a read-only rsync daemon and HTTP server of the weights per node, and
     #     the fetch/pull/manifest tool (roles/fanout).
     local.include("roles/fanout/tasks.py")
 
     # 4b. The head's weights fetch, started in the background when it needs no image (a URL or a
-    #     directory, or the image already on the head): it runs while the image is built and shipped;
+    #     directory, or the image already on the head): it runs while the image builds and ships;
     #     each worker's pull follows it in the background, taking each file as it lands.
     local.include("roles/weights/fetch_start_tasks.py")
 
-    # 5. The recipe's overlay image: built once on the head; a fetch from the hub (its client runs in
-    #    the image) started in the background right after; then pushed to the head's fabric registry,
-    #    and every worker's pull started in the background: it runs while steps 7 to 7b2 do.
+    # 5. The recipe's overlay image: its build (started at step 2d) waited for on the head; a fetch from
+    #    the hub (its client runs in the image) started in the background right after; then pushed to the
+    #    head's fabric registry, and every worker's pull started in the background: it runs while steps
+    #    7 to 7b2 do.
     local.include("roles/image/tasks.py")
     local.include("roles/weights/hub_fetch_start_tasks.py")
     local.include("roles/image/ship_tasks.py")

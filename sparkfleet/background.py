@@ -14,7 +14,8 @@ that ended without ending the job (stopped, killed, an earlier job failed) is na
 A run that stops after the start (a later step failed, a Ctrl-C) leaves the unit running, bounded as
 its commands are: the next run finds it active with the same script and waits for it instead of
 starting it again; a script that differs (another revision, image or model) stops it first. Used by
-roles/weights/background.py (the head's fetch) and roles/image/background.py (a worker's pull).
+roles/weights/background.py (the head's fetch) and roles/image/background.py (the head's build, a
+worker's pull).
 """
 from __future__ import annotations
 

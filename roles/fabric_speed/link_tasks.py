@@ -1,4 +1,4 @@
-"""Step 3d, after the jumbo-frame proof: each link's speed, before anything is built or started.
+"""Step 3d, after the jumbo-frame proof: each link's speed, before anything ships or starts.
 
 Due when a node holds no passed record of this fabric (roles/fabric_speed/checks.py); the group's
 head runs every link's test, one link and one half after the other (a test shares its link with

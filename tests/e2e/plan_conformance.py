@@ -1,5 +1,5 @@
 """The plan a deploy printed against the operations it ran: every planned fetch (started in the
-background, then waited for), build, shipment,
+background, then waited for), build (started in the background, then waited for), shipment,
 cache warm-up, pair restart, firewall table applied or removed, fleet CA made, certificate issued and
 trust bundle written happened, on the node the plan names,
 and none happened that the plan did not announce; and so for the fleet's actions: every group routed again, taken out of routing
@@ -15,14 +15,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from roles.image.background import START_PREFIX as IMAGE_PULL_START
+from roles.image.background import BUILD_START_PREFIX as IMAGE_BUILD_START, START_PREFIX as IMAGE_PULL_START
 from roles.weights.background import FOLLOW_STEP, START_STEP as FETCH_START_STEP
 from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tools.plan import TABLE_HEADER
 
 # The operations that start a long step as a transient unit (sparkfleet/background.py): none of them
 # starts, stops or restarts the pair, whatever its name begins with.
-BACKGROUND_STARTS = (IMAGE_PULL_START, FETCH_START_STEP, FOLLOW_STEP)
+BACKGROUND_STARTS = (IMAGE_BUILD_START, IMAGE_PULL_START, FETCH_START_STEP, FOLLOW_STEP)
 
 
 def starts_in_background(op: str) -> bool:
@@ -194,6 +194,8 @@ def mismatches(output: str, changed: list[tuple[str, str]]) -> list[str]:
         workers = p.nodes[1:]
         expect(name, f"build on {p.head}", p.build,
                _count(changed, p.head, lambda op: op.startswith("Build ") and op.endswith(" on the head")) > 0)
+        expect(name, f"the build started in the background on {p.head}", p.build,
+               _count(changed, p.head, lambda op: op.startswith(IMAGE_BUILD_START)) > 0)
         expect(name, f"models fetched on {p.head}", p.fetch,
                _count(changed, p.head, lambda op: op.startswith("Fetch ") and " on the head (" in op))
         expect(name, f"the fetch started in the background on {p.head}", p.fetch > 0,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from sparkfleet.plan_types import AFTER_BUILD_STEP, WARM_AFTER_BUILD
 from tests.e2e.lab import Run
-from tests.e2e.plan_conformance import APPLY, IMAGE_PULL_START, PlannedFleet, mismatches, parse_plan
+from tests.e2e.plan_conformance import APPLY, IMAGE_BUILD_START, IMAGE_PULL_START, PlannedFleet, mismatches, parse_plan
 from tests.e2e.plan_conformance import parse_fleet as parse_plan_fleet
 
 PLAN = """\
@@ -28,6 +28,7 @@ def ran(*ops):
 
 
 G1_AS_PLANNED = [
+    ("Start building sparkfleet/glm:fd5f on the head, in the background", {"spark-a": "Success"}),
     ("Start the head's weights fetch in the background (the hub's client, in the image just built)",
      {"spark-a": "Success", "spark-c": "No changes"}),
     ("Start the workers' pulls of the weights the head fetches, in the background (after the build)",
@@ -134,6 +135,13 @@ def test_a_recorded_first_lab_deploy_did_what_its_plan_printed():
     # Without its start, named.
     assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith(IMAGE_PULL_START)]) \
         == ["pair: image pull started in the background on spark-b: the plan said True, the run did False"]
+    # The head's build started in the background right after Docker, before the fabric, its proofs and
+    # the file path, and was waited for before anything ran the image; without its start, named.
+    assert (first("Restart Docker ") < first(IMAGE_BUILD_START) < first("Apply netplan ") < first("Prove jumbo frames ")
+            < first("Prove the fabric's speed") < first("Start the head's weights fetch") < first("Build ")
+            < first("Push ")), order
+    assert mismatches(run.output, [(op, h) for op, h in run.changed() if not op.startswith(IMAGE_BUILD_START)]) \
+        == ["pair: the build started in the background on spark-a: the plan said True, the run did False"]
     # The same run with the worker's restart lost: named.
     without = [(op, h) for op, h in run.changed() if op != "Restart the workers (workers first)"]
     assert mismatches(run.output, without) == [

@@ -346,6 +346,27 @@ def test_a_failed_pull_names_the_workers_docker_journal_and_how_to_reach_the_reg
     assert "curl -sS http://10.77.77.1:5000/v2/" in b["next"] and "manifest unknown" in b["text"]
 
 
+def test_a_failed_background_build_fails_its_wait_with_the_builds_own_lines(monkeypatch):
+    """The head's build runs in the background from step 2d (roles/image/background.py); step 5's wait
+    fails with what the bounded build printed: its step, exit status, log on the head and data key."""
+    from pyinfra.api.exceptions import DeployError
+
+    from roles.image import background as image_background
+
+    c = build_cluster(pair())
+    said = (f'sparkfleet: spark-a: "Build {PROFILE.image_ref} on the head": failed (exit status 1); '
+            f"log: ssh root@10.0.0.11 'tail -n 200 /var/lib/sparkfleet/logs/build-x.log'; key: serving_recipe_commit")
+    fake = FakeHost("spark-a", {image_background.BUILD_UNIT: (False, said)})
+    monkeypatch.setattr(image_background, "host", fake)
+    monkeypatch.setattr(image_background, "state", SimpleNamespace())
+    monkeypatch.setattr(image_background, "cluster_from_state", lambda state: c)
+    with pytest.raises(DeployError) as err:
+        image_background.await_build(ref=PROFILE.image_ref, step=f"Build {PROFILE.image_ref} on the head")
+    assert any(f"systemctl is-active --quiet {image_background.BUILD_UNIT}" in cmd for cmd in fake.commands)
+    assert str(err.value).startswith(f'spark-a: "Build {PROFILE.image_ref} on the head" failed; what it printed:')
+    assert said in str(err.value)
+
+
 class PrewarmNodes:
     """kernel_cache's _Nodes: every node answers `answers` (substring -> stdout); counts are steady."""
 
