@@ -73,6 +73,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -119,8 +120,12 @@ def listing(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in filenames:
             full = os.path.join(dirpath, name)
-            if os.path.isfile(full) and not os.path.islink(full):
-                out[os.path.relpath(full, root)] = os.path.getsize(full)
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:  # gone since its directory was read: rsync renamed its temporary
+                continue  # file into place as it landed (`land` lists a directory a fetch is writing)
+            if stat.S_ISREG(st.st_mode):
+                out[os.path.relpath(full, root)] = st.st_size
     return out
 
 
@@ -450,8 +455,6 @@ def resolution(rootfd, base, dir_parts, target):
     `target`: resolved physically, component by component, each symlink met on the way read through the
     root's descriptor (lstat and readlink only, nothing opened). An absolute target is inside only when
     it names a path under `base` (the root's real path). `where` is the absolute path it resolves to."""
-    import stat
-
     stack = list(dir_parts)
     pending = target.split("/")
     if target.startswith("/"):
@@ -491,8 +494,6 @@ def resolution(rootfd, base, dir_parts, target):
 
 def _kind(st, link, where, inside):
     """What a non-directory entry is, when foreign (None: a regular file or a symlink staying inside)."""
-    import stat
-
     mode = st.st_mode
     if stat.S_ISLNK(mode):
         return None if inside else f"symlink to {link} (resolves to {where}, outside the tree)"
@@ -505,8 +506,6 @@ def _kind(st, link, where, inside):
 
 
 def _bits(st, what):
-    import stat
-
     mode = st.st_mode
     if not mode & (stat.S_ISUID | stat.S_ISGID):
         return None
@@ -522,7 +521,6 @@ def walk_foreign(root, act, failed):
     listed (st_dev, st_ino); otherwise it is yielded as swapped and not entered. Drops that fail are
     appended to `failed` ((rel, reason)); nothing outside the tree is ever changed or opened."""
     import errno
-    import stat
 
     try:
         rootfd = os.open(root, DIR_FLAGS)
@@ -1004,8 +1002,6 @@ class Serve(http.server.BaseHTTPRequestHandler):
             fd = os.open(confined(self.root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except (OSError, ManifestError):
             return self.send_error(404)
-        import stat
-
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)

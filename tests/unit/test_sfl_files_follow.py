@@ -5,6 +5,7 @@ against the head's manifest without sending or hashing again what it holds. Real
 loopback: the fetch is a program writing the shards one by one, each only when the test lets it, so
 "pulled before the next one landed" is an observed state, not a timing."""
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -213,3 +214,30 @@ def test_follow_needs_the_http_server(tmp_path, capsys):
                                              ("config.json", False)])
 def test_rsyncs_temporary_names_are_never_landed(name, temporary):
     assert bool(sfl_files.RSYNC_TEMP.match(name)) is temporary
+
+
+def test_a_file_renamed_away_while_it_is_looked_at_is_no_error(tmp_path, monkeypatch):
+    """`land` lists a directory a fetch is writing: rsync renames its temporary file into place at any
+    moment, so a name may be there at one look and gone at the next (make test of 11c4db0: `land` died
+    on it with FileNotFoundError, failing the fetch). Here the temporary file answers the first look at
+    it and is gone after: the listing takes what one look saw and goes on, never raising."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    temp = tmp_path / "m" / ".model.safetensors.Xy12Zq"
+    temp.write_bytes(b"x" * 5)
+    looks = []
+    real_stat, real_lstat = os.stat, os.lstat
+
+    def renamed_after_one_look(real):
+        def look(path, *args, **kwargs):
+            if str(path) == str(temp):
+                looks.append(path)
+                if len(looks) > 1:
+                    raise FileNotFoundError(2, "No such file or directory", str(path))
+            return real(path, *args, **kwargs)
+        return look
+    monkeypatch.setattr(os, "stat", renamed_after_one_look(real_stat))
+    monkeypatch.setattr(os, "lstat", renamed_after_one_look(real_lstat))
+    listed = sfl_files.listing(str(tmp_path / "m"))
+    assert listed["config.json"] == 2 and set(listed) <= {"config.json", temp.name}
+    assert len(looks) == 1  # one look per file: what it saw is what is listed
