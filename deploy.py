@@ -63,7 +63,6 @@ with refusals_stop_the_run():
     #     against its bar in data, when no passed proof of this fabric is on record (roles/fabric_speed).
     local.include("roles/fabric_speed/link_tasks.py")
 
-
     # 4a. The fabric's file path: a read-only rsync daemon and HTTP server of the weights per node, and
     #     the fetch/pull/manifest tool (roles/fanout).
     local.include("roles/fanout/tasks.py")

@@ -3,9 +3,9 @@
 A fetch from the hub takes tens of minutes on an office uplink, and so do the image's build and its
 ship over the fabric; nothing in one needs the other, except that the hub's client runs inside the
 serving image. So the deploy starts the fetch as a transient systemd unit on the head
-(FETCH_UNIT, `systemd-run`) as early as it can: before the build when the source is a URL or a
-directory, or when the head already holds the image; right after the build when the hub's client
-needs the image being built. Step 7's fetch operation then waits for it (with its progress, as
+(FETCH_UNIT, `systemd-run`) as early as it can: at step 4b, while the image builds (the build runs
+in the background from step 2d), when the source is a URL or a directory, or when the head already
+holds the image; right after the build when the hub's client needs the image being built. Step 7's fetch operation then waits for it (with its progress, as
 before), prints what it printed and fails the run as the fetch did.
 
 The unit (sparkfleet/background.py: its script, status files, start and wait) fetches each model
