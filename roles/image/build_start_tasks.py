@@ -16,7 +16,8 @@ from pyinfra.operations import apt, python, server
 
 from roles.image.background import build_start_step, start_build
 from roles.image.checks import (
-    RECORD_BASE_STEP, base_record_path, check_recipe_drift, recipe_dir, record_base_images, refuse_loose_commit,
+    RECORD_BASE_STEP, base_record_path, check_recipe_drift, recipe_bumped, recipe_dir, record_base_images,
+    refuse_loose_commit,
 )
 from roles.image.commands import build_command, checkout_step, git_fetch_command
 from roles.image.facts import DeployedCommits, RecipeCheckout, ResolvedCommit
@@ -69,7 +70,7 @@ server.shell(
 )
 
 # 2. Upstream drift: every launch default that changed since the served commit, and whether we pin it.
-bumped = bool(served) and not served[-1].startswith(recipe.commit)  # a recipe bump (or a rollback)
+bumped = recipe_bumped(served, recipe.commit)
 python.call(
     name="Check the recipe's launch defaults against the served commit",
     function=check_recipe_drift,

@@ -74,6 +74,12 @@ def commit_problem(node, profile, resolved: str | None) -> Problem | None:
     )
 
 
+def recipe_bumped(served: list[str], commit: str) -> bool:
+    """A recipe bump (or a rollback): the head's served-commit history ends with another commit. The
+    launch-default drift check (step 2d) and the exact drift check (step 5) both run only then."""
+    return bool(served) and not served[-1].startswith(commit)
+
+
 def refuse_loose_commit(node, profile, resolved: str | None) -> None:
     """Prepare time, on the head: stop the run before any change when the commit is not a full SHA."""
     problem = commit_problem(node, profile, resolved)

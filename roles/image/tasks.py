@@ -22,7 +22,7 @@ from pyinfra.operations import apt, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.image.background import await_build
-from roles.image.checks import check_exact_drift, exact_drift_ranks, other_profile_images, recipe_dir
+from roles.image.checks import check_exact_drift, exact_drift_ranks, other_profile_images, recipe_bumped, recipe_dir
 from roles.image.commands import build_step
 from roles.image.facts import DeployedCommits, LocalImages
 from sparkfleet.decided import decisions
@@ -51,7 +51,7 @@ served, registry_bin, local_images = at_once(
     lambda: host.get_fact(Which, command="docker-registry") if on_head else None,
     lambda: host.get_fact(LocalImages) if node.serving_prune_other_profiles else None,
 )
-bumped = bool(served) and not served[-1].startswith(recipe.commit)  # a recipe bump (or a rollback)
+bumped = recipe_bumped(served, recipe.commit)
 
 # 3. The registry, on the head's fabric address only.
 if on_head:
