@@ -49,7 +49,7 @@ with refusals_stop_the_run():
     local.include("roles/fabric/tasks.py")
 
     # 3a. HAProxy on each head (the API proxy's program, step 7b2), and the user Prometheus runs as on
-    #     the monitoring node (step 12b installs it): the firewall names both users.
+    #     the monitoring node (step 4c installs it): the firewall names both users.
     local.include("roles/api_proxy/install_tasks.py")
     local.include("roles/monitoring/user_tasks.py")
 
@@ -71,6 +71,10 @@ with refusals_stop_the_run():
     #     directory, or the image already on the head): it runs while the image builds and ships;
     #     each worker's pull follows it in the background, taking each file as it lands.
     local.include("roles/weights/fetch_start_tasks.py")
+
+    # 4c. The monitoring packages (monitoring_enabled), while the head builds and fetches: their services
+    #     held from starting until step 12b has written their files.
+    local.include("roles/monitoring/install_tasks.py")
 
     # 5. The recipe's overlay image: its build (started at step 2d) waited for on the head; a fetch from
     #    the hub (its client runs in the image) started in the background right after; then pushed to the
@@ -141,7 +145,7 @@ with refusals_stop_the_run():
     #     of routing until they pass again.
     local.include("roles/router/tasks.py")
 
-    # 12b. Monitoring (monitoring_enabled): the OS's node exporter on every node, the engine's /metrics
+    # 12b. Monitoring (monitoring_enabled; its packages installed at step 4c): the OS's node exporter on every node, the engine's /metrics
     #     through each head's proxy, both over TLS with the node's certificate, the OS's Prometheus
     #     (scraping https) with sparkfleet's alerts on monitoring_node,
     #     and its Alertmanager when data names receivers (monitoring_alertmanager_enabled).

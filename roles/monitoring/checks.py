@@ -192,19 +192,60 @@ def upstream_version(debian_version: str) -> str:
     return text
 
 
-def install_command(package: str, version: str) -> str:
-    """Installs the OS's build of upstream `version` of `package` (no recommends; files already written
-    by the deploy kept), or fails naming the versions the node's package sources offer."""
-    p, v = shlex.quote(package), shlex.quote(version)
-    return (
-        "export DEBIAN_FRONTEND=noninteractive; apt-get update -qq >/dev/null && "
-        f"offered=$(apt-cache madison {p} | awk -F'|' '{{gsub(/ /, \"\", $2); print $2}}'); full=''; "
-        f"for o in $offered; do u=${{o#*:}}; u=${{u%%[-+~]*}}; [ \"$u\" = {v} ] && {{ full=$o; break; }}; done; "
-        f"if [ -z \"$full\" ]; then echo \"{package} {version} is not offered by this node's package sources "
-        f"(offered: $(echo $offered)); set its monitoring_*_version to one of them\" >&2; exit 1; fi; "
-        "apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confdef "
-        f"-o Dpkg::Options::=--force-confold {p}=\"$full\""
-    )
+# The packages' services held from starting while they are installed (step 4c): a policy-rc.d that
+# forbids `start` to deb-systemd-invoke and invoke-rc.d (Debian policy 9.3.3; bookworm's
+# /usr/bin/deb-systemd-invoke asks it before every systemctl call) for these units alone, so no exporter
+# listens in cleartext and no Prometheus scrapes with the package's defaults before step 12b has written
+# sparkfleet's files and started them. A fresh install's postinst starts (debhelper: `start`); an
+# upgrade's restarts (`restart`, allowed: its service runs with the files an earlier deploy wrote). Only
+# these names, so a copy a killed run left behind holds nothing else (the next install replaces it); a
+# policy-rc.d of the node's own is left alone, and its policy decides.
+POLICY_RC = "/usr/sbin/policy-rc.d"
+POLICY_MARK = "# sparkfleet: prometheus* not started until step 12b (roles/monitoring/checks.py install_command)"
+HELD_POLICY = (f"#!/bin/sh\n{POLICY_MARK}\n"
+               'case "$1" in prometheus|prometheus[.-]*) case " $2 " in *" start "*) exit 101 ;; esac ;; esac\n'
+               "exit 0\n")
+
+
+def install_command(wanted: dict[str, str]) -> str:
+    """One apt transaction: the OS's build of upstream version v of each package p of `wanted` {p: v} (no
+    recommends; files already there kept: confold), their services held from starting (HELD_POLICY);
+    or a failure naming, for the first package whose version the node's package sources do not offer,
+    the versions they offer. Nothing is installed then."""
+    lines = ["export DEBIAN_FRONTEND=noninteractive; apt-get update -qq >/dev/null || exit 1; want=''"]
+    for package, version in wanted.items():
+        p, v = shlex.quote(package), shlex.quote(version)
+        lines.append(
+            f"offered=$(apt-cache madison {p} | awk -F'|' '{{gsub(/ /, \"\", $2); print $2}}'); full=''; "
+            f"for o in $offered; do u=${{o#*:}}; u=${{u%%[-+~]*}}; [ \"$u\" = {v} ] && {{ full=$o; break; }}; done; "
+            f"if [ -z \"$full\" ]; then echo \"{package} {version} is not offered by this node's package sources "
+            f"(offered: $(echo $offered)); set its monitoring_*_version to one of them\" >&2; exit 1; fi; "
+            f"want=\"$want {p}=$full\"")
+    policy = shlex.quote(POLICY_RC)
+    lines.append(
+        f"if [ -e {policy} ] && grep -qxF {shlex.quote(POLICY_MARK)} {policy}; then rm -f {policy}; fi; "
+        f"if [ ! -e {policy} ]; then trap 'rm -f {policy}' EXIT; trap 'exit 1' HUP INT TERM; "
+        f"printf %s {shlex.quote(HELD_POLICY)} > {policy} && chmod 0755 {policy} || exit 1; fi")
+    lines.append("apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confdef "
+                 "-o Dpkg::Options::=--force-confold $want")
+    return "\n".join(lines)
+
+
+def held_packages(node, monitor) -> dict[str, str]:
+    """{package: pinned upstream version} of the monitoring packages `node` runs: the exporter on every node;
+    Prometheus, and Alertmanager when data enables it, on the monitoring node `monitor`."""
+    wanted = {EXPORTER_PACKAGE: node.monitoring_node_exporter_version}
+    if node.name == monitor.name:
+        wanted[PROMETHEUS_PACKAGE] = node.monitoring_prometheus_version
+        if node.monitoring_alertmanager_enabled:
+            wanted[ALERTMANAGER_PACKAGE] = node.monitoring_alertmanager_version
+    return wanted
+
+
+def to_install(wanted: dict[str, str], installed: dict[str, str]) -> dict[str, str]:
+    """The packages of `wanted` whose installed upstream version (the fact at prepare) is another or none:
+    step 4c installs them, and step 12b starts (or restarts) their services once its files are written."""
+    return {p: v for p, v in wanted.items() if upstream_version(installed.get(p, "")) != v}
 
 
 class InstalledVersions(FactBase):

@@ -3,21 +3,21 @@
 
 On every node:
 1. the exporter's arguments, its unit's drop-in (after the firewall), with TLS on its web configuration
-   (the node's certificate: roles/tls copied it for the exporters at step 7b1), and sparkfleet's textfile,
-   written first, so the package's first start already runs with them (dpkg keeps files it finds: confold);
-2. `prometheus-node-exporter` at the pinned upstream version, when another or none is installed;
-3. the exporter restarted when its arguments, drop-in or web configuration changed or the node's
-   certificate is new (the plan's exporter copy), running and enabled;
+   (the node's certificate: roles/tls copied it for the exporters at step 7b1), and sparkfleet's textfile;
+2. (`prometheus-node-exporter` at the pinned upstream version was installed at step 4c when another or
+   none was, its service held from starting: roles/monitoring/install_tasks.py;)
+3. the exporter (re)started when step 4c installed it, or its arguments, drop-in or web configuration
+   changed or the node's certificate is new (the plan's exporter copy), running and enabled;
 4. on an RDMA node, the timer that writes its GID index now (sparkfleet-gid-metrics, sfl_gid.sh --now);
 5. on a GPU node, NVIDIA's dcgm-exporter (sparkfleet-gpu-exporter), its fields GB10's, with the same web
    configuration, restarted when its unit, its fields, the web configuration or the certificate changed.
-On the monitoring node, the same for `prometheus`: its arguments and the alert rules before the
-package; after it, the secrets data names (copied from the controller, roles/monitoring/secrets.py)
+On the monitoring node, the same for `prometheus` (installed at step 4c too): its arguments, the alert rules, the secrets data names (copied from the controller, roles/monitoring/secrets.py)
 and the scrape config (0640 root:prometheus; every target over https with TLS on, verified with the
 trust bundle roles/tls copies for it), checked by promtool; reloaded (SIGHUP) when only the config, the
 rules, a secret or that bundle changed, restarted when its arguments did. With monitoring_alertmanager_enabled, the same
 again for `prometheus-alertmanager` after Prometheus (whose package makes the `prometheus` user that
-reads its configuration), its configuration checked by amtool.
+reads its configuration), its configuration checked by amtool. Step 4c installed each package when
+another version or none was there: its service is started here, with sparkfleet's files in place.
 With monitoring_enabled false, nothing is installed; what an earlier deploy installed stays, and the
 firewall closes its ports. An unchanged re-deploy changes nothing.
 """
@@ -33,8 +33,8 @@ from roles.monitoring.checks import (
     alertmanager_config_text, alertmanager_defaults_text,
     EXPORTER_DEFAULTS, EXPORTER_PACKAGE, EXPORTER_UNIT, GID_METRICS_UNIT, GPU_EXPORTER_UNIT, PROMETHEUS_CONFIG, PROMETHEUS_DATA, PROMETHEUS_DEFAULTS,
     PROMETHEUS_PACKAGE, PROMETHEUS_UNIT, RULES, TEXTFILE, TEXTFILE_DIR, InstalledVersions, exporter_defaults_text,
-    gid_metrics_files, gpu_exporter_files, install_command, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text, targets,
-    textfile_text, upstream_version, web_config_text,
+    gid_metrics_files, gpu_exporter_files, held_packages, monitoring_node, prometheus_config_text, prometheus_defaults_text, rules_text,
+    targets, textfile_text, to_install, web_config_text,
 )
 from roles.monitoring.secrets import GROUP as SECRET_GROUP, MODE as SECRET_MODE, controller_secrets, stale, write_secret
 from sparkfleet import unchanged
@@ -66,17 +66,10 @@ def _ordered_after_the_firewall(unit: str):
     return dropin
 
 
-def _install(package: str, version: str, installed: str):
-    """The OS's build of upstream `version`, when another or none is installed."""
-    return server.shell(
-        name=f"Install {package} {version} (the OS's build)",
-        commands=[install_command(package, version)],
-        _if=lambda: upstream_version(installed) != version,
-    )
-
-
 if monitor is not None:
-    installed = host.get_fact(InstalledVersions, packages=PACKAGES)
+    # The packages step 4c installed in this run (roles/monitoring/install_tasks.py): their services were held
+    # from starting, so each is started here once its files are written (an upgrade's, restarted).
+    fresh = to_install(held_packages(node, monitor), host.get_fact(InstalledVersions, packages=PACKAGES))
     if node.name == monitor.name:
         jobs = targets(fleet)
         logger.info(f"--> sparkfleet monitoring: Prometheus on {node.name} (127.0.0.1:{node.monitoring_prometheus_port}) "
@@ -99,16 +92,17 @@ if monitor is not None:
                          dest=EXPORTER_DEFAULTS, user="root", group="root", mode="0644")
     dropin = _ordered_after_the_firewall(EXPORTER_UNIT)
     # TLS: the exporters' web configuration beside the copy of the node's certificate roles/tls made there
-    # (its directory root:prometheus 0750; that group exists from step 3a, roles/monitoring/user_tasks.py).
+    # (its directory root:prometheus 0750; that group exists from step 3a or 4c, roles/monitoring/user_tasks.py or install_tasks.py).
     web_text = web_config_text(node)
     web = unchanged.put(name=f"Write {EXPORTER_WEB_CONFIG} (the exporters' TLS)", src=StringIO(web_text),
                         dest=EXPORTER_WEB_CONFIG, user="root", group=EXPORTER_GROUP, mode="0640") if web_text else None
     web_changed = lambda: web is not None and web.did_change()  # noqa: E731
-    package = _install(EXPORTER_PACKAGE, node.monitoring_node_exporter_version, installed.get(EXPORTER_PACKAGE, ""))
+    if EXPORTER_PACKAGE in fresh:
+        server.shell(name=f"Start {EXPORTER_UNIT} (installed at step 4c)", commands=[f"systemctl restart {EXPORTER_UNIT}.service"])
     server.shell(name=f"Restart {EXPORTER_UNIT} (its arguments, its TLS or its certificate changed)",
                  commands=[f"systemctl restart {EXPORTER_UNIT}.service"],
                  _if=lambda: (args.did_change() or dropin.did_change() or web_changed() or new_cert)
-                 and not package.did_change())
+                 and EXPORTER_PACKAGE not in fresh)
     unchanged.service(name=f"Run {EXPORTER_UNIT}, at boot too", service=f"{EXPORTER_UNIT}.service", running=True,
                       enabled=True)
     # An RDMA node: its GID index, now, every scrape interval (SparkfleetGidMoved).
@@ -142,10 +136,9 @@ if monitor is not None:
         rules = unchanged.put(name=f"Write {RULES} (sparkfleet's alerts)", src=StringIO(rules_text(fleet)), dest=RULES,
                               user="root", group="root", mode="0644")
         prom_dropin = _ordered_after_the_firewall(PROMETHEUS_UNIT)
-        prom = _install(PROMETHEUS_PACKAGE, node.monitoring_prometheus_version, installed.get(PROMETHEUS_PACKAGE, ""))
-        # After the package, whose postinst makes the prometheus user and group: the scrape config and the
-        # secrets are root's and that group's alone. The package's first start reads its own default config
-        # (scraping localhost) for the moment until the reload below.
+        # The prometheus user and group exist since step 3a or 4c (its user, or the packages' postinst): the scrape
+        # config and the secrets are root's and that group's alone.
+        new_prom = PROMETHEUS_PACKAGE in fresh
         unchanged.directory(name=f"Create {SECRETS_DIR} (root:{SECRET_GROUP})", path=SECRETS_DIR, user="root",
                             group=SECRET_GROUP, mode="0750")
         found = host.get_fact(ManagedTargets, files=tuple(sorted(secrets))) if secrets else {}
@@ -158,9 +151,13 @@ if monitor is not None:
         # promtool checks the config and the rules it names: a file Prometheus would refuse stops here.
         server.shell(name=f"Check {PROMETHEUS_CONFIG} and {RULES} with promtool",
                      commands=[f"promtool check config {PROMETHEUS_CONFIG}"],
-                     _if=any_changed(config, rules, prom))
+                     _if=lambda: new_prom or any_changed(config, rules)())
+        if new_prom:
+            server.shell(name=f"Start {PROMETHEUS_UNIT} (installed at step 4c)",
+                         commands=[absent_dir_command(PROMETHEUS_DATA, "prometheus", "prometheus"),
+                                   f"systemctl restart {PROMETHEUS_UNIT}.service"])
         restart = any_changed(prom_args, prom_dropin)
-        restarts = lambda: restart() and not prom.did_change()  # noqa: E731 (the package's start read the args)
+        restarts = lambda: restart() and not new_prom  # noqa: E731 (the start above read the args)
         server.shell(name=f"Restart {PROMETHEUS_UNIT} (its arguments changed)",
                      commands=[absent_dir_command(PROMETHEUS_DATA, "prometheus", "prometheus"),
                                f"systemctl restart {PROMETHEUS_UNIT}.service"],
@@ -168,7 +165,8 @@ if monitor is not None:
         new_bundle = tls is not None and node.name in tls.bundle  # roles/tls wrote Prometheus' copy too
         server.shell(name=f"Reload {PROMETHEUS_UNIT} (its targets, rules, secrets or trust bundle changed)",
                      commands=[f"systemctl reload {PROMETHEUS_UNIT}.service"],
-                     _if=lambda: (any_changed(config, rules, *written)() or new_bundle) and not restarts())
+                     _if=lambda: (any_changed(config, rules, *written)() or new_bundle) and not restarts()
+                     and not new_prom)
         unchanged.service(name=f"Run {PROMETHEUS_UNIT}, at boot too", service=f"{PROMETHEUS_UNIT}.service",
                           running=True, enabled=True)
 
@@ -181,17 +179,20 @@ if monitor is not None:
         am_config = unchanged.put(name=f"Write {ALERTMANAGER_CONFIG} (the receivers)",
                                   src=StringIO(alertmanager_config_text(node)), dest=ALERTMANAGER_CONFIG, user="root",
                                   group="prometheus", mode="0640")
-        am = _install(ALERTMANAGER_PACKAGE, node.monitoring_alertmanager_version,
-                      installed.get(ALERTMANAGER_PACKAGE, ""))
+        new_am = ALERTMANAGER_PACKAGE in fresh
         server.shell(name=f"Check {ALERTMANAGER_CONFIG} with amtool", commands=[f"amtool check-config {ALERTMANAGER_CONFIG}"],
-                     _if=any_changed(am_config, am))
+                     _if=lambda: new_am or am_config.did_change())
+        if new_am:
+            server.shell(name=f"Start {ALERTMANAGER_UNIT} (installed at step 4c)",
+                         commands=[absent_dir_command(ALERTMANAGER_DATA, "prometheus", "prometheus"),
+                                   f"systemctl restart {ALERTMANAGER_UNIT}.service"])
         server.shell(name=f"Restart {ALERTMANAGER_UNIT} (its arguments changed)",
                      commands=[absent_dir_command(ALERTMANAGER_DATA, "prometheus", "prometheus"),
                                f"systemctl restart {ALERTMANAGER_UNIT}.service"],
-                     _if=lambda: am_args.did_change() and not am.did_change())
+                     _if=lambda: am_args.did_change() and not new_am)
         server.shell(name=f"Reload {ALERTMANAGER_UNIT} (its receivers changed)",
                      commands=[f"systemctl reload {ALERTMANAGER_UNIT}.service"],
                      _if=lambda: (am_config.did_change() or any_changed(*written)()) and not am_args.did_change()
-                     and not am.did_change())
+                     and not new_am)
         unchanged.service(name=f"Run {ALERTMANAGER_UNIT}, at boot too", service=f"{ALERTMANAGER_UNIT}.service",
                           running=True, enabled=True)

@@ -5,8 +5,7 @@ when it is absent, before anything names it:
   exist;
 - on every node whose exporters speak TLS, roles/tls (step 7b1), which gives the exporters' copy of the
   node's certificate and key to its group (sparkfleet/model/tls.py EXPORTER_PEM).
-The packages that make this user are installed only at step 12b (roles/monitoring/tasks.py), after both.
-Made with the packages' own postinst line (sparkfleet/model/monitoring.py PROMETHEUS_ADDUSER), so their
+The packages that would make this user are installed at step 4c (roles/monitoring/install_tasks.py). Made with the packages' own postinst line (sparkfleet/model/monitoring.py PROMETHEUS_ADDUSER), so their
 postinst finds the user it would have made and keeps it. Without either, the packages make it as before."""
 from pyinfra import host, state
 from pyinfra.operations import server

@@ -14,8 +14,8 @@ import yaml
 
 from sparkfleet.firewall_rules import rules_text as firewall_rules
 from roles.monitoring.checks import (
-    alertmanager_config_text, alertmanager_defaults_text, exporter_defaults_text, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
-    rules_text, targets, textfile_text, upstream_version,
+    alertmanager_config_text, alertmanager_defaults_text, exporter_defaults_text, HELD_POLICY, POLICY_RC, held_packages, install_command, live_queries, monitoring_node, prometheus_config_text, prometheus_defaults_text,
+    rules_text, targets, textfile_text, to_install, upstream_version,
 )
 from sparkfleet.config import build_cluster
 from sparkfleet.model.engine import SGLANG_METRICS
@@ -144,34 +144,95 @@ def test_the_upstream_version_of_a_debian_version(debian, upstream):
     assert upstream_version(debian) == upstream
 
 
-def _fake_apt(tmp_path, offered: list[str]) -> dict:
-    """apt-get and apt-cache on PATH, answering as a package source that offers `offered`; apt-get
-    install records what it was asked for."""
+def _fake_apt(tmp_path, offered: dict[str, list[str]]) -> dict:
+    """apt-get and apt-cache on PATH, answering as a package source that offers `offered` {package: versions};
+    apt-get install records what it was asked for and what policy-rc.d says to a start and a restart of
+    each package's unit (as deb-systemd-invoke asks it) while it runs. POLICY_RC points into tmp_path."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    madison = "".join(f" prometheus | {v} | http://deb.example bookworm/main amd64 Packages\\n" for v in offered)
-    (bin_dir / "apt-cache").write_text(f"#!/bin/sh\nprintf '{madison}'\n")
-    (bin_dir / "apt-get").write_text(f"#!/bin/sh\n[ \"$1\" = update ] && exit 0\necho \"$@\" > {tmp_path}/installed\n")
+    madison = "".join(f'{p}) printf "%s\\n" ' + " ".join(f"' {p} | {v} | http://deb.example bookworm/main amd64 Packages'"
+                                                       for v in versions) + " ;; "
+                      for p, versions in offered.items())
+    (bin_dir / "apt-cache").write_text(f'#!/bin/sh\ncase "$2" in {madison} esac\n')
+    policy = tmp_path / "policy-rc.d"
+    (bin_dir / "apt-get").write_text(
+        f"#!/bin/sh\n[ \"$1\" = update ] && exit 0\necho \"$@\" > {tmp_path}/installed\n"
+        f"for a in \"$@\"; do case $a in -*|*::*) ;; *=*) u=${{a%%=*}}.service; "
+        f"for act in start restart; do {policy} $u $act; echo \"$u $act $?\" >> {tmp_path}/policy; done ;; esac; done\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def test_the_installer_takes_the_os_build_of_the_pinned_version(tmp_path):
-    env = _fake_apt(tmp_path, ["2.45.3+ds-2build1", "2.42.0+ds-5+deb12u1"])
-    run = subprocess.run(["sh", "-c", install_command("prometheus", "2.42.0")], env=env, capture_output=True, text=True)
+def _install(tmp_path, wanted: dict[str, str], env: dict) -> subprocess.CompletedProcess:
+    command = install_command(wanted).replace(POLICY_RC, str(tmp_path / "policy-rc.d"))
+    return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
+
+
+def test_the_installer_takes_the_os_build_of_each_pinned_version_in_one_transaction(tmp_path):
+    env = _fake_apt(tmp_path, {"prometheus": ["2.45.3+ds-2build1", "2.42.0+ds-5+deb12u1"],
+                               "prometheus-node-exporter": ["1.5.0-1+b13"]})
+    run = _install(tmp_path, {"prometheus-node-exporter": "1.5.0", "prometheus": "2.42.0"}, env)
     assert run.returncode == 0, run.stderr
     asked = (tmp_path / "installed").read_text()
-    assert "prometheus=2.42.0+ds-5+deb12u1" in asked and "--no-install-recommends" in asked
-    assert "--force-confold" in asked
+    assert "prometheus=2.42.0+ds-5+deb12u1" in asked and "prometheus-node-exporter=1.5.0-1+b13" in asked
+    assert "--no-install-recommends" in asked and "--force-confold" in asked
+
+
+def test_the_installer_holds_the_packages_start_alone_while_it_runs_and_removes_its_policy(tmp_path):
+    """While apt installs, policy-rc.d refuses (101) a fresh install's start of these units and allows an
+    upgrade's restart; afterwards it is gone. A policy a killed run left is replaced, a node's own kept."""
+    env = _fake_apt(tmp_path, {"prometheus": ["2.42.0+ds-5+deb12u1"], "prometheus-node-exporter": ["1.5.0-1"]})
+    assert _install(tmp_path, {"prometheus-node-exporter": "1.5.0", "prometheus": "2.42.0"}, env).returncode == 0
+    said = (tmp_path / "policy").read_text().splitlines()
+    assert said == ["prometheus-node-exporter.service start 101", "prometheus-node-exporter.service restart 0",
+                    "prometheus.service start 101", "prometheus.service restart 0"], said
+    assert not (tmp_path / "policy-rc.d").exists()
+    # the policy holds these names alone
+    policy = tmp_path / "held"
+    policy.write_text(HELD_POLICY)
+    policy.chmod(0o755)
+    assert [subprocess.run([policy, unit, "start"]).returncode
+            for unit in ("prometheus", "prometheus-alertmanager.service", "haproxy.service", "ssh")] == [101, 101, 0, 0]
+    # a copy a killed run left behind is replaced and removed; the node's own policy-rc.d stays as it was
+    (tmp_path / "policy").unlink()
+    (tmp_path / "policy-rc.d").write_text(HELD_POLICY)
+    (tmp_path / "policy-rc.d").chmod(0o755)
+    assert _install(tmp_path, {"prometheus": "2.42.0"}, env).returncode == 0
+    assert not (tmp_path / "policy-rc.d").exists()
+    own = "#!/bin/sh\nexit 0\n"
+    (tmp_path / "policy-rc.d").write_text(own)
+    (tmp_path / "policy-rc.d").chmod(0o755)
+    assert _install(tmp_path, {"prometheus": "2.42.0"}, env).returncode == 0
+    assert (tmp_path / "policy-rc.d").read_text() == own
+    assert (tmp_path / "policy").read_text().splitlines()[-2:] == ["prometheus.service start 0",
+                                                                   "prometheus.service restart 0"]
 
 
 def test_the_installer_stops_naming_the_versions_offered(tmp_path):
-    env = _fake_apt(tmp_path, ["2.45.3+ds-2build1"])
-    run = subprocess.run(["sh", "-c", install_command("prometheus", "2.42.0")], env=env, capture_output=True, text=True)
+    env = _fake_apt(tmp_path, {"prometheus": ["2.45.3+ds-2build1"], "prometheus-node-exporter": ["1.5.0-1"]})
+    run = _install(tmp_path, {"prometheus-node-exporter": "1.5.0", "prometheus": "2.42.0"}, env)
     assert run.returncode == 1
     assert "prometheus 2.42.0 is not offered" in run.stderr and "2.45.3+ds-2build1" in run.stderr
-    assert not (tmp_path / "installed").exists()
+    assert not (tmp_path / "installed").exists() and not (tmp_path / "policy-rc.d").exists()
+
+
+def test_the_packages_a_node_runs_and_those_step_4c_installs():
+    f = alerting()
+    monitor = monitoring_node(f)
+    assert monitor.name == "spark-b"  # the router node
+    node = f.node("spark-b")
+    wanted = held_packages(node, monitor)
+    assert wanted == {"prometheus-node-exporter": node.monitoring_node_exporter_version,
+                      "prometheus": node.monitoring_prometheus_version,
+                      "prometheus-alertmanager": node.monitoring_alertmanager_version}
+    assert held_packages(f.node("spark-c"), monitor) == {"prometheus-node-exporter": node.monitoring_node_exporter_version}
+    assert "prometheus-alertmanager" not in held_packages(fleet().node("spark-b"), monitoring_node(fleet()))
+    # installed at the pinned upstream version (any Debian revision): nothing; another or none: installed
+    at_pin = {"prometheus-node-exporter": f"{node.monitoring_node_exporter_version}-1ubuntu0.3",
+              "prometheus": f"1:{node.monitoring_prometheus_version}+ds-2build1", "prometheus-alertmanager": "0.1.0-1"}
+    assert to_install(wanted, at_pin) == {"prometheus-alertmanager": node.monitoring_alertmanager_version}
+    assert to_install(wanted, {}) == wanted
 
 
 def test_monitoring_data_is_the_fleet_s_and_refused_naming_host_key_and_allowed_values():

@@ -187,24 +187,54 @@ def test_the_router_node_keeps_a_server_certificate_for_its_exporters_and_the_ho
 
 # --- the deploy's steps (roles/tls, then roles/monitoring), without any host ---------------------------
 
-def steps(monkeypatch, fleet, plan, changed=()) -> list[tuple[str, str]]:
-    """The operations roles/tls/tasks.py and roles/monitoring/tasks.py run, in pyinfra's order, for the TLS
-    verdict `plan` (tests/unit/test_watchdog_deploy.py's recorder: files named in `changed` change), on
-    nodes whose packages are at the pinned versions and whose textfile directory is in place."""
+def steps(monkeypatch, fleet, plan, changed=(), installed=None,
+          files=("roles/tls/tasks.py", "roles/monitoring/tasks.py")) -> list[tuple[str, str]]:
+    """The operations roles/tls/tasks.py and roles/monitoring/tasks.py (or `files`) run, in pyinfra's order,
+    for the TLS verdict `plan` (tests/unit/test_watchdog_deploy.py's recorder: files named in `changed`
+    change), on nodes whose packages are at the pinned versions (or as `installed` says) and whose
+    textfile directory is in place."""
     from roles.monitoring.checks import InstalledVersions, UserPresent
     from sparkfleet import decided
     from sparkfleet.root_paths import RootOnlyChain
     from tests.unit.test_watchdog_deploy import Deploy, FakeHost
 
     first = fleet.nodes[0]
-    facts = {InstalledVersions: {"prometheus-node-exporter": f"{first.monitoring_node_exporter_version}-1",
-                                 "prometheus": f"{first.monitoring_prometheus_version}+ds-1"},
+    pinned = {"prometheus-node-exporter": f"{first.monitoring_node_exporter_version}-1",
+              "prometheus": f"{first.monitoring_prometheus_version}+ds-1"}
+    facts = {InstalledVersions: pinned if installed is None else installed,
              UserPresent: True, RootOnlyChain: [("dir", 0, "755", "/var"), ("dir", 0, "755", "/var/lib")]}
     monkeypatch.setattr(FakeHost, "get_fact", lambda self, cls, **kwargs: facts.get(cls))
     deploy = Deploy(monkeypatch, fleet, None, changed=changed)
     decided.install(deploy.state, decided.fleet_decisions(deploy.state),
                     decided.FleetDecision(summary=None, key=None, tls=plan))
-    return deploy.run(("roles/tls/tasks.py", "roles/monitoring/tasks.py"))
+    return deploy.run(files)
+
+
+def test_fresh_packages_are_installed_at_step_4c_held_and_started_at_12b_once_their_files_are_written(monkeypatch):
+    """A node without the packages: step 4c installs the node's packages in one operation (the monitoring node's
+    three, a worker's exporter); step 12b starts each after its files and checks, and restarts or reloads
+    nothing else. Installed at the pins: neither step does anything (the no-op)."""
+    from sparkfleet.verdicts import TlsPlan
+
+    fleet = both(gpu_expected=False)
+    plan = TlsPlan(enabled=True, ca_node="spark-a")
+    files = ("roles/monitoring/install_tasks.py", "roles/tls/tasks.py", "roles/monitoring/tasks.py")
+    head = fleet.node("spark-a")
+    written = ("/etc/default/prometheus-node-exporter", "/etc/default/prometheus", "/etc/prometheus/prometheus.yml",
+               "/etc/prometheus/sparkfleet.rules.yml")
+    done = [(op, h) for op, h in steps(monkeypatch, fleet, plan, changed=written, installed={}, files=files)
+            if not op.startswith(("Write", "Reload systemd"))]
+    exporter = f"prometheus-node-exporter {head.monitoring_node_exporter_version}"
+    assert done == [
+        (f"Install {exporter}, prometheus {head.monitoring_prometheus_version} (the OS's builds; held from starting "
+         "until step 12b)", "spark-a"),
+        (f"Install {exporter} (the OS's build; held from starting until step 12b)", "spark-b"),
+        ("Start prometheus-node-exporter (installed at step 4c)", "spark-a"),
+        ("Start prometheus-node-exporter (installed at step 4c)", "spark-b"),
+        ("Check /etc/prometheus/prometheus.yml and /etc/prometheus/sparkfleet.rules.yml with promtool", "spark-a"),
+        ("Start prometheus (installed at step 4c)", "spark-a"),
+    ], done
+    assert steps(monkeypatch, fleet, plan, files=files) == []
 
 
 RESTART = "Restart prometheus-node-exporter (its arguments, its TLS or its certificate changed)"
