@@ -357,3 +357,84 @@ def test_serve_tells_systemd_it_is_ready_only_once_it_listens(tmp_path):
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+# --- the HTTP pull's writes around the page cache ---------------------------------------------------------
+
+@contextlib.contextmanager
+def http_head(tmp_path):
+    models = tmp_path / "head"
+    files = write_model(models / "org" / "m")
+    big = "model-00006-of-00006.safetensors"  # several chunks, then a tail that is not whole blocks
+    files[big] = os.urandom(3 * sfl_files.CHUNK + 5000)
+    (models / "org" / "m" / big).write_bytes(files[big])
+    (models / "org" / "m.manifest").write_text(sfl_files.manifest_text(models / "org" / "m", ["model: org/m"]))
+    with served(models) as url:
+        yield f"{url}/org/m", files
+
+
+def writes(monkeypatch, refuse_open=False, refuse_write=False) -> list[tuple[str, bool]]:
+    """(path, with O_DIRECT) of each write the pull makes into its stage; a filesystem that refuses
+    O_DIRECT at open, or accepts it there and refuses the write, as some do (EINVAL), when asked."""
+    seen, direct = [], {}
+    real_open, real_write = os.open, os.write
+
+    def opened(path, flags, *mode):
+        if refuse_open and flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        fd = real_open(path, flags, *mode)
+        direct[fd] = str(path)
+        return fd
+
+    def wrote(fd, data):
+        if fd in direct:
+            on = bool(sfl_files.fcntl.fcntl(fd, sfl_files.fcntl.F_GETFL) & os.O_DIRECT)
+            seen.append((direct[fd], on))
+            if refuse_write and on:
+                raise OSError(22, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(sfl_files.os, "open", opened)
+    monkeypatch.setattr(sfl_files.os, "write", wrote)
+    return seen
+
+
+def test_the_http_pull_writes_whole_blocks_around_the_page_cache_and_the_tail_through_it(tmp_path, monkeypatch):
+    with http_head(tmp_path) as (url, files):
+        seen = writes(monkeypatch)
+        dest = tmp_path / "worker" / "org" / "m"
+        assert pull(url, dest, "--streams", "2") == 0
+        assert same_tree(dest, files)
+    big = [on for path, on in seen if path.endswith("model-00006-of-00006.safetensors")]
+    assert big == [True, True, True, False], big  # three whole chunks directly, the 5000-byte tail buffered
+    # every shard's first chunk straight to the disk, unless it is its tail
+    firsts = {path: on for path, on in reversed(seen)}
+    assert all(on for path, on in firsts.items() if path.endswith("6.safetensors")), firsts
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_a_filesystem_that_refuses_o_direct_gets_the_same_files_buffered(tmp_path, monkeypatch, refused_at):
+    with http_head(tmp_path) as (url, files):
+        seen = writes(monkeypatch, refuse_open=refused_at == "open", refuse_write=refused_at == "write")
+        dest = tmp_path / "worker" / "org" / "m"
+        assert pull(url, dest, "--streams", "3") == 0
+        assert same_tree(dest, files)
+    if refused_at == "open":
+        assert seen and not any(on for _, on in seen)
+    else:  # each file tries once, then writes buffered
+        tried = [path for path, on in seen if on]
+        assert len(tried) == len(set(tried)) and seen.count((tried[0], False)) >= 1
+
+
+def test_a_partial_file_that_ends_inside_a_block_is_resumed_buffered(tmp_path, monkeypatch, capsys):
+    with http_head(tmp_path) as (url, files):
+        dest = tmp_path / "worker" / "org" / "m"
+        big = "model-00006-of-00006.safetensors"
+        (dest / sfl_files.PARTIAL).mkdir(parents=True)
+        (dest / sfl_files.PARTIAL / big).write_bytes(files[big][:sfl_files.CHUNK + 123])
+        seen = writes(monkeypatch)
+        assert pull(url, dest, "--streams", "2") == 0
+        sent = crossed(capsys.readouterr().err)
+        assert same_tree(dest, files)
+    assert sent == sum(len(d) for d in files.values()) - sfl_files.CHUNK - 123
+    assert [on for path, on in seen if path.endswith(big)] == [False, False, False]
