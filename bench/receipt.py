@@ -15,12 +15,13 @@ from tests.e2e.lab import BIN, INVENTORY, deploy, on, pause_watchdogs, run  # no
 
 
 def main() -> int:
-    first = deploy()
+    # receipt=True: tests/e2e/lab.py's deploys of lab/inventory.py take none unless asked (NO_RECEIPT)
+    first = deploy(receipt=True)
     if first.returncode != 0:
         sys.exit(f"deploy failed:\n{first.output}")
     pause_watchdogs()
     on("spark-b", "systemctl stop sparkfleet-worker")
-    restarted = deploy()  # restarts the pair, takes the receipt, hands the pair back to the watchdogs
+    restarted = deploy(receipt=True)  # restarts the pair, takes the receipt, hands the pair back to the watchdogs
     if restarted.returncode != 0 or not [op for op, _ in restarted.changed() if op.startswith("Take the benchmark receipt")]:
         sys.exit(f"the deploy took no receipt:\n{restarted.output}")
     status = run([str(BIN / "pyinfra"), "-y", INVENTORY, "status.py"])  # make status: latest vs previous
